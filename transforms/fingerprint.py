@@ -1,0 +1,196 @@
+"""Exact and quantized value fingerprints of tensors (the kernel every front end uses).
+
+A digest is ``XXH3-128(canonical bytes) XOR XXH3-128(header)`` as 16 bytes in the
+canonical big-endian order (``docs/fingerprint.md`` has the full spec). The same
+values, dtype and shape give the same digest from numpy, torch (any device,
+layout) or TensorFlow, alone or as a row of a batch. ``fingerprint_batch`` is
+vectorized: rows of up to ``VECTOR_MAX_ROW_BYTES`` are hashed with array
+operations in two threads; longer rows with one C call each on cache-sized
+blocks; rows over ``STREAM_SLICE_BYTES`` are streamed slice by slice.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from transforms.canonical import canonical_bits, header, row_shape, to_numpy
+from transforms.xxh3 import xxh3_128_rows
+
+SCHEME = "xxh3-128-xor-header/v1"
+DIGEST_BYTES = 16
+DIGEST_DTYPE = np.dtype(f"V{DIGEST_BYTES}")
+
+VECTOR_MAX_ROW_BYTES = 64  # measured crossover with the per-row C loop (docs/fingerprint.md)
+VECTOR_MIN_ROWS = 256  # below this the per-call overhead of array ops dominates
+VECTOR_BLOCK_ROWS = 65536  # keeps the vectorized temporaries in L2
+LOOP_BLOCK_BYTES = 512 << 10  # C-loop block: canonicalised and hashed while in L2
+STREAM_SLICE_BYTES = 1 << 20  # rows above this are checked and hashed slice by slice
+
+
+def header_key(hdr: bytes) -> np.ndarray:
+    """XXH3-128 of a header as (hi, lo) uint64: XORed into every digest of that header."""
+    k = xxhash.xxh3_128_intdigest(hdr)
+    return np.array([k >> 64, k & ((1 << 64) - 1)], dtype=np.uint64)
+
+
+def pack_digests(lo: np.ndarray, hi: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """(lo, hi) 64-bit halves XOR header key -> 16-byte big-endian digests."""
+    out = np.empty((len(lo), 2), dtype=">u8")
+    out[:, 0] = hi ^ key[0]
+    out[:, 1] = lo ^ key[1]
+    return out.view(DIGEST_DTYPE).reshape(-1)
+
+
+def _loop_hash(b: np.ndarray) -> np.ndarray:
+    """XXH3-128 of each row of an (n, L) uint8 block with the C library, as (n, 2) uint64."""
+    digests = b"".join(map(xxhash.xxh3_128_digest, b))
+    return np.frombuffer(digests, dtype=">u8").reshape(-1, 2)
+
+
+def _stream_hash(row: np.ndarray, name: str) -> bytes:
+    """XXH3-128 of one large record, canonicalised and hashed slice by slice (read once)."""
+    flat = row.reshape(-1)
+    step = max(1, STREAM_SLICE_BYTES // max(flat.itemsize, 1))
+    h = xxhash.xxh3_128()
+    for s in range(0, flat.shape[0], step):
+        h.update(canonical_bits(flat[s : s + step], name))
+    return h.digest()
+
+
+def hash_rows(arr: np.ndarray, name: str, key: np.ndarray) -> np.ndarray:
+    """Digests of the rows of ``arr`` (first axis = records) under a header key.
+
+    Short rows: vectorized XXH3 in two threads (numpy releases the GIL). Longer
+    rows: one C call per row on L2-sized canonical blocks, in this thread
+    (python-xxhash holds the GIL, so a second thread would only wait).
+    """
+    n = arr.shape[0]
+    if n == 0:
+        return np.empty(0, dtype=DIGEST_DTYPE)
+    row_bytes = arr.nbytes // n
+
+    def canonical(lo: int, hi: int) -> np.ndarray:
+        return canonical_bits(arr[lo:hi], name).reshape(hi - lo, -1).view(np.uint8)
+
+    if row_bytes <= VECTOR_MAX_ROW_BYTES and n >= VECTOR_MIN_ROWS:
+        def vector_block(lo: int) -> np.ndarray:
+            hi = min(n, lo + VECTOR_BLOCK_ROWS)
+            return pack_digests(*xxh3_128_rows(canonical(lo, hi)), key)
+
+        starts = range(0, n, VECTOR_BLOCK_ROWS)
+        if len(starts) == 1:
+            return vector_block(0)
+        with ThreadPoolExecutor(2) as pool:
+            return np.concatenate(list(pool.map(vector_block, starts)))
+    if row_bytes > STREAM_SLICE_BYTES:
+        raw = b"".join(_stream_hash(arr[i], name) for i in range(n))
+        halves = np.frombuffer(raw, dtype=">u8").reshape(-1, 2)
+    else:
+        step = max(1, LOOP_BLOCK_BYTES // max(row_bytes, 1))
+        halves = np.concatenate([_loop_hash(canonical(s, min(n, s + step)))
+                                 for s in range(0, n, step)])
+    return pack_digests(halves[:, 1], halves[:, 0], key)
+
+
+def _is_device_tensor(x: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor) and x.device.type != "cpu"
+
+
+def fingerprint_batch(batch: Any, *, backend: str = "auto") -> np.ndarray:
+    """Exact digests of the N records of ``batch`` (first axis = records).
+
+    Returns a numpy array of N digests, dtype ``V16`` (``.tobytes()`` / ``bytes(d)``
+    gives the 16 bytes; ``fingerprint(batch[i]) == bytes(result[i])``).
+    ``backend``: ``"auto"`` (torch kernel on the tensor's device for non-CPU torch
+    tensors, numpy otherwise), ``"numpy"`` or ``"torch"`` (the device kernel, also
+    on CPU tensors -- used to test it without a GPU).
+    """
+    if backend not in ("auto", "numpy", "torch"):
+        raise ValueError(f"backend must be 'auto', 'numpy' or 'torch', not {backend!r}")
+    if backend == "torch" or (backend == "auto" and _is_device_tensor(batch)):
+        from transforms.fingerprint_torch import fingerprint_batch_torch
+
+        return fingerprint_batch_torch(batch)
+    arr, name = to_numpy(batch)
+    if arr.ndim == 0 or (name == "complex32" and arr.ndim == 1):
+        raise ValueError("fingerprint_batch needs a batch: an array whose first axis is records")
+    return hash_rows(arr, name, header_key(header(b"TDFP", name, row_shape(arr, name, True))))
+
+
+def fingerprint(t: Any) -> bytes:
+    """The 16-byte exact digest of one tensor (value, dtype and shape)."""
+    if _is_device_tensor(t):
+        return bytes(fingerprint_batch(t[None])[0])
+    arr, name = to_numpy(t)
+    key = header_key(header(b"TDFP", name, row_shape(arr, name, False)))
+    return bytes(hash_rows(arr[None], name, key)[0])
+
+
+# --- quantized fingerprint -------------------------------------------------------------
+
+_CELL_LIMIT = 1 << 62
+_NAN_CELL, _POS_INF_CELL, _NEG_INF_CELL = -(1 << 63), (1 << 63) - 1, -(1 << 63) + 1
+
+
+def quantize(arr: np.ndarray, name: str, step: float, normalize: bool) -> np.ndarray:
+    """Integer grid cells ``floor(x / step + 0.5)`` (float64) of each record (first axis).
+
+    With ``normalize`` each record is first divided by its L2 norm (all-zero
+    records stay zero). Complex values are quantized per (real, imag) component.
+    NaN, +inf and -inf map to reserved cells; finite cells are clipped to +-2**62.
+    """
+    x = arr.view(np.float16).astype(np.float64) if name == "complex32" else arr
+    if np.iscomplexobj(x):
+        x = x.astype(np.complex128).view(np.float64)
+    x = x.astype(np.float64).reshape(arr.shape[0], -1)
+    if normalize:
+        finite = np.where(np.isfinite(x), x, 0.0)
+        norm = np.sqrt(np.sum(finite * finite, axis=1, keepdims=True))
+        x = x / np.where(norm > 0, norm, 1.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        cells = np.floor(x / step + 0.5)
+        q = np.clip(cells, -_CELL_LIMIT, _CELL_LIMIT).astype(np.int64)
+    q[np.isnan(x)] = _NAN_CELL
+    q[np.isposinf(x)] = _POS_INF_CELL
+    q[np.isneginf(x)] = _NEG_INF_CELL
+    return q
+
+
+def _check_step(step: float) -> float:
+    step = float(step)
+    if not (math.isfinite(step) and step > 0):
+        raise ValueError(f"step must be a finite number > 0, got {step}")
+    return step
+
+
+def _quantized_digests(arr: np.ndarray, name: str, step: float, normalize: bool) -> np.ndarray:
+    step = _check_step(step)
+    extra = np.float64(step).tobytes() + bytes([int(normalize)])
+    key = header_key(header(b"TDFQ", name, row_shape(arr, name, True), extra))
+    return hash_rows(quantize(arr, name, step, normalize), "int64", key)
+
+
+def quantized_fingerprint_batch(batch: Any, step: float, *, normalize: bool = False) -> np.ndarray:
+    """Digests of each record after quantization to a grid of ``step`` (see ``quantize``).
+
+    Records whose values fall in the same grid cells get the same digest; a pair
+    that straddles a cell boundary does not, however close: use it as a cheap
+    pre-pass or streaming key, never as the only near-duplicate test.
+    """
+    arr, name = to_numpy(batch)
+    if arr.ndim == 0 or (name == "complex32" and arr.ndim == 1):
+        raise ValueError("quantized_fingerprint_batch needs a batch (first axis = records)")
+    return _quantized_digests(arr, name, step, normalize)
+
+
+def quantized_fingerprint(t: Any, step: float, *, normalize: bool = False) -> bytes:
+    """The quantized digest of one tensor (equal to its row in ``quantized_fingerprint_batch``)."""
+    arr, name = to_numpy(t)
+    return bytes(_quantized_digests(arr[None], name, step, normalize)[0])

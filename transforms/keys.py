@@ -1,0 +1,182 @@
+"""Tensors as dictionary keys, by value: ``TensorKey`` and ``TensorDict``.
+
+Why: ``{tensor: v}`` fails in TensorFlow and keys by object identity in torch.
+A ``TensorKey`` hashes and compares by the exact fingerprint (value, dtype,
+shape) and keeps its own read-only copy of the values, so mutating the original
+tensor afterwards cannot corrupt a dict. ``TensorDict`` accepts numpy, torch and
+TensorFlow tensors interchangeably as keys and adds tolerance lookups that are
+exact: candidates are checked elementwise in float64, never rounded or bucketed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, MutableMapping
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from transforms.canonical import row_shape, to_numpy
+from transforms.fingerprint import fingerprint
+
+
+class TensorKey:
+    """Hashable, immutable, value-based key for one tensor."""
+
+    __slots__ = ("_digest", "_array", "_dtype", "_shape")
+
+    def __init__(self, t: Any):
+        if isinstance(t, TensorKey):
+            self._digest, self._array = t._digest, t._array
+            self._dtype, self._shape = t._dtype, t._shape
+            return
+        arr, name = to_numpy(t)
+        self._digest = fingerprint(t)
+        self._array = np.array(arr, copy=True)
+        self._array.setflags(write=False)
+        self._dtype = name
+        self._shape = row_shape(arr, name, batch=False)
+
+    @property
+    def digest(self) -> bytes:
+        return self._digest
+
+    @property
+    def dtype(self) -> str:
+        return self._dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def array(self) -> np.ndarray:
+        """A read-only numpy copy of the key's values (complex32 as float16 pairs)."""
+        return self._array
+
+    def __hash__(self) -> int:
+        return int.from_bytes(self._digest[:8], "little")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TensorKey):
+            return NotImplemented
+        return self._digest == other._digest
+
+    def __repr__(self) -> str:
+        return f"TensorKey(dtype={self._dtype}, shape={self._shape}, digest={self._digest.hex()[:12]})"
+
+
+class Match(NamedTuple):
+    """A tolerance-lookup result: the stored key, its value, and the L2 distance to the query."""
+
+    key: TensorKey
+    value: Any
+    distance: float
+
+
+def _as_float64(key: TensorKey) -> np.ndarray:
+    """Values of a key as a flat float64 (or complex128) vector for tolerance comparisons."""
+    arr = key.array
+    if key.dtype == "complex32":
+        return np.ascontiguousarray(arr.astype(np.float64)).view(np.complex128).reshape(-1)
+    if np.iscomplexobj(arr):
+        return arr.astype(np.complex128).reshape(-1)
+    return arr.astype(np.float64).reshape(-1)
+
+
+class TensorDict(MutableMapping):
+    """A dict keyed by tensor values (numpy, torch and tf keys interchangeably).
+
+    ``d[t] = v`` stores ``v`` under ``TensorKey(t)``; two tensors are the same key
+    exactly when they have the same dtype, shape and values (-0.0 equals 0.0, all
+    NaNs are equal). ``get_near`` and ``nearest`` search keys of the same shape
+    across dtypes, comparing values in float64.
+    """
+
+    def __init__(self, items: Any = ()):
+        self._data: dict[TensorKey, Any] = {}
+        self._by_shape: dict[tuple[int, ...], tuple[list[TensorKey], np.ndarray] | None] = {}
+        self.update(items)
+
+    def _key(self, t: Any) -> TensorKey:
+        return t if isinstance(t, TensorKey) else TensorKey(t)
+
+    def __getitem__(self, t: Any) -> Any:
+        return self._data[self._key(t)]
+
+    def __setitem__(self, t: Any, value: Any) -> None:
+        key = self._key(t)
+        if key not in self._data:
+            self._by_shape[key.shape] = None  # invalidate that shape's search matrix
+        self._data[key] = value
+
+    def __delitem__(self, t: Any) -> None:
+        key = self._key(t)
+        del self._data[key]
+        self._by_shape[key.shape] = None
+
+    def __iter__(self) -> Iterator[TensorKey]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"TensorDict({len(self)} keys)"
+
+    def _candidates(self, shape: tuple[int, ...]) -> tuple[list[TensorKey], np.ndarray]:
+        entry = self._by_shape.get(shape)
+        if entry is None:
+            keys = [k for k in self._data if k.shape == shape]
+            vectors = [_as_float64(k) for k in keys]
+            width = int(np.prod(shape, dtype=np.int64))
+            matrix = np.stack(vectors) if vectors else np.empty((0, width))
+            entry = (keys, matrix)
+            self._by_shape[shape] = entry
+        return entry
+
+    def _query(self, t: Any) -> tuple[TensorKey, list[TensorKey], np.ndarray, np.ndarray]:
+        query = self._key(t)
+        keys, matrix = self._candidates(query.shape)
+        return query, keys, matrix, _as_float64(query)
+
+    def near(self, t: Any, *, atol: float = 1e-8, rtol: float = 1e-5) -> list[Match]:
+        """All stored keys ``k`` of ``t``'s shape with ``|k - t| <= atol + rtol * |t|``
+        elementwise (numpy ``isclose`` with ``t`` as reference), nearest first.
+
+        An exact match (same digest) is always included with distance 0.0, even with NaNs.
+        """
+        query, keys, matrix, q = self._query(t)
+        if not keys:
+            return []
+        close = np.abs(matrix - q) <= atol + rtol * np.abs(q)
+        hits = np.flatnonzero(close.all(axis=1))
+        out = [Match(keys[i], self._data[keys[i]], float(np.linalg.norm(matrix[i] - q)))
+               for i in hits]
+        if query in self._data and all(m.key != query for m in out):
+            out.append(Match(query, self._data[query], 0.0))
+        return sorted(out, key=lambda m: m.distance)
+
+    def get_near(self, t: Any, default: Any = None, *, atol: float = 1e-8,
+                 rtol: float = 1e-5) -> Any:
+        """The value of the nearest key within tolerance (see ``near``), else ``default``."""
+        if t in self:
+            return self[t]
+        matches = self.near(t, atol=atol, rtol=rtol)
+        return matches[0].value if matches else default
+
+    def nearest(self, t: Any) -> Match:
+        """The stored key of ``t``'s shape with the smallest L2 distance (ties: first inserted).
+
+        Raises ``KeyError`` if no key has that shape, ``ValueError`` if ``t`` has NaNs.
+        """
+        query, keys, matrix, q = self._query(t)
+        if query in self._data:
+            return Match(query, self._data[query], 0.0)
+        if np.isnan(q).any():
+            raise ValueError("nearest() needs a query without NaN values")
+        if not keys:
+            raise KeyError(f"no key with shape {query.shape}")
+        dist = np.linalg.norm(matrix - q, axis=1)
+        dist = np.where(np.isnan(dist), np.inf, dist)
+        i = int(np.argmin(dist))
+        return Match(keys[i], self._data[keys[i]], float(dist[i]))
