@@ -34,7 +34,6 @@ _FLOAT_BITS: dict[str, tuple[type, int, int, int]] = {
 }
 # Complex dtypes are canonicalised component-wise as pairs of these floats.
 _COMPONENT = {"complex32": "float16", "complex64": "float32", "complex128": "float64"}
-_NUMPY_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
 
 def _torch_to_numpy(t: Any) -> tuple[np.ndarray, str]:
@@ -109,12 +108,12 @@ def row_shape(arr: np.ndarray, name: str, batch: bool) -> tuple[int, ...]:
     return tuple(int(d) for d in (shape[1:] if batch else shape))
 
 
-def header(kind: bytes, name: str, shape: tuple[int, ...], extra: bytes = b"") -> bytes:
-    """``kind`` (4 bytes) | version 1 | dtype code | ndim | dims as LE uint64 | extra."""
+def header(kind: bytes, name: str | None, shape: tuple[int, ...], extra: bytes = b"") -> bytes:
+    """``kind`` (4 bytes) | version 1 | dtype code (0 for None) | ndim | dims LE uint64 | extra."""
     if len(shape) > 255:
         raise TypeError(f"tensor rank {len(shape)} > 255 is not supported")
     dims = b"".join(int(d).to_bytes(8, "little") for d in shape)
-    return kind + bytes([1, DTYPE_CODES[name], len(shape)]) + dims + extra
+    return kind + bytes([1, DTYPE_CODES[name] if name else 0, len(shape)]) + dims + extra
 
 
 def canonical_bits(arr: np.ndarray, name: str) -> np.ndarray:
@@ -151,7 +150,3 @@ def canonical_bits(arr: np.ndarray, name: str) -> np.ndarray:
         bits[(bits & utype(sign - 1)) > utype(inf)] = utype(qnan)
     return bits
 
-
-def numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype for a dtype name (bfloat16 through ml_dtypes)."""
-    return _NUMPY_DTYPES.get(name) or np.dtype(name)

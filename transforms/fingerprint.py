@@ -173,7 +173,8 @@ def _check_step(step: float) -> float:
 def _quantized_digests(arr: np.ndarray, name: str, step: float, normalize: bool) -> np.ndarray:
     step = _check_step(step)
     extra = np.float64(step).tobytes() + bytes([int(normalize)])
-    key = header_key(header(b"TDFQ", name, row_shape(arr, name, True), extra))
+    # dtype code 0: quantized digests compare values, so float16/32/64 copies can match
+    key = header_key(header(b"TDFQ", None, row_shape(arr, name, True), extra))
     return hash_rows(quantize(arr, name, step, normalize), "int64", key)
 
 

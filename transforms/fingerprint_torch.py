@@ -58,7 +58,10 @@ def canonical_bytes(t: torch.Tensor) -> torch.Tensor:
         bits = torch.where(bits == _signed(sign, width), torch.zeros_like(bits), bits)
         bits = torch.where(magnitude > inf, torch.full_like(bits, qnan), bits)
         t = bits
-    return t.contiguous().reshape(n, -1).view(torch.uint8)
+    flat = t.contiguous().reshape(n, -1)
+    if flat.shape[1] == 0:
+        return torch.empty((n, 0), dtype=torch.uint8, device=t.device)
+    return flat.view(torch.uint8)
 
 
 def fingerprint_batch_torch(batch: torch.Tensor) -> np.ndarray:

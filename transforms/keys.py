@@ -57,12 +57,12 @@ class TensorKey:
         return int.from_bytes(self._digest[:8], "little")
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, TensorKey):
-            return NotImplemented
-        return self._digest == other._digest
+        # False, not NotImplemented: numpy would otherwise answer elementwise
+        return isinstance(other, TensorKey) and self._digest == other._digest
 
     def __repr__(self) -> str:
-        return f"TensorKey(dtype={self._dtype}, shape={self._shape}, digest={self._digest.hex()[:12]})"
+        digest = self._digest.hex()[:12]
+        return f"TensorKey(dtype={self._dtype}, shape={self._shape}, digest={digest})"
 
 
 class Match(NamedTuple):

@@ -108,11 +108,15 @@ class _TorchOps:
     def shl(self, x, s: int):
         return x << s
 
+    def _dense(self, x):
+        """A copy with standard strides (``contiguous()`` keeps odd strides of size-1 dims)."""
+        return self.torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+
     def words(self, b, start: int, nwords: int):
-        return b[:, start : start + 8 * nwords].contiguous().view(self.torch.int64)
+        return self._dense(b[:, start : start + 8 * nwords]).view(self.torch.int64)
 
     def rd32(self, b, off: int):
-        return b[:, off : off + 4].contiguous().view(self.torch.int32)[:, 0].long() & M32
+        return self._dense(b[:, off : off + 4]).view(self.torch.int32)[:, 0].long() & M32
 
     def byte(self, b, i: int):
         return b[:, i].long()
@@ -215,8 +219,8 @@ def _len1to3(xp, b, n: int, seed: int):
 
 
 def _len4to8(xp, b, n: int, seed: int):
-    s32 = seed & M32
-    seed ^= (((s32 & 0xFF) << 24) | ((s32 & 0xFF00) << 8) | ((s32 >> 8) & 0xFF00) | (s32 >> 24)) << 32
+    swapped = int.from_bytes((seed & M32).to_bytes(4, "little"), "big")
+    seed ^= swapped << 32
     in64 = xp.rd32(b, 0) + xp.shl(xp.rd32(b, n - 4), 32)
     keyed = in64 ^ xp.c((_s64(16) ^ _s64(24)) + seed)
     lo, hi = _mult128(xp, keyed, (P64_1 + (n << 2)) & M64)
