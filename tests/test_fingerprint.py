@@ -200,3 +200,11 @@ def test_cuda_batch_matches_cpu():
         assert fingerprint(t.cuda()[5]) == bytes(cpu[5])
     big = torch.randn(3, 100_000, device="cuda")
     assert (fingerprint_batch(big) == fingerprint_batch(big.cpu())).all()
+
+
+def test_numpy_import_path_loads_no_heavy_framework():
+    code = ("import sys, numpy as np; from transforms.fingerprint import fingerprint; "
+            "fingerprint(np.zeros(3)); import transforms.keys; "
+            "print(sorted(m for m in ('torch', 'tensorflow', 'apache_beam') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
