@@ -98,6 +98,14 @@ def hash_rows(arr: np.ndarray, name: str, key: np.ndarray) -> np.ndarray:
     return pack_digests(halves[:, 1], halves[:, 0], key)
 
 
+def _batch(batch: Any) -> tuple[np.ndarray, str]:
+    """``to_numpy`` for a batch: there must be a first axis of records."""
+    arr, name = to_numpy(batch)
+    if arr.ndim == 0 or (name == "complex32" and arr.ndim == 1):
+        raise ValueError("a batch needs a first axis of records; for one tensor use fingerprint()")
+    return arr, name
+
+
 def _is_device_tensor(x: Any) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor) and x.device.type != "cpu"
@@ -118,9 +126,7 @@ def fingerprint_batch(batch: Any, *, backend: str = "auto") -> np.ndarray:
         from transforms.fingerprint_torch import fingerprint_batch_torch
 
         return fingerprint_batch_torch(batch)
-    arr, name = to_numpy(batch)
-    if arr.ndim == 0 or (name == "complex32" and arr.ndim == 1):
-        raise ValueError("fingerprint_batch needs a batch: an array whose first axis is records")
+    arr, name = _batch(batch)
     return hash_rows(arr, name, header_key(header(b"TDFP", name, row_shape(arr, name, True))))
 
 
@@ -185,9 +191,7 @@ def quantized_fingerprint_batch(batch: Any, step: float, *, normalize: bool = Fa
     that straddles a cell boundary does not, however close: use it as a cheap
     pre-pass or streaming key, never as the only near-duplicate test.
     """
-    arr, name = to_numpy(batch)
-    if arr.ndim == 0 or (name == "complex32" and arr.ndim == 1):
-        raise ValueError("quantized_fingerprint_batch needs a batch (first axis = records)")
+    arr, name = _batch(batch)
     return _quantized_digests(arr, name, step, normalize)
 
 
