@@ -1,0 +1,133 @@
+"""The dedup job's config: a typed schema, ``--set`` overrides, one-line errors.
+
+Why: a bad config must stop the job before any work with one line naming the key
+and the fix (exit code 2, no traceback). YAML is read with ``yaml.safe_load`` only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from transforms.canonical import DTYPE_CODES
+
+
+class ConfigError(ValueError):
+    """A config problem, phrased as one line: the key, what is wrong, the fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputConfig(_Strict):
+    format: Literal["parquet", "tfrecord", "hdf5"] = Field(
+        description="file format of the input: parquet | tfrecord | hdf5")
+    path: str = Field(description="glob of input files (local now; gs://, s3:// later)")
+    tensor: str = Field(description="Parquet column / tf.train.Example feature / HDF5 dataset")
+    id: str | None = Field(None, description="column/feature with a record id; "
+                           "default '<file path>:<index in file>'")
+    shape: list[int] | None = Field(None, description="record shape, where the format "
+                                    "does not carry it (TFRecord float_list / int64_list)")
+    dtype: str | None = Field(None, description="record dtype, likewise (e.g. float32)")
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, v: str | None) -> str | None:
+        if v is not None and v not in DTYPE_CODES:
+            raise ValueError(f"unknown dtype {v!r}; use one of {', '.join(DTYPE_CODES)}")
+        return v
+
+    @field_validator("shape")
+    @classmethod
+    def _positive_shape(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(d < 0 for d in v):
+            raise ValueError(f"dimensions must be >= 0, got {v}")
+        return v
+
+
+class KeyColumn(_Strict):
+    max: str | None = None
+    min: str | None = None
+
+
+class OutputConfig(_Strict):
+    path: str = Field(description="directory for clean shards (same format as the input)")
+
+
+class RunnerConfig(_Strict):
+    name: str = Field("local", description="local (Beam FnApiRunner) | any Beam runner name")
+    options: dict[str, Any] = Field(default_factory=dict,
+                                    description="passed through as Beam pipeline options")
+
+
+class DedupeConfig(_Strict):
+    input: InputConfig
+    exact: bool = Field(True, description="exact-duplicate removal on/off")
+    keep: Literal["first", "last"] | KeyColumn = Field(
+        "first", description="which record of a group survives: first | last | "
+        "{max: column} | {min: column}")
+    output: OutputConfig
+    report: str = Field(description="directory for duplicates.parquet, invalid.parquet, "
+                        "summary.json")
+    on_invalid: Literal["skip", "fail"] = Field(
+        "skip", description="skip (record goes to the report) | fail (stop with an error)")
+    runner: RunnerConfig = Field(default_factory=RunnerConfig)
+
+    @field_validator("keep")
+    @classmethod
+    def _one_key_column(cls, v: Any) -> Any:
+        if isinstance(v, KeyColumn) and (v.max is None) == (v.min is None):
+            raise ValueError("give exactly one of {max: column} or {min: column}")
+        return v
+
+
+def _set_path(data: dict, dotted: str, value: Any) -> None:
+    node = data
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {dotted}: {part!r} is not a mapping in the config")
+        node = child
+    node[leaf] = value
+
+
+def _describe(err: ValidationError) -> str:
+    first = err.errors()[0]
+    key = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-"))
+    kind, msg = first["type"], first["msg"]
+    if kind == "missing":
+        return f"config key '{key}' is missing: add it (see --help)"
+    if kind == "extra_forbidden":
+        return f"config key '{key}' is not a known key: remove or rename it (see --help)"
+    return f"config key '{key}': {msg.removeprefix('Value error, ')}"
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> DedupeConfig:
+    """Read a YAML config, apply ``key.path=value`` overrides, validate.
+
+    Raises ``ConfigError`` with one line naming the key or file and the fix.
+    """
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} not found: check the --config path") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}".replace("\n", " ")) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys, not "
+                          f"{type(data).__name__}")
+    for item in overrides:
+        dotted, sep, raw = item.partition("=")
+        if not sep or not dotted:
+            raise ConfigError(f"--set {item!r}: write it as key.path=value")
+        _set_path(data, dotted, yaml.safe_load(raw))
+    try:
+        return DedupeConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_describe(e)) from None

@@ -1,0 +1,73 @@
+"""Config contract of the dedup job: valid configs load, bad ones give one clear line."""
+
+import pytest
+import yaml
+
+from pipeline.config import ConfigError, KeyColumn, load_config
+
+GOOD = {
+    "input": {"format": "parquet", "path": "data/*.parquet", "tensor": "embedding", "id": "id"},
+    "exact": True,
+    "keep": "first",
+    "output": {"path": "out/clean"},
+    "report": "out/report",
+    "on_invalid": "skip",
+    "runner": {"name": "local", "options": {}},
+}
+
+
+def _write(tmp_path, data) -> str:
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return str(p)
+
+
+def test_good_config_loads_with_defaults(tmp_path):
+    minimal = {k: GOOD[k] for k in ("output", "report")}
+    minimal["input"] = {k: v for k, v in GOOD["input"].items() if k != "id"}
+    cfg = load_config(_write(tmp_path, minimal))
+    assert cfg.exact is True and cfg.keep == "first" and cfg.on_invalid == "skip"
+    assert cfg.runner.name == "local" and cfg.input.id is None
+
+
+def test_set_overrides_any_key(tmp_path):
+    sets = ["keep={max: score}", "input.shape=[2, 3]", "exact=false",
+            "runner.options.direct_num_workers=2"]
+    cfg = load_config(_write(tmp_path, GOOD), sets)
+    assert cfg.keep == KeyColumn(max="score") and cfg.input.shape == [2, 3]
+    assert cfg.exact is False and cfg.runner.options == {"direct_num_workers": 2}
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"input": None}, "'input'"),
+    ({"report": None}, "'report' is missing"),
+    ({"input": {**GOOD["input"], "format": "csv"}}, "input.format"),
+    ({"input": {**GOOD["input"], "dtype": "float8"}}, "unknown dtype 'float8'"),
+    ({"input": {**GOOD["input"], "shape": [-1]}}, "input.shape"),
+    ({"keep": {"max": "a", "min": "b"}}, "exactly one"),
+    ({"on_invalid": "ignore"}, "on_invalid"),
+    ({"outptu": {"path": "x"}}, "'outptu' is not a known key"),
+])
+def test_bad_config_names_the_key(tmp_path, change, words):
+    data = {**GOOD, **change}
+    data = {k: v for k, v in data.items() if v is not None}
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, data))
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_file_problems_are_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(_write(tmp_path, "input: [unclosed"))
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(_write(tmp_path, "- a\n- b\n"))
+    with pytest.raises(ConfigError, match="key.path=value"):
+        load_config(_write(tmp_path, GOOD), ["novalue"])
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    """A python object tag must be rejected, never constructed."""
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(_write(tmp_path, "input: !!python/object/apply:os.system ['true']\n"))
