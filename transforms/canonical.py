@@ -26,7 +26,7 @@ DTYPE_CODES: dict[str, int] = {
 }
 
 # For each float dtype: (unsigned bit-view dtype, sign bit, +inf bits, canonical quiet NaN bits).
-_FLOAT_BITS: dict[str, tuple[type, int, int, int]] = {
+FLOAT_BITS: dict[str, tuple[type, int, int, int]] = {
     "float16": (np.uint16, 0x8000, 0x7C00, 0x7E00),
     "bfloat16": (np.uint16, 0x8000, 0x7F80, 0x7FC0),
     "float32": (np.uint32, 0x80000000, 0x7F800000, 0x7FC00000),
@@ -129,9 +129,9 @@ def canonical_bits(arr: np.ndarray, name: str) -> np.ndarray:
         u8 = arr.view(np.uint8)
         return (u8 != 0).view(np.uint8) if u8.size and u8.max() > 1 else u8
     fname = _COMPONENT.get(name, name)
-    if fname not in _FLOAT_BITS:
+    if fname not in FLOAT_BITS:
         return arr
-    utype, sign, inf, qnan = _FLOAT_BITS[fname]
+    utype, sign, inf, qnan = FLOAT_BITS[fname]
     bits = arr.view(utype)
     if bits.size == 0:
         return bits

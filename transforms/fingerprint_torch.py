@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from transforms.canonical import header
+from transforms.canonical import FLOAT_BITS, header
 from transforms.fingerprint import DIGEST_DTYPE, hash_rows, header_key, pack_digests
 from transforms.xxh3 import torch_ops, xxh3_128_rows
 
@@ -30,13 +30,7 @@ _NAMES = {
     torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64",
     torch.complex32: "complex32", torch.complex64: "complex64", torch.complex128: "complex128",
 }
-# float dtype -> (same-width signed int view, sign bit, +inf bits, canonical quiet NaN bits)
-_FLOAT_BITS = {
-    torch.float16: (torch.int16, 0x8000, 0x7C00, 0x7E00),
-    torch.bfloat16: (torch.int16, 0x8000, 0x7F80, 0x7FC0),
-    torch.float32: (torch.int32, 0x80000000, 0x7F800000, 0x7FC00000),
-    torch.float64: (torch.int64, 1 << 63, 0x7FF0000000000000, 0x7FF8000000000000),
-}
+_SIGNED_VIEW = {16: torch.int16, 32: torch.int32, 64: torch.int64}
 
 
 def _signed(v: int, bits: int) -> int:
@@ -50,10 +44,10 @@ def canonical_bytes(t: torch.Tensor) -> torch.Tensor:
         return t.reshape(n, -1).to(torch.uint8)
     if t.is_complex():
         t = torch.view_as_real(t)
-    if t.dtype in _FLOAT_BITS:
-        itype, sign, inf, qnan = _FLOAT_BITS[t.dtype]
-        width = torch.iinfo(itype).bits
-        bits = t.contiguous().view(itype)
+    if _NAMES[t.dtype] in FLOAT_BITS:  # the same constants as the numpy path
+        utype, sign, inf, qnan = FLOAT_BITS[_NAMES[t.dtype]]
+        width = 8 * np.dtype(utype).itemsize
+        bits = t.contiguous().view(_SIGNED_VIEW[width])
         magnitude = bits & _signed(sign - 1, width)
         bits = torch.where(bits == _signed(sign, width), torch.zeros_like(bits), bits)
         bits = torch.where(magnitude > inf, torch.full_like(bits, qnan), bits)
