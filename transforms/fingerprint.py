@@ -130,13 +130,17 @@ def fingerprint_batch(batch: Any, *, backend: str = "auto") -> np.ndarray:
     return hash_rows(arr, name, header_key(header(b"TDFP", name, row_shape(arr, name, True))))
 
 
+def fingerprint_array(arr: np.ndarray, name: str) -> bytes:
+    """The exact digest of one tensor already converted by ``to_numpy``."""
+    key = header_key(header(b"TDFP", name, row_shape(arr, name, False)))
+    return bytes(hash_rows(arr[None], name, key)[0])
+
+
 def fingerprint(t: Any) -> bytes:
     """The 16-byte exact digest of one tensor (value, dtype and shape)."""
     if _is_device_tensor(t):
         return bytes(fingerprint_batch(t[None])[0])
-    arr, name = to_numpy(t)
-    key = header_key(header(b"TDFP", name, row_shape(arr, name, False)))
-    return bytes(hash_rows(arr[None], name, key)[0])
+    return fingerprint_array(*to_numpy(t))
 
 
 # --- quantized fingerprint -------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from transforms.canonical import row_shape, to_numpy
-from transforms.fingerprint import fingerprint
+from transforms.fingerprint import fingerprint_array
 
 
 class TensorKey:
@@ -29,8 +29,8 @@ class TensorKey:
             self._digest, self._array = t._digest, t._array
             self._dtype, self._shape = t._dtype, t._shape
             return
-        arr, name = to_numpy(t)
-        self._digest = fingerprint(t)
+        arr, name = to_numpy(t)  # converted once: digest and copy come from the same array
+        self._digest = fingerprint_array(arr, name)
         self._array = np.array(arr, copy=True)
         self._array.setflags(write=False)
         self._dtype = name
