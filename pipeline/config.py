@@ -43,7 +43,7 @@ class InputConfig(_Strict):
 
     @field_validator("shape")
     @classmethod
-    def _positive_shape(cls, v: list[int] | None) -> list[int] | None:
+    def _non_negative_shape(cls, v: list[int] | None) -> list[int] | None:
         if v is not None and any(d < 0 for d in v):
             raise ValueError(f"dimensions must be >= 0, got {v}")
         return v
