@@ -33,6 +33,8 @@ class InputConfig(_Strict):
     shape: list[int] | None = Field(None, description="record shape, where the format "
                                     "does not carry it (TFRecord float_list / int64_list)")
     dtype: str | None = Field(None, description="record dtype, likewise (e.g. float32)")
+    compression: Literal["auto", "none", "gzip", "zlib"] = Field(
+        "auto", description="TFRecord compression: auto (detected per file) | none | gzip | zlib")
 
     @field_validator("dtype")
     @classmethod
@@ -56,6 +58,14 @@ class KeyColumn(_Strict):
 
 class OutputConfig(_Strict):
     path: str = Field(description="directory for clean shards (same format as the input)")
+    overwrite: bool = Field(False, description="replace an existing output.path and report "
+                            "(only once the new run has succeeded)")
+
+
+class TuningConfig(_Strict):
+    chunk_rows: int = Field(65536, gt=0, description="records per Beam element (a chunk of "
+                            "rows); bigger = less per-element overhead, more memory")
+    shards: int = Field(16, gt=0, description="shuffle shards of the digest group-by")
 
 
 class RunnerConfig(_Strict):
@@ -76,6 +86,7 @@ class DedupeConfig(_Strict):
     on_invalid: Literal["skip", "fail"] = Field(
         "skip", description="skip (record goes to the report) | fail (stop with an error)")
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
+    tuning: TuningConfig = Field(default_factory=TuningConfig)
 
     @field_validator("keep")
     @classmethod
@@ -83,6 +94,29 @@ class DedupeConfig(_Strict):
         if isinstance(v, KeyColumn) and (v.max is None) == (v.min is None):
             raise ValueError("give exactly one of {max: column} or {min: column}")
         return v
+
+
+def keep_policy(keep: str | KeyColumn) -> tuple[str, str | None]:
+    """("first"|"last", None) or ("max"|"min", column)."""
+    if isinstance(keep, KeyColumn):
+        return ("max", keep.max) if keep.max is not None else ("min", keep.min)
+    return keep, None
+
+
+def describe_keys(model: type[BaseModel] = DedupeConfig, prefix: str = "") -> list[str]:
+    """One line per config key (dotted path, default, description), for ``--help``."""
+    lines = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        sub = [a for a in getattr(field.annotation, "__args__", (field.annotation,))
+               if isinstance(a, type) and issubclass(a, BaseModel) and a is not KeyColumn]
+        if sub:
+            lines += describe_keys(sub[0], f"{key}.")
+            continue
+        default = ("required" if field.is_required()
+                   else f"default {field.get_default(call_default_factory=True)!r}")
+        lines.append(f"  {key:<22} {field.description or ''} ({default})")
+    return lines
 
 
 def _set_path(data: dict, dotted: str, value: Any) -> None:

@@ -1,0 +1,84 @@
+"""What flows between the job's Beam steps besides chunks of rows (``formats.base.Chunk``).
+
+Why explicit types: the shuffle moves only these small arrays (digests, order
+keys, ids), never tensors, and each step's input and output is visible here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from transforms.formats.base import InvalidRecord
+
+
+@dataclass
+class KeyBatch:
+    """Fingerprint -> Exact: the digests of some rows of one shard, with their order keys."""
+
+    words: np.ndarray  # (n, 2) uint64 digest (hi, lo)
+    file_index: np.ndarray  # (n,) int32
+    position: np.ndarray  # (n,) int64
+    ids: np.ndarray  # (n,) object str
+    rank: np.ndarray | None = None  # (n,) float64 keep-by values
+
+    def take(self, idx: np.ndarray) -> KeyBatch:
+        return KeyBatch(self.words[idx], self.file_index[idx], self.position[idx],
+                        self.ids[idx], None if self.rank is None else self.rank[idx])
+
+    @staticmethod
+    def concat(batches: list[KeyBatch]) -> KeyBatch:
+        rank = None if batches[0].rank is None else np.concatenate([b.rank for b in batches])
+        return KeyBatch(np.concatenate([b.words for b in batches]),
+                        np.concatenate([b.file_index for b in batches]),
+                        np.concatenate([b.position for b in batches]),
+                        np.concatenate([b.ids for b in batches]), rank)
+
+
+@dataclass
+class Removed:
+    """Exact/Near -> Decide: records of one file to drop, what each duplicates, and how."""
+
+    position: np.ndarray  # (n,) int64
+    record_id: np.ndarray  # (n,) object str
+    duplicate_of: np.ndarray  # (n,) object str: the surviving record's id
+    kind: str  # "exact" | "near"
+    distance: np.ndarray  # (n,) float64; 0.0 for exact
+
+    def __len__(self) -> int:
+        return len(self.position)
+
+
+@dataclass
+class ReadFacts:
+    """Read -> Decide: how many records a chunk read, and which of them were invalid."""
+
+    n_read: int
+    invalid: list[InvalidRecord] = field(default_factory=list)
+
+
+@dataclass
+class FileDecision:
+    """Decide -> Write: everything known about one input file before it is rewritten."""
+
+    file_index: int
+    path: str
+    n_read: int
+    removed: list[Removed]  # one entry per kind, sorted by position
+    invalid: list[InvalidRecord]  # sorted by position
+
+    def drop(self) -> np.ndarray:
+        """Sorted positions the clean copy leaves out: duplicates and invalid records."""
+        parts = [r.position for r in self.removed]
+        parts.append(np.array([r.position for r in self.invalid], dtype=np.int64))
+        return np.unique(np.concatenate(parts)).astype(np.int64)
+
+
+@dataclass
+class FileResult:
+    """Write -> Report: the outcome for one input file."""
+
+    decision: FileDecision
+    output: str | None  # written file, relative to output.path; None if nothing was readable
+    kept: int

@@ -1,0 +1,37 @@
+"""The job's Beam graph: Read -> Fingerprint -> Exact -> (Near) -> Decide -> Write -> Report.
+
+Each arrow is a module of this package; the kernels they call are plain functions
+in ``transforms/``. Near-duplicate removal slots in as one more removal stream
+handed to Decide.
+"""
+
+from __future__ import annotations
+
+import apache_beam as beam
+
+from pipeline.decide import Decide
+from pipeline.exact import Exact
+from pipeline.fingerprint import Fingerprint
+from pipeline.preflight import Job
+from pipeline.read import Read
+from pipeline.report import write_report
+from pipeline.write import Write
+
+
+def build(p: beam.Pipeline, job: Job) -> None:
+    cfg = job.cfg
+    read = p | "Read" >> Read(cfg.input.format, job.files, job.spec, cfg.tuning.chunk_rows,
+                              cfg.on_invalid == "fail")
+    streams = {"facts": read["facts"]}
+    if cfg.exact:
+        streams["exact"] = (read["chunks"]
+                            | "Fingerprint" >> Fingerprint(cfg.tuning.shards)
+                            | "Exact" >> Exact(job.keep[0]))
+    else:
+        read["chunks"] | "DiscardChunks" >> beam.Filter(lambda _: False)
+    (streams
+     | "Decide" >> Decide(job.files)
+     | "Write" >> Write(cfg.input.format, job.root, str(job.staging(job.output)),
+                        len(job.files))
+     | "CollectResults" >> beam.combiners.ToList()
+     | "Report" >> beam.Map(write_report, str(job.staging(job.report))))

@@ -1,0 +1,84 @@
+"""Everything checked before any work: input files, fields, shapes, output paths.
+
+Why up front: a job that fails after an hour because of a typo in a column name,
+or that writes its output over its input, is the worst experience a batch tool
+can give. Every problem here is one line naming the key or file and the fix.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.config import DedupeConfig, keep_policy
+from pipeline.write import output_name
+from transforms.formats import get_format
+from transforms.formats.base import InputError, TensorSpec
+
+
+@dataclass(frozen=True)
+class Job:
+    """A checked config, resolved into what the graph needs."""
+
+    cfg: DedupeConfig
+    files: list[str]  # sorted: the "first" order
+    root: str  # common directory of the inputs: output names are relative to it
+    spec: TensorSpec  # shape and dtype resolved from the files
+    keep: tuple[str, str | None]  # ("first"|"last", None) | ("max"|"min", column)
+    output: Path
+    report: Path
+    run_id: str
+
+    def staging(self, final: Path) -> Path:
+        return final.parent / f".{final.name}.staging-{self.run_id}"
+
+
+def _files(pattern: str) -> list[str]:
+    files = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+    if not files:
+        raise InputError(f"input.path: no files match {pattern!r} (relative to "
+                         f"{os.getcwd()}): fix the path or glob")
+    return files
+
+
+def _check_paths(cfg: DedupeConfig, files: list[str], root: str) -> None:
+    """Refuse outputs that equal, contain or would be matched by the input."""
+    inputs = [Path(f).resolve() for f in files]
+    pattern = str(Path(cfg.input.path).absolute())
+    out = Path(cfg.output.path).resolve()
+    report = Path(cfg.report).resolve()
+    if out == report or out in report.parents or report in out.parents:
+        raise InputError("report: the report and output.path must be separate directories, "
+                         "neither inside the other")
+    for key, target in (("output.path", out), ("report", report)):
+        if any(target == f or target in f.parents for f in inputs):
+            raise InputError(f"{key}: {target} contains input files: write outputs elsewhere "
+                             "(output never overwrites input)")
+        names = [target / output_name(f, root) for f in files] if key == "output.path" else [
+            target / n for n in ("duplicates.parquet", "invalid.parquet", "summary.json")]
+        if any(fnmatch.fnmatch(str(n), pattern) for n in names):
+            raise InputError(f"{key}: {target} is matched by input.path {cfg.input.path!r}, so "
+                             "a later run would read its own output: write outputs elsewhere")
+        if target.exists() and not cfg.output.overwrite:
+            raise InputError(f"{key}: {target} already exists: remove it, choose another path, "
+                             "or set output.overwrite: true (--overwrite)")
+
+
+def prepare(cfg: DedupeConfig) -> Job:
+    """Check the config against the files and resolve it into a Job. Raises InputError."""
+    files = _files(cfg.input.path)
+    root = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files])
+    _check_paths(cfg, files, root)
+    keep = keep_policy(cfg.keep)
+    shape = None if cfg.input.shape is None else tuple(cfg.input.shape)
+    spec = TensorSpec(cfg.input.tensor, cfg.input.id, shape, cfg.input.dtype, keep[1],
+                      cfg.input.compression)
+    fmt = get_format(cfg.input.format)
+    for path in files:
+        spec = fmt.check(path, spec)
+    return Job(cfg, files, root, spec, keep, Path(cfg.output.path), Path(cfg.report),
+               f"{os.getpid()}-{time.time_ns()}")

@@ -1,0 +1,73 @@
+"""Read: input files -> units (row ranges) -> chunks of rows, plus what each chunk read.
+
+Units are planned on the driver from file metadata and spread over workers with a
+Reshuffle, so a big HDF5 or Parquet file is read in parallel. Each chunk goes on
+to Fingerprint; its record count and invalid records go to Decide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from pipeline import progress
+from pipeline.elements import ReadFacts
+from transforms.formats import get_format
+from transforms.formats.base import Chunk, InvalidRecordError, TensorSpec, Unit
+
+FACTS = "facts"
+
+
+def plan_units(format_name: str, files: list[str], chunk_rows: int) -> list[Unit]:
+    fmt = get_format(format_name)
+    return [u for i, path in enumerate(files) for u in fmt.plan(path, i, chunk_rows)]
+
+
+class ReadChunks(beam.DoFn):
+    """Unit -> chunks (main output) and (file_index, ReadFacts) (``FACTS`` output)."""
+
+    def __init__(self, format_name: str, spec: TensorSpec, chunk_rows: int, fail_on_invalid: bool,
+                 total_units: int):
+        self.format_name, self.spec, self.chunk_rows = format_name, spec, chunk_rows
+        self.fail_on_invalid, self.total_units = fail_on_invalid, total_units
+        self.records = Metrics.counter("tensordedup", "records_read")
+        self.invalid = Metrics.counter("tensordedup", "records_invalid")
+
+    def setup(self) -> None:
+        self.fmt = get_format(self.format_name)
+
+    def process(self, unit: Unit) -> Iterator[Chunk | beam.pvalue.TaggedOutput]:
+        n = 0
+        for chunk in self.fmt.read(unit, self.spec, self.chunk_rows):
+            if chunk.invalid and self.fail_on_invalid:
+                bad = chunk.invalid[0]
+                raise InvalidRecordError(f"invalid record {bad.record_id} in {unit.path}: "
+                                         f"{bad.reason} (on_invalid: fail; set on_invalid: "
+                                         "skip to report such records and go on)")
+            n += chunk.n_read
+            self.records.inc(chunk.n_read)
+            self.invalid.inc(len(chunk.invalid))
+            yield beam.pvalue.TaggedOutput(FACTS, (chunk.file_index,
+                                                   ReadFacts(chunk.n_read, chunk.invalid)))
+            if len(chunk.positions):
+                yield chunk
+        progress.tick("read", self.total_units, n, "chunks")
+
+
+class Read(beam.PTransform):
+    """PBegin -> {"chunks": Chunk, "facts": (file_index, ReadFacts)}."""
+
+    def __init__(self, format_name: str, files: list[str], spec: TensorSpec, chunk_rows: int,
+                 fail_on_invalid: bool):
+        super().__init__()
+        self.units = plan_units(format_name, files, chunk_rows)
+        self.read = ReadChunks(format_name, spec, chunk_rows, fail_on_invalid, len(self.units))
+
+    def expand(self, pbegin):
+        out = (pbegin
+               | "PlanUnits" >> beam.Create(self.units)
+               | "SpreadUnits" >> beam.Reshuffle()
+               | "ReadChunks" >> beam.ParDo(self.read).with_outputs(FACTS, main="chunks"))
+        return {"chunks": out.chunks, FACTS: out[FACTS]}

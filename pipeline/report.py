@@ -1,0 +1,105 @@
+"""Report: duplicates.parquet, invalid.parquet and (last) summary.json; atomic publishing.
+
+Rows are ordered by input order (file, position), so the same input and config
+give byte-identical Parquet reports on every run and runner. Outputs are built
+in hidden staging directories and moved into place only after the job
+succeeded; summary.json is written last, so its presence marks a complete run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.elements import FileResult
+
+TOTALS = ".totals.json"  # handed from the Report step to the driver, then removed
+DUPLICATES_SCHEMA = pa.schema([("record_id", pa.string()), ("duplicate_of", pa.string()),
+                               ("kind", pa.string()), ("distance", pa.float64())])
+INVALID_SCHEMA = pa.schema([("record_id", pa.string()), ("source", pa.string()),
+                            ("reason", pa.string())])
+
+
+def _duplicates_table(results: list[FileResult]) -> pa.Table:
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in DUPLICATES_SCHEMA.names}
+    for res in results:
+        rows = res.decision.removed
+        if not rows:
+            continue
+        pos = np.concatenate([r.position for r in rows])
+        order = np.argsort(pos, kind="stable")
+        cols["record_id"].append(np.concatenate([r.record_id for r in rows])[order])
+        cols["duplicate_of"].append(np.concatenate([r.duplicate_of for r in rows])[order])
+        cols["kind"].append(np.concatenate([np.full(len(r), r.kind, dtype=object)
+                                            for r in rows])[order])
+        cols["distance"].append(np.concatenate([r.distance for r in rows])[order])
+    if not cols["record_id"]:
+        return DUPLICATES_SCHEMA.empty_table()
+    return pa.table({k: np.concatenate(v) for k, v in cols.items()}, schema=DUPLICATES_SCHEMA)
+
+
+def _invalid_table(results: list[FileResult]) -> pa.Table:
+    rows = [(r.record_id, res.decision.path, r.reason)
+            for res in results for r in res.decision.invalid]
+    return pa.table({name: [row[i] for row in rows] for i, name in
+                     enumerate(INVALID_SCHEMA.names)}, schema=INVALID_SCHEMA)
+
+
+def file_summary(res: FileResult) -> dict:
+    removed = {kind: sum(len(r) for r in res.decision.removed if r.kind == kind)
+               for kind in ("exact", "near")}
+    return {"input": res.decision.path, "output": res.output, "read": res.decision.n_read,
+            "kept": res.kept, "removed_exact": removed["exact"],
+            "removed_near": removed["near"], "invalid": len(res.decision.invalid)}
+
+
+def write_report(results: list[FileResult], staging: str) -> None:
+    """The Report step: both Parquet reports plus per-file counts for the driver."""
+    results = sorted(results, key=lambda r: r.decision.file_index)
+    os.makedirs(staging, exist_ok=True)
+    pq.write_table(_duplicates_table(results), os.path.join(staging, "duplicates.parquet"))
+    pq.write_table(_invalid_table(results), os.path.join(staging, "invalid.parquet"))
+    with open(os.path.join(staging, TOTALS), "w") as f:
+        json.dump([file_summary(r) for r in results], f)
+
+
+def totals(files: list[dict]) -> dict:
+    keys = ("read", "kept", "removed_exact", "removed_near", "invalid")
+    out = {k: sum(f[k] for f in files) for k in keys}
+    if out["read"] != out["kept"] + out["removed_exact"] + out["removed_near"] + out["invalid"]:
+        raise RuntimeError(f"records not accounted for: {out}")
+    return out
+
+
+def take_totals(staging: Path) -> list[dict]:
+    path = staging / TOTALS
+    files = json.loads(path.read_text())
+    path.unlink()
+    return files
+
+
+def publish(staging: Path, final: Path, overwrite: bool) -> None:
+    """Move a finished staging directory to its final path (replacing the old one if allowed)."""
+    if final.exists():
+        if not overwrite:
+            raise FileExistsError(f"{final} appeared while the job ran; the new output is "
+                                  f"kept at {staging}")
+        old = final.with_name(f".{final.name}.old-{staging.name.rsplit('-', 1)[-1]}")
+        final.rename(old)
+        staging.rename(final)
+        shutil.rmtree(old)
+    else:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging.rename(final)
+
+
+def write_summary(report_dir: Path, summary: dict) -> None:
+    tmp = report_dir / ".summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, report_dir / "summary.json")

@@ -1,0 +1,58 @@
+"""Write: FileDecision -> a clean copy of the input file (second pass) -> FileResult.
+
+Each input file is re-read and copied without its dropped records, in the same
+format, schema and compression, into the run's staging directory (moved into
+place only when the whole job succeeded). The per-file invariant
+read == kept + removed + invalid is checked here, where all four are known.
+"""
+
+from __future__ import annotations
+
+import os
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from pipeline import progress
+from pipeline.elements import FileDecision, FileResult
+from transforms.formats import get_format
+
+
+def output_name(path: str, root: str) -> str:
+    """Where an input file's clean copy goes, relative to output.path."""
+    return os.path.relpath(path, root)
+
+
+class WriteClean(beam.DoFn):
+    def __init__(self, format_name: str, root: str, staging: str, total_files: int):
+        self.format_name, self.root, self.staging = format_name, root, staging
+        self.total_files = total_files
+        self.kept = Metrics.counter("tensordedup", "records_kept")
+
+    def setup(self) -> None:
+        self.fmt = get_format(self.format_name)
+
+    def process(self, decision: FileDecision):
+        name = output_name(decision.path, self.root)
+        drop = decision.drop()
+        kept = self.fmt.write(decision.path, os.path.join(self.staging, name), drop)
+        accounted = kept + len(drop)
+        if accounted != decision.n_read:
+            raise RuntimeError(f"{decision.path}: read {decision.n_read} records but wrote "
+                               f"{kept} and dropped {len(drop)}: did the file change while "
+                               "the job ran?")
+        self.kept.inc(kept)
+        progress.tick("write", self.total_files, kept, "files")
+        readable = os.path.exists(os.path.join(self.staging, name))
+        yield FileResult(decision, name if readable else None, kept)
+
+
+class Write(beam.PTransform):
+    """FileDecision -> FileResult."""
+
+    def __init__(self, format_name: str, root: str, staging: str, total_files: int):
+        super().__init__()
+        self.fn = WriteClean(format_name, root, staging, total_files)
+
+    def expand(self, decisions):
+        return decisions | "WriteCleanFile" >> beam.ParDo(self.fn)

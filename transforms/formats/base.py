@@ -1,0 +1,108 @@
+"""The contract every input format implements: check, plan, read chunks, write a filtered copy.
+
+Why: the dedup job (``pipeline/``) is format-agnostic. A format module is a set of
+plain functions (no Beam) so the job, the tests and future front ends share them.
+
+Positions: every record of a file has a position, its 0-based ordinal in that file
+as the format's reader meets it. ``read`` and ``write`` must agree on positions, so
+that ``write(src, dst, drop)`` drops exactly the records the job decided to drop.
+An unreadable region that cannot be split into records (e.g. TFRecord bytes whose
+length header is corrupt) is one "record" with its own position: it is counted as
+read and reported invalid, and ``write`` never copies it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+
+class InputError(ValueError):
+    """An input problem found before any work, as one line naming the file/key and the fix."""
+
+
+class InvalidRecordError(ValueError):
+    """A record that cannot be used while ``on_invalid: fail`` is set."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What to read from each record (from the config's ``input`` section and ``keep``)."""
+
+    tensor: str  # Parquet column / tf.train.Example feature / HDF5 dataset
+    id: str | None = None  # column/feature/dataset with record ids; None = "<path>:<position>"
+    shape: tuple[int, ...] | None = None  # per-record shape; None = taken from the file
+    dtype: str | None = None  # numpy dtype name (incl. "bfloat16"); None = from the file
+    rank: str | None = None  # scalar column/feature/dataset for keep {max|min: column}
+    compression: str = "auto"  # TFRecord only: auto | none | gzip | zlib
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A range of records of one file, read as one Beam element (then yielded in chunks)."""
+
+    file_index: int  # index of the file in the sorted input list (the "first" order)
+    path: str
+    start: int = 0  # first position (inclusive)
+    stop: int | None = None  # last position (exclusive); None = to the end of the file
+
+
+@dataclass(frozen=True)
+class InvalidRecord:
+    position: int
+    record_id: str
+    reason: str  # one line: what is wrong (e.g. "CRC mismatch", "shape (3,) != (4,)")
+
+
+@dataclass
+class Chunk:
+    """Records read from one unit. Valid rows are ordered by position."""
+
+    file_index: int
+    positions: np.ndarray  # int64 (n,) positions of the valid rows
+    ids: np.ndarray  # object (n,) str record ids of the valid rows
+    tensors: np.ndarray  # (n, *shape) the tensors of the valid rows
+    rank: np.ndarray | None = None  # (n,) keep-by values, when TensorSpec.rank is set
+    invalid: list[InvalidRecord] = field(default_factory=list)
+
+    @property
+    def n_read(self) -> int:
+        return len(self.positions) + len(self.invalid)
+
+
+def default_id(path: str, position: int) -> str:
+    return f"{path}:{position}"
+
+
+def default_ids(path: str, positions: np.ndarray) -> np.ndarray:
+    """Default record ids "<path>:<position>" as an object array."""
+    return np.array([f"{path}:{p}" for p in positions.tolist()], dtype=object)
+
+
+class Format(Protocol):
+    """Module-level functions of ``transforms.formats.<name>``."""
+
+    def check(self, path: str, spec: TensorSpec) -> TensorSpec:
+        """Return ``spec`` with shape and dtype resolved from the file (so every later
+        file is checked against the first one's), or raise InputError (one line) if
+        the file lacks the tensor/id/rank field, or the tensor's shape/dtype disagree
+        with the spec. Cheap: schema/first record.
+        A file that cannot be opened at all (truncated, corrupt) does not raise: the
+        job reports it as invalid and goes on with the other files."""
+
+    def plan(self, path: str, file_index: int, target_rows: int) -> list[Unit]:
+        """Split a file into units of about ``target_rows`` records (one unit if the
+        format cannot split a file). Units cover every position exactly once."""
+
+    def read(self, unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
+        """Yield chunks of at most ``batch_rows`` records covering the unit, in order.
+        Bad records go to ``Chunk.invalid``; never raise for bad data."""
+
+    def write(self, src: str, dst: str, drop: np.ndarray) -> int:
+        """Copy ``src`` to ``dst`` without the records at the sorted int64 positions
+        ``drop`` (and without unreadable records); same schema, dtypes, compression and
+        record order. Return the number of records written. A ``src`` that cannot be
+        opened at all gives no ``dst`` file and returns 0."""

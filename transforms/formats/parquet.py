@@ -1,0 +1,239 @@
+"""Parquet input: a (nested) list column holds one tensor per row; units are row groups.
+
+Why row groups: they are Parquet's unit of independent reading, so a unit never
+reads a byte twice and big files are read in parallel. Tensors come out of Arrow
+without a Python loop: list levels are validated with vectorized length checks,
+then the leaf values are reshaped in one go. Output keeps the schema (with its
+metadata), the codecs and the row-group boundaries of the input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from transforms.canonical import DTYPE_CODES
+from transforms.formats.base import Chunk, InputError, InvalidRecord, TensorSpec, Unit, default_ids
+
+_LIST_TYPES = (pa.ListType, pa.LargeListType, pa.FixedSizeListType)
+
+
+def _open(path: str) -> pq.ParquetFile | Exception:
+    try:
+        return pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as e:
+        return e
+
+
+def _reason(e: Exception) -> str:
+    return f"{type(e).__name__}: {e}".replace("\n", " ")
+
+
+def _layout(t: pa.DataType) -> tuple[list[int | None], pa.DataType]:
+    """List nesting of a column type: per level the fixed size (None if variable), leaf type."""
+    sizes: list[int | None] = []
+    while isinstance(t, _LIST_TYPES):
+        sizes.append(t.list_size if isinstance(t, pa.FixedSizeListType) else None)
+        t = t.value_type
+    return sizes, t
+
+
+_NUMPY_NAMES = {pa.bool_(): "bool", pa.float16(): "float16", pa.float32(): "float32",
+                pa.float64(): "float64", **{getattr(pa, n)(): n for n in (
+                    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")}}
+
+
+def _leaf_dtype(t: pa.DataType) -> str | None:
+    name = _NUMPY_NAMES.get(t)
+    return name if name in DTYPE_CODES else None
+
+
+def _first_shape(pf: pq.ParquetFile, column: str) -> tuple[int, ...] | None:
+    """Shape of the first non-null row (variable-size lists carry no shape in the schema)."""
+    for batch in pf.iter_batches(batch_size=1024, columns=[column]):
+        for v in batch.column(0):
+            if v.is_valid:
+                return _shape_of(v.as_py())
+    return None
+
+
+def check(path: str, spec: TensorSpec) -> TensorSpec:
+    pf = _open(path)
+    if isinstance(pf, Exception):
+        return spec  # reported as invalid by read()
+    schema = pf.schema_arrow
+    for key, name in (("input.tensor", spec.tensor), ("input.id", spec.id), ("keep", spec.rank)):
+        if name is not None and schema.get_field_index(name) < 0:
+            raise InputError(f"{path}: {key}: no column {name!r}; the file has columns "
+                             f"{', '.join(schema.names)}")
+    sizes, leaf = _layout(schema.field(spec.tensor).type)
+    dtype = _leaf_dtype(leaf)
+    if dtype is None:
+        raise InputError(f"{path}: input.tensor: column {spec.tensor!r} holds {leaf}, not "
+                         "numbers: point input.tensor at a numeric (list) column")
+    if spec.dtype is not None and spec.dtype != dtype:
+        raise InputError(f"{path}: input.dtype: column {spec.tensor!r} holds {dtype}, not "
+                         f"{spec.dtype}: set input.dtype: {dtype} or leave it out")
+    if spec.shape is not None and len(spec.shape) != len(sizes):
+        raise InputError(f"{path}: input.shape: column {spec.tensor!r} has {len(sizes)} list "
+                         f"level(s), so a shape of {len(sizes)} dimension(s), not "
+                         f"{list(spec.shape)}: fix input.shape or leave it out")
+    shape = tuple(sizes) if None not in sizes else _first_shape(pf, spec.tensor)
+    if spec.shape is not None and shape is not None and shape != tuple(spec.shape):
+        raise InputError(f"{path}: input.shape: column {spec.tensor!r} holds tensors of shape "
+                         f"{list(shape)}, not {list(spec.shape)}: fix input.shape or leave it out")
+    if spec.rank is not None and not _is_numeric(schema.field(spec.rank).type):
+        raise InputError(f"{path}: keep: column {spec.rank!r} holds "
+                         f"{schema.field(spec.rank).type}, not numbers: keep by a numeric column")
+    return replace(spec, dtype=dtype, shape=shape if shape is not None else spec.shape)
+
+
+def _is_numeric(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def plan(path: str, file_index: int, target_rows: int) -> list[Unit]:
+    pf = _open(path)
+    if isinstance(pf, Exception):
+        return [Unit(file_index, path, 0, None)]
+    units, start, rows = [], 0, 0
+    for i in range(pf.metadata.num_row_groups):
+        rows += pf.metadata.row_group(i).num_rows
+        if rows - start >= target_rows or i == pf.metadata.num_row_groups - 1:
+            units.append(Unit(file_index, path, start, rows))
+            start = rows
+    return units or [Unit(file_index, path, 0, 0)]
+
+
+def _row_groups(pf: pq.ParquetFile, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
+    """(index, first position, rows) of the row groups inside [start, stop)."""
+    offset = 0
+    for i in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(i).num_rows
+        if start <= offset and offset + n <= stop:
+            yield i, offset, n
+        offset += n
+
+
+def tensor_rows(col: pa.Array, shape: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray]:
+    """(ok mask, tensors of the ok rows) of a (nested) list column, without a Python loop.
+
+    A row is ok when it is not null, holds no null, and every list level has the
+    expected length (``shape``, or the first valid row's shape when None).
+    """
+    n = len(col)
+    ok = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    if shape is None:
+        first = np.flatnonzero(ok)
+        shape = _shape_of(col[int(first[0])].as_py()) if len(first) else ()
+    level, parent = col, np.arange(n)
+    for size in shape:
+        lengths = pc.list_value_length(level).to_numpy(zero_copy_only=False)
+        ok[parent[lengths != size]] = False  # a null list has length NaN
+        parent = parent[pc.list_parent_indices(level).to_numpy()]
+        level = level.flatten()
+    if level.null_count:
+        ok[parent[~level.is_valid().to_numpy(zero_copy_only=False)]] = False
+    if not ok.all():
+        return ok, tensor_rows(col.filter(pa.array(ok)), shape)[1]
+    leaves = level.to_numpy(zero_copy_only=False)
+    return ok, leaves.reshape((n, *shape))
+
+
+def _shape_of(x: object) -> tuple[int, ...]:
+    shape: list[int] = []
+    while isinstance(x, list):
+        shape.append(len(x))
+        x = x[0] if x else None
+    return tuple(shape)
+
+
+def _chunk(file_index: int, path: str, table: pa.Table, first: int, spec: TensorSpec) -> Chunk:
+    positions = np.arange(first, first + table.num_rows, dtype=np.int64)
+    shape = None if spec.shape is None else tuple(spec.shape)
+    tensor_ok, tensors = tensor_rows(table.column(spec.tensor).combine_chunks(), shape)
+    ok = tensor_ok.copy()
+    ids = default_ids(path, positions)
+    if spec.id is not None:
+        id_col = table.column(spec.id).combine_chunks()
+        has_id = id_col.is_valid().to_numpy(zero_copy_only=False)
+        ok &= has_id
+        tensors = tensors[has_id[tensor_ok]]
+        given = np.asarray(id_col.cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object)
+        ids = np.where(has_id, given, ids)
+    bad_shape = (f"column {spec.tensor!r}: null, null values or a shape other than "
+                 f"{list(tensors.shape[1:])}")
+    invalid = [InvalidRecord(int(positions[i]), ids[i],
+                             bad_shape if not tensor_ok[i] else f"column {spec.id!r}: null id")
+               for i in np.flatnonzero(~ok)]
+    rank = None
+    if spec.rank is not None:
+        rank = table.column(spec.rank).cast(pa.float64()).to_numpy()[ok]
+    return Chunk(file_index, positions[ok], ids[ok], tensors, rank, invalid)
+
+
+def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
+    pf = _open(unit.path)
+    if isinstance(pf, Exception):
+        yield Chunk(unit.file_index, np.empty(0, np.int64), np.empty(0, object),
+                    np.empty((0,)), None,
+                    [InvalidRecord(0, unit.path, f"unreadable Parquet file: {_reason(pf)}")])
+        return
+    stop = pf.metadata.num_rows if unit.stop is None else unit.stop
+    columns = [c for c in (spec.tensor, spec.id, spec.rank) if c is not None]
+    for rg, first, n in _row_groups(pf, unit.start, stop):
+        try:
+            table = pf.read_row_group(rg, columns=list(dict.fromkeys(columns)))
+        except (OSError, pa.ArrowException) as e:
+            why = f"unreadable row group {rg}: {_reason(e)}"
+            for a in range(first, first + n, batch_rows):
+                positions = np.arange(a, min(a + batch_rows, first + n), dtype=np.int64)
+                yield Chunk(unit.file_index, np.empty(0, np.int64), np.empty(0, object),
+                            np.empty((0,)), None,
+                            [InvalidRecord(int(p), i, why)
+                             for p, i in zip(positions, default_ids(unit.path, positions),
+                                             strict=True)])
+            continue
+        for a in range(0, n, batch_rows):
+            yield _chunk(unit.file_index, unit.path, table.slice(a, batch_rows), first + a, spec)
+
+
+def _codecs(pf: pq.ParquetFile) -> str | dict[str, str]:
+    """The input's codec per column, as ParquetWriter takes it (one name when uniform)."""
+    if pf.metadata.num_row_groups == 0:
+        return "snappy"
+    rg = pf.metadata.row_group(0)
+    codecs = {rg.column(j).path_in_schema: rg.column(j).compression.lower()
+              for j in range(rg.num_columns)}
+    names = set(codecs.values())
+    return names.pop() if len(names) == 1 else codecs
+
+
+def write(src: str, dst: str, drop: np.ndarray) -> int:
+    pf = _open(src)
+    if isinstance(pf, Exception):
+        return 0
+    from pathlib import Path
+
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    with pq.ParquetWriter(dst, pf.schema_arrow, compression=_codecs(pf),
+                          version=pf.metadata.format_version) as out:
+        for rg, first, n in _row_groups(pf, 0, pf.metadata.num_rows):
+            lo, hi = np.searchsorted(drop, [first, first + n])
+            try:
+                table = pf.read_row_group(rg)
+            except (OSError, pa.ArrowException):
+                continue  # every row of an unreadable group is invalid, so in `drop`
+            if hi > lo:
+                keep = np.ones(n, dtype=bool)
+                keep[drop[lo:hi] - first] = False
+                table = table.filter(pa.array(keep))
+            out.write_table(table, row_group_size=max(table.num_rows, 1))
+            written += table.num_rows
+    return written
