@@ -9,34 +9,32 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import apache_beam as beam
-import numpy as np
 
 from pipeline.elements import FileDecision, ReadFacts, Removed
+from pipeline.exact import SEEN
 
 
 def _merge(parts: list[Removed]) -> list[Removed]:
     """One Removed per kind, sorted by position (deterministic whatever the shuffle order)."""
-    merged = []
-    for kind in sorted({p.kind for p in parts}):
-        same = [p for p in parts if p.kind == kind]
-        pos = np.concatenate([p.position for p in same])
-        order = np.argsort(pos, kind="stable")
-        merged.append(Removed(pos[order], np.concatenate([p.record_id for p in same])[order],
-                              np.concatenate([p.duplicate_of for p in same])[order], kind,
-                              np.concatenate([p.distance for p in same])[order]))
-    return merged
+    return [Removed.concat_sorted([p for p in parts if p.kind == kind])
+            for kind in sorted({p.kind for p in parts})]
 
 
-def decide(file_index: int, joined: dict[str, Iterable]) -> FileDecision:
+def decide(file_index: int, joined: dict[str, Iterable], checked: bool) -> FileDecision:
     (path,) = list(joined["path"])
     facts: list[ReadFacts] = list(joined["facts"])
     invalid = sorted((r for f in facts for r in f.invalid), key=lambda r: r.position)
-    return FileDecision(file_index, path, sum(f.n_read for f in facts),
-                        _merge(list(joined["removed"])), invalid)
+    n_read = sum(f.n_read for f in facts)
+    if checked and sum(joined[SEEN]) != n_read - len(invalid):
+        raise RuntimeError(f"{path}: {n_read - len(invalid)} valid records were read but "
+                           f"{sum(joined[SEEN])} reached the duplicate check: refusing to "
+                           "write a clean copy that was not fully checked")
+    return FileDecision(file_index, path, n_read, _merge(list(joined["removed"])), invalid)
 
 
 class Decide(beam.PTransform):
-    """{"facts": (i, ReadFacts), removal streams: (i, Removed)...} -> FileDecision."""
+    """{"facts": (i, ReadFacts), SEEN: (i, rows) (optional), removal streams: (i, Removed)...}
+    -> FileDecision."""
 
     def __init__(self, files: list[str]):
         super().__init__()
@@ -45,9 +43,13 @@ class Decide(beam.PTransform):
     def expand(self, streams: dict):
         pipeline = streams["facts"].pipeline
         paths = pipeline | "ListFiles" >> beam.Create(list(enumerate(self.files)))
-        removals = [v for k, v in sorted(streams.items()) if k != "facts"]
+        removals = [v for k, v in sorted(streams.items()) if k not in ("facts", SEEN)]
         removed = (removals | "FlattenRemovals" >> beam.Flatten() if removals
                    else pipeline | "NoRemovals" >> beam.Create([]))
-        return ({"path": paths, "facts": streams["facts"], "removed": removed}
+        joined = {"path": paths, "facts": streams["facts"], "removed": removed}
+        if SEEN in streams:
+            joined[SEEN] = streams[SEEN]
+        return (joined
                 | "JoinByFile" >> beam.CoGroupByKey()
-                | "DecidePerFile" >> beam.MapTuple(decide))
+                | "DecidePerFile" >> beam.Map(lambda kv, checked: decide(*kv, checked),
+                                              SEEN in streams))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
 
 from transforms.formats.base import InvalidRecord
 
@@ -20,12 +21,12 @@ class KeyBatch:
     words: np.ndarray  # (n, 2) uint64 digest (hi, lo)
     file_index: np.ndarray  # (n,) int32
     position: np.ndarray  # (n,) int64
-    ids: np.ndarray  # (n,) object str
+    ids: pa.Array  # (n,) string record ids
     rank: np.ndarray | None = None  # (n,) float64 keep-by values
 
     def take(self, idx: np.ndarray) -> KeyBatch:
         return KeyBatch(self.words[idx], self.file_index[idx], self.position[idx],
-                        self.ids[idx], None if self.rank is None else self.rank[idx])
+                        self.ids.take(pa.array(idx)), None if self.rank is None else self.rank[idx])
 
     @staticmethod
     def concat(batches: list[KeyBatch]) -> KeyBatch:
@@ -33,7 +34,7 @@ class KeyBatch:
         return KeyBatch(np.concatenate([b.words for b in batches]),
                         np.concatenate([b.file_index for b in batches]),
                         np.concatenate([b.position for b in batches]),
-                        np.concatenate([b.ids for b in batches]), rank)
+                        pa.concat_arrays([b.ids for b in batches]), rank)
 
 
 @dataclass
@@ -41,13 +42,23 @@ class Removed:
     """Exact/Near -> Decide: records of one file to drop, what each duplicates, and how."""
 
     position: np.ndarray  # (n,) int64
-    record_id: np.ndarray  # (n,) object str
-    duplicate_of: np.ndarray  # (n,) object str: the surviving record's id
+    record_id: pa.Array  # (n,) string
+    duplicate_of: pa.Array  # (n,) string: the surviving record's id
     kind: str  # "exact" | "near"
     distance: np.ndarray  # (n,) float64; 0.0 for exact
 
     def __len__(self) -> int:
         return len(self.position)
+
+    @staticmethod
+    def concat_sorted(parts: list[Removed]) -> Removed:
+        """Parts of one kind as one Removed sorted by position."""
+        pos = np.concatenate([p.position for p in parts])
+        order = np.argsort(pos, kind="stable")
+        take = pa.array(order)
+        return Removed(pos[order], pa.concat_arrays([p.record_id for p in parts]).take(take),
+                       pa.concat_arrays([p.duplicate_of for p in parts]).take(take),
+                       parts[0].kind, np.concatenate([p.distance for p in parts])[order])
 
 
 @dataclass

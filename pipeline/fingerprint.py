@@ -15,13 +15,13 @@ import numpy as np
 from pipeline.elements import KeyBatch
 from transforms.exact import digest_words
 from transforms.fingerprint import fingerprint_batch
-from transforms.formats.base import Chunk
+from transforms.formats.base import Chunk, arrow_ids
 
 
 def shard_keys(chunk: Chunk, shards: int) -> Iterator[tuple[int, KeyBatch]]:
     words = digest_words(fingerprint_batch(chunk.tensors))
     file_index = np.full(len(words), chunk.file_index, dtype=np.int32)
-    batch = KeyBatch(words, file_index, chunk.positions, chunk.ids, chunk.rank)
+    batch = KeyBatch(words, file_index, chunk.positions, arrow_ids(chunk.ids), chunk.rank)
     shard = (words[:, 0] % np.uint64(shards)).astype(np.int64)
     order = np.argsort(shard, kind="stable")
     bounds = np.searchsorted(shard[order], np.arange(shards + 1))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import apache_beam as beam
 
 from pipeline.decide import Decide
-from pipeline.exact import Exact
+from pipeline.exact import SEEN, Exact
 from pipeline.fingerprint import Fingerprint
 from pipeline.preflight import Job
 from pipeline.read import Read
@@ -24,9 +24,10 @@ def build(p: beam.Pipeline, job: Job) -> None:
                               cfg.on_invalid == "fail")
     streams = {"facts": read["facts"]}
     if cfg.exact:
-        streams["exact"] = (read["chunks"]
-                            | "Fingerprint" >> Fingerprint(cfg.tuning.shards)
-                            | "Exact" >> Exact(job.keep[0]))
+        exact = (read["chunks"]
+                 | "Fingerprint" >> Fingerprint(cfg.tuning.shards)
+                 | "Exact" >> Exact(job.keep[0]))
+        streams.update(exact=exact["removed"], seen=exact[SEEN])
     else:
         read["chunks"] | "DiscardChunks" >> beam.Filter(lambda _: False)
     (streams

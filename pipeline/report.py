@@ -13,7 +13,6 @@ import os
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -27,21 +26,16 @@ INVALID_SCHEMA = pa.schema([("record_id", pa.string()), ("source", pa.string()),
 
 
 def _duplicates_table(results: list[FileResult]) -> pa.Table:
-    cols: dict[str, list[np.ndarray]] = {k: [] for k in DUPLICATES_SCHEMA.names}
+    """One row per removed record, by input order (file, then position)."""
+    per_file = []
     for res in results:
-        rows = res.decision.removed
-        if not rows:
-            continue
-        pos = np.concatenate([r.position for r in rows])
-        order = np.argsort(pos, kind="stable")
-        cols["record_id"].append(np.concatenate([r.record_id for r in rows])[order])
-        cols["duplicate_of"].append(np.concatenate([r.duplicate_of for r in rows])[order])
-        cols["kind"].append(np.concatenate([np.full(len(r), r.kind, dtype=object)
-                                            for r in rows])[order])
-        cols["distance"].append(np.concatenate([r.distance for r in rows])[order])
-    if not cols["record_id"]:
-        return DUPLICATES_SCHEMA.empty_table()
-    return pa.table({k: np.concatenate(v) for k, v in cols.items()}, schema=DUPLICATES_SCHEMA)
+        kinds = [pa.table({"record_id": r.record_id, "duplicate_of": r.duplicate_of,
+                           "kind": pa.array([r.kind] * len(r), pa.string()),
+                           "distance": pa.array(r.distance, pa.float64()),
+                           "position": r.position}) for r in res.decision.removed]
+        if kinds:
+            per_file.append(pa.concat_tables(kinds).sort_by("position").drop_columns("position"))
+    return pa.concat_tables(per_file) if per_file else DUPLICATES_SCHEMA.empty_table()
 
 
 def _invalid_table(results: list[FileResult]) -> pa.Table:

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 
 class InputError(ValueError):
@@ -63,7 +65,7 @@ class Chunk:
 
     file_index: int
     positions: np.ndarray  # int64 (n,) positions of the valid rows
-    ids: np.ndarray  # object (n,) str record ids of the valid rows
+    ids: np.ndarray | pa.Array  # (n,) record ids of the valid rows: object str or Arrow string
     tensors: np.ndarray  # (n, *shape) the tensors of the valid rows
     rank: np.ndarray | None = None  # (n,) keep-by values, when TensorSpec.rank is set
     invalid: list[InvalidRecord] = field(default_factory=list)
@@ -80,6 +82,20 @@ def default_id(path: str, position: int) -> str:
 def default_ids(path: str, positions: np.ndarray) -> np.ndarray:
     """Default record ids "<path>:<position>" as an object array."""
     return np.array([f"{path}:{p}" for p in positions.tolist()], dtype=object)
+
+
+def default_ids_arrow(path: str, positions: np.ndarray) -> pa.Array:
+    """Default record ids "<path>:<position>" as an Arrow string array (no Python loop)."""
+    return pc.binary_join_element_wise(path, pa.array(positions).cast(pa.string()), ":")
+
+
+def arrow_ids(ids: np.ndarray | pa.Array) -> pa.Array:
+    """Record ids as an Arrow string array: compact and fast to shuffle."""
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.combine_chunks()
+    if isinstance(ids, pa.Array):
+        return ids.cast(pa.string())
+    return pa.array(ids, type=pa.string())
 
 
 class Format(Protocol):

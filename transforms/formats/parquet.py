@@ -10,7 +10,9 @@ metadata), the codecs and the row-group boundaries of the input.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +20,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from transforms.canonical import DTYPE_CODES
-from transforms.formats.base import Chunk, InputError, InvalidRecord, TensorSpec, Unit, default_ids
+from transforms.formats.base import (
+    Chunk,
+    InputError,
+    InvalidRecord,
+    TensorSpec,
+    Unit,
+    default_ids,
+    default_ids_arrow,
+)
 
 _LIST_TYPES = (pa.ListType, pa.LargeListType, pa.FixedSizeListType)
 
@@ -124,25 +134,34 @@ def tensor_rows(col: pa.Array, shape: tuple[int, ...] | None) -> tuple[np.ndarra
     """(ok mask, tensors of the ok rows) of a (nested) list column, without a Python loop.
 
     A row is ok when it is not null, holds no null, and every list level has the
-    expected length (``shape``, or the first valid row's shape when None).
+    expected length (``shape``, or the first valid row's shape when None). Clean
+    columns (the usual case) cost one length check per level and a reshape.
     """
     n = len(col)
-    ok = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    ok = np.ones(n, dtype=bool)
+    if col.null_count:
+        ok &= col.is_valid().to_numpy(zero_copy_only=False)
     if shape is None:
         first = np.flatnonzero(ok)
         shape = _shape_of(col[int(first[0])].as_py()) if len(first) else ()
-    level, parent = col, np.arange(n)
+    levels = [col]
     for size in shape:
-        lengths = pc.list_value_length(level).to_numpy(zero_copy_only=False)
-        ok[parent[lengths != size]] = False  # a null list has length NaN
-        parent = parent[pc.list_parent_indices(level).to_numpy()]
-        level = level.flatten()
-    if level.null_count:
-        ok[parent[~level.is_valid().to_numpy(zero_copy_only=False)]] = False
+        lengths = pc.list_value_length(levels[-1]).to_numpy(zero_copy_only=False)
+        ok[_top_rows(levels, np.flatnonzero(lengths != size))] = False  # null length is NaN
+        levels.append(levels[-1].flatten())
+    if levels[-1].null_count:
+        bad = np.flatnonzero(~levels[-1].is_valid().to_numpy(zero_copy_only=False))
+        ok[_top_rows(levels, bad)] = False
     if not ok.all():
         return ok, tensor_rows(col.filter(pa.array(ok)), shape)[1]
-    leaves = level.to_numpy(zero_copy_only=False)
-    return ok, leaves.reshape((n, *shape))
+    return ok, levels[-1].to_numpy(zero_copy_only=False).reshape((n, *shape))
+
+
+def _top_rows(levels: list[pa.Array], idx: np.ndarray) -> np.ndarray:
+    """Map indices into ``levels[-1]`` (each level the flattened previous one) to top rows."""
+    for level in reversed(levels[:-1] if len(idx) else []):
+        idx = pc.list_parent_indices(level).to_numpy()[idx]
+    return idx
 
 
 def _shape_of(x: object) -> tuple[int, ...]:
@@ -158,23 +177,27 @@ def _chunk(file_index: int, path: str, table: pa.Table, first: int, spec: Tensor
     shape = None if spec.shape is None else tuple(spec.shape)
     tensor_ok, tensors = tensor_rows(table.column(spec.tensor).combine_chunks(), shape)
     ok = tensor_ok.copy()
-    ids = default_ids(path, positions)
-    if spec.id is not None:
-        id_col = table.column(spec.id).combine_chunks()
-        has_id = id_col.is_valid().to_numpy(zero_copy_only=False)
-        ok &= has_id
-        tensors = tensors[has_id[tensor_ok]]
-        given = np.asarray(id_col.cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object)
-        ids = np.where(has_id, given, ids)
-    bad_shape = (f"column {spec.tensor!r}: null, null values or a shape other than "
-                 f"{list(tensors.shape[1:])}")
-    invalid = [InvalidRecord(int(positions[i]), ids[i],
-                             bad_shape if not tensor_ok[i] else f"column {spec.id!r}: null id")
-               for i in np.flatnonzero(~ok)]
+    if spec.id is None:
+        ids = default_ids_arrow(path, positions)
+    else:
+        ids = table.column(spec.id).combine_chunks().cast(pa.string())
+        if ids.null_count:
+            has_id = ids.is_valid().to_numpy(zero_copy_only=False)
+            ok &= has_id
+            tensors = tensors[has_id[tensor_ok]]
+            ids = pc.coalesce(ids, default_ids_arrow(path, positions))
+    invalid = []
+    if not ok.all():
+        bad_shape = (f"column {spec.tensor!r}: null, null values or a shape other than "
+                     f"{list(tensors.shape[1:])}")
+        invalid = [InvalidRecord(int(positions[i]), ids[int(i)].as_py(),
+                                 bad_shape if not tensor_ok[i] else f"column {spec.id!r}: null id")
+                   for i in np.flatnonzero(~ok)]
+        ids = ids.filter(pa.array(ok))
     rank = None
     if spec.rank is not None:
         rank = table.column(spec.rank).cast(pa.float64()).to_numpy()[ok]
-    return Chunk(file_index, positions[ok], ids[ok], tensors, rank, invalid)
+    return Chunk(file_index, positions[ok], ids, tensors, rank, invalid)
 
 
 def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
@@ -214,22 +237,39 @@ def _codecs(pf: pq.ParquetFile) -> str | dict[str, str]:
     return names.pop() if len(names) == 1 else codecs
 
 
+def _prefetched(pf: pq.ParquetFile) -> Iterator[tuple[int, int, pa.Table | None]]:
+    """(first position, rows, table or None if unreadable) per row group; the next group
+    is read in a second thread while the caller filters and writes this one (Arrow
+    releases the GIL in both), so the copy costs about max(read, write), not the sum."""
+
+    def load(rg: int) -> pa.Table | None:
+        try:
+            return pf.read_row_group(rg)
+        except (OSError, pa.ArrowException):
+            return None
+
+    groups = list(_row_groups(pf, 0, pf.metadata.num_rows))
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(load, groups[0][0]) if groups else None
+        for k, (_, first, n) in enumerate(groups):
+            table = pending.result()
+            if k + 1 < len(groups):
+                pending = pool.submit(load, groups[k + 1][0])
+            yield first, n, table
+
+
 def write(src: str, dst: str, drop: np.ndarray) -> int:
     pf = _open(src)
     if isinstance(pf, Exception):
         return 0
-    from pathlib import Path
-
     Path(dst).parent.mkdir(parents=True, exist_ok=True)
     written = 0
     with pq.ParquetWriter(dst, pf.schema_arrow, compression=_codecs(pf),
                           version=pf.metadata.format_version) as out:
-        for rg, first, n in _row_groups(pf, 0, pf.metadata.num_rows):
-            lo, hi = np.searchsorted(drop, [first, first + n])
-            try:
-                table = pf.read_row_group(rg)
-            except (OSError, pa.ArrowException):
+        for first, n, table in _prefetched(pf):
+            if table is None:
                 continue  # every row of an unreadable group is invalid, so in `drop`
+            lo, hi = np.searchsorted(drop, [first, first + n])
             if hi > lo:
                 keep = np.ones(n, dtype=bool)
                 keep[drop[lo:hi] - first] = False
