@@ -27,7 +27,8 @@ class Job:
     cfg: DedupeConfig
     files: list[str]  # sorted: the "first" order
     root: str  # common directory of the inputs: output names are relative to it
-    spec: TensorSpec  # shape and dtype resolved from the files
+    spec: TensorSpec  # from the config: what every record is read and checked against
+    resolved: TensorSpec  # shape and dtype as the first file has them (for the summary)
     keep: tuple[str, str | None]  # ("first"|"last", None) | ("max"|"min", column)
     output: Path
     report: Path
@@ -78,7 +79,6 @@ def prepare(cfg: DedupeConfig) -> Job:
     spec = TensorSpec(cfg.input.tensor, cfg.input.id, shape, cfg.input.dtype, keep[1],
                       cfg.input.compression)
     fmt = get_format(cfg.input.format)
-    for path in files:
-        spec = fmt.check(path, spec)
-    return Job(cfg, files, root, spec, keep, Path(cfg.output.path), Path(cfg.report),
-               f"{os.getpid()}-{time.time_ns()}")
+    resolved = [fmt.check(path, spec) for path in files]
+    return Job(cfg, files, root, spec, resolved[0], keep, Path(cfg.output.path),
+               Path(cfg.report), f"{os.getpid()}-{time.time_ns()}")

@@ -79,8 +79,9 @@ def execute(job: Job) -> dict:
                "fingerprint_scheme": SCHEME, "output": str(job.output),
                "report": str(job.report), "files": files,
                "config": job.cfg.model_dump(mode="json"),
-               "resolved": {"shape": None if job.spec.shape is None else list(job.spec.shape),
-                            "dtype": job.spec.dtype, "inputs": len(job.files)}}
+               "resolved": {"shape": None if job.resolved.shape is None
+                            else list(job.resolved.shape), "dtype": job.resolved.dtype,
+                            "inputs": len(job.files)}}
     report.write_summary(job.report, summary)
     return summary
 

@@ -93,14 +93,15 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
         raise InputError(f"{path}: input.shape: column {spec.tensor!r} has {len(sizes)} list "
                          f"level(s), so a shape of {len(sizes)} dimension(s), not "
                          f"{list(spec.shape)}: fix input.shape or leave it out")
-    shape = tuple(sizes) if None not in sizes else _first_shape(pf, spec.tensor)
+    fixed = tuple(sizes) if None not in sizes else None
+    shape = fixed if fixed is not None else _first_shape(pf, spec.tensor)
     if spec.shape is not None and shape is not None and shape != tuple(spec.shape):
         raise InputError(f"{path}: input.shape: column {spec.tensor!r} holds tensors of shape "
                          f"{list(shape)}, not {list(spec.shape)}: fix input.shape or leave it out")
     if spec.rank is not None and not _is_numeric(schema.field(spec.rank).type):
         raise InputError(f"{path}: keep: column {spec.rank!r} holds "
                          f"{schema.field(spec.rank).type}, not numbers: keep by a numeric column")
-    return replace(spec, dtype=dtype, shape=shape if shape is not None else spec.shape)
+    return replace(spec, dtype=dtype, shape=fixed if fixed is not None else spec.shape)
 
 
 def _is_numeric(t: pa.DataType) -> bool:
@@ -130,20 +131,17 @@ def _row_groups(pf: pq.ParquetFile, start: int, stop: int) -> Iterator[tuple[int
         offset += n
 
 
-def tensor_rows(col: pa.Array, shape: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray]:
+def tensor_rows(col: pa.Array, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """(ok mask, tensors of the ok rows) of a (nested) list column, without a Python loop.
 
     A row is ok when it is not null, holds no null, and every list level has the
-    expected length (``shape``, or the first valid row's shape when None). Clean
-    columns (the usual case) cost one length check per level and a reshape.
+    length ``shape`` gives. Clean columns (the usual case) cost one length check per
+    level and a reshape.
     """
     n = len(col)
     ok = np.ones(n, dtype=bool)
     if col.null_count:
         ok &= col.is_valid().to_numpy(zero_copy_only=False)
-    if shape is None:
-        first = np.flatnonzero(ok)
-        shape = _shape_of(col[int(first[0])].as_py()) if len(first) else ()
     levels = [col]
     for size in shape:
         lengths = pc.list_value_length(levels[-1]).to_numpy(zero_copy_only=False)
@@ -172,32 +170,81 @@ def _shape_of(x: object) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _chunk(file_index: int, path: str, table: pa.Table, first: int, spec: TensorSpec) -> Chunk:
+def row_shapes(col: pa.Array, depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ok mask, (n, depth) shapes) of a variable-size list column, without a Python loop.
+
+    A row is not ok when it is null or ragged (sublists of one level differ in length).
+    """
+    n = len(col)
+    ok = np.ones(n, dtype=bool)
+    if col.null_count:
+        ok &= col.is_valid().to_numpy(zero_copy_only=False)
+    shapes = np.zeros((n, depth), dtype=np.int64)
+    level, top = col, np.arange(n)
+    for k in range(depth):
+        lengths = pc.list_value_length(level).to_numpy(zero_copy_only=False).astype(np.float64)
+        lo, hi = np.full(n, np.inf), np.full(n, -np.inf)
+        with np.errstate(invalid="ignore"):  # NaN = a null list: the row is not ok
+            np.minimum.at(lo, top, lengths)
+            np.maximum.at(hi, top, lengths)
+        ok &= ~np.isnan(lo) & ~np.isnan(hi) & ((lo == hi) | np.isinf(lo))
+        shapes[:, k] = np.where(np.isfinite(lo), np.nan_to_num(lo), 0)
+        top = top[pc.list_parent_indices(level).to_numpy()]
+        level = level.flatten()
+    return ok, shapes
+
+
+def _tensor_groups(col: pa.Array, shape: tuple[int, ...] | None, depth: int
+                   ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """(ok mask, [(row indices, tensors)] per shape). One group when the shape is known;
+    with no shape given, rows of each shape are a group (shape is part of identity)."""
+    if shape is not None:
+        ok, tensors = tensor_rows(col, shape)
+        return ok, [(np.flatnonzero(ok), tensors)]
+    ok, shapes = row_shapes(col, depth)
+    groups = []
+    for s in np.unique(shapes[ok], axis=0):
+        rows = np.flatnonzero(ok & (shapes == s).all(axis=1))
+        sub_ok, tensors = tensor_rows(col.take(pa.array(rows)), tuple(int(d) for d in s))
+        ok[rows[~sub_ok]] = False
+        groups.append((rows[sub_ok], tensors))
+    return ok, groups
+
+
+def _chunks(file_index: int, path: str, table: pa.Table, first: int, spec: TensorSpec
+            ) -> list[Chunk]:
+    """Chunks (one per tensor shape) and the invalid records of a slice of a row group."""
     positions = np.arange(first, first + table.num_rows, dtype=np.int64)
+    col = table.column(spec.tensor).combine_chunks()
     shape = None if spec.shape is None else tuple(spec.shape)
-    tensor_ok, tensors = tensor_rows(table.column(spec.tensor).combine_chunks(), shape)
+    tensor_ok, groups = _tensor_groups(col, shape, len(_layout(col.type)[0]))
     ok = tensor_ok.copy()
     if spec.id is None:
         ids = default_ids_arrow(path, positions)
     else:
         ids = table.column(spec.id).combine_chunks().cast(pa.string())
         if ids.null_count:
-            has_id = ids.is_valid().to_numpy(zero_copy_only=False)
-            ok &= has_id
-            tensors = tensors[has_id[tensor_ok]]
+            ok &= ids.is_valid().to_numpy(zero_copy_only=False)
             ids = pc.coalesce(ids, default_ids_arrow(path, positions))
-    invalid = []
-    if not ok.all():
-        bad_shape = (f"column {spec.tensor!r}: null, null values or a shape other than "
-                     f"{list(tensors.shape[1:])}")
-        invalid = [InvalidRecord(int(positions[i]), ids[int(i)].as_py(),
-                                 bad_shape if not tensor_ok[i] else f"column {spec.id!r}: null id")
-                   for i in np.flatnonzero(~ok)]
-        ids = ids.filter(pa.array(ok))
+    invalid = [InvalidRecord(int(positions[i]), ids[int(i)].as_py(),
+                             f"column {spec.tensor!r}: null, null values, ragged or a shape "
+                             f"other than {list(shape)}" if shape and not tensor_ok[i]
+                             else f"column {spec.tensor!r}: null, null values or ragged"
+                             if not tensor_ok[i] else f"column {spec.id!r}: null id")
+               for i in np.flatnonzero(~ok)]
     rank = None
     if spec.rank is not None:
-        rank = table.column(spec.rank).cast(pa.float64()).to_numpy()[ok]
-    return Chunk(file_index, positions[ok], ids, tensors, rank, invalid)
+        rank = table.column(spec.rank).cast(pa.float64()).to_numpy()
+    chunks = []
+    for rows, tensors in groups:
+        keep = ok[rows]
+        rows = rows[keep]
+        chunks.append(Chunk(file_index, positions[rows], ids.take(pa.array(rows)),
+                            tensors[keep], None if rank is None else rank[rows]))
+    if invalid or not chunks:
+        chunks.append(Chunk(file_index, positions[:0], ids.slice(0, 0),
+                            np.empty((0,)), None, invalid))
+    return chunks
 
 
 def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
@@ -223,7 +270,8 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
                                              strict=True)])
             continue
         for a in range(0, n, batch_rows):
-            yield _chunk(unit.file_index, unit.path, table.slice(a, batch_rows), first + a, spec)
+            yield from _chunks(unit.file_index, unit.path, table.slice(a, batch_rows),
+                               first + a, spec)
 
 
 def _codecs(pf: pq.ParquetFile) -> str | dict[str, str]:

@@ -1,0 +1,45 @@
+"""Brute-force oracle for the dedup job: a plain dict over canonical bytes.
+
+Independent of the fingerprint kernel: the key is (dtype name, shape, bytes with
+-0.0 -> +0.0 and every NaN -> one NaN), exactly the identity docs/fingerprint.md
+specifies, computed with plain numpy per record.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def canonical_key(t: np.ndarray) -> tuple:
+    t = np.ascontiguousarray(t)
+    v = t.view(f"f{t.dtype.itemsize // 2}") if t.dtype.kind == "c" else t
+    if v.dtype.kind == "f":
+        v = np.where(v == 0, np.zeros((), v.dtype), v)
+        v = np.where(np.isnan(v), np.array(np.nan, v.dtype), v)
+    return t.dtype.name, t.shape, v.tobytes()
+
+
+def expected_removals(records: list[tuple[str, np.ndarray, float]], keep: str = "first"
+                      ) -> dict[str, str]:
+    """{removed id: kept id} for records in input order (id, tensor, rank).
+
+    keep: first | last | max | min (by rank, ties by input order; NaN never preferred).
+    """
+    groups: dict[tuple, list[int]] = {}
+    for i, (_, t, _) in enumerate(records):
+        groups.setdefault(canonical_key(t), []).append(i)
+    out = {}
+    for members in groups.values():
+        if keep == "first":
+            winner = members[0]
+        elif keep == "last":
+            winner = members[-1]
+        else:
+            def score(i, sign=1 if keep == "min" else -1):
+                r = records[i][2]
+                return (np.inf if np.isnan(r) else sign * r, i)
+            winner = min(members, key=score)
+        for i in members:
+            if i != winner:
+                out[records[i][0]] = records[winner][0]
+    return out
