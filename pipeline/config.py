@@ -132,11 +132,17 @@ def _set_path(data: dict, dotted: str, value: Any) -> None:
 
 def _describe(err: ValidationError) -> str:
     first = err.errors()[0]
-    key = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-"))
+    parts = [str(p) for p in first["loc"] if not str(p).startswith("function-")]
     kind, msg = first["type"], first["msg"]
+    if parts[:1] == ["keep"] and kind not in ("value_error", "extra_forbidden"):
+        # keep is a union: name the choices, not pydantic's member tag
+        field = DedupeConfig.model_fields["keep"]
+        return f"config key 'keep': use {field.description.split(': ', 1)[1]}"
+    key = ".".join(parts)
     if kind == "missing":
         return f"config key '{key}' is missing: add it (see --help)"
     if kind == "extra_forbidden":
+        key = ".".join(p for p in parts if "[" not in p and p != "KeyColumn")
         return f"config key '{key}' is not a known key: remove or rename it (see --help)"
     return f"config key '{key}': {msg.removeprefix('Value error, ')}"
 

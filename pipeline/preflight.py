@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import DedupeConfig, keep_policy
-from pipeline.write import output_name
 from transforms.formats import get_format
 from transforms.formats.base import InputError, TensorSpec
 
@@ -36,6 +35,11 @@ class Job:
 
     def staging(self, final: Path) -> Path:
         return final.parent / f".{final.name}.staging-{self.run_id}"
+
+
+def output_name(path: str, root: str) -> str:
+    """Where an input file's clean copy goes, relative to output.path."""
+    return os.path.relpath(path, root)
 
 
 def _files(pattern: str) -> list[str]:

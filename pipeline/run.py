@@ -8,12 +8,15 @@ traceback); 1 the job failed while running (e.g. an invalid record with
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# Beam warns about optional GCP client libraries when imported: noise for users.
+logging.getLogger().addFilter(lambda r: "apitools not found" not in r.getMessage())
 
 from pipeline import progress, report  # noqa: E402
 from pipeline.config import ConfigError, describe_keys, load_config  # noqa: E402
@@ -103,7 +106,8 @@ def human_summary(s: dict) -> str:
     return (f"read {s['read']:,} records: kept {s['kept']:,}, removed {removed:,} "
             f"(exact {s['removed_exact']:,}, near {s['removed_near']:,}), invalid "
             f"{s['invalid']:,} in {s['wall_time_s']:.1f} s\n"
-            f"clean shards: {s['output']}/ ({len(s['files'])} files)\n"
+            f"clean shards: {s['output']}/ ({sum(f['output'] is not None for f in s['files'])}"
+            " files)\n"
             f"report: {s['report']}/ (duplicates.parquet, invalid.parquet, summary.json)")
 
 

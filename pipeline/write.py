@@ -15,12 +15,8 @@ from apache_beam.metrics import Metrics
 
 from pipeline import progress
 from pipeline.elements import FileDecision, FileResult
+from pipeline.preflight import output_name
 from transforms.formats import get_format
-
-
-def output_name(path: str, root: str) -> str:
-    """Where an input file's clean copy goes, relative to output.path."""
-    return os.path.relpath(path, root)
 
 
 class WriteClean(beam.DoFn):

@@ -1,0 +1,122 @@
+"""The command line: one-line errors with exit code 2 before any work, --help, atomic outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.config import describe_keys
+from tests.jobkit import run_job, write_input
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def parquet_in(tmp_path):
+    x = np.arange(40, dtype=np.float32).reshape(10, 4)
+    x[5:] = x[:5]
+    write_input("parquet", tmp_path / "in" / "a.parquet", [f"r{i}" for i in range(10)], x,
+                np.zeros(10, int))
+    return str(tmp_path / "in" / "*.parquet")
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "Traceback" not in err[0]
+    return err[0]
+
+
+@pytest.mark.parametrize("sets,overrides,words", [
+    ((), {"input": {"tensor": "embedding"}}, "input.tensor: no column 'embedding'"),
+    ((), {"input": {"id": "key"}}, "input.id: no column 'key'"),
+    ((), {"input": {"dtype": "float64"}}, "input.dtype: column 'emb' holds float32"),
+    ((), {"input": {"shape": [5]}}, "input.shape"),
+    (("keep={max: nope}",), {}, "keep: no column 'nope'"),
+    (("keep=middle",), {}, "config key 'keep'"),
+    (("tuning.shards=0",), {}, "tuning.shards"),
+])
+def test_bad_config_or_input_exits_2_with_one_line(tmp_path, parquet_in, capsys, sets,
+                                                   overrides, words):
+    assert run_job(tmp_path, "parquet", parquet_in, *sets, **overrides) == 2
+    assert words in one_error_line(capsys)
+    assert not (tmp_path / "out").exists()  # stopped before any work
+
+
+def test_missing_input_files(tmp_path, capsys):
+    assert run_job(tmp_path, "parquet", str(tmp_path / "nothing" / "*.parquet")) == 2
+    assert "input.path: no files match" in one_error_line(capsys)
+
+
+def test_output_inside_input_is_refused(tmp_path, parquet_in, capsys):
+    assert run_job(tmp_path, "parquet", parquet_in,
+                   f"output.path={tmp_path / 'in'}") == 2
+    assert "contains input files" in one_error_line(capsys)
+    assert run_job(tmp_path, "parquet", str(tmp_path / "**" / "*.parquet"),
+                   f"output.path={tmp_path / 'in' / 'clean'}") == 2
+    assert "matched by input.path" in one_error_line(capsys)
+
+
+def test_existing_output_needs_overwrite(tmp_path, parquet_in, capsys):
+    assert run_job(tmp_path, "parquet", parquet_in) == 0
+    first = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
+    capsys.readouterr()
+    assert run_job(tmp_path, "parquet", parquet_in) == 2
+    assert "already exists" in one_error_line(capsys)
+    assert run_job(tmp_path, "parquet", parquet_in, "output.overwrite=true") == 0
+    again = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
+    assert again["kept"] == first["kept"] == 5
+    leftovers = [p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_on_invalid_fail_stops_and_publishes_nothing(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"id": ["a", "b"], "emb": pa.array([[1.0], None],
+                                                                pa.list_(pa.float32()))}),
+                   tmp_path / "in" / "a.parquet")
+    assert run_job(tmp_path, "parquet", str(tmp_path / "in" / "*.parquet"),
+                   "on_invalid=fail") == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "invalid record b" in line and "on_invalid" in line
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_help_documents_every_key():
+    out = subprocess.run([sys.executable, "-m", "pipeline.run", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    for line in describe_keys():
+        assert line.split()[0] in out
+    for key in ("input.format", "input.path", "keep", "on_invalid", "runner.options",
+                "output.overwrite", "--set"):
+        assert key in out
+
+
+def test_subprocess_bad_config_has_no_traceback(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("input: {format: csv, path: x, tensor: t}\noutput: {path: o}\nreport: r\n")
+    r = subprocess.run([sys.executable, "-m", "pipeline.run", "--config", str(cfg)], cwd=ROOT,
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "input.format" in r.stderr
+
+
+def test_default_sample_job_matches_expected(tmp_path):
+    """configs/dedupe.yaml on the shipped sample data, as a user runs it (paths redirected)."""
+    r = subprocess.run([sys.executable, "-m", "pipeline.run", "--config", "configs/dedupe.yaml",
+                        "--set", f"output.path={tmp_path / 'clean'}",
+                        "--set", f"report={tmp_path / 'report'}"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    expected = json.loads((ROOT / "data" / "sample" / "EXPECTED.json").read_text())
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert {k: summary[k] for k in expected} == expected
+    assert "[read]" in r.stderr and "kept 4,053" in r.stdout
