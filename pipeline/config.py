@@ -65,6 +65,9 @@ class OutputConfig(_Strict):
 class TuningConfig(_Strict):
     chunk_rows: int = Field(65536, gt=0, description="records per Beam element (a chunk of "
                             "rows); bigger = less per-element overhead, more memory")
+    unit_rows: int = Field(262144, gt=0, description="records per read unit (a range of a "
+                           "file read by one worker, split into chunks); units are what runs "
+                           "in parallel")
     shards: int = Field(16, gt=0, description="shuffle shards of the digest group-by")
 
 

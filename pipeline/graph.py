@@ -20,8 +20,8 @@ from pipeline.write import Write
 
 def build(p: beam.Pipeline, job: Job) -> None:
     cfg = job.cfg
-    read = p | "Read" >> Read(cfg.input.format, job.files, job.spec, cfg.tuning.chunk_rows,
-                              cfg.on_invalid == "fail")
+    read = p | "Read" >> Read(cfg.input.format, job.files, job.spec, cfg.tuning.unit_rows,
+                              cfg.tuning.chunk_rows, cfg.on_invalid == "fail")
     streams = {"facts": read["facts"]}
     if cfg.exact:
         exact = (read["chunks"]

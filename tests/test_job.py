@@ -135,12 +135,16 @@ def test_bad_files_are_reported_and_good_records_survive(tmp_path):
     parts = planted(5, files=2, rows=60)
     write_files("tfrecord", tmp_path / "in", parts)
     raw = bytearray((tmp_path / "in" / "part-1.tfrecord").read_bytes())
-    raw[len(raw) // 2] ^= 0xFF  # inside one record's payload: a CRC mismatch
+    at = 0
+    for _ in range(30):  # TFRecord framing: u64 length, u32 crc, data, u32 crc
+        at += 16 + int.from_bytes(raw[at:at + 8], "little")
+    raw[at + 12 + 5] ^= 0xFF  # inside record 30's payload: a data CRC mismatch
     (tmp_path / "in" / "part-1.tfrecord").write_bytes(bytes(raw))
     assert run_job(tmp_path, "tfrecord", str(tmp_path / "in" / "*.tfrecord"),
                    input={"shape": list(SHAPE)}) == 0
     _, invalid = report(tmp_path)
     assert invalid.num_rows == 1 and "CRC" in invalid["reason"][0].as_py()
+    assert invalid["record_id"][0].as_py() in ("f1-30", f"{tmp_path}/in/part-1.tfrecord:30")
     assert invalid["source"][0].as_py().endswith("part-1.tfrecord")
     summary = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
     assert summary["invalid"] == 1 and summary["read"] == 120

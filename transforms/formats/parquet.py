@@ -216,8 +216,10 @@ def _chunks(file_index: int, path: str, table: pa.Table, first: int, spec: Tenso
     """Chunks (one per tensor shape) and the invalid records of a slice of a row group."""
     positions = np.arange(first, first + table.num_rows, dtype=np.int64)
     col = table.column(spec.tensor).combine_chunks()
-    shape = None if spec.shape is None else tuple(spec.shape)
-    tensor_ok, groups = _tensor_groups(col, shape, len(_layout(col.type)[0]))
+    sizes = _layout(col.type)[0]
+    shape = tuple(spec.shape) if spec.shape is not None else (
+        tuple(sizes) if None not in sizes else None)  # fixed_size_list: shape from the type
+    tensor_ok, groups = _tensor_groups(col, shape, len(sizes))
     ok = tensor_ok.copy()
     if spec.id is None:
         ids = default_ids_arrow(path, positions)
@@ -255,12 +257,10 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
                     [InvalidRecord(0, unit.path, f"unreadable Parquet file: {_reason(pf)}")])
         return
     stop = pf.metadata.num_rows if unit.stop is None else unit.stop
-    columns = [c for c in (spec.tensor, spec.id, spec.rank) if c is not None]
-    for rg, first, n in _row_groups(pf, unit.start, stop):
-        try:
-            table = pf.read_row_group(rg, columns=list(dict.fromkeys(columns)))
-        except (OSError, pa.ArrowException) as e:
-            why = f"unreadable row group {rg}: {_reason(e)}"
+    columns = list(dict.fromkeys(c for c in (spec.tensor, spec.id, spec.rank) if c is not None))
+    for rg, first, n, table in _prefetched(pf, unit.start, stop, columns):
+        if isinstance(table, Exception):
+            why = f"unreadable row group {rg}: {_reason(table)}"
             for a in range(first, first + n, batch_rows):
                 positions = np.arange(a, min(a + batch_rows, first + n), dtype=np.int64)
                 yield Chunk(unit.file_index, np.empty(0, np.int64), np.empty(0, object),
@@ -285,25 +285,26 @@ def _codecs(pf: pq.ParquetFile) -> str | dict[str, str]:
     return names.pop() if len(names) == 1 else codecs
 
 
-def _prefetched(pf: pq.ParquetFile) -> Iterator[tuple[int, int, pa.Table | None]]:
-    """(first position, rows, table or None if unreadable) per row group; the next group
-    is read in a second thread while the caller filters and writes this one (Arrow
-    releases the GIL in both), so the copy costs about max(read, write), not the sum."""
+def _prefetched(pf: pq.ParquetFile, start: int, stop: int, columns: list[str] | None = None
+                ) -> Iterator[tuple[int, int, int, pa.Table | Exception]]:
+    """(row group, first position, rows, table or the read error) for the row groups in
+    [start, stop). The next group is read in a second thread while the caller works on
+    this one (Arrow releases the GIL), so reading overlaps hashing or writing."""
 
-    def load(rg: int) -> pa.Table | None:
+    def load(rg: int) -> pa.Table | Exception:
         try:
-            return pf.read_row_group(rg)
-        except (OSError, pa.ArrowException):
-            return None
+            return pf.read_row_group(rg, columns=columns)
+        except (OSError, pa.ArrowException) as e:
+            return e
 
-    groups = list(_row_groups(pf, 0, pf.metadata.num_rows))
+    groups = list(_row_groups(pf, start, stop))
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(load, groups[0][0]) if groups else None
-        for k, (_, first, n) in enumerate(groups):
+        for k, (rg, first, n) in enumerate(groups):
             table = pending.result()
             if k + 1 < len(groups):
                 pending = pool.submit(load, groups[k + 1][0])
-            yield first, n, table
+            yield rg, first, n, table
 
 
 def write(src: str, dst: str, drop: np.ndarray) -> int:
@@ -314,8 +315,8 @@ def write(src: str, dst: str, drop: np.ndarray) -> int:
     written = 0
     with pq.ParquetWriter(dst, pf.schema_arrow, compression=_codecs(pf),
                           version=pf.metadata.format_version) as out:
-        for first, n, table in _prefetched(pf):
-            if table is None:
+        for _, first, n, table in _prefetched(pf, 0, pf.metadata.num_rows):
+            if isinstance(table, Exception):
                 continue  # every row of an unreadable group is invalid, so in `drop`
             lo, hi = np.searchsorted(drop, [first, first + n])
             if hi > lo:

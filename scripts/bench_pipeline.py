@@ -1,0 +1,228 @@
+"""Benchmark the dedup job against peers on the same files, in one run.
+
+Parquet: 1 M rows x 128 float32 (64 Ki-row groups, 10% exact duplicates, an ``id``
+column). Contenders: this job (exact only, local runner), duckdb keep-first
+(``QUALIFY row_number() OVER (PARTITION BY emb ORDER BY id) = 1``) and a plain duckdb
+copy (the read + write floor). TFRecord: 200 k tf.train.Example records x 128
+float32; contenders: this job, a tf.data keep-first loop (parse, dict over the
+tensor bytes, TFRecordWriter) and a tf.data copy (the floor).
+
+Each contender runs in its own process (wall time includes start-up and imports;
+peak RSS is that process's). Runs alternate and the median is reported; ratios
+are to the peers measured in the same run. Prints a table, writes JSON.
+
+Usage: python scripts/bench_pipeline.py [--quick] [--repeat 3] [--json bench-pipeline.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DIM, GROUP_ROWS, DUP_FRACTION = 128, 65536, 0.10
+
+
+def make_vectors(n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    unique = int(n * (1 - DUP_FRACTION))
+    x = rng.standard_normal((unique, DIM), dtype=np.float32)
+    x = np.concatenate([x, x[rng.integers(0, unique, n - unique)]])
+    return x[rng.permutation(n)]
+
+
+def make_parquet(path: Path, n: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    x = make_vectors(n)
+    emb = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), DIM)
+    pq.write_table(pa.table({"id": np.arange(n, dtype=np.int64), "emb": emb}), path,
+                   row_group_size=GROUP_ROWS)
+
+
+def make_tfrecord(path: Path, n: int) -> None:
+    import tensorflow as tf
+
+    x = make_vectors(n, seed=1)
+    with tf.io.TFRecordWriter(str(path)) as w:
+        for i, row in enumerate(x):
+            feat = {"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+                    "emb": tf.train.Feature(float_list=tf.train.FloatList(value=row))}
+            w.write(tf.train.Example(features=tf.train.Features(feature=feat))
+                    .SerializeToString())
+
+
+# Each snippet runs in a fresh process and prints {"rows_out": ...} on its last line.
+JOB = """
+import json, sys
+from pipeline.run import main
+rc = main(["--config", CONFIG, "--quiet", "--overwrite"] + EXTRA)
+s = json.load(open(REPORT + "/summary.json"))
+print(json.dumps({"rows_out": s["kept"], "inner_s": s["wall_time_s"], "rc": rc}))
+"""
+DUCK_DEDUP = """
+import duckdb, json
+duckdb.sql("SET enable_progress_bar = false")
+duckdb.sql(f"COPY (SELECT * FROM read_parquet('{SRC}') QUALIFY row_number() OVER "
+           f"(PARTITION BY emb ORDER BY id) = 1) TO '{DST}' (FORMAT parquet)")
+n = duckdb.sql(f"SELECT count(*) FROM read_parquet('{DST}')").fetchone()[0]
+print(json.dumps({"rows_out": n}))
+"""
+DUCK_COPY = """
+import duckdb, json
+duckdb.sql("SET enable_progress_bar = false")
+duckdb.sql(f"COPY (SELECT * FROM read_parquet('{SRC}')) TO '{DST}' (FORMAT parquet)")
+n = duckdb.sql(f"SELECT count(*) FROM read_parquet('{DST}')").fetchone()[0]
+print(json.dumps({"rows_out": n}))
+"""
+TF_DEDUP = """
+import json, os
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import tensorflow as tf
+spec = {"emb": tf.io.FixedLenFeature([128], tf.float32)}
+seen, n = set(), 0
+with tf.io.TFRecordWriter(DST) as w:
+    for batch in tf.data.TFRecordDataset(SRC).batch(4096):
+        embs = tf.io.parse_example(batch, spec)["emb"].numpy()
+        for raw, e in zip(batch.numpy(), embs):
+            key = e.tobytes()
+            if key not in seen:
+                seen.add(key)
+                w.write(raw)
+                n += 1
+print(json.dumps({"rows_out": n}))
+"""
+TF_COPY = """
+import json, os
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import tensorflow as tf
+n = 0
+with tf.io.TFRecordWriter(DST) as w:
+    for raw in tf.data.TFRecordDataset(SRC).batch(4096):
+        for r in raw.numpy():
+            w.write(r)
+            n += 1
+print(json.dumps({"rows_out": n}))
+"""
+FOOTER = """
+import resource
+_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({**json.loads(_last), "rss_mb": _rss}))
+"""
+
+
+def run_snippet(code: str, **names) -> dict:
+    prelude = "".join(f"{k} = {v!r}\n" for k, v in names.items())
+    body = textwrap.dedent(code)
+    wrapped = (prelude + "import io, contextlib, json\n_buf = io.StringIO()\n"
+               "with contextlib.redirect_stdout(_buf):\n"
+               + textwrap.indent(body, "    ")
+               + "\n_last = _buf.getvalue().strip().splitlines()[-1]\n" + FOOTER)
+    start = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", wrapped], cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if r.returncode != 0:
+        raise RuntimeError(f"contender failed:\n{r.stderr[-3000:]}")
+    return {**json.loads(r.stdout.strip().splitlines()[-1]), "wall_s": wall}
+
+
+def job_config(work: Path, fmt: str, src: Path) -> Path:
+    import yaml
+
+    cfg = {"input": {"format": fmt, "path": str(src), "tensor": "emb", "id": "id"},
+           "output": {"path": str(work / f"job-{fmt}" / "clean")},
+           "report": str(work / f"job-{fmt}" / "report"), "keep": "first"}
+    if fmt == "tfrecord":
+        cfg["input"].update(shape=[DIM], dtype="float32")
+        cfg["tuning"] = {"chunk_rows": 16384}
+    path = work / f"job-{fmt}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def bench(contenders: dict[str, tuple[str, dict]], repeat: int) -> dict[str, dict]:
+    runs: dict[str, list[dict]] = {name: [] for name in contenders}
+    for _ in range(repeat):
+        for name, (code, names) in contenders.items():
+            runs[name].append(run_snippet(code, **names))
+    out = {}
+    for name, rs in runs.items():
+        out[name] = {"wall_s": statistics.median(r["wall_s"] for r in rs),
+                     "rss_mb": max(r["rss_mb"] for r in rs), "rows_out": rs[0]["rows_out"],
+                     "runs_wall_s": [round(r["wall_s"], 3) for r in rs]}
+        if "inner_s" in rs[0]:
+            out[name]["job_inner_s"] = statistics.median(r["inner_s"] for r in rs)
+    return out
+
+
+def table(title: str, res: dict[str, dict], ref: str, floor: str) -> str:
+    lines = [f"\n{title}", f"{'contender':<28}{'wall s':>8}{'peak RSS MB':>13}{'rows out':>11}"
+             f"{'vs ' + ref:>18}{'vs ' + floor:>18}"]
+    for name, r in res.items():
+        lines.append(f"{name:<28}{r['wall_s']:>8.2f}{r['rss_mb']:>13.0f}{r['rows_out']:>11,}"
+                     f"{r['wall_s'] / res[ref]['wall_s']:>17.2f}x"
+                     f"{r['wall_s'] / res[floor]['wall_s']:>17.2f}x")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="100 k Parquet rows, 20 k TFRecords")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--work", default="/tmp/tensordedup-bench")
+    ap.add_argument("--json", default="bench-pipeline.json")
+    ap.add_argument("--job-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra --set for the job, e.g. runner.options.direct_num_workers=2")
+    args = ap.parse_args()
+    n_pq, n_tf = (100_000, 20_000) if args.quick else (1_000_000, 200_000)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    pq_src, tf_src = work / f"vectors-{n_pq}.parquet", work / f"vectors-{n_tf}.tfrecord"
+    if not pq_src.exists():
+        make_parquet(pq_src, n_pq)
+    if not tf_src.exists():
+        make_tfrecord(tf_src, n_tf)
+    extra = [a for kv in args.job_option for a in ("--set", kv)]
+
+    pq_res = bench({
+        "this job (exact, local)": (JOB, dict(CONFIG=str(job_config(work, "parquet", pq_src)),
+                                              REPORT=str(work / "job-parquet" / "report"),
+                                              EXTRA=extra)),
+        "duckdb keep-first": (DUCK_DEDUP, dict(SRC=str(pq_src), DST=str(work / "duck.parquet"))),
+        "duckdb copy (floor)": (DUCK_COPY, dict(SRC=str(pq_src), DST=str(work / "copy.parquet"))),
+    }, args.repeat)
+    tf_res = bench({
+        "this job (exact, local)": (JOB, dict(CONFIG=str(job_config(work, "tfrecord", tf_src)),
+                                              REPORT=str(work / "job-tfrecord" / "report"),
+                                              EXTRA=extra)),
+        "tf.data + set keep-first": (TF_DEDUP, dict(SRC=str(tf_src), DST=str(work / "tf.rec"))),
+        "tf.data copy (floor)": (TF_COPY, dict(SRC=str(tf_src), DST=str(work / "copy.rec"))),
+    }, args.repeat)
+
+    print(table(f"Parquet {n_pq:,} x {DIM} float32, {pq_src.stat().st_size / 1e6:.0f} MB "
+                f"(median of {args.repeat})", pq_res, "duckdb keep-first", "duckdb copy (floor)"))
+    print(table(f"TFRecord {n_tf:,} x {DIM} float32, {tf_src.stat().st_size / 1e6:.0f} MB "
+                f"(median of {args.repeat})", tf_res, "tf.data + set keep-first",
+                "tf.data copy (floor)"))
+    job = pq_res["this job (exact, local)"]
+    verdict = {"parquet_ratio_vs_duckdb_keep_first":
+               round(job["wall_s"] / pq_res["duckdb keep-first"]["wall_s"], 3),
+               "target_ratio": 1.5, "parquet_peak_rss_mb": round(job["rss_mb"]),
+               "target_rss_mb": 3072}
+    print(f"\nratio vs duckdb keep-first: {verdict['parquet_ratio_vs_duckdb_keep_first']:.2f}x "
+          f"(target <= 1.5x); peak RSS {verdict['parquet_peak_rss_mb']} MB (target <= 3072)")
+    Path(args.json).write_text(json.dumps({"parquet": pq_res, "tfrecord": tf_res,
+                                           "verdict": verdict, "rows": [n_pq, n_tf]}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
