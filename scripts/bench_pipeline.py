@@ -74,14 +74,14 @@ import duckdb, json
 duckdb.sql("SET enable_progress_bar = false")
 duckdb.sql(f"COPY (SELECT * FROM read_parquet('{SRC}') QUALIFY row_number() OVER "
            f"(PARTITION BY emb ORDER BY id) = 1) TO '{DST}' (FORMAT parquet)")
-n = duckdb.sql(f"SELECT count(*) FROM read_parquet('{DST}')").fetchone()[0]
+n = duckdb.sql(f"SELECT count(*) FROM read_parquet('{DST}')").fetchall()[0][0]
 print(json.dumps({"rows_out": n}))
 """
 DUCK_COPY = """
 import duckdb, json
 duckdb.sql("SET enable_progress_bar = false")
 duckdb.sql(f"COPY (SELECT * FROM read_parquet('{SRC}')) TO '{DST}' (FORMAT parquet)")
-n = duckdb.sql(f"SELECT count(*) FROM read_parquet('{DST}')").fetchone()[0]
+n = duckdb.sql(f"SELECT count(*) FROM read_parquet('{DST}')").fetchall()[0][0]
 print(json.dumps({"rows_out": n}))
 """
 TF_DEDUP = """
@@ -113,10 +113,10 @@ with tf.io.TFRecordWriter(DST) as w:
             n += 1
 print(json.dumps({"rows_out": n}))
 """
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the forking parent across exec.
 FOOTER = """
-import resource
-_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({**json.loads(_last), "rss_mb": _rss}))
+_hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")][0]
+print(json.dumps({**json.loads(_last), "rss_mb": int(_hwm.split()[1]) / 1024}))
 """
 
 
@@ -165,12 +165,13 @@ def bench(contenders: dict[str, tuple[str, dict]], repeat: int) -> dict[str, dic
 
 
 def table(title: str, res: dict[str, dict], ref: str, floor: str) -> str:
+    w = max(len(ref), len(floor)) + 5
     lines = [f"\n{title}", f"{'contender':<28}{'wall s':>8}{'peak RSS MB':>13}{'rows out':>11}"
-             f"{'vs ' + ref:>18}{'vs ' + floor:>18}"]
+             f"{'vs ' + ref:>{w}}{'vs ' + floor:>{w}}"]
     for name, r in res.items():
         lines.append(f"{name:<28}{r['wall_s']:>8.2f}{r['rss_mb']:>13.0f}{r['rows_out']:>11,}"
-                     f"{r['wall_s'] / res[ref]['wall_s']:>17.2f}x"
-                     f"{r['wall_s'] / res[floor]['wall_s']:>17.2f}x")
+                     f"{r['wall_s'] / res[ref]['wall_s']:>{w - 1}.2f}x"
+                     f"{r['wall_s'] / res[floor]['wall_s']:>{w - 1}.2f}x")
     return "\n".join(lines)
 
 
