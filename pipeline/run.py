@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -97,8 +98,12 @@ def _innermost(e: BaseException) -> BaseException:
 
 
 def _first_line(e: BaseException) -> str:
+    """The error's own line; a worker error re-raised by Beam carries the remote traceback
+    as text, so take its last "XxxError: message" line, without Beam's step suffix."""
     lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
+    raised = [ln for ln in lines if re.match(r"^[A-Za-z_.]*(Error|Exception): ", ln)]
+    line = raised[-1] if raised else lines[0] if lines else type(e).__name__
+    return re.sub(r" \[while running '[^']*'\]$", "", line)
 
 
 def human_summary(s: dict) -> str:
@@ -126,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         summary = execute(job)
     except Exception as e:  # a worker error: one line here, details in the Beam log above
         cause = _innermost(e)
-        what = (_first_line(cause) if isinstance(cause, InvalidRecordError)
-                else f"{type(cause).__name__}: {_first_line(cause)}")
+        what = _first_line(cause)
+        if not isinstance(cause, InvalidRecordError) and not what.startswith(
+                type(cause).__name__):
+            what = f"{type(cause).__name__}: {what}"
         print(f"error: the job failed, nothing was published: {what}", file=sys.stderr)
         return EXIT_FAILED
     print(human_summary(summary))

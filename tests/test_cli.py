@@ -40,6 +40,7 @@ def one_error_line(capsys) -> str:
     (("keep={max: nope}",), {}, "keep: no column 'nope'"),
     (("keep=middle",), {}, "config key 'keep'"),
     (("tuning.shards=0",), {}, "tuning.shards"),
+    (("runner.options.direct_running_mode=multi_threading",), {}, "loses shuffle elements"),
 ])
 def test_bad_config_or_input_exits_2_with_one_line(tmp_path, parquet_in, capsys, sets,
                                                    overrides, words):

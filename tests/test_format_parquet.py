@@ -1,0 +1,113 @@
+"""transforms.formats.parquet on files written by pyarrow, read back by pyarrow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from transforms.formats import parquet
+from transforms.formats.base import InputError, TensorSpec, Unit
+
+
+def _read_all(path, spec, unit_rows=1000, batch_rows=1000):
+    chunks = [c for u in parquet.plan(str(path), 0, unit_rows)
+              for c in parquet.read(u, spec, batch_rows)]
+    return chunks, [r for c in chunks for r in c.invalid]
+
+
+def test_variable_lists_group_by_shape_and_shape_is_enforced_when_given(tmp_path):
+    rows = [[[1, 2], [3, 4]], [[1, 2, 3, 4]], [[5, 6], [7, 8]], [[1], [2, 3]], None,
+            [[1, 2], [3, 4]]]
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"t": pa.array(rows, pa.list_(pa.list_(pa.int16())))}), path)
+    chunks, invalid = _read_all(path, TensorSpec("t"))
+    by_shape = {c.tensors.shape[1:]: c.positions.tolist() for c in chunks if len(c.positions)}
+    assert by_shape == {(2, 2): [0, 2, 5], (1, 4): [1]}
+    assert [r.position for r in invalid] == [3, 4]  # ragged, null
+    two_by_two = next(c for c in chunks if c.tensors.shape[1:] == (2, 2))
+    np.testing.assert_array_equal(two_by_two.tensors[1], [[5, 6], [7, 8]])
+    assert two_by_two.tensors.dtype == np.int16
+
+    chunks, invalid = _read_all(path, TensorSpec("t", shape=(2, 2)))
+    assert [r.position for r in invalid] == [1, 3, 4]
+    assert "shape other than [2, 2]" in invalid[0].reason
+
+
+def test_units_cover_every_row_group_once(tmp_path):
+    path = tmp_path / "a.parquet"
+    x = np.arange(1000 * 3, dtype=np.float32).reshape(1000, 3)
+    pq.write_table(pa.table({"e": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 3)}),
+                   path, row_group_size=64)
+    units = parquet.plan(str(path), 4, 200)
+    assert units[0] == Unit(4, str(path), 0, 256) and units[-1].stop == 1000
+    assert all(a.stop == b.start for a, b in zip(units, units[1:], strict=False))
+    chunks, invalid = _read_all(path, TensorSpec("e"), unit_rows=200, batch_rows=50)
+    assert not invalid and max(len(c.positions) for c in chunks) <= 50
+    np.testing.assert_array_equal(np.concatenate([c.tensors for c in chunks]), x)
+    np.testing.assert_array_equal(np.concatenate([c.positions for c in chunks]), np.arange(1000))
+
+
+def test_write_keeps_schema_metadata_codec_and_row_groups(tmp_path):
+    src, dst = tmp_path / "a.parquet", tmp_path / "out" / "a.parquet"
+    x = np.random.default_rng(0).standard_normal((300, 4)).astype(np.float32)
+    table = pa.table({"id": [f"r{i}" for i in range(300)],
+                      "e": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 4),
+                      "w": np.arange(300, dtype=np.int8)}).replace_schema_metadata({"k": "v"})
+    pq.write_table(table, src, row_group_size=100, compression="zstd")
+    drop = np.array([0, 5, 150, 299])
+    assert parquet.write(str(src), str(dst), drop) == 296
+    out = pq.ParquetFile(dst)
+    assert out.schema_arrow == table.schema and out.schema_arrow.metadata == {b"k": b"v"}
+    assert out.metadata.num_row_groups == 3
+    assert out.metadata.row_group(0).column(1).compression == "ZSTD"
+    keep = np.setdiff1d(np.arange(300), drop)
+    got = out.read()
+    assert got["id"].to_pylist() == [f"r{i}" for i in keep]
+    np.testing.assert_array_equal(got["w"].to_numpy(), keep.astype(np.int8))
+
+
+def test_unreadable_row_group_is_reported_and_skipped(tmp_path):
+    src = tmp_path / "a.parquet"
+    x = np.random.default_rng(1).standard_normal((300, 16)).astype(np.float32)
+    pq.write_table(pa.table({"e": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 16)}),
+                   src, row_group_size=100, compression="snappy")
+    meta = pq.ParquetFile(src).metadata.row_group(1).column(0)
+    raw = bytearray(src.read_bytes())
+    start = meta.dictionary_page_offset if meta.has_dictionary_page else meta.data_page_offset
+    size = meta.total_compressed_size
+    raw[start + 8: start + size - 8] = b"\x07" * (size - 16)  # garble row group 1's pages
+    src.write_bytes(bytes(raw))
+    chunks, invalid = _read_all(src, TensorSpec("e"), unit_rows=100)
+    assert [r.position for r in invalid] == list(range(100, 200))
+    assert all("row group 1" in r.reason for r in invalid)
+    good = np.concatenate([c.positions for c in chunks])
+    np.testing.assert_array_equal(good, np.r_[0:100, 200:300])
+    assert parquet.write(str(src), str(tmp_path / "o.parquet"), np.arange(100, 200)) == 200
+
+
+@pytest.mark.parametrize("spec,words", [
+    (TensorSpec("nope"), "input.tensor: no column 'nope'; the file has columns e, s"),
+    (TensorSpec("s"), "holds string, not numbers"),
+    (TensorSpec("e", dtype="float64"), "input.dtype: column 'e' holds float32"),
+    (TensorSpec("e", shape=(3,)), "shape [4], not [3]"),
+    (TensorSpec("e", rank="s"), "keep: column 's' holds string"),
+])
+def test_check_messages(tmp_path, spec, words):
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"e": pa.array([[1.0] * 4], pa.list_(pa.float32(), 4)),
+                             "s": ["x"]}), path)
+    with pytest.raises(InputError) as e:
+        parquet.check(str(path), spec)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unreadable_file_passes_check_and_reads_as_one_invalid_record(tmp_path):
+    path = tmp_path / "a.parquet"
+    path.write_bytes(b"PAR1 not really")
+    assert parquet.check(str(path), TensorSpec("e")) == TensorSpec("e")
+    chunks, invalid = _read_all(path, TensorSpec("e"))
+    assert len(invalid) == 1 and invalid[0].record_id == str(path)
+    assert parquet.write(str(path), str(tmp_path / "o.parquet"), np.array([0])) == 0
+    assert not (tmp_path / "o.parquet").exists()
