@@ -32,7 +32,7 @@ def build(p: beam.Pipeline, job: Job) -> None:
         read["chunks"] | "DiscardChunks" >> beam.Filter(lambda _: False)
     (streams
      | "Decide" >> Decide(job.files)
-     | "Write" >> Write(cfg.input.format, job.root, str(job.staging(job.output)),
+     | "Write" >> Write(cfg.input.format, job.spec, job.root, str(job.staging(job.output)),
                         len(job.files))
      | "CollectResults" >> beam.combiners.ToList()
      | "Report" >> beam.Map(write_report, str(job.staging(job.report))))

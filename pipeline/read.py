@@ -42,9 +42,10 @@ class ChunkCoder(beam.coders.Coder):
 beam.coders.registry.register_coder(Chunk, ChunkCoder)
 
 
-def plan_units(format_name: str, files: list[str], unit_rows: int) -> list[Unit]:
+def plan_units(format_name: str, files: list[str], unit_rows: int, spec: TensorSpec
+               ) -> list[Unit]:
     fmt = get_format(format_name)
-    return [u for i, path in enumerate(files) for u in fmt.plan(path, i, unit_rows)]
+    return [u for i, path in enumerate(files) for u in fmt.plan(path, i, unit_rows, spec)]
 
 
 class ReadChunks(beam.DoFn):
@@ -84,7 +85,7 @@ class Read(beam.PTransform):
     def __init__(self, format_name: str, files: list[str], spec: TensorSpec, unit_rows: int,
                  chunk_rows: int, fail_on_invalid: bool):
         super().__init__()
-        self.units = plan_units(format_name, files, unit_rows)
+        self.units = plan_units(format_name, files, unit_rows, spec)
         self.read = ReadChunks(format_name, spec, chunk_rows, fail_on_invalid, len(self.units))
 
     def expand(self, pbegin):

@@ -74,6 +74,7 @@ def execute(job: Job) -> dict:
         files = report.take_totals(report_stage)
         totals = report.totals(files)
         out_stage.mkdir(parents=True, exist_ok=True)  # an all-invalid input still gets a dir
+        (job.report / "summary.json").unlink(missing_ok=True)  # old run: no longer complete
         report.publish(out_stage, job.output, job.cfg.output.overwrite)
         report.publish(report_stage, job.report, job.cfg.output.overwrite)
     finally:

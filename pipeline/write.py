@@ -17,11 +17,13 @@ from pipeline import progress
 from pipeline.elements import FileDecision, FileResult
 from pipeline.preflight import output_name
 from transforms.formats import get_format
+from transforms.formats.base import TensorSpec
 
 
 class WriteClean(beam.DoFn):
-    def __init__(self, format_name: str, root: str, staging: str, total_files: int):
-        self.format_name, self.root, self.staging = format_name, root, staging
+    def __init__(self, format_name: str, spec: TensorSpec, root: str, staging: str,
+                 total_files: int):
+        self.format_name, self.spec, self.root, self.staging = format_name, spec, root, staging
         self.total_files = total_files
         self.kept = Metrics.counter("tensordedup", "records_kept")
 
@@ -31,7 +33,7 @@ class WriteClean(beam.DoFn):
     def process(self, decision: FileDecision):
         name = output_name(decision.path, self.root)
         drop = decision.drop()
-        kept = self.fmt.write(decision.path, os.path.join(self.staging, name), drop)
+        kept = self.fmt.write(decision.path, os.path.join(self.staging, name), drop, self.spec)
         accounted = kept + len(drop)
         if accounted != decision.n_read:
             raise RuntimeError(f"{decision.path}: read {decision.n_read} records but wrote "
@@ -46,9 +48,10 @@ class WriteClean(beam.DoFn):
 class Write(beam.PTransform):
     """FileDecision -> FileResult."""
 
-    def __init__(self, format_name: str, root: str, staging: str, total_files: int):
+    def __init__(self, format_name: str, spec: TensorSpec, root: str, staging: str,
+                 total_files: int):
         super().__init__()
-        self.fn = WriteClean(format_name, root, staging, total_files)
+        self.fn = WriteClean(format_name, spec, root, staging, total_files)
 
     def expand(self, decisions):
         return decisions | "WriteCleanFile" >> beam.ParDo(self.fn)

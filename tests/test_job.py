@@ -199,3 +199,91 @@ def test_exact_off_copies_everything(tmp_path):
     assert dups.num_rows == 0
     ids, _, _ = read_output("parquet", tmp_path / "out" / "clean" / "part-0.parquet", SHAPE)
     assert ids == parts[0][0]
+
+
+def test_hdf5_keep_max_with_a_bigger_unrelated_dataset(tmp_path):
+    """The tensor dataset is not the file's largest; rows are filtered in step, the rest kept."""
+    import h5py
+
+    parts = planted(8, files=1, rows=120)
+    ids, x = parts[0]
+    score = np.random.default_rng(8).random(120)
+    (tmp_path / "in").mkdir()
+    with h5py.File(tmp_path / "in" / "a.h5", "w") as h:
+        h.create_dataset("emb", data=x, chunks=(32, *SHAPE))
+        h.create_dataset("id", data=[i.encode() for i in ids])
+        h.create_dataset("score", data=score)
+        h.create_dataset("vocab", data=np.arange(5000 * 8).reshape(5000, 8))
+    assert run_job(tmp_path, "hdf5", str(tmp_path / "in" / "*.h5"), "keep={max: score}") == 0
+    expected = expected_removals([(i, t, s) for i, t, s in zip(ids, x, score, strict=True)],
+                                 "max")
+    dups, _ = report(tmp_path)
+    assert dict(zip(dups["record_id"].to_pylist(), dups["duplicate_of"].to_pylist(),
+                    strict=True)) == expected
+    with h5py.File(tmp_path / "out" / "clean" / "a.h5") as h:
+        kept = [i for i in ids if i not in expected]
+        assert [b.decode() for b in h["id"][:]] == kept
+        np.testing.assert_array_equal(h["score"][:], score[[ids.index(i) for i in kept]])
+        assert h["vocab"].shape == (5000, 8) and h["emb"].chunks == (32, *SHAPE)
+
+
+def test_gzip_tfrecord_in_gzip_out(tmp_path):
+    parts = planted(9, files=2, rows=80)
+    write_files("tfrecord", tmp_path / "in", parts, compression="GZIP")
+    assert run_job(tmp_path, "tfrecord", str(tmp_path / "in" / "*.tfrecord"),
+                   input={"shape": list(SHAPE)}) == 0
+    expected = expected_removals(records(parts))
+    for f, (ids, _, _) in outputs("tfrecord", tmp_path, 2).items():
+        out = tmp_path / "out" / "clean" / f"part-{f}.tfrecord"
+        assert out.read_bytes()[:2] == b"\x1f\x8b"  # still GZIP
+        assert ids == [i for i in parts[f][0] if i not in expected]
+
+
+def test_killed_run_leaves_nothing_that_looks_complete(tmp_path):
+    """SIGKILL at several moments of a run that replaces an older output: summary.json, when
+    present, always describes the clean shards next to it; otherwise nothing is marked done."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import pyarrow.parquet as pq
+    import yaml
+
+    rng = np.random.default_rng(10)
+    for f in range(4):
+        x = rng.standard_normal((20000, 64)).astype(np.float32)
+        x[:2000] = x[2000:4000]
+        write_input("parquet", tmp_path / "in" / f"p{f}.parquet",
+                    [f"{f}-{i}" for i in range(20000)], x, np.zeros(20000, int),
+                    row_group_size=4096)
+    glob = str(tmp_path / "in" / "*.parquet")
+    stale = tmp_path / "stale"
+    write_input("parquet", stale / "p0.parquet", ["s"], np.zeros((1, 64), np.float32),
+                np.zeros(1, int))
+    cfg = {"input": {"format": "parquet", "path": glob, "tensor": "emb"},
+           "output": {"path": str(tmp_path / "out" / "clean")},
+           "report": str(tmp_path / "out" / "report"), "tuning": {"unit_rows": 4096}}
+    (tmp_path / "kill.yaml").write_text(yaml.safe_dump(cfg))
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    summary = tmp_path / "out" / "report" / "summary.json"
+    for delay in (0.5, 2.0, 3.0, 3.5, 4.0, 30.0):
+        # an older, different output is in place before each run
+        assert run_job(tmp_path, "parquet", str(stale / "*.parquet"), "output.overwrite=true",
+                       input={"id": None}) == 0
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.run", "--config",
+                                 str(tmp_path / "kill.yaml"), "--quiet", "--overwrite"],
+                                cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            proc.wait(timeout=delay)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        if summary.exists():
+            s = json.loads(summary.read_text())
+            clean = sum(pq.ParquetFile(p).metadata.num_rows
+                        for p in (tmp_path / "out" / "clean").glob("*.parquet"))
+            assert s["kept"] == clean and s["read"] == s["kept"] + s["removed_exact"]
+            assert s["read"] in (1, 80000)
+        time.sleep(0.1)
+    assert json.loads(summary.read_text())["read"] == 80000  # the last run was not killed

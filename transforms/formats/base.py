@@ -109,7 +109,8 @@ class Format(Protocol):
         A file that cannot be opened at all (truncated, corrupt) does not raise: the
         job reports it as invalid and goes on with the other files."""
 
-    def plan(self, path: str, file_index: int, target_rows: int) -> list[Unit]:
+    def plan(self, path: str, file_index: int, target_rows: int,
+             spec: TensorSpec | None = None) -> list[Unit]:
         """Split a file into units of about ``target_rows`` records (one unit if the
         format cannot split a file). Units cover every position exactly once."""
 
@@ -117,7 +118,8 @@ class Format(Protocol):
         """Yield chunks of at most ``batch_rows`` records covering the unit, in order.
         Bad records go to ``Chunk.invalid``; never raise for bad data."""
 
-    def write(self, src: str, dst: str, drop: np.ndarray) -> int:
+    def write(self, src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None
+              ) -> int:
         """Copy ``src`` to ``dst`` without the records at the sorted int64 positions
         ``drop`` (and without unreadable records); same schema, dtypes, compression and
         record order. Return the number of records written. A ``src`` that cannot be

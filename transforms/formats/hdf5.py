@@ -5,11 +5,11 @@ unit that starts and ends on a chunk boundary never decodes a chunk twice, and o
 big file is read in parallel. A corrupt chunk costs only its own rows: a failing
 slice is split at chunk boundaries until the unreadable chunks are isolated.
 
-``plan`` and ``write`` are not given the tensor's name, so they find the records
-with one rule: the records dataset is the largest dataset of the file (by number
-of elements; the first in name order on a tie), and N is the length of its first
-axis. ``write`` filters every dataset whose first axis has length N (the tensor,
-ids, ranks, labels...) with the same rows, and copies everything else as it is.
+The records dataset is the tensor dataset the job names (``spec.tensor``); called
+without a spec, ``plan`` and ``write`` take the file's largest dataset (by number of
+elements; the first in name order on a tie). N is the length of its first axis.
+``write`` filters every dataset whose first axis has length N (the tensor, ids,
+ranks, labels...) with the same rows, and copies everything else as it is.
 """
 
 from __future__ import annotations
@@ -48,8 +48,11 @@ def _row_chunk(ds: h5py.Dataset) -> int:
     return ds.chunks[0] if ds.chunks else 1
 
 
-def _records_dataset(f: h5py.File) -> h5py.Dataset | None:
-    """The largest dataset with at least one axis (see the module docstring)."""
+def _records_dataset(f: h5py.File, spec: TensorSpec | None = None) -> h5py.Dataset | None:
+    """The tensor dataset, or without a spec the largest dataset with at least one axis."""
+    if spec is not None:
+        ds = f.get(spec.tensor)
+        return ds if isinstance(ds, h5py.Dataset) and ds.shape else None
     best: list[h5py.Dataset] = []
 
     def visit(_: str, obj: object) -> None:
@@ -123,7 +126,8 @@ def _check(f: h5py.File, path: str, spec: TensorSpec) -> TensorSpec:
     return replace(spec, shape=shape, dtype=dtype)
 
 
-def plan(path: str, file_index: int, target_rows: int) -> list[Unit]:
+def plan(path: str, file_index: int, target_rows: int,
+         spec: TensorSpec | None = None) -> list[Unit]:
     """Units of about ``target_rows`` whole chunks of the records dataset; the last unit
     runs to the end (stop None), so the units cover the tensor even if it is shorter
     or longer than the records dataset."""
@@ -132,7 +136,7 @@ def plan(path: str, file_index: int, target_rows: int) -> list[Unit]:
         return [Unit(file_index, path, 0, None)]
     with f:
         try:
-            ds = _records_dataset(f)
+            ds = _records_dataset(f, spec)
         except _H5_ERRORS:
             ds = None
         n, chunk = (len(ds), _row_chunk(ds)) if ds is not None else (0, 1)
@@ -257,7 +261,7 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
             a = b
 
 
-def write(src: str, dst: str, drop: np.ndarray) -> int:
+def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) -> int:
     """Copy ``src`` without the rows in ``drop`` (see the module docstring for which
     datasets are filtered). Rows that turn out unreadable only now (in a dataset that
     read() does not read) are left out of every filtered dataset so they stay aligned:
@@ -267,7 +271,7 @@ def write(src: str, dst: str, drop: np.ndarray) -> int:
         return 0
     Path(dst).parent.mkdir(parents=True, exist_ok=True)
     with f:
-        records = _records_dataset(f)
+        records = _records_dataset(f, spec)
         n = 0 if records is None else len(records)
         skip = np.unique(np.asarray(drop, dtype=np.int64))
         skip = skip[(skip >= 0) & (skip < n)]

@@ -108,7 +108,8 @@ def _is_numeric(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
 
 
-def plan(path: str, file_index: int, target_rows: int) -> list[Unit]:
+def plan(path: str, file_index: int, target_rows: int,
+         spec: TensorSpec | None = None) -> list[Unit]:
     pf = _open(path)
     if isinstance(pf, Exception):
         return [Unit(file_index, path, 0, None)]
@@ -307,7 +308,7 @@ def _prefetched(pf: pq.ParquetFile, start: int, stop: int, columns: list[str] | 
             yield rg, first, n, table
 
 
-def write(src: str, dst: str, drop: np.ndarray) -> int:
+def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) -> int:
     pf = _open(src)
     if isinstance(pf, Exception):
         return 0

@@ -629,7 +629,8 @@ def _check_serialized(path: str, spec: TensorSpec, values: Any) -> tuple[str, tu
     return dtype.name, tuple(shape)
 
 
-def plan(path: str, file_index: int, target_rows: int) -> list[Unit]:
+def plan(path: str, file_index: int, target_rows: int,
+         spec: TensorSpec | None = None) -> list[Unit]:
     """One unit per file: records have no index, so a file cannot be split."""
     return [Unit(file_index, path, 0, None)]
 
@@ -651,7 +652,7 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
             first += len(batch)
 
 
-def write(src: str, dst: str, drop: np.ndarray) -> int:
+def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) -> int:
     """Copy the intact records not in ``drop``, byte for byte, with src's compression."""
     try:
         f = open(src, "rb")
