@@ -17,10 +17,8 @@ def digest_words(digests: np.ndarray) -> np.ndarray:
     return digests.view(">u8").reshape(-1, 2).astype(np.uint64)
 
 
-def _priority(keep: str, rank: np.ndarray | None, n: int) -> np.ndarray:
-    """Smaller = preferred. NaN ranks are never preferred over a number."""
-    if keep in ("first", "last"):
-        return np.zeros(n)
+def _priority(keep: str, rank: np.ndarray | None) -> np.ndarray:
+    """Smaller = preferred (max/min). NaN ranks are never preferred over a number."""
     if rank is None:
         raise ValueError(f"keep {keep!r} needs the rank values")
     prio = -rank.astype(np.float64) if keep == "max" else rank.astype(np.float64)
@@ -42,8 +40,10 @@ def find_exact_duplicates(words: np.ndarray, file_index: np.ndarray, position: n
         raise ValueError(f"keep must be one of {KEEP_POLICIES}, got {keep!r}")
     n = len(words)
     sign = -1 if keep == "last" else 1
-    order = np.lexsort((sign * position, sign * file_index.astype(np.int64),
-                        _priority(keep, rank, n), words[:, 1], words[:, 0]))
+    in_order = sign * ((file_index.astype(np.int64) << 40) | position)  # positions < 2**40
+    keys = (in_order, words[:, 1], words[:, 0]) if keep in ("first", "last") else (
+        in_order, _priority(keep, rank), words[:, 1], words[:, 0])
+    order = np.lexsort(keys)
     w = words[order]
     starts = np.ones(n, dtype=bool)
     starts[1:] = (w[1:] != w[:-1]).any(axis=1)

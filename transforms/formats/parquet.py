@@ -238,6 +238,8 @@ def _chunks(file_index: int, path: str, table: pa.Table, first: int, spec: Tenso
     rank = None
     if spec.rank is not None:
         rank = table.column(spec.rank).cast(pa.float64()).to_numpy()
+    if not invalid and len(groups) == 1:  # the usual case: no copies
+        return [Chunk(file_index, positions, ids, groups[0][1], rank)]
     chunks = []
     for rows, tensors in groups:
         keep = ok[rows]
@@ -275,15 +277,24 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
                                first + a, spec)
 
 
-def _codecs(pf: pq.ParquetFile) -> str | dict[str, str]:
-    """The input's codec per column, as ParquetWriter takes it (one name when uniform)."""
+DICTIONARY_PAGE_LIMIT = 1 << 20  # Arrow's default: a dictionary page this big was abandoned
+
+
+def _writer_options(pf: pq.ParquetFile) -> dict:
+    """ParquetWriter options that mirror the input: each column's codec, and dictionary
+    encoding only for columns whose input dictionary was kept. A column whose dictionary
+    page hit the size limit fell back to plain pages, so building a dictionary again
+    would only cost time (~15% of the copy for float tensors)."""
     if pf.metadata.num_row_groups == 0:
-        return "snappy"
+        return {"compression": "snappy"}
     rg = pf.metadata.row_group(0)
-    codecs = {rg.column(j).path_in_schema: rg.column(j).compression.lower()
-              for j in range(rg.num_columns)}
+    cols = [rg.column(j) for j in range(rg.num_columns)]
+    codecs = {c.path_in_schema: c.compression.lower() for c in cols}
     names = set(codecs.values())
-    return names.pop() if len(names) == 1 else codecs
+    dictionary = [c.path_in_schema for c in cols if c.has_dictionary_page
+                  and c.data_page_offset - c.dictionary_page_offset < DICTIONARY_PAGE_LIMIT]
+    return {"compression": names.pop() if len(names) == 1 else codecs,
+            "use_dictionary": dictionary}
 
 
 def _prefetched(pf: pq.ParquetFile, start: int, stop: int, columns: list[str] | None = None
@@ -314,8 +325,8 @@ def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) 
         return 0
     Path(dst).parent.mkdir(parents=True, exist_ok=True)
     written = 0
-    with pq.ParquetWriter(dst, pf.schema_arrow, compression=_codecs(pf),
-                          version=pf.metadata.format_version) as out:
+    with pq.ParquetWriter(dst, pf.schema_arrow, version=pf.metadata.format_version,
+                          **_writer_options(pf)) as out:
         for _, first, n, table in _prefetched(pf, 0, pf.metadata.num_rows):
             if isinstance(table, Exception):
                 continue  # every row of an unreadable group is invalid, so in `drop`
