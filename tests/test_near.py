@@ -1,0 +1,161 @@
+"""transforms.near against an all-pairs float64 oracle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from transforms.fingerprint import quantized_fingerprint_batch
+from transforms.near import NearSpec, exact_distance, near_duplicates
+
+
+def oracle(x: np.ndarray, spec: NearSpec) -> dict[int, int]:
+    """{removed row: kept row} by brute force over all pairs in float64 (rank = row order)."""
+    good = [i for i in range(len(x)) if np.isfinite(x[i]).all()]
+
+    def against(r: int, refs: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        refs = np.array(refs, dtype=np.int64)
+        return exact_distance(np.repeat(x[r][None], len(refs), 0), x[refs], spec)
+
+    out = {}
+    if spec.grouping == "representative":
+        kept: list[int] = []
+        for r in good:
+            d, ok = against(r, kept) if kept else (np.empty(0), np.empty(0, bool))
+            if ok.any():
+                out[r] = kept[int(np.flatnonzero(ok)[np.argmin(d[ok])])]
+            else:
+                kept.append(r)
+        return out
+    label = {i: i for i in good}
+
+    def find(u):
+        while label[u] != u:
+            u = label[u]
+        return u
+
+    for k, a in enumerate(good[1:], 1):
+        _, ok = against(a, good[:k])  # a (later) within tolerance of b (earlier, reference)
+        for b in np.array(good[:k])[ok].tolist():
+            ra, rb = find(a), find(b)
+            label[max(ra, rb)] = min(ra, rb)
+    return {i: find(i) for i in good if find(i) != i}
+
+
+def planted(seed: int, metric: str, n_base: int = 300, d: int = 16):
+    """Clustered base vectors, near copies inside the tolerance, decoys just outside it,
+    and chains a ~ b ~ c with a and c out of tolerance."""
+    rng = np.random.default_rng(seed)
+    centers = rng.standard_normal((6, d)) * (0.3 if metric == "cosine" else 4)
+    base = centers[rng.integers(0, 6, n_base)] + rng.standard_normal((n_base, d))
+    t = 0.05
+    rows = [base]
+
+    def at_distance(v, dist):
+        u = rng.standard_normal(d)
+        u /= np.linalg.norm(u)
+        if metric == "cosine":  # rotate by the angle whose 1 - cos is dist
+            w = u - (u @ v) / (v @ v) * v
+            w *= np.linalg.norm(v) / np.linalg.norm(w)
+            ang = np.arccos(1 - dist)
+            return np.cos(ang) * v + np.sin(ang) * w
+        if metric == "allclose":  # every element moved by +-dist
+            return v + dist * np.sign(rng.standard_normal(d))
+        return v + dist * u
+
+    pick = rng.choice(n_base, 60, replace=False)
+    rows.append(np.array([at_distance(base[i], t * 0.6) for i in pick[:30]]))  # near copies
+    rows.append(np.array([at_distance(base[i], t * 1.05) for i in pick[30:45]]))  # decoys
+    chain = []
+    for i in pick[45:]:
+        b = at_distance(base[i], t * 0.9)
+        chain += [b, at_distance(b, t * 0.9)]
+    rows.append(np.array(chain))
+    x = np.concatenate(rows).astype(np.float32)
+    x = x[rng.permutation(len(x))]
+    if metric == "allclose":
+        return x, NearSpec("allclose", atol=t, rtol=0.0)
+    return x, NearSpec(metric, threshold=t)
+
+
+def removals(x, spec, **kw):
+    removed, kept, dist = near_duplicates(x, np.arange(len(x)), spec, **kw)
+    return removed, kept, dist
+
+
+@pytest.mark.parametrize("metric", ["l2", "cosine", "allclose"])
+@pytest.mark.parametrize("grouping", ["representative", "components"])
+@pytest.mark.parametrize("partitions", [1, 7])
+def test_flat_index_equals_the_oracle(metric, grouping, partitions):
+    x, spec = planted(1, metric)
+    spec = NearSpec(**{**spec.__dict__, "grouping": grouping, "index": "flat"})
+    removed, kept, dist = removals(x, spec, partitions=partitions)
+    expected = oracle(x, spec)
+    assert dict(zip(removed.tolist(), kept.tolist(), strict=True)) == expected
+    assert 20 < len(expected) < 120
+    d, ok = exact_distance(x[removed], x[kept], spec)
+    np.testing.assert_allclose(dist, d)
+    if grouping == "representative":
+        assert ok.all()  # no chaining: each removal is within tolerance of its record
+        assert not set(kept.tolist()) & set(removed.tolist())
+
+
+@pytest.mark.parametrize("index", ["ivf", "hnsw"])
+def test_approximate_indexes_keep_precision_one(index):
+    x, spec = planted(2, "l2", n_base=2000, d=32)
+    spec = NearSpec("l2", threshold=spec.threshold, index=index, nlist=16, nprobe=4)
+    removed, kept, _ = removals(x, spec)
+    _, ok = exact_distance(x[removed], x[kept], spec)
+    assert ok.all() and not set(kept.tolist()) & set(removed.tolist())
+    expected = oracle(x, NearSpec("l2", threshold=spec.threshold))
+    recall = len(set(removed.tolist()) & set(expected)) / len(expected)
+    assert recall >= 0.9, recall
+
+
+def test_chain_behaviour_per_grouping():
+    a = np.zeros(8, np.float32)
+    b = a.copy()
+    b[0] = 0.9
+    c = b.copy()
+    c[0] = 1.8  # a~b, b~c, a far from c (threshold 1.0)
+    x = np.stack([a, b, c])
+    rep = removals(x, NearSpec("l2", threshold=1.0))
+    assert rep[0].tolist() == [1] and rep[1].tolist() == [0]  # c survives: b was removed
+    comp = removals(x, NearSpec("l2", threshold=1.0, grouping="components"))
+    assert comp[0].tolist() == [1, 2] and comp[1].tolist() == [0, 0]
+    assert comp[2][1] == pytest.approx(1.8)  # reported distance may exceed the threshold
+
+
+def test_pairs_straddling_a_quantization_boundary_are_found():
+    """The quantized digest splits this pair (different cells); the near stage merges it."""
+    x = np.array([[0.0049, 1.0], [0.0051, 1.0]], np.float32)
+    q = quantized_fingerprint_batch(x, step=0.01)
+    assert q[0] != q[1]
+    removed, kept, _ = removals(x, NearSpec("l2", threshold=0.001))
+    assert removed.tolist() == [1] and kept.tolist() == [0]
+
+
+def test_partition_border_pair_is_found():
+    """Two clusters far apart and one pair split across their border."""
+    rng = np.random.default_rng(3)
+    left = rng.standard_normal((200, 4)) * 0.3 + [-5, 0, 0, 0]
+    right = rng.standard_normal((200, 4)) * 0.3 + [5, 0, 0, 0]
+    pair = np.array([[-0.01, 0, 0, 0], [0.01, 0, 0, 0]])
+    x = np.concatenate([left, right, pair]).astype(np.float32)
+    spec = NearSpec("l2", threshold=0.05, index="flat")
+    removed, kept, _ = removals(x, spec, partitions=2)
+    assert dict(zip(removed.tolist(), kept.tolist(), strict=True)) == oracle(x, spec)
+    assert 401 in removed.tolist()
+
+
+def test_nan_and_inf_rows_never_take_part():
+    x = np.array([[1.0, 1.0], [np.nan, 1.0], [1.0, 1.0], [np.inf, 0.0], [1.0, 1.0000001]],
+                 np.float32)
+    removed, kept, _ = removals(x, NearSpec("l2", threshold=0.01))
+    assert removed.tolist() == [2, 4] and kept.tolist() == [0, 0]
+
+
+def test_keep_order_decides_who_survives():
+    x = np.array([[0.0, 0.0], [0.0, 0.001]], np.float32)
+    removed, kept, _ = near_duplicates(x, np.array([1, 0]), NearSpec("l2", threshold=0.01))
+    assert removed.tolist() == [0] and kept.tolist() == [1]
