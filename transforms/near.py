@@ -23,7 +23,8 @@ import numpy as np
 METRICS = ("allclose", "l2", "cosine")
 GROUPINGS = ("representative", "components")
 INDEXES = ("auto", "flat", "ivf", "hnsw")
-FLAT_MAX_ROWS = 50_000  # auto: an exact flat index up to here (n^2 d flops stay seconds)
+FLAT_MAX_ROWS = 50_000  # auto: one exact flat index up to here (n^2 d flops stay seconds)
+PARTITION_ROWS = 3_000  # auto above that: k-means partitions of about this many rows
 QUERY_BATCH = 8192  # range-search queries per call: bounds the result buffers
 
 
@@ -96,7 +97,7 @@ def _index(v: np.ndarray, spec: NearSpec):
     import faiss
 
     n, d = v.shape
-    kind = spec.index if spec.index != "auto" else ("flat" if n <= FLAT_MAX_ROWS else "ivf")
+    kind = "flat" if spec.index == "auto" else spec.index  # auto: exact (flat) per partition
     if kind == "flat":
         index = faiss.IndexFlatL2(d)
     elif kind == "hnsw":
@@ -251,20 +252,23 @@ def _components(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.array([find(u) for u in range(n)], dtype=np.int64)
 
 
-def near_duplicates(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int = 1
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def near_duplicates(x: np.ndarray, rank: np.ndarray, spec: NearSpec,
+                    partitions: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Near-duplicate removals among the rows of ``x`` (n, d).
 
     ``rank``: each row's place in keep order (smaller = preferred, all distinct). Rows
     with NaN/inf never take part (the caller reports or keeps them). Returns
     ``(removed, kept, distance)`` row indices and float64 distances, in keep order of
     the removed rows. ``partitions > 1`` searches k-means partitions independently
-    (same result with a flat index: see ``partition_plan``).
+    (same result with a flat index: see ``partition_plan``); None = one index up to
+    FLAT_MAX_ROWS rows, else partitions of about PARTITION_ROWS rows.
     """
     x = x.reshape(len(x), -1)
     ok = np.flatnonzero(finite_rows(x))
     xs, rs = x[ok], rank[ok]
     v, radius_sq = search_vectors(xs, spec)
+    if partitions is None:
+        partitions = 1 if len(xs) <= FLAT_MAX_ROWS else math.ceil(len(xs) / PARTITION_ROWS)
     if partitions > 1:
         i, j = partitioned_pairs(v, radius_sq, spec, partitions)
     else:
