@@ -108,7 +108,8 @@ def main() -> None:
     spec = NearSpec("l2", threshold=THRESHOLD)
 
     (o_removed, _, _), t_oracle = timed(
-        lambda: near_duplicates(x, rank, NearSpec("l2", threshold=THRESHOLD, index="flat")))
+        lambda: near_duplicates(x, rank, NearSpec("l2", threshold=THRESHOLD, index="flat"),
+                                partitions=1))
     oracle = set(o_removed.tolist())
     results = {}
     runs = {
