@@ -82,8 +82,8 @@ def publish(staging: Path, final: Path, overwrite: bool) -> None:
     """Move a finished staging directory to its final path (replacing the old one if allowed)."""
     if final.exists():
         if not overwrite:
-            raise FileExistsError(f"{final} appeared while the job ran; the new output is "
-                                  f"kept at {staging}")
+            raise FileExistsError(f"{final} appeared while the job ran: remove it or set "
+                                  "output.overwrite: true, and run again")
         old = final.with_name(f".{final.name}.old-{staging.name.rsplit('-', 1)[-1]}")
         final.rename(old)
         staging.rename(final)

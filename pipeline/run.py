@@ -52,8 +52,7 @@ def beam_pipeline(job: Job):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    options = PipelineOptions.from_dictionary(
-        {k: v for k, v in job.cfg.runner.options.items()})
+    options = PipelineOptions.from_dictionary(dict(job.cfg.runner.options))
     if job.cfg.runner.name == "local":
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
