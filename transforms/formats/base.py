@@ -74,6 +74,17 @@ class Chunk:
     def n_read(self) -> int:
         return len(self.positions) + len(self.invalid)
 
+    @staticmethod
+    def of_invalid(file_index: int, invalid: list[InvalidRecord]) -> Chunk:
+        """A chunk with no usable rows, only invalid records (an unreadable file or range)."""
+        return Chunk(file_index, np.empty(0, np.int64), np.empty(0, object), np.empty((0,)),
+                     None, invalid)
+
+
+def error_line(e: BaseException) -> str:
+    """An exception as one line for an invalid-record reason: "Type: message"."""
+    return f"{type(e).__name__}: {e}".replace("\n", " ")
+
 
 def default_id(path: str, position: int) -> str:
     return f"{path}:{position}"

@@ -22,7 +22,15 @@ import h5py
 import numpy as np
 
 from transforms.canonical import DTYPE_CODES
-from transforms.formats.base import Chunk, InputError, InvalidRecord, TensorSpec, Unit, default_ids
+from transforms.formats.base import (
+    Chunk,
+    InputError,
+    InvalidRecord,
+    TensorSpec,
+    Unit,
+    default_ids,
+    error_line,
+)
 
 # What h5py raises for unreadable files, objects and chunks (not ValueError: InputError is one).
 _H5_ERRORS = (OSError, RuntimeError, KeyError)
@@ -37,10 +45,6 @@ def _open(path: str) -> h5py.File | Exception:
         return h5py.File(path, "r", rdcc_nbytes=_CACHE_BYTES)
     except _H5_ERRORS as e:
         return e
-
-
-def _reason(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}".replace("\n", " ")
 
 
 def _row_chunk(ds: h5py.Dataset) -> int:
@@ -184,7 +188,7 @@ def _read_rows(ds: h5py.Dataset, a: int, b: int,
             except _H5_ERRORS as e:
                 error = e
         if lo // chunk == (hi - 1) // chunk:
-            bad.append((lo, hi, f"unreadable {ds.name}[{lo}:{hi}]: {_reason(error)}"))
+            bad.append((lo, hi, f"unreadable {ds.name}[{lo}:{hi}]: {error_line(error)}"))
         else:
             mid = _split(lo, hi, chunk)
             stack += [(mid, hi, None), (lo, mid, None)]
@@ -197,11 +201,6 @@ def _as_ids(values: np.ndarray) -> np.ndarray:
         return values.astype(str).astype(object)
     return np.array([v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
                      for v in values.tolist()], dtype=object)
-
-
-def _no_rows(file_index: int, invalid: list[InvalidRecord]) -> Chunk:
-    return Chunk(file_index, np.empty(0, np.int64), np.empty(0, object), np.empty((0,)), None,
-                 invalid)
 
 
 def _chunk(unit: Unit, a: int, b: int, ds: h5py.Dataset, id_ds: h5py.Dataset | None,
@@ -238,16 +237,16 @@ def _chunk(unit: Unit, a: int, b: int, ds: h5py.Dataset, id_ds: h5py.Dataset | N
 def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
     f = _open(unit.path)
     if isinstance(f, Exception):
-        yield _no_rows(unit.file_index, [InvalidRecord(0, unit.path,
-                                                       f"unreadable HDF5 file: {_reason(f)}")])
+        yield Chunk.of_invalid(unit.file_index, [InvalidRecord(0, unit.path,
+                                                       f"unreadable HDF5 file: {error_line(f)}")])
         return
     with f:
         try:
             ds, id_ds, rank_ds = (None if name is None else f[name]
                                   for name in (spec.tensor, spec.id, spec.rank))
         except _H5_ERRORS as e:  # check() saw the names, so the object itself is corrupt
-            yield _no_rows(unit.file_index, [InvalidRecord(
-                unit.start, unit.path, f"unreadable HDF5 dataset: {_reason(e)}")])
+            yield Chunk.of_invalid(unit.file_index, [InvalidRecord(
+                unit.start, unit.path, f"unreadable HDF5 dataset: {error_line(e)}")])
             return
         stop = len(ds) if unit.stop is None else min(unit.stop, len(ds))
         chunk = _row_chunk(ds)

@@ -28,6 +28,7 @@ from transforms.formats.base import (
     Unit,
     default_ids,
     default_ids_arrow,
+    error_line,
 )
 
 _LIST_TYPES = (pa.ListType, pa.LargeListType, pa.FixedSizeListType)
@@ -38,10 +39,6 @@ def _open(path: str) -> pq.ParquetFile | Exception:
         return pq.ParquetFile(path)
     except (OSError, pa.ArrowException) as e:
         return e
-
-
-def _reason(e: Exception) -> str:
-    return f"{type(e).__name__}: {e}".replace("\n", " ")
 
 
 def _layout(t: pa.DataType) -> tuple[list[int | None], pa.DataType]:
@@ -132,6 +129,13 @@ def _row_groups(pf: pq.ParquetFile, start: int, stop: int) -> Iterator[tuple[int
         offset += n
 
 
+def _not_null(col: pa.Array) -> np.ndarray:
+    """Writable bool mask of the non-null entries (no work for a column without nulls)."""
+    if col.null_count == 0:
+        return np.ones(len(col), dtype=bool)
+    return col.is_valid().to_numpy(zero_copy_only=False).copy()
+
+
 def tensor_rows(col: pa.Array, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """(ok mask, tensors of the ok rows) of a (nested) list column, without a Python loop.
 
@@ -140,17 +144,14 @@ def tensor_rows(col: pa.Array, shape: tuple[int, ...]) -> tuple[np.ndarray, np.n
     level and a reshape.
     """
     n = len(col)
-    ok = np.ones(n, dtype=bool)
-    if col.null_count:
-        ok &= col.is_valid().to_numpy(zero_copy_only=False)
+    ok = _not_null(col)
     levels = [col]
     for size in shape:
         lengths = pc.list_value_length(levels[-1]).to_numpy(zero_copy_only=False)
         ok[_top_rows(levels, np.flatnonzero(lengths != size))] = False  # null length is NaN
         levels.append(levels[-1].flatten())
-    if levels[-1].null_count:
-        bad = np.flatnonzero(~levels[-1].is_valid().to_numpy(zero_copy_only=False))
-        ok[_top_rows(levels, bad)] = False
+    if levels[-1].null_count:  # leaves: millions of values, only checked when nulls exist
+        ok[_top_rows(levels, np.flatnonzero(~_not_null(levels[-1])))] = False
     if not ok.all():
         return ok, tensor_rows(col.filter(pa.array(ok)), shape)[1]
     return ok, levels[-1].to_numpy(zero_copy_only=False).reshape((n, *shape))
@@ -177,9 +178,7 @@ def row_shapes(col: pa.Array, depth: int) -> tuple[np.ndarray, np.ndarray]:
     A row is not ok when it is null or ragged (sublists of one level differ in length).
     """
     n = len(col)
-    ok = np.ones(n, dtype=bool)
-    if col.null_count:
-        ok &= col.is_valid().to_numpy(zero_copy_only=False)
+    ok = _not_null(col)
     shapes = np.zeros((n, depth), dtype=np.int64)
     level, top = col, np.arange(n)
     for k in range(depth):
@@ -229,11 +228,11 @@ def _chunks(file_index: int, path: str, table: pa.Table, first: int, spec: Tenso
         if ids.null_count:
             ok &= ids.is_valid().to_numpy(zero_copy_only=False)
             ids = pc.coalesce(ids, default_ids_arrow(path, positions))
+    bad_tensor = (f"column {spec.tensor!r}: null, null values, ragged or a shape other than "
+                  f"{list(shape)}" if shape else
+                  f"column {spec.tensor!r}: null, null values or ragged")
     invalid = [InvalidRecord(int(positions[i]), ids[int(i)].as_py(),
-                             f"column {spec.tensor!r}: null, null values, ragged or a shape "
-                             f"other than {list(shape)}" if shape and not tensor_ok[i]
-                             else f"column {spec.tensor!r}: null, null values or ragged"
-                             if not tensor_ok[i] else f"column {spec.id!r}: null id")
+                             bad_tensor if not tensor_ok[i] else f"column {spec.id!r}: null id")
                for i in np.flatnonzero(~ok)]
     rank = None
     if spec.rank is not None:
@@ -247,30 +246,26 @@ def _chunks(file_index: int, path: str, table: pa.Table, first: int, spec: Tenso
         chunks.append(Chunk(file_index, positions[rows], ids.take(pa.array(rows)),
                             tensors[keep], None if rank is None else rank[rows]))
     if invalid or not chunks:
-        chunks.append(Chunk(file_index, positions[:0], ids.slice(0, 0),
-                            np.empty((0,)), None, invalid))
+        chunks.append(Chunk.of_invalid(file_index, invalid))
     return chunks
 
 
 def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
     pf = _open(unit.path)
     if isinstance(pf, Exception):
-        yield Chunk(unit.file_index, np.empty(0, np.int64), np.empty(0, object),
-                    np.empty((0,)), None,
-                    [InvalidRecord(0, unit.path, f"unreadable Parquet file: {_reason(pf)}")])
+        yield Chunk.of_invalid(unit.file_index, [
+            InvalidRecord(0, unit.path, f"unreadable Parquet file: {error_line(pf)}")])
         return
     stop = pf.metadata.num_rows if unit.stop is None else unit.stop
     columns = list(dict.fromkeys(c for c in (spec.tensor, spec.id, spec.rank) if c is not None))
     for rg, first, n, table in _prefetched(pf, unit.start, stop, columns):
         if isinstance(table, Exception):
-            why = f"unreadable row group {rg}: {_reason(table)}"
+            why = f"unreadable row group {rg}: {error_line(table)}"
             for a in range(first, first + n, batch_rows):
                 positions = np.arange(a, min(a + batch_rows, first + n), dtype=np.int64)
-                yield Chunk(unit.file_index, np.empty(0, np.int64), np.empty(0, object),
-                            np.empty((0,)), None,
-                            [InvalidRecord(int(p), i, why)
-                             for p, i in zip(positions, default_ids(unit.path, positions),
-                                             strict=True)])
+                yield Chunk.of_invalid(unit.file_index, [
+                    InvalidRecord(int(p), i, why)
+                    for p, i in zip(positions, default_ids(unit.path, positions), strict=True)])
             continue
         for a in range(0, n, batch_rows):
             yield from _chunks(unit.file_index, unit.path, table.slice(a, batch_rows),

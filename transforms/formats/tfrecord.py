@@ -639,8 +639,8 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
     try:
         f = open(unit.path, "rb")
     except OSError as e:
-        yield Chunk(unit.file_index, np.empty(0, np.int64), np.empty(0, object), np.empty((0,)),
-                    None, [InvalidRecord(0, unit.path, f"cannot open file: {e}")])
+        yield Chunk.of_invalid(unit.file_index,
+                               [InvalidRecord(0, unit.path, f"cannot open file: {e}")])
         return
     layout = _Layout(dtype=None if spec.dtype is None else _np_dtype(spec.dtype),
                      shape=None if spec.shape is None else tuple(spec.shape))
