@@ -149,6 +149,12 @@ def job_config(work: Path, fmt: str, src: Path) -> Path:
     return path
 
 
+def job_contender(work: Path, fmt: str, src: Path, extra: list[str]) -> tuple[str, dict]:
+    """The job as a contender: its snippet and names (config, report dir, extra --set)."""
+    return JOB, dict(CONFIG=str(job_config(work, fmt, src)),
+                     REPORT=str(work / f"job-{fmt}" / "report"), EXTRA=extra)
+
+
 def bench(contenders: dict[str, tuple[str, dict]], repeat: int) -> dict[str, dict]:
     runs: dict[str, list[dict]] = {name: [] for name in contenders}
     for _ in range(repeat):
@@ -195,16 +201,12 @@ def main() -> None:
     extra = [a for kv in args.job_option for a in ("--set", kv)]
 
     pq_res = bench({
-        "this job (exact, local)": (JOB, dict(CONFIG=str(job_config(work, "parquet", pq_src)),
-                                              REPORT=str(work / "job-parquet" / "report"),
-                                              EXTRA=extra)),
+        "this job (exact, local)": job_contender(work, "parquet", pq_src, extra),
         "duckdb keep-first": (DUCK_DEDUP, dict(SRC=str(pq_src), DST=str(work / "duck.parquet"))),
         "duckdb copy (floor)": (DUCK_COPY, dict(SRC=str(pq_src), DST=str(work / "copy.parquet"))),
     }, args.repeat)
     tf_res = bench({
-        "this job (exact, local)": (JOB, dict(CONFIG=str(job_config(work, "tfrecord", tf_src)),
-                                              REPORT=str(work / "job-tfrecord" / "report"),
-                                              EXTRA=extra)),
+        "this job (exact, local)": job_contender(work, "tfrecord", tf_src, extra),
         "tf.data + set keep-first": (TF_DEDUP, dict(SRC=str(tf_src), DST=str(work / "tf.rec"))),
         "tf.data copy (floor)": (TF_COPY, dict(SRC=str(tf_src), DST=str(work / "copy.rec"))),
     }, args.repeat)
