@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from transforms.canonical import DTYPE_CODES
 
@@ -71,6 +78,42 @@ class TuningConfig(_Strict):
     shards: int = Field(16, gt=0, description="shuffle shards of the digest group-by")
 
 
+class NearConfig(_Strict):
+    metric: Literal["allclose", "l2", "cosine"] = Field(
+        description="allclose | l2 | cosine; leave the near section out (or null) for no "
+        "near-duplicate stage")
+    threshold: float | None = Field(None, gt=0, description="l2: Euclidean distance; cosine: "
+                                    "cosine distance 1 - cos (required for l2 and cosine)")
+    atol: float = Field(1e-5, ge=0, description="allclose: |a - b| <= atol + rtol * |b| "
+                        "elementwise, b = the kept record (numpy isclose)")
+    rtol: float = Field(0.0, ge=0, description="allclose: relative tolerance")
+    grouping: Literal["representative", "components"] = Field(
+        "representative", description="representative (removed only if within tolerance of "
+        "a kept record) | components (connected components; chains allowed)")
+    index: Literal["auto", "flat", "ivf", "hnsw"] = Field(
+        "auto", description="auto (exact flat search in k-means partitions) | flat | ivf | "
+        "hnsw (approximate: recall < 1, precision stays 1)")
+    nlist: int | None = Field(None, gt=0, description="ivf: inverted lists per partition "
+                              "(default 4 sqrt(rows))")
+    nprobe: int = Field(16, gt=0, description="ivf: lists visited per query")
+    M: int = Field(32, gt=1, description="hnsw: links per node")
+    nonfinite: Literal["keep", "invalid"] = Field(
+        "keep", description="records with NaN/inf values: keep (never compared by distance) | "
+        "invalid (reported in invalid.parquet)")
+    single_index_rows: int = Field(50_000, gt=0, description="up to this many records: one "
+                                   "partition (one index)")
+    partition_rows: int = Field(3_000, gt=0, description="above that: k-means partitions of "
+                                "about this many records, searched on separate workers")
+    borderline_pairs: int = Field(500, ge=0, description="pairs just inside and just outside "
+                                  "the tolerance sampled into borderline_pairs.parquet (each)")
+
+    @model_validator(mode="after")
+    def _threshold_for_distances(self) -> NearConfig:
+        if self.metric in ("l2", "cosine") and self.threshold is None:
+            raise ValueError(f"metric {self.metric} needs a threshold > 0 (near.threshold)")
+        return self
+
+
 class RunnerConfig(_Strict):
     name: str = Field("local", description="local (Beam FnApiRunner) | any Beam runner name")
     options: dict[str, Any] = Field(default_factory=dict,
@@ -86,6 +129,7 @@ class DedupeConfig(_Strict):
     output: OutputConfig
     report: str = Field(description="directory for duplicates.parquet, invalid.parquet, "
                         "summary.json")
+    near: NearConfig | None = Field(None, description="near-duplicate stage (off when absent)")
     on_invalid: Literal["skip", "fail"] = Field(
         "skip", description="skip (record goes to the report) | fail (stop with an error)")
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
@@ -97,6 +141,14 @@ class DedupeConfig(_Strict):
         if isinstance(v, KeyColumn) and (v.max is None) == (v.min is None):
             raise ValueError("give exactly one of {max: column} or {min: column}")
         return v
+
+    @model_validator(mode="after")
+    def _near_after_exact(self) -> DedupeConfig:
+        if self.near is not None and not self.exact:
+            raise ValueError("config keys 'near' and 'exact': the near stage runs on the "
+                             "survivors of exact dedup (exact copies are within any "
+                             "tolerance): set exact: true or remove near")
+        return self
 
 
 def keep_policy(keep: str | KeyColumn) -> tuple[str, str | None]:
@@ -142,6 +194,8 @@ def _describe(err: ValidationError) -> str:
         field = DedupeConfig.model_fields["keep"]
         return f"config key 'keep': use {field.description.split(': ', 1)[1]}"
     key = ".".join(parts)
+    if not key:  # a check across keys names them itself
+        return msg.removeprefix("Value error, ")
     if kind == "missing":
         return f"config key '{key}' is missing: add it (see --help)"
     if kind == "extra_forbidden":

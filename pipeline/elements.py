@@ -38,6 +38,37 @@ class KeyBatch:
 
 
 @dataclass
+class VecBatch:
+    """Fingerprint -> Near: some rows' values (flattened) with their digests and keep order.
+
+    ``prio``/``order`` come from ``transforms.exact.keep_order``, so the near stage ranks
+    records exactly as the exact stage does."""
+
+    words: np.ndarray  # (n, 2) uint64 digest (hi, lo)
+    prio: np.ndarray  # (n,) float64, smaller = preferred
+    order: np.ndarray  # (n,) int64 input order (negated for keep: last)
+    file_index: np.ndarray  # (n,) int32
+    position: np.ndarray  # (n,) int64
+    ids: pa.Array  # (n,) string record ids
+    x: np.ndarray  # (n, d) values in the input dtype; (n, 0) once no longer needed
+
+    def __len__(self) -> int:
+        return len(self.position)
+
+    def take(self, idx: np.ndarray, values: bool = True) -> VecBatch:
+        x = self.x[idx] if values else np.empty((len(idx), 0), self.x.dtype)
+        return VecBatch(self.words[idx], self.prio[idx], self.order[idx], self.file_index[idx],
+                        self.position[idx], self.ids.take(pa.array(idx, pa.int64())), x)
+
+    @staticmethod
+    def concat(batches: list[VecBatch]) -> VecBatch:
+        cat = [np.concatenate([getattr(b, f) for b in batches])
+               for f in ("words", "prio", "order", "file_index", "position")]
+        return VecBatch(*cat, pa.concat_arrays([b.ids for b in batches]),
+                        np.concatenate([b.x for b in batches]))
+
+
+@dataclass
 class Removed:
     """Exact/Near -> Decide: records of one file to drop, what each duplicates, and how."""
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from pipeline.config import DedupeConfig, keep_policy
 from transforms.formats import get_format
 from transforms.formats.base import InputError, TensorSpec
+from transforms.near import NearSpec
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Job:
     output: Path
     report: Path
     run_id: str
+    near: NearSpec | None = None  # the near stage's settings, when it is on
 
     def staging(self, final: Path) -> Path:
         return final.parent / f".{final.name}.staging-{self.run_id}"
@@ -83,6 +85,19 @@ def _check_runner(cfg: DedupeConfig) -> None:
                          "elements in Beam's local runner; leave it out (in_memory)")
 
 
+def near_spec(cfg: DedupeConfig, dtype: str | None) -> NearSpec | None:
+    """The kernel's settings from the config's near section; complex values have no
+    distance FAISS can search."""
+    if cfg.near is None:
+        return None
+    if dtype is not None and dtype.startswith("complex"):
+        raise InputError(f"near: the tensors are {dtype}; near-duplicate search needs real "
+                         "values: remove the near section or store real and imaginary parts")
+    n = cfg.near
+    return NearSpec(n.metric, n.threshold or 0.0, n.atol, n.rtol, n.grouping, n.index, n.nlist,
+                    n.nprobe, n.M, n.single_index_rows, n.partition_rows)
+
+
 def prepare(cfg: DedupeConfig) -> Job:
     """Check the config against the files and resolve it into a Job. Raises InputError."""
     _check_runner(cfg)
@@ -96,4 +111,5 @@ def prepare(cfg: DedupeConfig) -> Job:
     fmt = get_format(cfg.input.format)
     resolved = [fmt.check(path, spec) for path in files]
     return Job(cfg, files, root, spec, resolved[0], keep, Path(cfg.output.path),
-               Path(cfg.report), f"{os.getpid()}-{time.time_ns()}")
+               Path(cfg.report), f"{os.getpid()}-{time.time_ns()}",
+               near_spec(cfg, resolved[0].dtype))

@@ -17,6 +17,7 @@ from pipeline import progress
 from pipeline.elements import ReadFacts
 from transforms.formats import get_format
 from transforms.formats.base import Chunk, InvalidRecordError, TensorSpec, Unit
+from transforms.near import finite_rows
 
 FACTS = "facts"
 
@@ -52,9 +53,10 @@ class ReadChunks(beam.DoFn):
     """Unit -> chunks (main output) and (file_index, ReadFacts) (``FACTS`` output)."""
 
     def __init__(self, format_name: str, spec: TensorSpec, chunk_rows: int, fail_on_invalid: bool,
-                 total_units: int):
+                 total_units: int, nonfinite_invalid: bool = False):
         self.format_name, self.spec, self.chunk_rows = format_name, spec, chunk_rows
         self.fail_on_invalid, self.total_units = fail_on_invalid, total_units
+        self.nonfinite_invalid = nonfinite_invalid
         self.records = Metrics.counter("tensordedup", "records_read")
         self.invalid = Metrics.counter("tensordedup", "records_invalid")
 
@@ -64,6 +66,11 @@ class ReadChunks(beam.DoFn):
     def process(self, unit: Unit) -> Iterator[Chunk | beam.pvalue.TaggedOutput]:
         n = 0
         for chunk in self.fmt.read(unit, self.spec, self.chunk_rows):
+            if self.nonfinite_invalid:
+                chunk = chunk.reported_invalid(
+                    ~finite_rows(chunk.tensors.reshape(len(chunk.positions), -1)),
+                    "NaN or inf values cannot be compared by distance (near.nonfinite: "
+                    "invalid; set keep to keep such records)")
             if chunk.invalid and self.fail_on_invalid:
                 bad = chunk.invalid[0]
                 raise InvalidRecordError(f"invalid record {bad.record_id} in {unit.path}: "
@@ -83,10 +90,11 @@ class Read(beam.PTransform):
     """PBegin -> {"chunks": Chunk, "facts": (file_index, ReadFacts)}."""
 
     def __init__(self, format_name: str, files: list[str], spec: TensorSpec, unit_rows: int,
-                 chunk_rows: int, fail_on_invalid: bool):
+                 chunk_rows: int, fail_on_invalid: bool, nonfinite_invalid: bool = False):
         super().__init__()
         self.units = plan_units(format_name, files, unit_rows, spec)
-        self.read = ReadChunks(format_name, spec, chunk_rows, fail_on_invalid, len(self.units))
+        self.read = ReadChunks(format_name, spec, chunk_rows, fail_on_invalid, len(self.units),
+                               nonfinite_invalid)
 
     def expand(self, pbegin):
         out = (pbegin

@@ -12,11 +12,17 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.elements import FileResult
+from pipeline.near_report import write_near_report
+
+if TYPE_CHECKING:
+    from pipeline.near import NearReport
+    from transforms.near import NearSpec
 
 TOTALS = ".totals.json"  # handed from the Report step to the driver, then removed
 DUPLICATES_SCHEMA = pa.schema([("record_id", pa.string()), ("duplicate_of", pa.string()),
@@ -53,14 +59,31 @@ def file_summary(res: FileResult) -> dict:
             "removed_near": removed["near"], "invalid": len(res.decision.invalid)}
 
 
-def write_report(results: list[FileResult], staging: str) -> None:
-    """The Report step: both Parquet reports plus per-file counts for the driver."""
+def _near_note(spec: NearSpec, stats: dict) -> str:
+    what = ("max |a_i - b_i| to the L2-nearest neighbours" if spec.metric == "allclose"
+            else f"{spec.metric} distance")
+    return (f"{what} of a sample of records (about 1 in {stats['histogram_every']}); exact "
+            f"below the search radius (L2 {stats['search_radius_l2']:.4g} in search space), "
+            "an upper bound above it (searched within the record's partition)")
+
+
+def write_report(results: list[FileResult], staging: str, near: NearSpec | None = None,
+                 near_report: NearReport | None = None) -> None:
+    """The Report step: the Parquet reports (and the near stage's histogram and borderline
+    pairs) plus per-file counts for the driver."""
     results = sorted(results, key=lambda r: r.decision.file_index)
     os.makedirs(staging, exist_ok=True)
     pq.write_table(_duplicates_table(results), os.path.join(staging, "duplicates.parquet"))
     pq.write_table(_invalid_table(results), os.path.join(staging, "invalid.parquet"))
+    near_stats = None
+    if near is not None and near_report is not None:
+        hist = write_near_report(staging, near_report.nn, near.marker, near.metric,
+                                 near_report.borderline, _near_note(near, near_report.stats))
+        near_stats = {**near_report.stats, "histogram_records": hist["n"],
+                      "histogram_below_threshold": hist["below_threshold"],
+                      "borderline_pairs": near_report.borderline.num_rows}
     with open(os.path.join(staging, TOTALS), "w") as f:
-        json.dump([file_summary(r) for r in results], f)
+        json.dump({"files": [file_summary(r) for r in results], "near": near_stats}, f)
 
 
 def totals(files: list[dict]) -> dict:
@@ -71,11 +94,12 @@ def totals(files: list[dict]) -> dict:
     return out
 
 
-def take_totals(staging: Path) -> list[dict]:
+def take_totals(staging: Path) -> dict:
+    """{"files": per-file counts, "near": the near stage's figures or None}."""
     path = staging / TOTALS
-    files = json.loads(path.read_text())
+    out = json.loads(path.read_text())
     path.unlink()
-    return files
+    return out
 
 
 def publish(staging: Path, final: Path, overwrite: bool) -> None:

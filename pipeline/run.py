@@ -31,7 +31,7 @@ EXIT_FAILED, EXIT_USAGE = 1, 2
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m pipeline.run",
-        description="Remove exact duplicate tensors from TFRecord / Parquet / HDF5 files: "
+        description="Remove exact and near-duplicate tensors from TFRecord / Parquet / HDF5 files: "
                     "writes clean shards in the same format and a report of what was "
                     "removed and why.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -70,7 +70,8 @@ def execute(job: Job) -> dict:
         p = beam_pipeline(job)
         build(p, job)
         p.run().wait_until_finish()
-        files = report.take_totals(report_stage)
+        taken = report.take_totals(report_stage)
+        files = taken["files"]
         totals = report.totals(files)
         out_stage.mkdir(parents=True, exist_ok=True)  # an all-invalid input still gets a dir
         (job.report / "summary.json").unlink(missing_ok=True)  # old run: no longer complete
@@ -85,7 +86,9 @@ def execute(job: Job) -> dict:
                "config": job.cfg.model_dump(mode="json"),
                "resolved": {"shape": None if job.resolved.shape is None
                             else list(job.resolved.shape), "dtype": job.resolved.dtype,
-                            "inputs": len(job.files)}}
+                            "inputs": len(job.files)},
+               "near": None if job.near is None else {
+                   "settings": job.cfg.near.model_dump(mode="json"), **taken["near"]}}
     report.write_summary(job.report, summary)
     return summary
 
@@ -113,7 +116,9 @@ def human_summary(s: dict) -> str:
             f"{s['invalid']:,} in {s['wall_time_s']:.1f} s\n"
             f"clean shards: {s['output']}/ ({sum(f['output'] is not None for f in s['files'])}"
             " files)\n"
-            f"report: {s['report']}/ (duplicates.parquet, invalid.parquet, summary.json)")
+            f"report: {s['report']}/ (duplicates.parquet, invalid.parquet, summary.json"
+            + (", near_distances.png/.json/.csv, borderline_pairs.parquet)" if s.get("near")
+               else ")"))
 
 
 def main(argv: list[str] | None = None) -> int:

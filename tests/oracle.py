@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from transforms.near import NearSpec, exact_distance
+
 
 def canonical_key(t: np.ndarray) -> tuple:
     t = np.ascontiguousarray(t)
@@ -43,3 +45,37 @@ def expected_removals(records: list[tuple[str, np.ndarray, float]], keep: str = 
             if i != winner:
                 out[records[i][0]] = records[winner][0]
     return out
+
+
+def near_oracle(x: np.ndarray, spec: NearSpec) -> dict[int, int]:
+    """{removed row: kept row} by brute force over all pairs in float64 (rank = row order;
+    rows with NaN/inf never take part). Uses only ``exact_distance``, the metric itself."""
+    good = [i for i in range(len(x)) if np.isfinite(x[i]).all()]
+
+    def against(r: int, refs: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        refs = np.array(refs, dtype=np.int64)
+        return exact_distance(np.repeat(x[r][None], len(refs), 0), x[refs], spec)
+
+    out = {}
+    if spec.grouping == "representative":
+        kept: list[int] = []
+        for r in good:
+            d, ok = against(r, kept) if kept else (np.empty(0), np.empty(0, bool))
+            if ok.any():
+                out[r] = kept[int(np.flatnonzero(ok)[np.argmin(d[ok])])]
+            else:
+                kept.append(r)
+        return out
+    label = {i: i for i in good}
+
+    def find(u):
+        while label[u] != u:
+            u = label[u]
+        return u
+
+    for k, a in enumerate(good[1:], 1):
+        _, ok = against(a, good[:k])  # a (later) within tolerance of b (earlier, reference)
+        for b in np.array(good[:k])[ok].tolist():
+            ra, rb = find(a), find(b)
+            label[max(ra, rb)] = min(ra, rb)
+    return {i: find(i) for i in good if find(i) != i}

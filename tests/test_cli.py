@@ -41,12 +41,26 @@ def one_error_line(capsys) -> str:
     (("keep=middle",), {}, "config key 'keep'"),
     (("tuning.shards=0",), {}, "tuning.shards"),
     (("runner.options.direct_running_mode=multi_threading",), {}, "loses shuffle elements"),
+    (("near.metric=l2",), {}, "config key 'near': metric l2 needs a threshold > 0"),
+    (("near.metric=cosine", "near.threshold=-1"), {}, "config key 'near.threshold'"),
+    (("near.metric=hamming",), {}, "config key 'near.metric'"),
+    (("near.metric=allclose", "near.probe=3"), {}, "'near.probe' is not a known key"),
+    (("near.metric=allclose", "exact=false"), {}, "set exact: true or remove near"),
 ])
 def test_bad_config_or_input_exits_2_with_one_line(tmp_path, parquet_in, capsys, sets,
                                                    overrides, words):
     assert run_job(tmp_path, "parquet", parquet_in, *sets, **overrides) == 2
     assert words in one_error_line(capsys)
     assert not (tmp_path / "out").exists()  # stopped before any work
+
+
+def test_near_on_complex_tensors_is_refused(tmp_path, capsys):
+    x = (np.arange(80) + 1j).astype(np.complex64).reshape(20, 4)
+    write_input("hdf5", tmp_path / "in" / "c.h5", [f"r{i}" for i in range(20)], x,
+                np.zeros(20, int))
+    assert run_job(tmp_path, "hdf5", str(tmp_path / "in" / "*.h5"),
+                   "near.metric=allclose") == 2
+    assert "near: the tensors are complex64" in one_error_line(capsys)
 
 
 def test_missing_input_files(tmp_path, capsys):

@@ -5,41 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.oracle import near_oracle as oracle
 from transforms.fingerprint import quantized_fingerprint_batch
+from transforms import near
 from transforms.near import NearSpec, exact_distance, near_duplicates
-
-
-def oracle(x: np.ndarray, spec: NearSpec) -> dict[int, int]:
-    """{removed row: kept row} by brute force over all pairs in float64 (rank = row order)."""
-    good = [i for i in range(len(x)) if np.isfinite(x[i]).all()]
-
-    def against(r: int, refs: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        refs = np.array(refs, dtype=np.int64)
-        return exact_distance(np.repeat(x[r][None], len(refs), 0), x[refs], spec)
-
-    out = {}
-    if spec.grouping == "representative":
-        kept: list[int] = []
-        for r in good:
-            d, ok = against(r, kept) if kept else (np.empty(0), np.empty(0, bool))
-            if ok.any():
-                out[r] = kept[int(np.flatnonzero(ok)[np.argmin(d[ok])])]
-            else:
-                kept.append(r)
-        return out
-    label = {i: i for i in good}
-
-    def find(u):
-        while label[u] != u:
-            u = label[u]
-        return u
-
-    for k, a in enumerate(good[1:], 1):
-        _, ok = against(a, good[:k])  # a (later) within tolerance of b (earlier, reference)
-        for b in np.array(good[:k])[ok].tolist():
-            ra, rb = find(a), find(b)
-            label[max(ra, rb)] = min(ra, rb)
-    return {i: find(i) for i in good if find(i) != i}
 
 
 def planted(seed: int, metric: str, n_base: int = 300, d: int = 16):
@@ -159,3 +128,71 @@ def test_keep_order_decides_who_survives():
     x = np.array([[0.0, 0.0], [0.0, 0.001]], np.float32)
     removed, kept, _ = near_duplicates(x, np.array([1, 0]), NearSpec("l2", threshold=0.01))
     assert removed.tolist() == [0] and kept.tolist() == [1]
+
+
+def test_merge_pairs_is_order_free_and_counts_repeats_once():
+    """Pairs arrive from partitions in any order, some twice, some from exact copies
+    (same key, different mention): the edges are the same."""
+    rng = np.random.default_rng(5)
+    m = 200
+    key_a, key_b = rng.integers(0, 40, m), rng.integers(0, 40, m)
+    dist = rng.random(m)
+    near_ab, near_ba = rng.random(m) < 0.8, rng.random(m) < 0.8
+
+    def mentions(ka, kb, order_a, order_b):
+        keys = np.concatenate([ka, kb])
+        return (np.stack([keys // 7, keys], axis=1).astype(np.uint64),
+                np.zeros(2 * len(ka)), np.concatenate([order_a, order_b]))
+
+    # order of a mention: the key's own order, or a worse one for a copy of it
+    copy_a, copy_b = rng.random(m) < 0.3, rng.random(m) < 0.3
+    e1 = near.merge_pairs(*mentions(key_a, key_b, key_a + 1000 * copy_a, key_b + 1000 * copy_b),
+                          dist, near_ab, near_ba)
+    p = rng.permutation(m)
+    twice = np.concatenate([p, p[:50]])
+    e2 = near.merge_pairs(*mentions(key_a[twice], key_b[twice], key_a[twice], key_b[twice]),
+                          dist[twice], near_ab[twice], near_ba[twice])
+    keys1 = np.concatenate([key_a, key_b])[e1.node]
+    keys2 = np.concatenate([key_a[twice], key_b[twice]])[e2.node]
+    assert sorted(keys1.tolist()) == sorted(keys2.tolist())
+    edges = [sorted(zip(keys[e.later].tolist(), keys[e.earlier].tolist(), e.dist.tolist(),
+                        strict=True)) for keys, e in ((keys1, e1), (keys2, e2))]
+    assert edges[0] == edges[1] and len(edges[0]) > 50
+    # orientation follows keep order (the smaller key is earlier); within is the right flag
+    for later, earlier, d in edges[0]:
+        assert later > earlier
+        k = np.flatnonzero(((key_a == later) & (key_b == earlier) & near_ab)
+                           | ((key_b == later) & (key_a == earlier) & near_ba))
+        assert d in dist[k].tolist()
+
+
+def test_search_partition_nearest_neighbours_match_brute_force():
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((300, 8)).astype(np.float32)
+    x[150:160] = x[:10] + 0.01
+    spec = NearSpec("l2", threshold=0.2)
+    home = np.zeros(300, bool)
+    home[::2] = True
+    nn_rows = np.flatnonzero(home)[::3]
+    f = near.search_partition(x, near.search_space(x, spec), home, spec,
+                              near.search_radius_sq(spec, 8, float(np.abs(x).max())), nn_rows)
+    d = np.linalg.norm(x[:, None].astype(np.float64) - x[None], axis=2)
+    np.fill_diagonal(d, np.inf)
+    np.testing.assert_allclose(f.nn, d[f.nn_row].min(axis=1), rtol=1e-6)
+    want = {(min(i, j), max(i, j)) for i, j in zip(*np.nonzero(d <= 0.2), strict=True)
+            if home[i] or home[j]}
+    assert set(zip(np.minimum(f.a, f.b).tolist(), np.maximum(f.a, f.b).tolist(),
+                   strict=True)) == want
+    assert all(home[f.a])
+    assert (~f.near_within | (f.near_dist <= 0.2)).all()
+
+
+def test_assign_puts_every_neighbour_of_a_home_row_in_its_partition():
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((2000, 6)) + rng.integers(0, 5, (2000, 1)) * 3).astype(np.float32)
+    r2 = 0.8 ** 2
+    home, rows, parts = near.assign(x, near.train_centroids(x[:1000], 12), r2)
+    members = {p: set(rows[parts == p].tolist()) for p in np.unique(parts).tolist()}
+    d = np.linalg.norm(x[:, None] - x[None], axis=2)
+    for i, j in zip(*np.nonzero(d <= 0.8), strict=True):
+        assert j in members[home[i]]

@@ -25,6 +25,19 @@ def _priority(keep: str, rank: np.ndarray | None) -> np.ndarray:
     return np.where(np.isnan(prio), np.inf, prio)
 
 
+def keep_order(file_index: np.ndarray, position: np.ndarray, keep: str,
+               rank: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(priority, input order): sorting by priority, then input order, puts the record
+    each keep policy prefers first. Shared by the exact and the near stage, so both
+    pick the same survivor."""
+    if keep not in KEEP_POLICIES:
+        raise ValueError(f"keep must be one of {KEEP_POLICIES}, got {keep!r}")
+    sign = -1 if keep == "last" else 1
+    in_order = sign * ((file_index.astype(np.int64) << 40) | position)  # positions < 2**40
+    prio = (np.zeros(len(in_order)) if keep in ("first", "last") else _priority(keep, rank))
+    return prio, in_order
+
+
 def find_exact_duplicates(words: np.ndarray, file_index: np.ndarray, position: np.ndarray,
                           keep: str = "first",
                           rank: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -36,13 +49,10 @@ def find_exact_duplicates(words: np.ndarray, file_index: np.ndarray, position: n
     arrays: row ``removed[i]`` is a duplicate of the surviving row ``kept[i]``;
     ``removed`` is sorted by input order.
     """
-    if keep not in KEEP_POLICIES:
-        raise ValueError(f"keep must be one of {KEEP_POLICIES}, got {keep!r}")
     n = len(words)
-    sign = -1 if keep == "last" else 1
-    in_order = sign * ((file_index.astype(np.int64) << 40) | position)  # positions < 2**40
+    prio, in_order = keep_order(file_index, position, keep, rank)
     keys = (in_order, words[:, 1], words[:, 0]) if keep in ("first", "last") else (
-        in_order, _priority(keep, rank), words[:, 1], words[:, 0])
+        in_order, prio, words[:, 1], words[:, 0])
     order = np.lexsort(keys)
     w = words[order]
     starts = np.ones(n, dtype=bool)

@@ -6,11 +6,13 @@ proven superset of the user's tolerance (with slack for float32 rounding and FAI
 strict comparison); every candidate pair is then verified with the exact metric in
 float64, so precision is 1.0 whatever the index. Grouping visits records in keep order.
 
-Scale without one big index: ``partitioned_pairs`` clusters the vectors (k-means on a
-sample), stores each vector in its nearest centroid's partition only, and queries it
-against every partition whose centroid is within (distance to its own centroid +
-2 x radius). By the triangle inequality a pair within the radius always meets in one
-partition, so partitioning never costs recall; partitions are searched independently.
+Scale without one big index: vectors are clustered (k-means on a sample, ``train_centroids``);
+each vector has one home partition (its nearest centroid) and also joins every partition
+whose centroid is within (distance to its own centroid + 2 x radius) (``assign``). By the
+triangle inequality every neighbour within the radius of a partition's home rows is then
+in that partition, so partitions are searched independently (``search_partition``, one
+worker each in the job) with no loss of recall, and their pairs are merged by record key
+(``merge_pairs``). ``near_duplicates`` runs the same steps in one process.
 """
 
 from __future__ import annotations
@@ -23,9 +25,8 @@ import numpy as np
 METRICS = ("allclose", "l2", "cosine")
 GROUPINGS = ("representative", "components")
 INDEXES = ("auto", "flat", "ivf", "hnsw")
-FLAT_MAX_ROWS = 50_000  # auto: one exact flat index up to here (n^2 d flops stay seconds)
-PARTITION_ROWS = 3_000  # auto above that: k-means partitions of about this many rows
 QUERY_BATCH = 8192  # range-search queries per call: bounds the result buffers
+NN_K = 4  # neighbours per sampled row for the distance histogram and the borderline sample
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,12 @@ class NearSpec:
     atol: float = 1e-5  # allclose: |a - b| <= atol + rtol * |b| elementwise (b = kept record)
     rtol: float = 0.0
     grouping: str = "representative"
-    index: str = "auto"
+    index: str = "auto"  # auto = flat inside each partition (exact)
     nlist: int | None = None  # ivf: lists (default 4 sqrt(n))
     nprobe: int = 16  # ivf: lists visited per query
     hnsw_m: int = 32  # hnsw: links per node
+    single_index_rows: int = 50_000  # up to here: one partition (n^2 d flops stay seconds)
+    partition_rows: int = 3_000  # above: k-means partitions of about this many rows
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("metric", self.metric, METRICS),
@@ -47,30 +50,42 @@ class NearSpec:
             if value not in allowed:
                 raise ValueError(f"near.{name} must be one of {', '.join(allowed)}, got {value!r}")
 
+    @property
+    def marker(self) -> float:
+        """The distance to mark on a histogram: the threshold (allclose: atol)."""
+        return self.atol if self.metric == "allclose" else self.threshold
+
 
 def finite_rows(x: np.ndarray) -> np.ndarray:
     """Rows that can be compared by distance (no NaN/inf)."""
     return np.isfinite(x).all(axis=1)
 
 
-def search_vectors(x: np.ndarray, spec: NearSpec) -> tuple[np.ndarray, float]:
-    """(float32 vectors for the index, squared L2 search radius) such that every pair within
-    the user's tolerance is within the radius (a superset: verification decides)."""
+def search_space(x: np.ndarray, spec: NearSpec) -> np.ndarray:
+    """float32 vectors for the index: unit vectors for cosine, the values otherwise."""
+    if spec.metric != "cosine":
+        return np.ascontiguousarray(x, dtype=np.float32)
     x64 = x.astype(np.float64)
+    norms = np.linalg.norm(x64, axis=1, keepdims=True)
+    return np.ascontiguousarray(x64 / np.where(norms == 0, 1, norms), dtype=np.float32)
+
+
+def value_scale(x: np.ndarray, spec: NearSpec) -> float:
+    """The largest |value| the search sees (1 for unit vectors): sizes the float32 slack."""
+    return 1.0 if spec.metric == "cosine" else float(np.abs(x).max(initial=0))
+
+
+def search_radius_sq(spec: NearSpec, dim: int, scale: float) -> float:
+    """Squared L2 radius such that every pair within the user's tolerance is inside it."""
     if spec.metric == "cosine":
-        norms = np.linalg.norm(x64, axis=1, keepdims=True)
-        v = x64 / np.where(norms == 0, 1, norms)
         radius = math.sqrt(2 * spec.threshold)  # |a^ - b^|^2 = 2 (1 - cos)
-        scale = 1.0
     elif spec.metric == "l2":
-        v, radius = x64, spec.threshold
-        scale = float(np.abs(x64).max(initial=0))
+        radius = spec.threshold
     else:  # allclose: |a_i - b_i| <= atol + rtol |b_i| for all i  =>  L2 <= sqrt(d) * that
-        scale = float(np.abs(x64).max(initial=0))
-        v, radius = x64, math.sqrt(x.shape[1]) * (spec.atol + spec.rtol * scale)
+        radius = math.sqrt(dim) * (spec.atol + spec.rtol * scale)
     # float32 storage and FAISS's |x|^2 + |y|^2 - 2xy in float32: allow a few ulps of the norms
-    slack = 1e-5 * (radius + scale * math.sqrt(max(x.shape[1], 1))) + 1e-12
-    return np.ascontiguousarray(v, dtype=np.float32), (radius + slack) ** 2
+    slack = 1e-5 * (radius + scale * math.sqrt(max(dim, 1))) + 1e-12
+    return (radius + slack) ** 2
 
 
 def exact_distance(a: np.ndarray, b: np.ndarray, spec: NearSpec
@@ -93,6 +108,59 @@ def exact_distance(a: np.ndarray, b: np.ndarray, spec: NearSpec
     return diff.max(axis=1, initial=0.0), (diff <= spec.atol + spec.rtol * np.abs(b)).all(axis=1)
 
 
+def partition_count(n: int, spec: NearSpec) -> int:
+    """One partition up to ``single_index_rows``; above, partitions of ``partition_rows``
+    rows, but at least sqrt(n) rows each so that assigning (n x partitions x d) does not
+    outgrow searching (n x partition rows x d)."""
+    if n <= spec.single_index_rows:
+        return 1
+    return math.ceil(n / max(spec.partition_rows, math.isqrt(n)))
+
+
+def train_centroids(sample: np.ndarray, partitions: int, seed: int = 0) -> np.ndarray:
+    """k-means centroids (k, d) from a sample of search vectors; one zero centroid when
+    there is a single partition. Recall never depends on them (see ``assign``)."""
+    import faiss
+
+    d = sample.shape[1]
+    k = max(1, min(partitions, len(sample)))
+    if k == 1:
+        return np.zeros((1, d), np.float32)
+    km = faiss.Kmeans(d, k, niter=20, seed=seed, max_points_per_centroid=256)
+    km.train(np.ascontiguousarray(sample, dtype=np.float32))
+    return km.centroids
+
+
+def assign(v: np.ndarray, centroids: np.ndarray, radius_sq: float
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(home partition of each row, rows, partitions): row ``rows[k]`` joins partition
+    ``partitions[k]`` (its home included) when |row - c_p| <= |row - c_home| + 2 r.
+
+    Then every y within r of a home row x of p joins p: |y - c_p| <= r + |x - c_p|
+    <= r + |x - c_q| <= 2 r + |y - c_q| for y's home q (triangle inequality, twice)."""
+    import faiss
+
+    n = len(v)
+    if len(centroids) == 1:
+        return np.zeros(n, np.int64), np.arange(n, dtype=np.int64), np.zeros(n, np.int64)
+    r = math.sqrt(radius_sq)
+    home = np.empty(n, dtype=np.int64)
+    rows, parts = [], []
+    for a in range(0, n, QUERY_BATCH):
+        dist = np.sqrt(np.maximum(faiss.pairwise_distances(v[a:a + QUERY_BATCH], centroids),
+                                  0)).astype(np.float64)
+        nearest = dist.argmin(axis=1)
+        home[a:a + QUERY_BATCH] = nearest
+        reach = dist <= dist[np.arange(len(dist)), nearest][:, None] + 2 * r + 1e-6 * (1 + dist)
+        reach[np.arange(len(dist)), nearest] = True
+        rr, pp = np.nonzero(reach)
+        rows.append(a + rr)
+        parts.append(pp)
+    if not rows:
+        return home, np.empty(0, np.int64), np.empty(0, np.int64)
+    return home, np.concatenate(rows), np.concatenate(parts).astype(np.int64)
+
+
 def _index(v: np.ndarray, spec: NearSpec):
     import faiss
 
@@ -112,127 +180,185 @@ def _index(v: np.ndarray, spec: NearSpec):
     return index
 
 
-def range_pairs(data: np.ndarray, queries: np.ndarray, radius_sq: float, spec: NearSpec
+def _gpu_flat(index, kind: str):
+    """A GPU copy of a flat index when FAISS sees a GPU (the faiss-gpu extra), else None."""
+    import faiss
+
+    if kind != "flat" or not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() < 1:
+        return None
+    return faiss.index_cpu_to_all_gpus(index)
+
+
+def range_pairs(index, queries: np.ndarray, radius_sq: float, spec: NearSpec
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """(query row, data row) for every query-data pair within the squared radius."""
-    if len(data) == 0 or len(queries) == 0:
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    index = _index(data, spec)
+    """(query row, data row) for every query-data pair within the squared radius.
+
+    On a GPU, FAISS has no range search: kNN on the GPU plus a CPU fallback for queries
+    with more neighbours than k (``faiss.contrib.exhaustive_search.range_search_gpu``)."""
+    gpu = _gpu_flat(index, "flat" if spec.index == "auto" else spec.index)
     qs, ds = [], []
     for a in range(0, len(queries), QUERY_BATCH):
-        lims, _, ids = index.range_search(queries[a:a + QUERY_BATCH], radius_sq)
+        q = queries[a:a + QUERY_BATCH]
+        if gpu is not None:
+            from faiss.contrib.exhaustive_search import range_search_gpu
+
+            lims, _, ids = range_search_gpu(q, radius_sq, gpu, index)
+        else:
+            lims, _, ids = index.range_search(q, radius_sq)
         qs.append(a + np.repeat(np.arange(len(lims) - 1), np.diff(lims.astype(np.int64))))
         ds.append(ids.astype(np.int64))
+    if not qs:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
     return np.concatenate(qs), np.concatenate(ds)
 
 
-def _unique_pairs(i: np.ndarray, j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    lo, hi = np.minimum(i, j), np.maximum(i, j)
-    keep = lo != hi
-    pairs = np.unique(np.stack([lo[keep], hi[keep]], axis=1), axis=0)
-    return pairs[:, 0], pairs[:, 1]
+@dataclass
+class Found:
+    """What one partition found, in its local row numbers.
+
+    Pairs (a, b) are unordered (a is a home row, a != b), each once; ``a_near_b``: a is
+    within tolerance with b as the reference (allclose is not symmetric). ``nn_row`` /
+    ``nn``: sampled home rows and their nearest-neighbour distance (inf when alone).
+    ``near_*``: those rows' nearest neighbours (for the borderline sample)."""
+
+    a: np.ndarray
+    b: np.ndarray
+    dist: np.ndarray
+    a_near_b: np.ndarray
+    b_near_a: np.ndarray
+    nn_row: np.ndarray
+    nn: np.ndarray
+    near_a: np.ndarray
+    near_b: np.ndarray
+    near_dist: np.ndarray
+    near_within: np.ndarray
 
 
-def candidate_pairs(v: np.ndarray, radius_sq: float, spec: NearSpec
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """Unordered candidate pairs (i < j) from one index over all vectors."""
-    return _unique_pairs(*range_pairs(v, v, radius_sq, spec))
+def _verified(x: np.ndarray, a: np.ndarray, b: np.ndarray, spec: NearSpec
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    d, ab = exact_distance(x[a], x[b], spec)
+    ba = exact_distance(x[b], x[a], spec)[1] if spec.metric == "allclose" else ab
+    return d, ab, ba
 
 
-def partition_plan(v: np.ndarray, radius_sq: float, partitions: int, seed: int = 0
-                   ) -> tuple[np.ndarray, list[np.ndarray]]:
-    """(home partition of each row, rows that must query each partition).
+def search_partition(x: np.ndarray, v: np.ndarray, home: np.ndarray, spec: NearSpec,
+                     radius_sq: float, nn_rows: np.ndarray | None = None) -> Found:
+    """Every verified pair between a home row of the partition and any of its rows.
 
-    A row queries partition p when |row - c_p| <= |row - c_home| + 2 r: then any pair
-    within r shares a partition (triangle inequality), so recall does not depend on k-means.
-    """
-    import faiss
+    ``x``: the rows' values (for float64 verification); ``v``: their search vectors;
+    ``home``: bool mask of home rows; ``nn_rows``: home rows whose nearest-neighbour
+    distance is wanted (a kNN search, so a sample keeps it cheap)."""
+    index = _index(v, spec)
+    home_rows = np.flatnonzero(home)
+    qi, b = range_pairs(index, v[home_rows], radius_sq, spec)
+    a = home_rows[qi]
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    pairs = np.unique(np.stack([lo, hi], axis=1)[lo != hi], axis=0)
+    a, b = pairs[:, 0], pairs[:, 1]
+    dist, ab, ba = _verified(x, a, b, spec)
+    keep = ab | ba
+    a, b, dist, ab, ba = a[keep], b[keep], dist[keep], ab[keep], ba[keep]
 
-    n, d = v.shape
-    k = max(1, min(partitions, n))
-    km = faiss.Kmeans(d, k, niter=20, seed=seed, max_points_per_centroid=256)
-    km.train(v[np.random.default_rng(seed).choice(n, min(n, 256 * k), replace=False)])
-    r = math.sqrt(radius_sq)
-    home = np.empty(n, dtype=np.int64)
-    members: list[list[np.ndarray]] = [[] for _ in range(k)]
-    for a in range(0, n, QUERY_BATCH):
-        dist = np.sqrt(np.maximum(faiss.pairwise_distances(v[a:a + QUERY_BATCH], km.centroids),
-                                  0)).astype(np.float64)
-        nearest = dist.argmin(axis=1)
-        home[a:a + QUERY_BATCH] = nearest
-        reach = dist <= dist[np.arange(len(dist)), nearest][:, None] + 2 * r + 1e-6 * (1 + dist)
-        rows, parts = np.nonzero(reach)
-        for p in np.unique(parts):
-            members[p].append(a + rows[parts == p])
-    queries = [np.concatenate(m) if m else np.empty(0, np.int64) for m in members]
-    return home, queries
-
-
-def partitioned_pairs(v: np.ndarray, radius_sq: float, spec: NearSpec, partitions: int
-                      ) -> tuple[np.ndarray, np.ndarray]:
-    """Candidate pairs found partition by partition (each could run on its own worker)."""
-    home, queries = partition_plan(v, radius_sq, partitions)
-    found_i, found_j = [], []
-    for p, q in enumerate(queries):
-        data = np.flatnonzero(home == p)
-        qi, di = range_pairs(v[data], v[q], radius_sq, spec)
-        found_i.append(q[qi])
-        found_j.append(data[di])
-    if not found_i:
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    return _unique_pairs(np.concatenate(found_i), np.concatenate(found_j))
+    nn_rows = np.empty(0, np.int64) if nn_rows is None else np.sort(nn_rows).astype(np.int64)
+    k = min(NN_K + 1, len(v))
+    _, ids = index.search(v[nn_rows], k) if len(nn_rows) else (None, np.empty((0, k), np.int64))
+    rows = np.repeat(nn_rows, k)
+    nbrs = ids.reshape(-1).astype(np.int64)
+    ok = (nbrs >= 0) & (nbrs != rows)
+    rows, nbrs = rows[ok], nbrs[ok]
+    near_dist, n_ab, n_ba = _verified(x, rows, nbrs, spec)
+    near_dist = np.where(np.isnan(near_dist), np.inf, near_dist)
+    nn = np.full(len(nn_rows), np.inf)
+    slot = np.searchsorted(nn_rows, rows) if len(rows) else rows
+    np.minimum.at(nn, slot, near_dist)
+    for ends in ((a, dist), (b, dist)):  # a verified pair the kNN missed is nearer
+        hit = np.isin(ends[0], nn_rows)
+        np.minimum.at(nn, np.searchsorted(nn_rows, ends[0][hit]), ends[1][hit])
+    return Found(a, b, dist, ab, ba, nn_rows, nn, rows, nbrs, near_dist, n_ab | n_ba)
 
 
-def verify(x: np.ndarray, i: np.ndarray, j: np.ndarray, rank: np.ndarray, spec: NearSpec
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Orient candidate pairs as (later, earlier) in keep order and keep the ones within
-    tolerance of the earlier record (the reference, as numpy isclose's b): (later, earlier,
-    distance), sorted by (later, distance, earlier rank)."""
-    later = np.where(rank[i] > rank[j], i, j)
-    earlier = np.where(rank[i] > rank[j], j, i)
-    dist, within = exact_distance(x[later], x[earlier], spec)
+@dataclass
+class Edges:
+    """Within-tolerance edges between records, merged from all partitions.
+
+    ``node``: for each record, the index of its first mention (the arrays passed to
+    ``merge_pairs``); ``rank``: its place in keep order; ``later``/``earlier``: record
+    numbers, sorted by (rank of later, distance, rank of earlier)."""
+
+    node: np.ndarray
+    rank: np.ndarray
+    later: np.ndarray
+    earlier: np.ndarray
+    dist: np.ndarray
+
+
+def merge_pairs(key: np.ndarray, prio: np.ndarray, order: np.ndarray, dist: np.ndarray,
+                a_near_b: np.ndarray, b_near_a: np.ndarray) -> Edges:
+    """Pairs from all partitions -> one set of oriented edges between records.
+
+    Each pair k has two mentions: ``[k]`` (a) and ``[m + k]`` (b) of ``key`` (2m, 2) uint64
+    (the record's identity: its exact digest in the job, so copies are one record),
+    ``prio`` (float64, smaller preferred) and ``order`` (int64 input order), which define
+    keep order. A pair found by two partitions counts once. Deterministic whatever the
+    order the pairs arrive in."""
+    m = len(dist)
+    by_key = np.lexsort((order, prio, key[:, 1], key[:, 0]))
+    k_sorted = key[by_key]
+    starts = np.ones(2 * m, dtype=bool)
+    starts[1:] = (k_sorted[1:] != k_sorted[:-1]).any(axis=1)
+    node = by_key[starts]  # best mention of each key, i.e. the record that stands for it
+    record = np.empty(2 * m, dtype=np.int64)
+    record[by_key] = np.cumsum(starts) - 1
+    rank = np.empty(len(node), dtype=np.int64)
+    rank[np.lexsort((order[node], prio[node]))] = np.arange(len(node))
+    ra, rb = record[:m], record[m:]
+    a_later = rank[ra] > rank[rb]
+    later, earlier = np.where(a_later, ra, rb), np.where(a_later, rb, ra)
+    within = np.where(a_later, a_near_b, b_near_a) & (ra != rb)
     later, earlier, dist = later[within], earlier[within], dist[within]
-    order = np.lexsort((rank[earlier], dist, rank[later]))
-    return later[order], earlier[order], dist[order]
+    o = np.lexsort((dist, earlier, later))  # a pair found twice counts once (smallest distance)
+    later, earlier, dist = later[o], earlier[o], dist[o]
+    first = np.r_[True, (later[1:] != later[:-1]) | (earlier[1:] != earlier[:-1])]
+    later, earlier, dist = later[first], earlier[first], dist[first]
+    o = np.lexsort((rank[earlier], dist, rank[later]))
+    return Edges(node, rank, later[o], earlier[o], dist[o])
 
 
-def group_representative(n: int, later: np.ndarray, earlier: np.ndarray, dist: np.ndarray,
-                         rank: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def group_representative(e: Edges) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Visit records in keep order; remove one when it is within tolerance of an already
     kept record (the nearest such, ties by keep order). No chaining: each removed record
     is within tolerance of the record it names. Returns (removed, kept, distance)."""
-    kept = np.ones(n, dtype=bool)
+    kept = np.ones(len(e.node), dtype=bool)
     removed, ref, dists = [], [], []
-    starts = np.flatnonzero(np.r_[True, later[1:] != later[:-1]]) if len(later) else []
+    later, earlier = e.later.tolist(), e.earlier.tolist()
+    starts = np.flatnonzero(np.r_[True, e.later[1:] != e.later[:-1]]) if len(later) else []
     bounds = list(starts) + [len(later)]
-    for s, e in zip(bounds[:-1], bounds[1:], strict=True):  # groups by `later`, in keep order
-        r = later[s]
-        for k in range(s, e):  # sorted by distance, then the reference's rank
+    for s, t in zip(bounds[:-1], bounds[1:], strict=True):  # groups by `later`, in keep order
+        for k in range(s, t):  # sorted by distance, then the reference's rank
             if kept[earlier[k]]:
-                kept[r] = False
-                removed.append(r)
+                kept[later[s]] = False
+                removed.append(later[s])
                 ref.append(earlier[k])
-                dists.append(dist[k])
+                dists.append(e.dist[k])
                 break
     return (np.array(removed, dtype=np.int64), np.array(ref, dtype=np.int64),
             np.array(dists, dtype=np.float64))
 
 
-def group_components(x: np.ndarray, later: np.ndarray, earlier: np.ndarray, rank: np.ndarray,
-                     spec: NearSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def group_components(e: Edges) -> tuple[np.ndarray, np.ndarray]:
     """Connected components of the within-tolerance graph; the first record of each in keep
-    order survives. The reported distance to it may exceed the threshold (chains)."""
-    n = len(x)
-    label = _components(n, later, earlier)
-    by_rank = np.argsort(rank, kind="stable")
-    first = np.full(label.max(initial=0) + 1, -1, dtype=np.int64)
-    for r in by_rank[::-1]:  # the last write per label is the best-ranked row
+    order survives. Returns (removed, kept) in keep order of the removed records; the
+    caller measures their distances, which may exceed the threshold (chains)."""
+    n = len(e.node)
+    label = _components(n, e.later, e.earlier)
+    first = np.full(n, -1, dtype=np.int64)
+    by_rank = np.argsort(e.rank, kind="stable")
+    for r in by_rank[::-1].tolist():  # the last write per label is the best-ranked record
         first[label[r]] = r
     keeper = first[label]
     removed = np.flatnonzero(keeper != np.arange(n))
-    removed = removed[np.argsort(rank[removed], kind="stable")]
-    dist, _ = exact_distance(x[removed], x[keeper[removed]], spec)
-    return removed, keeper[removed], dist
+    removed = removed[np.argsort(e.rank[removed], kind="stable")]
+    return removed, keeper[removed]
 
 
 def _components(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -254,29 +380,43 @@ def _components(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def near_duplicates(x: np.ndarray, rank: np.ndarray, spec: NearSpec,
                     partitions: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Near-duplicate removals among the rows of ``x`` (n, d).
+    """Near-duplicate removals among the rows of ``x`` (n, d), in one process.
 
     ``rank``: each row's place in keep order (smaller = preferred, all distinct). Rows
     with NaN/inf never take part (the caller reports or keeps them). Returns
     ``(removed, kept, distance)`` row indices and float64 distances, in keep order of
-    the removed rows. ``partitions > 1`` searches k-means partitions independently
-    (same result with a flat index: see ``partition_plan``); None = one index up to
-    FLAT_MAX_ROWS rows, else partitions of about PARTITION_ROWS rows.
+    the removed rows. ``partitions``: None = ``partition_count``; with a flat index the
+    result does not depend on it (see ``assign``).
     """
     x = x.reshape(len(x), -1)
     ok = np.flatnonzero(finite_rows(x))
-    xs, rs = x[ok], rank[ok]
-    v, radius_sq = search_vectors(xs, spec)
-    if partitions is None:
-        partitions = 1 if len(xs) <= FLAT_MAX_ROWS else math.ceil(len(xs) / PARTITION_ROWS)
-    if partitions > 1:
-        i, j = partitioned_pairs(v, radius_sq, spec, partitions)
-    else:
-        i, j = candidate_pairs(v, radius_sq, spec)
-    later, earlier, dist = verify(xs, i, j, rs, spec)
+    xs, rs = x[ok], np.asarray(rank)[ok].astype(np.int64)
+    v = search_space(xs, spec)
+    radius_sq = search_radius_sq(spec, xs.shape[1], value_scale(xs, spec))
+    k = partition_count(len(xs), spec) if partitions is None else partitions
+    sample = v[np.random.default_rng(0).choice(len(v), min(len(v), 256 * k), replace=False)]
+    home, rows, parts = assign(v, train_centroids(sample, k), radius_sq)
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("a", "b", "dist", "ab", "ba")}
+    order = np.argsort(parts, kind="stable")
+    bounds = np.searchsorted(parts[order], np.arange(parts.max(initial=-1) + 2))
+    for p in range(len(bounds) - 1):
+        members = rows[order[bounds[p]:bounds[p + 1]]]
+        if len(members) < 2:
+            continue
+        f = search_partition(xs[members], v[members], home[members] == p, spec, radius_sq)
+        for k, val in (("a", members[f.a]), ("b", members[f.b]), ("dist", f.dist),
+                       ("ab", f.a_near_b), ("ba", f.b_near_a)):
+            cols[k].append(val)
+    a, b, dist, ab, ba = (np.concatenate(cols[k]) if cols[k] else np.empty(0, t) for k, t in
+                          (("a", np.int64), ("b", np.int64), ("dist", float), ("ab", bool),
+                           ("ba", bool)))
+    both = np.concatenate([a, b])
+    key = np.stack([np.zeros_like(both), both], axis=1).astype(np.uint64)
+    edges = merge_pairs(key, np.zeros(len(both)), rs[both], dist, ab, ba)
+    row = both[edges.node]  # record number -> row of xs
     if spec.grouping == "representative":
-        removed, kept, dist = group_representative(len(xs), later, earlier, dist, rs)
+        removed, kept, dist = group_representative(edges)
     else:
-        removed, kept, dist = group_components(xs, later, earlier, rs, spec)
-    order = np.argsort(rs[removed], kind="stable")
-    return ok[removed[order]], ok[kept[order]], dist[order]
+        removed, kept = group_components(edges)
+        dist, _ = exact_distance(xs[row[removed]], xs[row[kept]], spec)
+    return ok[row[removed]], ok[row[kept]], dist

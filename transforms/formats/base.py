@@ -74,6 +74,19 @@ class Chunk:
     def n_read(self) -> int:
         return len(self.positions) + len(self.invalid)
 
+    def reported_invalid(self, bad: np.ndarray, reason: str) -> Chunk:
+        """This chunk with the rows where ``bad`` (bool, per valid row) is set moved to
+        ``invalid`` with ``reason`` (e.g. NaN/inf rows when the near stage asks so)."""
+        if not bad.any():
+            return self
+        ids = arrow_ids(self.ids)
+        out, keep = np.flatnonzero(bad), pa.array(np.flatnonzero(~bad))
+        moved = [InvalidRecord(p, i, reason) for p, i in zip(
+            self.positions[out].tolist(), ids.take(pa.array(out)).to_pylist(), strict=True)]
+        return Chunk(self.file_index, self.positions[~bad], ids.take(keep), self.tensors[~bad],
+                     None if self.rank is None else self.rank[~bad],
+                     sorted(self.invalid + moved, key=lambda r: r.position))
+
     @staticmethod
     def of_invalid(file_index: int, invalid: list[InvalidRecord]) -> Chunk:
         """A chunk with no usable rows, only invalid records (an unreadable file or range)."""

@@ -1,0 +1,237 @@
+"""Near: VecBatch (exact survivors' values) -> (file_index, Removed kind "near") + NearReport.
+
+Sample -> Plan -> Assign -> Search -> Merge, all over the plain kernel
+``transforms.near``: a bottom-k sample of digests trains k-means centroids (one
+worker); every chunk's rows are assigned to their home partition and to the
+partitions they reach; each partition is searched and verified on its own worker
+(GroupByKey on the partition id); the verified pairs, keyed by exact digest, are
+merged and grouped on one worker. Only pairs travel to the merge, never vectors
+(except, for ``grouping: components``, the vectors of records that have a pair).
+
+Exact copies are collapsed by digest inside each partition (all copies of a value
+land in the same partitions), so the search sees exact survivors only and the
+record that stands for a digest is the one exact dedup kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from pipeline import progress
+from pipeline.elements import Removed, VecBatch
+from pipeline.exact import removed_by_file
+from pipeline.near_report import BORDERLINE_SCHEMA, borderline_sample, merge_borderline
+from transforms import near
+
+NEAR_REPORT = "near_report"
+SAMPLE_BYTES = 64 << 20  # k-means sample cap (one worker holds it)
+SAMPLE_ROWS = 100_000
+HISTOGRAM_ROWS = 100_000  # about this many records get a nearest-neighbour distance
+
+
+@dataclass
+class Sample:
+    """Accumulator: the rows with the smallest digests (a uniform sample that does not
+    depend on chunking or worker order), the row count and the largest |value|."""
+
+    lo: np.ndarray  # (k,) uint64 digest word
+    v: np.ndarray  # (k, d) float32 search vectors
+    n: int = 0
+    scale: float = 0.0
+
+
+@dataclass
+class Plan:
+    centroids: np.ndarray  # (partitions, d) float32
+    radius_sq: float
+    n: int  # rows (before exact copies are collapsed)
+    nn_mod: int  # rows whose digest % nn_mod == 0 get a nearest-neighbour distance
+
+
+class SampleForPlan(beam.CombineFn):
+    """VecBatch -> Plan (k-means centroids and the search radius) on one worker."""
+
+    def __init__(self, spec: near.NearSpec):
+        self.spec = spec
+
+    def create_accumulator(self) -> Sample | None:
+        return None
+
+    def _bottom(self, s: Sample) -> Sample:
+        cap = max(1, min(SAMPLE_ROWS, SAMPLE_BYTES // (4 * max(s.v.shape[1], 1))))
+        lo, first = np.unique(s.lo, return_index=True)  # sorted: the smallest digests first
+        keep = first[:cap]
+        return Sample(s.lo[keep], s.v[keep], s.n, s.scale)
+
+    def add_input(self, acc: Sample | None, batch: VecBatch) -> Sample:
+        mine = Sample(batch.words[:, 1], near.search_space(batch.x, self.spec), len(batch),
+                      near.value_scale(batch.x, self.spec))
+        return self.merge_accumulators([acc, self._bottom(mine)])
+
+    def merge_accumulators(self, accs: Iterable[Sample | None]) -> Sample | None:
+        accs = [a for a in accs if a is not None]
+        if not accs:
+            return None
+        return self._bottom(Sample(np.concatenate([a.lo for a in accs]),
+                                   np.concatenate([a.v for a in accs]),
+                                   sum(a.n for a in accs), max(a.scale for a in accs)))
+
+    def extract_output(self, acc: Sample | None) -> Plan:
+        if acc is None:
+            return Plan(np.zeros((1, 1), np.float32), 0.0, 0, 1)
+        dim = acc.v.shape[1]
+        parts = near.partition_count(acc.n, self.spec)
+        return Plan(near.train_centroids(acc.v, parts),
+                    near.search_radius_sq(self.spec, dim, acc.scale), acc.n,
+                    max(1, acc.n // HISTOGRAM_ROWS))
+
+
+def assign_batch(batch: VecBatch, plan: Plan, spec: near.NearSpec
+                 ) -> Iterator[tuple[int, tuple[VecBatch, np.ndarray]]]:
+    """A chunk's rows -> (partition, (rows joining it, which of them are home there))."""
+    home, rows, parts = near.assign(near.search_space(batch.x, spec), plan.centroids,
+                                    plan.radius_sq)
+    order = np.argsort(parts, kind="stable")
+    cuts = np.flatnonzero(np.diff(parts[order])) + 1
+    for idx in np.split(order, cuts):
+        if len(idx):
+            p = int(parts[idx[0]])
+            r = rows[idx]
+            yield p, (batch.take(r), home[r] == p)
+
+
+@dataclass
+class Found:
+    """Search -> Merge: one partition's verified pairs (two mentions each) and samples."""
+
+    a: VecBatch  # first ends (values dropped)
+    b: VecBatch  # second ends
+    dist: np.ndarray
+    a_near_b: np.ndarray
+    b_near_a: np.ndarray
+    nn: np.ndarray  # nearest-neighbour distances of sampled home records
+    borderline: pa.Table
+    values: VecBatch | None  # components: home records that have a pair, with values
+    searched: int  # home records after collapsing exact copies
+
+
+def _collapse(batch: VecBatch) -> np.ndarray:
+    """Rows that stand for their digest: the best in keep order (= exact dedup's survivor)."""
+    order = np.lexsort((batch.order, batch.prio, batch.words[:, 1], batch.words[:, 0]))
+    w = batch.words[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = (w[1:] != w[:-1]).any(axis=1)
+    return np.sort(order[first])
+
+
+def search_partition(kv: tuple[int, Iterable[tuple[VecBatch, np.ndarray]]], plan: Plan,
+                     spec: near.NearSpec, per_side: int) -> Found:
+    parts = list(kv[1])
+    batch = VecBatch.concat([b for b, _ in parts])
+    rows = _collapse(batch)
+    batch = batch.take(rows)
+    home = np.concatenate([h for _, h in parts])[rows]
+    v = near.search_space(batch.x, spec)
+    nn_rows = np.flatnonzero(home & (batch.words[:, 1] % np.uint64(plan.nn_mod) == 0))
+    f = near.search_partition(batch.x, v, home, spec, plan.radius_sq, nn_rows)
+    border = merge_borderline([
+        borderline_sample(batch.ids.take(pa.array(f.a)), batch.ids.take(pa.array(f.b)),
+                          f.dist, np.ones(len(f.a), bool), per_side),
+        borderline_sample(batch.ids.take(pa.array(f.near_a)),
+                          batch.ids.take(pa.array(f.near_b)), f.near_dist, f.near_within,
+                          per_side)], per_side)
+    values = None
+    if spec.grouping == "components":
+        paired = np.unique(np.concatenate([f.a, f.b]))
+        values = batch.take(paired[home[paired]])
+    progress.tick("near", len(plan.centroids), int(home.sum()), "partitions")
+    return Found(batch.take(f.a, values=False), batch.take(f.b, values=False), f.dist,
+                 f.a_near_b, f.b_near_a, f.nn, border, values, int(home.sum()))
+
+
+@dataclass
+class NearReport:
+    """Merge -> Report: what the histogram, the borderline sample and summary.json need."""
+
+    nn: np.ndarray
+    borderline: pa.Table
+    stats: dict
+
+
+def merge_found(found: list[Found], plan: Plan, spec: near.NearSpec, per_side: int
+                ) -> Iterator[tuple[int, Removed] | beam.pvalue.TaggedOutput]:
+    """All partitions' pairs -> removals per file (kind near) and the NearReport."""
+    ends = VecBatch.concat([f.a for f in found] + [f.b for f in found]) if found else None
+    dist = np.concatenate([f.dist for f in found]) if found else np.empty(0)
+    removed = np.empty(0, np.int64)
+    if ends is not None and len(dist):
+        edges = near.merge_pairs(ends.words, ends.prio, ends.order, dist,
+                                 np.concatenate([f.a_near_b for f in found]),
+                                 np.concatenate([f.b_near_a for f in found]))
+        if spec.grouping == "representative":
+            removed, kept, d = near.group_representative(edges)
+        else:
+            removed, kept = near.group_components(edges)
+            d = _component_distances(found, ends, edges.node[removed], edges.node[kept], spec)
+        rec, ref = edges.node[removed], edges.node[kept]
+        by_input = np.lexsort((ends.position[rec], ends.file_index[rec]))
+        rec, ref, d = rec[by_input], ref[by_input], d[by_input]
+        yield from removed_by_file(ends, rec, ref, "near", d)
+    stats = {"records_searched": int(sum(f.searched for f in found)),
+             "partitions": len(plan.centroids), "pairs_within_tolerance": int(len(dist)),
+             "removed": int(len(removed)), "search_radius_l2": float(np.sqrt(plan.radius_sq)),
+             "histogram_every": plan.nn_mod}
+    nn = np.concatenate([f.nn for f in found]) if found else np.empty(0)
+    border = merge_borderline([f.borderline for f in found], per_side) if found else (
+        BORDERLINE_SCHEMA.empty_table())
+    yield beam.pvalue.TaggedOutput(NEAR_REPORT, NearReport(nn, border, stats))
+
+
+def _component_distances(found: list[Found], ends: VecBatch, rec: np.ndarray, ref: np.ndarray,
+                         spec: near.NearSpec) -> np.ndarray:
+    """Distance from each removed record to its component's keeper (values by digest)."""
+    if not len(rec):
+        return np.empty(0)
+    values = VecBatch.concat([f.values for f in found if f.values is not None])
+    keys = _digest_keys(values.words)
+    order = np.argsort(keys, kind="stable")
+
+    def lookup(mention: np.ndarray) -> np.ndarray:
+        at = order[np.minimum(np.searchsorted(keys[order], _digest_keys(ends.words[mention])),
+                              len(order) - 1)]
+        if not (values.words[at] == ends.words[mention]).all():
+            raise RuntimeError("near: a paired record's values did not reach the merge")
+        return values.x[at]
+
+    return near.exact_distance(lookup(rec), lookup(ref), spec)[0]
+
+
+def _digest_keys(words: np.ndarray) -> np.ndarray:
+    """(n, 2) uint64 digests as one sortable structured array."""
+    return np.ascontiguousarray(words).view([("hi", "<u8"), ("lo", "<u8")]).ravel()
+
+
+class Near(beam.PTransform):
+    """VecBatch -> {"removed": (file_index, Removed), NEAR_REPORT: NearReport}."""
+
+    def __init__(self, spec: near.NearSpec, per_side: int):
+        super().__init__()
+        self.spec, self.per_side = spec, per_side
+
+    def expand(self, vecs):
+        plan = beam.pvalue.AsSingleton(vecs | "SampleAndPlan" >> beam.CombineGlobally(
+            SampleForPlan(self.spec)))
+        out = (vecs
+               | "AssignPartitions" >> beam.FlatMap(assign_batch, plan, self.spec)
+               | "GroupByPartition" >> beam.GroupByKey()
+               | "SearchPartitions" >> beam.Map(search_partition, plan, self.spec,
+                                                self.per_side)
+               | "GatherPairs" >> beam.combiners.ToList()
+               | "MergePairs" >> beam.FlatMap(merge_found, plan, self.spec, self.per_side)
+               .with_outputs(NEAR_REPORT, main="removed"))
+        return {"removed": out.removed, NEAR_REPORT: out[NEAR_REPORT]}

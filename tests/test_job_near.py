@@ -1,0 +1,177 @@
+"""End-to-end: the job with the near stage, against exact + all-pairs float64 oracles."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from tests.jobkit import EXT, read_output, report, run_job, write_input
+from tests.oracle import expected_removals, near_oracle
+from tests.test_near import planted as planted_vectors
+from transforms.near import NearSpec, exact_distance
+
+DIM = 16
+
+
+def dataset(seed: int, metric: str, files: int = 3, nan_rows: int = 4):
+    """Near copies, decoys and chains (from the kernel tests) plus exact copies of some of
+    them (exact dedup must take those first) and NaN rows, split over ``files`` files."""
+    x, spec = planted_vectors(seed, metric, n_base=240, d=DIM)
+    rng = np.random.default_rng(seed)
+    copies = x[rng.choice(len(x), 40)]
+    x = np.concatenate([x, copies, np.full((nan_rows, DIM), np.nan, np.float32)])
+    x = x[rng.permutation(len(x))]
+    cuts = np.array_split(np.arange(len(x)), files)
+    return [([f"f{f}-{i}" for i in range(len(c))], x[c]) for f, c in enumerate(cuts)], spec
+
+
+def near_config(spec: NearSpec, **extra) -> dict:
+    cfg = {"metric": spec.metric, "grouping": spec.grouping, **extra}
+    if spec.metric == "allclose":
+        cfg.update(atol=spec.atol, rtol=spec.rtol)
+    else:
+        cfg["threshold"] = spec.threshold
+    return cfg
+
+
+def expected(parts, spec: NearSpec, keep: str = "first") -> tuple[dict, dict]:
+    """({removed id: kept id} for exact, the same for near): exact dedup first, then the
+    all-pairs near oracle over the finite survivors in keep order."""
+    recs = [(i, t, 0.0) for ids, ts in parts for i, t in zip(ids, ts, strict=True)]
+    exact = expected_removals(recs, keep)
+    survivors = [(i, t) for i, t, _ in recs if i not in exact and np.isfinite(t).all()]
+    if keep == "last":
+        survivors = survivors[::-1]
+    x = np.array([t for _, t in survivors])
+    near = near_oracle(x, spec)
+    return exact, {survivors[r][0]: survivors[k][0] for r, k in near.items()}
+
+
+def run(tmp_path, fmt, parts, spec, *sets, **overrides):
+    for f, (ids, t) in enumerate(parts):
+        write_input(fmt, tmp_path / "in" / f"part-{f}.{EXT[fmt]}", ids, t,
+                    np.arange(len(ids)) % 7)
+    inp = {"shape": [DIM], "dtype": "float32"} if fmt == "tfrecord" else {}
+    near = near_config(spec, **overrides.pop("near", {}))
+    return run_job(tmp_path, fmt, str(tmp_path / "in" / f"*.{EXT[fmt]}"), *sets, input=inp,
+                   near=near, **overrides)
+
+
+def by_kind(dups, kind: str) -> dict:
+    rows = [r for r in dups.to_pylist() if r["kind"] == kind]
+    return {r["record_id"]: r["duplicate_of"] for r in rows}
+
+
+def values(parts) -> dict:
+    return {i: t for ids, ts in parts for i, t in zip(ids, ts, strict=True)}
+
+
+@pytest.mark.parametrize("fmt,metric,grouping", [
+    ("parquet", "l2", "representative"),
+    ("parquet", "cosine", "components"),
+    ("parquet", "allclose", "representative"),
+    ("tfrecord", "l2", "components"),
+    ("hdf5", "cosine", "representative"),
+])
+def test_job_near_matches_oracle(tmp_path, fmt, metric, grouping):
+    parts, spec = dataset(1, metric)
+    spec = NearSpec(**{**spec.__dict__, "grouping": grouping})
+    assert run(tmp_path, fmt, parts, spec) == 0
+    want_exact, want_near = expected(parts, spec)
+    assert len(want_exact) >= 30 and 20 < len(want_near) < 120
+    dups, invalid = report(tmp_path)
+    assert by_kind(dups, "exact") == want_exact
+    assert by_kind(dups, "near") == want_near
+    assert invalid.num_rows == 0  # nonfinite: keep (the default)
+
+    v = values(parts)
+    near_rows = [r for r in dups.to_pylist() if r["kind"] == "near"]
+    a = np.array([v[r["record_id"]] for r in near_rows])
+    b = np.array([v[r["duplicate_of"]] for r in near_rows])
+    d, within = exact_distance(a, b, spec)
+    np.testing.assert_allclose([r["distance"] for r in near_rows], d, rtol=1e-12)
+    if grouping == "representative":
+        assert within.all()  # no chaining
+
+    kept = set()
+    for f in range(len(parts)):
+        ids, _, _ = read_output(fmt, tmp_path / "out" / "clean" / f"part-{f}.{EXT[fmt]}",
+                                (DIM,))
+        assert ids == [i for i in parts[f][0] if i not in want_exact and i not in want_near]
+        kept |= set(ids)
+    nan_ids = {i for i, t in v.items() if not np.isfinite(t).all()}
+    nan_kept = nan_ids - set(want_exact)  # all-NaN copies: exact dedup keeps one
+    assert len(nan_kept) == 1 and nan_kept <= kept  # and near never compares it
+    summary = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
+    assert summary["removed_near"] == len(want_near)
+    assert summary["read"] == summary["kept"] + summary["removed_exact"] + summary["removed_near"]
+    assert summary["near"]["settings"]["metric"] == metric
+    assert summary["near"]["removed"] == len(want_near)
+
+
+@pytest.mark.parametrize("grouping", ["representative", "components"])
+def test_partitioned_search_equals_the_oracle(tmp_path, grouping):
+    """Many small k-means partitions searched separately: the same removals as all pairs."""
+    parts, spec = dataset(2, "l2")
+    spec = NearSpec(**{**spec.__dict__, "grouping": grouping})
+    assert run(tmp_path, "parquet", parts, spec, "tuning.chunk_rows=50",
+               near={"single_index_rows": 50, "partition_rows": 40}) == 0
+    summary = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
+    assert summary["near"]["partitions"] >= 8
+    dups, _ = report(tmp_path)
+    want_exact, want_near = expected(parts, spec)
+    assert by_kind(dups, "exact") == want_exact and by_kind(dups, "near") == want_near
+
+
+def test_keep_last_decides_near_survivors(tmp_path):
+    parts, spec = dataset(3, "l2")
+    assert run(tmp_path, "parquet", parts, spec, keep="last") == 0
+    dups, _ = report(tmp_path)
+    want_exact, want_near = expected(parts, spec, keep="last")
+    assert by_kind(dups, "exact") == want_exact and by_kind(dups, "near") == want_near
+
+
+def test_nonfinite_invalid_goes_to_the_report(tmp_path):
+    parts, spec = dataset(4, "l2", nan_rows=5)
+    parts[0][1][3, 2] = np.inf
+    assert run(tmp_path, "hdf5", parts, spec, near={"nonfinite": "invalid"}) == 0
+    dups, invalid = report(tmp_path)
+    bad = {i for i, t in values(parts).items() if not np.isfinite(t).all()}
+    assert set(invalid["record_id"].to_pylist()) == bad and len(bad) == 6
+    assert all("NaN or inf" in r for r in invalid["reason"].to_pylist())
+    finite = [([i for i in ids if i not in bad], ts[np.isfinite(ts).all(axis=1)])
+              for ids, ts in parts]
+    want_exact, want_near = expected(finite, spec)
+    assert by_kind(dups, "exact") == want_exact and by_kind(dups, "near") == want_near
+    s = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
+    assert s["invalid"] == 6
+    assert s["read"] == s["kept"] + s["removed_exact"] + s["removed_near"] + s["invalid"]
+
+
+def test_near_report_files(tmp_path):
+    parts, spec = dataset(5, "l2")
+    assert run(tmp_path, "parquet", parts, spec, near={"borderline_pairs": 7}) == 0
+    rep = tmp_path / "out" / "report"
+    assert (rep / "near_distances.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    hist = json.loads((rep / "near_distances.json").read_text())
+    exact = expected(parts, spec)[0]
+    survivors = [i for i, t in values(parts).items() if i not in exact and np.isfinite(t).all()]
+    assert hist["n"] == len(survivors)  # small input: every record gets its NN distance
+    assert hist["metric_threshold"] == spec.threshold
+    # records with a near duplicate have a nearest neighbour within the threshold
+    assert hist["below_threshold"] >= len(expected(parts, spec)[1])
+    border = pq.read_table(rep / "borderline_pairs.parquet").to_pylist()
+    inside = [r for r in border if r["within"]]
+    outside = [r for r in border if not r["within"]]
+    assert len(inside) == 7 and len(outside) == 7
+    assert max(r["distance"] for r in inside) <= spec.threshold < min(
+        r["distance"] for r in outside)
+    v = values(parts)
+    for r in border:  # the distances are the metric's, between the named records
+        d, _ = exact_distance(v[r["record_id"]][None], v[r["neighbour_id"]][None], spec)
+        assert r["distance"] == pytest.approx(d[0], rel=1e-12)
+    # the decoys sit just outside: the closest outside pair is a planted decoy (1.05 t)
+    assert min(r["distance"] for r in outside) < 1.1 * spec.threshold
