@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tests.oracle import near_oracle as oracle
-from transforms.fingerprint import quantized_fingerprint_batch
 from transforms import near
+from transforms.fingerprint import quantized_fingerprint_batch
 from transforms.near import NearSpec, exact_distance, near_duplicates
 
 
