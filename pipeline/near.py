@@ -64,7 +64,7 @@ class SampleForPlan(beam.CombineFn):
 
     def _bottom(self, s: Sample) -> Sample:
         cap = max(1, min(SAMPLE_ROWS, SAMPLE_BYTES // (4 * max(s.v.shape[1], 1))))
-        lo, first = np.unique(s.lo, return_index=True)  # sorted: the smallest digests first
+        _, first = np.unique(s.lo, return_index=True)  # sorted: the smallest digests first
         keep = first[:cap]
         return Sample(s.lo[keep], s.v[keep], s.n, s.scale)
 
@@ -118,6 +118,7 @@ class Found:
     borderline: pa.Table
     values: VecBatch | None  # components: home records that have a pair, with values
     searched: int  # home records after collapsing exact copies
+    arrived: int  # home records before collapsing (each record is home in one partition)
 
 
 def _collapse(batch: VecBatch) -> np.ndarray:
@@ -133,25 +134,34 @@ def search_partition(kv: tuple[int, Iterable[tuple[VecBatch, np.ndarray]]], plan
                      spec: near.NearSpec, per_side: int) -> Found:
     parts = list(kv[1])
     batch = VecBatch.concat([b for b, _ in parts])
+    home = np.concatenate([h for _, h in parts])
+    arrived = int(home.sum())
     rows = _collapse(batch)
-    batch = batch.take(rows)
-    home = np.concatenate([h for _, h in parts])[rows]
+    batch, home = batch.take(rows), home[rows]
     v = near.search_space(batch.x, spec)
     nn_rows = np.flatnonzero(home & (batch.words[:, 1] % np.uint64(plan.nn_mod) == 0))
     f = near.search_partition(batch.x, v, home, spec, plan.radius_sq, nn_rows)
-    border = merge_borderline([
-        borderline_sample(batch.ids.take(pa.array(f.a)), batch.ids.take(pa.array(f.b)),
-                          f.dist, np.ones(len(f.a), bool), per_side),
-        borderline_sample(batch.ids.take(pa.array(f.near_a)),
-                          batch.ids.take(pa.array(f.near_b)), f.near_dist, f.near_within,
-                          per_side)], per_side)
+    border = merge_borderline([_borderline(batch, f.a, f.b, f.dist, f.a_near_b | f.b_near_a,
+                                           per_side),
+                               _borderline(batch, f.near_a, f.near_b, f.near_dist,
+                                           f.near_within, per_side)], per_side)
     values = None
     if spec.grouping == "components":
         paired = np.unique(np.concatenate([f.a, f.b]))
         values = batch.take(paired[home[paired]])
-    progress.tick("near", len(plan.centroids), int(home.sum()), "partitions")
+    progress.tick("near", len(plan.centroids), arrived, "partitions")
     return Found(batch.take(f.a, values=False), batch.take(f.b, values=False), f.dist,
-                 f.a_near_b, f.b_near_a, f.nn, border, values, int(home.sum()))
+                 f.a_near_b, f.b_near_a, f.nn, border, values, int(home.sum()), arrived)
+
+
+def _borderline(batch: VecBatch, a: np.ndarray, b: np.ndarray, dist: np.ndarray,
+                within: np.ndarray, per_side: int) -> pa.Table:
+    """Pairs named (later, earlier) in keep order, so each pair has one spelling."""
+    a_later = (batch.prio[a] > batch.prio[b]) | (
+        (batch.prio[a] == batch.prio[b]) & (batch.order[a] > batch.order[b]))
+    later, earlier = np.where(a_later, a, b), np.where(a_later, b, a)
+    return borderline_sample(batch.ids.take(pa.array(later)), batch.ids.take(pa.array(earlier)),
+                             dist, within, per_side)
 
 
 @dataclass
@@ -165,7 +175,14 @@ class NearReport:
 
 def merge_found(found: list[Found], plan: Plan, spec: near.NearSpec, per_side: int
                 ) -> Iterator[tuple[int, Removed] | beam.pvalue.TaggedOutput]:
-    """All partitions' pairs -> removals per file (kind near) and the NearReport."""
+    """All partitions' pairs -> removals per file (kind near) and the NearReport.
+
+    Refuses to go on unless every record that entered the stage reached a search (as
+    Decide does for the exact stage): a record lost in the shuffle would be kept unchecked."""
+    arrived = sum(f.arrived for f in found)
+    if arrived != plan.n:
+        raise RuntimeError(f"near: {plan.n} records entered the near stage but {arrived} "
+                           "reached a partition search: refusing to publish unchecked output")
     ends = VecBatch.concat([f.a for f in found] + [f.b for f in found]) if found else None
     dist = np.concatenate([f.dist for f in found]) if found else np.empty(0)
     removed = np.empty(0, np.int64)

@@ -106,6 +106,9 @@ def _top(table: pa.Table, k: int, keys: list[tuple[str, str]]) -> pa.Table:
 def _select(table: pa.Table, per_side: int) -> pa.Table:
     """Largest-distance ``within`` pairs and smallest-distance others, ``per_side`` each."""
     k = max(per_side, 0)
+    if table.num_rows:  # a pair met twice (two partitions, or search and kNN) counts once
+        table = table.group_by(["record_id", "neighbour_id"], use_threads=False).aggregate(
+            [("distance", "min"), ("within", "max")]).rename_columns(BORDERLINE_SCHEMA.names)
     inside = _top(table.filter(pc.field("within")), k, [("distance", "descending")] + _ORDER[1:])
     outside = _top(table.filter(~pc.field("within")), k, _ORDER)
     return pa.concat_tables([inside, outside]).sort_by(_ORDER)

@@ -62,9 +62,14 @@ def file_summary(res: FileResult) -> dict:
 def _near_note(spec: NearSpec, stats: dict) -> str:
     what = ("max |a_i - b_i| to the L2-nearest neighbours" if spec.metric == "allclose"
             else f"{spec.metric} distance")
-    return (f"{what} of a sample of records (about 1 in {stats['histogram_every']}); exact "
-            f"below the search radius (L2 {stats['search_radius_l2']:.4g} in search space), "
-            "an upper bound above it (searched within the record's partition)")
+    every = stats["histogram_every"]
+    who = "every record" if every == 1 else f"about 1 in {every} records (chosen by digest)"
+    how = ("exact" if stats["partitions"] == 1 else
+           f"exact up to the search radius (L2 {stats['search_radius_l2']:.4g} in search "
+           "space), an upper bound above it (searched within the record's partition)")
+    if spec.index in ("ivf", "hnsw"):
+        how = f"from the approximate {spec.index} index (may overstate)"
+    return f"{what} to the nearest neighbour, for {who}; {how}"
 
 
 def write_report(results: list[FileResult], staging: str, near: NearSpec | None = None,

@@ -19,15 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
+from benchkit import PEAK_RSS_MB, run_python
 
-ROOT = Path(__file__).resolve().parents[1]
 DIM, GROUP_ROWS, DUP_FRACTION = 128, 65536, 0.10
 
 
@@ -113,10 +110,8 @@ with tf.io.TFRecordWriter(DST) as w:
             n += 1
 print(json.dumps({"rows_out": n}))
 """
-# VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the forking parent across exec.
-FOOTER = """
-_hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")][0]
-print(json.dumps({**json.loads(_last), "rss_mb": int(_hwm.split()[1]) / 1024}))
+FOOTER = f"""
+print(json.dumps({{**json.loads(_last), "rss_mb": {PEAK_RSS_MB}}}))
 """
 
 
@@ -127,12 +122,8 @@ def run_snippet(code: str, **names) -> dict:
                "with contextlib.redirect_stdout(_buf):\n"
                + textwrap.indent(body, "    ")
                + "\n_last = _buf.getvalue().strip().splitlines()[-1]\n" + FOOTER)
-    start = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", wrapped], cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if r.returncode != 0:
-        raise RuntimeError(f"contender failed:\n{r.stderr[-3000:]}")
-    return {**json.loads(r.stdout.strip().splitlines()[-1]), "wall_s": wall}
+    out, wall = run_python(wrapped)
+    return {**out, "wall_s": wall}
 
 
 def job_config(work: Path, fmt: str, src: Path) -> Path:

@@ -3,8 +3,10 @@
 Each format gets 3 files of 1,500 records of 64 float32 values, an ``id``, a
 ``label`` (and ``score`` in Parquet). Planted: 10% exact copies (most of them in
 another file than their original), and copies that differ only by -0.0/+0.0 or
-by NaN payload (still duplicates under the fingerprint spec). The expected counts,
-from an independent oracle over canonical bytes, go to ``EXPECTED.json``; tests
+by NaN payload (still duplicates under the fingerprint spec); 150 near copies at
+L2 distance 0.05-0.09 of another record and 50 decoys at 0.11-0.13 (for
+``configs/dedupe-near.yaml``, threshold 0.1). The expected counts, from independent
+oracles (canonical bytes; all pairs in float64), go to ``EXPECTED.json``; tests
 check the job against them. Usage: ``python scripts/make_sample_data.py [--out DIR]``.
 """
 
@@ -18,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 FILES, ROWS, DIM = 3, 1500, 64
+NEAR_THRESHOLD = 0.1
 
 
 def make_records(seed: int = 7) -> tuple[np.ndarray, dict]:
@@ -34,8 +37,39 @@ def make_records(seed: int = 7) -> tuple[np.ndarray, dict]:
     nan_rows = copies[20:30]
     x[nan_rows, 1] = np.float32("nan")
     x[sources[20:30], 1] = np.frombuffer(np.uint32(0x7FC0BEEF).tobytes(), np.float32)[0]
+    free = rng.permutation(np.setdiff1d(np.arange(n), np.concatenate([copies, sources])))
+    for (lo, hi), (targets, origins) in (((0.05, 0.09), (free[:150], free[200:350])),
+                                         ((0.11, 0.13), (free[150:200], free[350:400]))):
+        u = rng.standard_normal((len(targets), DIM))
+        u *= rng.uniform(lo, hi, (len(targets), 1)) / np.linalg.norm(u, axis=1, keepdims=True)
+        x[targets] = (x[origins] + u).astype(np.float32)
     unique = len({r.tobytes() for r in _canonical(x)})
-    return x, {"read": n, "kept": unique, "removed_exact": n - unique}
+    near = _near_removals(x)
+    return x, {"read": n, "kept": unique, "removed_exact": n - unique,
+               "near": {"metric": "l2", "threshold": NEAR_THRESHOLD, "removed_near": near,
+                        "kept": unique - near}}
+
+
+def _near_removals(x: np.ndarray) -> int:
+    """Records removed by representative L2 grouping (keep first) among the exact survivors
+    with finite values: all pairs in float64."""
+    seen, rows = set(), []
+    for r in _canonical(x):
+        if r.tobytes() not in seen:
+            seen.add(r.tobytes())
+            if np.isfinite(r).all():
+                rows.append(r.astype(np.float64))
+    v = np.array(rows)
+    sq = (v * v).sum(axis=1)
+    d = np.sqrt(np.maximum(sq[:, None] + sq[None] - 2 * v @ v.T, 0))
+    kept: list[int] = []
+    removed = 0
+    for i in range(len(v)):
+        if kept and (d[i, kept] <= NEAR_THRESHOLD).any():
+            removed += 1
+        else:
+            kept.append(i)
+    return removed
 
 
 def _canonical(x: np.ndarray) -> np.ndarray:

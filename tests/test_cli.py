@@ -124,14 +124,24 @@ def test_subprocess_bad_config_has_no_traceback(tmp_path):
     assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "input.format" in r.stderr
 
 
-def test_default_sample_job_matches_expected(tmp_path):
-    """configs/dedupe.yaml on the shipped sample data, as a user runs it (paths redirected)."""
-    r = subprocess.run([sys.executable, "-m", "pipeline.run", "--config", "configs/dedupe.yaml",
+@pytest.mark.parametrize("config", ["dedupe.yaml", "dedupe-near.yaml"])
+def test_shipped_sample_jobs_match_expected(tmp_path, config):
+    """configs/dedupe*.yaml on the shipped sample data, as a user runs them (paths redirected)."""
+    r = subprocess.run([sys.executable, "-m", "pipeline.run", "--config", f"configs/{config}",
                         "--set", f"output.path={tmp_path / 'clean'}",
                         "--set", f"report={tmp_path / 'report'}"],
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     expected = json.loads((ROOT / "data" / "sample" / "EXPECTED.json").read_text())
+    near = expected.pop("near")
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
-    assert {k: summary[k] for k in expected} == expected
-    assert "[read]" in r.stderr and "kept 4,053" in r.stdout
+    assert {k: summary[k] for k in ("read", "removed_exact")} == {
+        k: expected[k] for k in ("read", "removed_exact")}
+    assert "[read]" in r.stderr
+    if config == "dedupe.yaml":
+        assert summary["kept"] == expected["kept"] and summary["removed_near"] == 0
+        assert f"kept {expected['kept']:,}" in r.stdout
+    else:
+        assert summary["near"]["settings"]["threshold"] == near["threshold"]
+        assert (summary["removed_near"], summary["kept"]) == (near["removed_near"], near["kept"])
+        assert (tmp_path / "report" / "near_distances.png").exists()
