@@ -214,6 +214,9 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> DedupeConfig:
         data = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:
         raise ConfigError(f"config file {path} not found: check the --config path") from None
+    except OSError as e:  # a directory, no permission, a file where a directory should be
+        raise ConfigError(f"config file {path} cannot be read ({e.strerror}): check the "
+                          "--config path") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path} is not valid YAML: {e}".replace("\n", " ")) from None
     if not isinstance(data, dict):

@@ -31,7 +31,7 @@ from transforms import near
 NEAR_REPORT = "near_report"
 SAMPLE_BYTES = 64 << 20  # k-means sample cap (one worker holds it)
 SAMPLE_ROWS = 100_000
-HISTOGRAM_ROWS = 100_000  # about this many records get a nearest-neighbour distance
+HISTOGRAM_ROWS = 20_000  # about this many records get a nearest-neighbour distance (kNN)
 
 
 @dataclass

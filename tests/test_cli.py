@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from pipeline.config import describe_keys
+from pipeline.run import main
 from tests.jobkit import run_job, write_input
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +62,14 @@ def test_near_on_complex_tensors_is_refused(tmp_path, capsys):
     assert run_job(tmp_path, "hdf5", str(tmp_path / "in" / "*.h5"),
                    "near.metric=allclose") == 2
     assert "near: the tensors are complex64" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("where", ["dir", "under_a_file"])
+def test_unreadable_config_path_is_one_line(tmp_path, capsys, where):
+    (tmp_path / "f").write_text("x")
+    path = tmp_path if where == "dir" else tmp_path / "f" / "job.yaml"
+    assert main(["--config", str(path)]) == 2
+    assert "cannot be read" in one_error_line(capsys)
 
 
 def test_missing_input_files(tmp_path, capsys):

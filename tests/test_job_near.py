@@ -175,3 +175,22 @@ def test_near_report_files(tmp_path):
         assert r["distance"] == pytest.approx(d[0], rel=1e-12)
     # the decoys sit just outside: the closest outside pair is a planted decoy (1.05 t)
     assert min(r["distance"] for r in outside) < 1.1 * spec.threshold
+
+
+@pytest.mark.parametrize("index", ["hnsw", "ivf"])
+def test_approximate_index_in_partitions_keeps_precision_one(tmp_path, index):
+    """IVF/HNSW inside each partition may miss pairs, never add wrong ones."""
+    parts, spec = dataset(6, "l2")
+    assert run(tmp_path, "parquet", parts, spec, near={
+        "index": index, "nlist": 4, "nprobe": 2, "M": 8, "single_index_rows": 50,
+        "partition_rows": 40}) == 0
+    dups, _ = report(tmp_path)
+    want_exact, want_near = expected(parts, spec)
+    got = by_kind(dups, "near")
+    v = values(parts)
+    _, within = exact_distance(np.array([v[r] for r in got]),
+                               np.array([v[k] for k in got.values()]), spec)
+    assert within.all() and not set(got) & set(got.values())  # precision 1.0, nothing chained
+    recall = len(set(got) & set(want_near)) / len(want_near)
+    assert recall >= 0.8, recall
+    assert by_kind(dups, "exact") == want_exact
