@@ -130,8 +130,9 @@ def _collapse(batch: VecBatch) -> np.ndarray:
     return np.sort(order[first])
 
 
-def search_partition(kv: tuple[int, Iterable[tuple[VecBatch, np.ndarray]]], plan: Plan,
-                     spec: near.NearSpec, per_side: int) -> Found:
+def search_one(kv: tuple[int, Iterable[tuple[VecBatch, np.ndarray]]], plan: Plan,
+               spec: near.NearSpec, per_side: int) -> Found:
+    """One partition on one worker: collapse exact copies, search, verify, sample."""
     parts = list(kv[1])
     batch = VecBatch.concat([b for b, _ in parts])
     home = np.concatenate([h for _, h in parts])
@@ -246,8 +247,7 @@ class Near(beam.PTransform):
         out = (vecs
                | "AssignPartitions" >> beam.FlatMap(assign_batch, plan, self.spec)
                | "GroupByPartition" >> beam.GroupByKey()
-               | "SearchPartitions" >> beam.Map(search_partition, plan, self.spec,
-                                                self.per_side)
+               | "SearchPartitions" >> beam.Map(search_one, plan, self.spec, self.per_side)
                | "GatherPairs" >> beam.combiners.ToList()
                | "MergePairs" >> beam.FlatMap(merge_found, plan, self.spec, self.per_side)
                .with_outputs(NEAR_REPORT, main="removed"))
