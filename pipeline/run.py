@@ -82,6 +82,7 @@ def execute(job: Job) -> dict:
             shutil.rmtree(stage, ignore_errors=True)
     summary = {**totals, "wall_time_s": round(time.monotonic() - start, 3),
                "fingerprint_scheme": SCHEME, "output": str(job.output),
+               "working_dir": os.getcwd(),  # resolves relative input paths in record ids
                "report": str(job.report), "files": files,
                "config": job.cfg.model_dump(mode="json"),
                "resolved": {"shape": None if job.resolved.shape is None

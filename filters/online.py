@@ -1,0 +1,358 @@
+"""Online dedup of a stream: drop what is an exact (or near) duplicate of something kept earlier.
+
+Why one class for both frameworks: the decision is plain arrays in, a keep mask out,
+using the same kernels as the batch job (``fingerprint_batch`` for exact digests,
+``transforms.near`` for the radius, the float64 check and the greedy grouping). The
+tf.data and PyTorch front ends only move batches in and out.
+
+Identity across epochs: with record ids, the state remembers which record owns each
+digest (and which vectors were kept), so every epoch keeps the same records whatever
+the order, and a restored state never re-admits a duplicate. Without ids each epoch is
+deduplicated on its own: ``new_epoch()`` (the front ends call it when a new pass starts)
+forgets what was seen.
+
+Memory (docs/filters.md measures it): exact digests in a dict, ~120 B per kept record;
+``max_items`` bounds it (the oldest ~10% are forgotten when it is full, so an old
+record seen again is admitted once more); ``bloom`` replaces the dict by an rbloom
+Bloom filter of a stated false-positive rate (~2 B per record at 1e-3), where a false
+positive drops a new record. Near mode also keeps each kept record's values and an
+index over them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import itertools
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from transforms.canonical import to_numpy
+from transforms.fingerprint import fingerprint_batch
+from transforms.near import (
+    NearSpec,
+    exact_distance,
+    finite_rows,
+    group_representative,
+    merge_pairs,
+    range_pairs,
+    search_radius_sq,
+    search_space,
+    value_scale,
+)
+
+DROPPED = -1  # owner of a digest whose first record was removed as a near duplicate
+NO_ID = 0  # owner when the stream has no ids
+NEAR_BLOCK_ROWS = 65_536  # kept vectors per index block (the unit of eviction)
+STATE_VERSION = 1
+
+
+def id_hashes(ids: Any) -> np.ndarray:
+    """64-bit hashes of record ids (ints and strings alike, as their text), never 0 or -1."""
+    if hasattr(ids, "numpy"):
+        ids = ids.numpy()
+    out = np.fromiter(
+        (xxhash.xxh3_64_intdigest(i if isinstance(i, bytes) else str(i).encode()) for i in
+         (ids.tolist() if isinstance(ids, np.ndarray) else ids)), np.uint64).view(np.int64)
+    return np.where((out == DROPPED) | (out == NO_ID), 1, out)
+
+
+@dataclass
+class _NearBlock:
+    values: np.ndarray  # (n, d) the kept records' values, for the float64 check
+    index: Any  # faiss.IndexFlatL2 over their search vectors
+
+
+@dataclass
+class Stats:
+    seen: int = 0
+    kept: int = 0
+    dropped_exact: int = 0
+    dropped_near: int = 0
+    readmitted: int = 0  # records kept again in a later epoch (their id owns the digest)
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class OnlineDedup:
+    """Keep masks for batches of a stream, remembering what was kept before.
+
+    ``near``: also drop records within this tolerance of a kept record (a ``NearSpec``;
+    its grouping must be ``representative``). ``max_items``: bound on remembered
+    digests (and kept vectors, in blocks). ``bloom``: false-positive rate of a Bloom
+    filter instead of exact digests (needs ``bloom_capacity``, the expected number of
+    distinct records; the rate holds up to it). ``bloom`` and ``near`` do not combine.
+    Torch tensors on a GPU are hashed there; only the 16-byte digests are copied back
+    (near mode also copies the values of records not seen before).
+    """
+
+    near: NearSpec | None = None
+    max_items: int | None = None
+    bloom: float | None = None
+    bloom_capacity: int = 10_000_000
+    backend: str = "auto"  # fingerprint_batch backend: "torch" runs the device kernel on CPU
+    stats: Stats = field(default_factory=Stats)
+
+    def __post_init__(self) -> None:
+        if self.near is not None and self.near.grouping != "representative":
+            raise ValueError("online near dedup is greedy in stream order: grouping must be "
+                             "'representative'")
+        if self.bloom is not None:
+            if not 0 < self.bloom < 1:
+                raise ValueError(f"bloom is a false-positive rate in (0, 1), got {self.bloom}")
+            if self.near is not None or self.max_items is not None:
+                raise ValueError("bloom replaces the digest memory: it does not combine with "
+                                 "near or max_items")
+        if self.max_items is not None and self.max_items < 1:
+            raise ValueError(f"max_items must be >= 1, got {self.max_items}")
+        self._with_ids: bool | None = None
+        self._owner: dict[bytes, int] = {}
+        self._blooms = self._new_blooms() if self.bloom is not None else None
+        self._blocks: list[_NearBlock] = []
+        self._scale = 0.0
+
+    # --- the decision -------------------------------------------------------------------
+
+    def keep_mask(self, batch: Any, ids: Any = None) -> np.ndarray:
+        """Decide the rows of ``batch`` (first axis = records) in order; updates the state.
+
+        ``ids``: one record id per row (ints, strings or bytes), or None. A stream must
+        either always or never pass ids."""
+        digests = fingerprint_batch(batch, backend=self.backend)
+        n = len(digests)
+        with_ids = ids is not None
+        if self._with_ids is None:
+            self._with_ids = with_ids
+        elif self._with_ids != with_ids:
+            raise ValueError("this stream was started " + ("with" if self._with_ids else
+                             "without") + " record ids: pass ids always or never")
+        owners = id_hashes(ids) if with_ids else np.full(n, NO_ID, np.int64)
+        if with_ids and len(owners) != n:
+            raise ValueError(f"{len(owners)} ids for a batch of {n} records")
+        if self._blooms is not None:
+            keep, new = self._bloom_step(digests, owners)
+        else:
+            keep, new = self._exact_step(digests, owners)
+        self.stats.seen += n
+        self.stats.dropped_exact += int(n - keep.sum())
+        self.stats.readmitted += int((keep & ~new).sum())
+        if self.near is not None and new.any():
+            near_drop = self._near_step(batch, np.flatnonzero(new))
+            keep[near_drop] = False
+            for k in near_drop.tolist():
+                self._owner[bytes(digests[k])] = DROPPED
+            self.stats.dropped_near += len(near_drop)
+        self.stats.kept += int(keep.sum())
+        return keep
+
+    def keep(self, t: Any, id: Any = None) -> bool:
+        """One record: ``keep_mask`` of a batch of one."""
+        arr, _ = to_numpy(t)
+        return bool(self.keep_mask(arr[None], None if id is None else [id])[0])
+
+    def new_epoch(self) -> None:
+        """A new pass over the data starts. Without ids this forgets everything seen (each
+        epoch is deduplicated on its own); with ids it changes nothing."""
+        if self._with_ids:
+            return
+        self._owner.clear()
+        self._blocks.clear()
+        if self._blooms is not None:
+            self._blooms = self._new_blooms()
+
+    def _exact_step(self, digests: np.ndarray, owners: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """(keep, new): new rows own their digest from now on; a row whose id owns its
+        digest is kept again (a later epoch); any other row with a known digest is dropped."""
+        raw = digests.tobytes()
+        keys = [raw[i:i + 16] for i in range(0, len(raw), 16)]
+        keep = np.zeros(len(keys), dtype=bool)
+        new = np.zeros(len(keys), dtype=bool)
+        mem = self._owner
+        with_ids = self._with_ids
+        for i, (k, o) in enumerate(zip(keys, owners.tolist(), strict=True)):
+            have = mem.get(k)
+            if have is None:
+                mem[k] = o
+                keep[i] = new[i] = True
+            elif with_ids and have == o:
+                keep[i] = True
+        if self.max_items is not None and len(mem) > self.max_items:
+            self._owner = dict(itertools.islice(mem.items(), len(mem) - self.max_items
+                                                + self.max_items // 10, None))
+        return keep, new
+
+    def _new_blooms(self) -> tuple:
+        from rbloom import Bloom
+
+        def same(x: int) -> int:
+            return x
+
+        # digests: has this value been seen; (digest, id): which record was kept for it
+        return Bloom(self.bloom_capacity, self.bloom, same), Bloom(self.bloom_capacity,
+                                                                   self.bloom, same)
+
+    def _bloom_step(self, digests: np.ndarray, owners: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        words = digests.view(">u8").reshape(-1, 2).astype(np.uint64)
+        seen_b, kept_b = self._blooms
+        k_digest = words[:, 1].view(np.int64).tolist()
+        k_owner = (words[:, 0] ^ owners.view(np.uint64)).view(np.int64).tolist()
+        keep = np.zeros(len(k_digest), dtype=bool)
+        new = np.zeros(len(k_digest), dtype=bool)
+        with_ids = self._with_ids
+        for i, (kd, ko) in enumerate(zip(k_digest, k_owner, strict=True)):
+            if kd not in seen_b:
+                seen_b.add(kd)
+                kept_b.add(ko)
+                keep[i] = new[i] = True
+            elif with_ids and ko in kept_b:
+                keep[i] = True
+        return keep, new
+
+    def _near_step(self, batch: Any, rows: np.ndarray) -> np.ndarray:
+        """Rows (of ``rows``) within tolerance of a kept record or of an earlier kept row of
+        this batch; the others join the kept vectors. Rows with NaN/inf are never compared."""
+        spec = self.near
+        arr, _ = to_numpy(batch)
+        x = np.asarray(arr[rows]).reshape(len(rows), -1)
+        if np.iscomplexobj(x):
+            raise TypeError("near-duplicate filtering compares real values: got complex")
+        ok = finite_rows(x)
+        rows, x = rows[ok], x[ok]
+        if not len(rows):
+            return rows
+        self._scale = max(self._scale, value_scale(x, spec))
+        radius_sq = search_radius_sq(spec, x.shape[1], self._scale)
+        v = search_space(x, spec)
+        near_old = np.zeros(len(rows), dtype=bool)
+        for block in self._blocks:
+            q, j = range_pairs(block.index, v, radius_sq, spec)
+            near_old[q[exact_distance(x[q], block.values[j], spec)[1]]] = True
+        fresh = np.flatnonzero(~near_old)
+        drop_fresh = self._within_batch(x[fresh], v[fresh], radius_sq)
+        kept = np.setdiff1d(fresh, fresh[drop_fresh])
+        self._remember(x[kept], v[kept])
+        return np.sort(np.concatenate([rows[near_old], rows[fresh[drop_fresh]]]))
+
+    def _within_batch(self, x: np.ndarray, v: np.ndarray, radius_sq: float) -> np.ndarray:
+        """Greedy in batch order among new rows: the kernel's representative grouping."""
+        import faiss
+
+        if len(x) < 2:
+            return np.empty(0, np.int64)
+        index = faiss.IndexFlatL2(v.shape[1])
+        index.add(v)
+        a, b = range_pairs(index, v, radius_sq, self.near)
+        a, b = a[a < b], b[a < b]
+        dist, ab = exact_distance(x[a], x[b], self.near)
+        ba = exact_distance(x[b], x[a], self.near)[1] if self.near.metric == "allclose" else ab
+        both = np.concatenate([a, b])
+        key = np.stack([np.zeros_like(both), both], axis=1).astype(np.uint64)
+        edges = merge_pairs(key, np.zeros(len(both)), both, dist, ab, ba)
+        removed, _, _ = group_representative(edges)
+        return both[edges.node][removed]
+
+    def _remember(self, x: np.ndarray, v: np.ndarray) -> None:
+        import faiss
+
+        for s in range(0, len(x), NEAR_BLOCK_ROWS):
+            xs, vs = x[s:s + NEAR_BLOCK_ROWS], v[s:s + NEAR_BLOCK_ROWS]
+            last = self._blocks[-1] if self._blocks else None
+            if last is None or len(last.values) + len(xs) > NEAR_BLOCK_ROWS:
+                last = _NearBlock(xs[:0].copy(), faiss.IndexFlatL2(v.shape[1]))
+                self._blocks.append(last)
+            last.values = np.concatenate([last.values, xs])
+            last.index.add(vs)
+        if self.max_items is not None:
+            while sum(len(b.values) for b in self._blocks) > self.max_items and len(
+                    self._blocks) > 1:
+                self._blocks.pop(0)
+
+    # --- state ---------------------------------------------------------------------------
+
+    @property
+    def remembered(self) -> int:
+        """Distinct digests remembered (Bloom: the filter's estimate)."""
+        if self._blooms is not None:
+            return int(self._blooms[0].approx_items)
+        return len(self._owner)
+
+    def settings(self) -> dict:
+        return {"near": None if self.near is None else dataclasses.asdict(self.near),
+                "max_items": self.max_items, "bloom": self.bloom,
+                "bloom_capacity": self.bloom_capacity}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the state (settings, digests and owners, kept vectors, counters) to an
+        ``.npz`` file atomically; ``load`` restores it exactly."""
+        keys = b"".join(self._owner)
+        arrays = {
+            "meta": np.array(json.dumps({"version": STATE_VERSION, "settings": self.settings(),
+                                         "with_ids": self._with_ids, "scale": self._scale,
+                                         "stats": self.stats.as_dict()})),
+            "digests": np.frombuffer(keys, np.uint8).reshape(-1, 16),
+            "owners": np.fromiter(self._owner.values(), np.int64, len(self._owner)),
+            "block_rows": np.array([len(b.values) for b in self._blocks], np.int64),
+        }
+        if self._blocks:
+            arrays["values"] = np.concatenate([b.values for b in self._blocks])
+        if self._blooms is not None:
+            for i, b in enumerate(self._blooms):
+                arrays[f"bloom{i}"] = np.frombuffer(b.save_bytes(), np.uint8)
+        tmp = f"{os.fspath(path)}.tmp"
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        with open(tmp, "wb") as f:
+            f.write(buf.getvalue())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> OnlineDedup:
+        """A state saved by ``save`` (no pickles are read)."""
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            if meta.get("version") != STATE_VERSION:
+                raise ValueError(f"{path}: state version {meta.get('version')} is not "
+                                 f"{STATE_VERSION}")
+            s = meta["settings"]
+            self = cls(near=None if s["near"] is None else NearSpec(**s["near"]),
+                       max_items=s["max_items"], bloom=s["bloom"],
+                       bloom_capacity=s["bloom_capacity"], stats=Stats(**meta["stats"]))
+            self._with_ids, self._scale = meta["with_ids"], meta["scale"]
+            digests = z["digests"].tobytes()
+            self._owner = dict(zip((digests[i:i + 16] for i in range(0, len(digests), 16)),
+                                   z["owners"].tolist(), strict=True))
+            if self._blooms is not None:
+                from rbloom import Bloom
+
+                self._blooms = tuple(Bloom.load_bytes(z[f"bloom{i}"].tobytes(), lambda x: x)
+                                     for i in range(2))
+            if len(z["block_rows"]):
+                values = z["values"]
+                bounds = np.cumsum(np.r_[0, z["block_rows"]])
+                for lo, hi in itertools.pairwise(bounds.tolist()):
+                    self._remember_block(values[lo:hi])
+        return self
+
+    def _remember_block(self, x: np.ndarray) -> None:
+        import faiss
+
+        index = faiss.IndexFlatL2(x.shape[1])
+        index.add(search_space(x, self.near))
+        self._blocks.append(_NearBlock(x, index))
+
+    def nbytes(self) -> int:
+        """Approximate bytes the state holds (dict entries measured at ~120 B each)."""
+        if self._blooms is not None:
+            return sum(b.size_in_bits // 8 for b in self._blooms)
+        vec = sum(b.values.nbytes + b.index.ntotal * b.index.d * 4 for b in self._blocks)
+        return 120 * len(self._owner) + vec
+
