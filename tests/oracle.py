@@ -79,3 +79,25 @@ def near_oracle(x: np.ndarray, spec: NearSpec) -> dict[int, int]:
             ra, rb = find(a), find(b)
             label[max(ra, rb)] = min(ra, rb)
     return {i: find(i) for i in good if find(i) != i}
+
+
+def stream_oracle(x: np.ndarray, spec: NearSpec | None = None) -> np.ndarray:
+    """Keep mask of an online filter, one record at a time: drop a record whose value was
+    seen before, or (``spec``) that is within tolerance of an earlier kept record."""
+    seen: set[tuple] = set()
+    kept: list[int] = []
+    keep = np.zeros(len(x), dtype=bool)
+    for i in range(len(x)):
+        key = canonical_key(x[i])
+        if key in seen:
+            continue
+        seen.add(key)
+        row = x[i].reshape(1, -1)
+        if spec is not None and kept and np.isfinite(row).all():
+            refs = x[kept].reshape(len(kept), -1)
+            if exact_distance(np.repeat(row, len(kept), 0), refs, spec)[1].any():
+                continue
+        if spec is None or np.isfinite(row).all():
+            kept.append(i)
+        keep[i] = True
+    return keep

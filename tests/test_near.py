@@ -196,3 +196,11 @@ def test_assign_puts_every_neighbour_of_a_home_row_in_its_partition():
     d = np.linalg.norm(x[:, None] - x[None], axis=2)
     for i, j in zip(*np.nonzero(d <= 0.8), strict=True):
         assert j in members[home[i]]
+
+
+def test_merge_pairs_with_no_pair_within_tolerance():
+    key = np.array([[0, 1], [0, 2]], dtype=np.uint64)
+    e = near.merge_pairs(key, np.zeros(2), np.arange(2), np.array([0.5]), np.array([False]),
+                    np.array([False]))
+    assert len(e.later) == 0 and len(e.node) == 2
+    assert len(near.group_representative(e)[0]) == 0

@@ -318,7 +318,8 @@ def merge_pairs(key: np.ndarray, prio: np.ndarray, order: np.ndarray, dist: np.n
     later, earlier, dist = later[within], earlier[within], dist[within]
     o = np.lexsort((dist, earlier, later))  # a pair found twice counts once (smallest distance)
     later, earlier, dist = later[o], earlier[o], dist[o]
-    first = np.r_[True, (later[1:] != later[:-1]) | (earlier[1:] != earlier[:-1])]
+    first = np.ones(len(later), dtype=bool)  # empty when no pair is within tolerance
+    first[1:] = (later[1:] != later[:-1]) | (earlier[1:] != earlier[:-1])
     later, earlier, dist = later[first], earlier[first], dist[first]
     o = np.lexsort((rank[earlier], dist, rank[later]))
     return Edges(node, rank, later[o], earlier[o], dist[o])
