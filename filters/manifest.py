@@ -17,6 +17,7 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -67,12 +68,16 @@ class Manifest:
         removed = pc.is_in(arr.cast(pa.string()), value_set=self.removed_ids)
         return ~np.asarray(removed.to_numpy(zero_copy_only=False), dtype=bool)
 
+    @cached_property
+    def _by_realpath(self) -> dict[str, str]:
+        return {os.path.realpath(os.path.join(self.working_dir or "", f["input"])): f["input"]
+                for f in self.files}
+
     def job_path(self, path: str | os.PathLike) -> str:
         """The input path as the job spelled it in record ids, for ``path`` as you spell it."""
-        want = os.path.realpath(path)
-        for f in self.files:
-            if os.path.realpath(os.path.join(self.working_dir or "", f["input"])) == want:
-                return f["input"]
+        found = self._by_realpath.get(os.path.realpath(path))
+        if found is not None:
+            return found
         raise ManifestError(f"{path} is not one of the run's {len(self.files)} input files "
                             f"(e.g. {self.files[0]['input'] if self.files else 'none'})")
 

@@ -11,7 +11,7 @@ the order, and a restored state never re-admits a duplicate. Without ids each ep
 deduplicated on its own: ``new_epoch()`` (the front ends call it when a new pass starts)
 forgets what was seen.
 
-Memory (docs/filters.md measures it): exact digests in a dict, ~120 B per kept record;
+Memory (docs/filters.md measures it): exact digests in a dict, 100-140 B per record;
 ``max_items`` bounds it (the oldest ~10% are forgotten when it is full, so an old
 record seen again is admitted once more); ``bloom`` replaces the dict by an rbloom
 Bloom filter of a stated false-positive rate (~2 B per record at 1e-3), where a false
@@ -56,6 +56,8 @@ def id_hashes(ids: Any) -> np.ndarray:
     """64-bit hashes of record ids (ints and strings alike, as their text), never 0 or -1."""
     if hasattr(ids, "numpy"):
         ids = ids.numpy()
+    if isinstance(ids, np.ndarray) and ids.ndim != 1:
+        raise ValueError(f"ids must be one per record (a 1-d sequence), got shape {ids.shape}")
     out = np.fromiter(
         (xxhash.xxh3_64_intdigest(i if isinstance(i, bytes) else str(i).encode()) for i in
          (ids.tolist() if isinstance(ids, np.ndarray) else ids)), np.uint64).view(np.int64)
@@ -288,7 +290,7 @@ class OnlineDedup:
     def settings(self) -> dict:
         return {"near": None if self.near is None else dataclasses.asdict(self.near),
                 "max_items": self.max_items, "bloom": self.bloom,
-                "bloom_capacity": self.bloom_capacity}
+                "bloom_capacity": self.bloom_capacity, "backend": self.backend}
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the state (settings, digests and owners, kept vectors, counters) to an
@@ -325,7 +327,8 @@ class OnlineDedup:
             s = meta["settings"]
             self = cls(near=None if s["near"] is None else NearSpec(**s["near"]),
                        max_items=s["max_items"], bloom=s["bloom"],
-                       bloom_capacity=s["bloom_capacity"], stats=Stats(**meta["stats"]))
+                       bloom_capacity=s["bloom_capacity"], backend=s["backend"],
+                       stats=Stats(**meta["stats"]))
             self._with_ids, self._scale = meta["with_ids"], meta["scale"]
             digests = z["digests"].tobytes()
             self._owner = dict(zip((digests[i:i + 16] for i in range(0, len(digests), 16)),
@@ -350,9 +353,9 @@ class OnlineDedup:
         self._blocks.append(_NearBlock(x, index))
 
     def nbytes(self) -> int:
-        """Approximate bytes the state holds (dict entries measured at ~120 B each)."""
+        """Approximate bytes the state holds (dict entries measured at 100-140 B each)."""
         if self._blooms is not None:
             return sum(b.size_in_bits // 8 for b in self._blooms)
         vec = sum(b.values.nbytes + b.index.ntotal * b.index.d * 4 for b in self._blocks)
-        return 120 * len(self._owner) + vec
+        return 140 * len(self._owner) + vec
 

@@ -44,7 +44,7 @@ _HEADER = struct.Struct("<QI")  # record length, masked CRC of the length bytes
 _CRC = struct.Struct("<I")
 _BLOCK = 1 << 20  # bytes read (and at most inflated) at a time
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "zlib": zlib.MAX_WBITS}
-_WRITER_COMPRESSION = {"none": "", "gzip": "GZIP", "zlib": "ZLIB"}
+TF_COMPRESSION = {"none": "", "gzip": "GZIP", "zlib": "ZLIB"}
 _LIST_DTYPES = {"float_list": "float32", "int64_list": "int64"}  # flat tensor features
 _ID_KINDS = ("bytes_list", "int64_list")
 _CHECK_ITEMS = 1000  # check() looks for a readable record among this many first items
@@ -70,7 +70,7 @@ def _valid_header(head: bytes) -> bool:
 # ---------------------------------------------------------------------------- framing
 
 
-def _detect(f: BinaryIO) -> str:
+def detect_compression(f: BinaryIO) -> str:
     """none | gzip | zlib: the first one whose first 12 bytes are a valid record header."""
     head = f.read(1 << 16)
     f.seek(0)
@@ -186,7 +186,7 @@ def _frames(f: BinaryIO, compression: str) -> Iterator[bytes | str]:
     """Every item of the file in order (an item's ordinal is its position): a record's
     data (bytes), or why a stretch of the file is unusable (str). No tuple per record:
     with TensorFlow loaded, the garbage collector makes every allocation count."""
-    src = _Source(f, _detect(f) if compression == "auto" else compression)
+    src = _Source(f, detect_compression(f) if compression == "auto" else compression)
     while True:
         offset = src.offset
         if not src.fill(12):
@@ -659,11 +659,11 @@ def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) 
     except OSError:
         return 0
     with f:
-        compression = _detect(f)
+        compression = detect_compression(f)
         tf = _tf()
         Path(dst).parent.mkdir(parents=True, exist_ok=True)
         dropped = set(np.asarray(drop).tolist())
-        options = tf.io.TFRecordOptions(compression_type=_WRITER_COMPRESSION[compression])
+        options = tf.io.TFRecordOptions(compression_type=TF_COMPRESSION[compression])
         written = 0
         with tf.io.TFRecordWriter(dst, options=options) as out:
             for position, item in enumerate(_frames(f, compression)):
