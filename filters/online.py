@@ -60,8 +60,14 @@ def id_hashes(ids: Any) -> np.ndarray:
         raise ValueError(f"ids must be one per record (a 1-d sequence), got shape {ids.shape}")
     out = np.fromiter(
         (xxhash.xxh3_64_intdigest(i if isinstance(i, bytes) else str(i).encode()) for i in
-         (ids.tolist() if isinstance(ids, np.ndarray) else ids)), np.uint64).view(np.int64)
+         (ids.tolist() if isinstance(ids, np.ndarray) else
+          (i.item() if hasattr(i, "item") else i for i in ids))), np.uint64).view(np.int64)
     return np.where((out == DROPPED) | (out == NO_ID), 1, out)
+
+
+def _same(x: int) -> int:
+    """The Bloom filters' hash: the key already is a 64-bit slice of a digest."""
+    return x
 
 
 @dataclass
@@ -122,12 +128,15 @@ class OnlineDedup:
 
     # --- the decision -------------------------------------------------------------------
 
-    def keep_mask(self, batch: Any, ids: Any = None) -> np.ndarray:
+    def keep_mask(self, batch: Any, ids: Any = None, digests: np.ndarray | None = None
+                  ) -> np.ndarray:
         """Decide the rows of ``batch`` (first axis = records) in order; updates the state.
 
         ``ids``: one record id per row (ints, strings or bytes), or None. A stream must
-        either always or never pass ids."""
-        digests = fingerprint_batch(batch, backend=self.backend)
+        either always or never pass ids. ``digests``: the rows' ``fingerprint_batch``
+        digests when the caller has them already (not hashed again)."""
+        if digests is None:
+            digests = fingerprint_batch(batch, backend=self.backend)
         n = len(digests)
         with_ids = ids is not None
         if self._with_ids is None:
@@ -194,12 +203,9 @@ class OnlineDedup:
     def _new_blooms(self) -> tuple:
         from rbloom import Bloom
 
-        def same(x: int) -> int:
-            return x
-
         # digests: has this value been seen; (digest, id): which record was kept for it
-        return Bloom(self.bloom_capacity, self.bloom, same), Bloom(self.bloom_capacity,
-                                                                   self.bloom, same)
+        return Bloom(self.bloom_capacity, self.bloom, _same), Bloom(self.bloom_capacity,
+                                                                    self.bloom, _same)
 
     def _bloom_step(self, digests: np.ndarray, owners: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray]:
@@ -278,6 +284,20 @@ class OnlineDedup:
                     self._blocks) > 1:
                 self._blocks.pop(0)
 
+    def __getstate__(self) -> dict:
+        """Pickling (DataLoader workers under spawn): Bloom filters travel as bytes."""
+        state = dict(self.__dict__)
+        if self._blooms is not None:
+            state["_blooms"] = tuple(b.save_bytes() for b in self._blooms)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self._blooms is not None:
+            from rbloom import Bloom
+
+            self._blooms = tuple(Bloom.load_bytes(b, _same) for b in self._blooms)
+
     # --- state ---------------------------------------------------------------------------
 
     @property
@@ -327,7 +347,7 @@ class OnlineDedup:
             s = meta["settings"]
             self = cls(near=None if s["near"] is None else NearSpec(**s["near"]),
                        max_items=s["max_items"], bloom=s["bloom"],
-                       bloom_capacity=s["bloom_capacity"], backend=s["backend"],
+                       bloom_capacity=s["bloom_capacity"], backend=s.get("backend", "auto"),
                        stats=Stats(**meta["stats"]))
             self._with_ids, self._scale = meta["with_ids"], meta["scale"]
             digests = z["digests"].tobytes()
@@ -336,7 +356,7 @@ class OnlineDedup:
             if self._blooms is not None:
                 from rbloom import Bloom
 
-                self._blooms = tuple(Bloom.load_bytes(z[f"bloom{i}"].tobytes(), lambda x: x)
+                self._blooms = tuple(Bloom.load_bytes(z[f"bloom{i}"].tobytes(), _same)
                                      for i in range(2))
             if len(z["block_rows"]):
                 values = z["values"]

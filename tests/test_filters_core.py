@@ -241,3 +241,25 @@ def test_manifest_default_ids_follow_the_job_paths(tmp_path, monkeypatch):
 def test_manifest_needs_a_finished_run(tmp_path):
     with pytest.raises(ManifestError, match="summary.json"):
         Manifest.load(tmp_path)
+
+
+def test_a_bloom_state_pickles_for_spawned_workers():
+    import pickle
+
+    f = OnlineDedup(bloom=0.001, bloom_capacity=1000)
+    x = stream(6)[:500]
+    f.keep_mask(x)
+    g = pickle.loads(pickle.dumps(f))
+    assert g.stats == f.stats
+    assert not g.keep_mask(x).any()
+
+
+def test_precomputed_digests_and_tensor_ids():
+    torch = pytest.importorskip("torch")
+    from transforms.fingerprint import fingerprint_batch
+
+    x = stream(7)[:300]
+    want = OnlineDedup().keep_mask(x, ids=np.arange(300))
+    got = OnlineDedup().keep_mask(x, ids=[torch.tensor(i) for i in range(300)],
+                                  digests=fingerprint_batch(x))
+    assert (got == want).all()
