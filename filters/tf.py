@@ -112,9 +112,11 @@ def skip_removed(manifest: Manifest, id_key: Key = None, batch_size: int | None 
             keep = table.lookup(_id_text(tf.reshape(_pick(batch, id_key), [-1])))
             return tf.nest.map_structure(lambda t: tf.boolean_mask(t, keep), batch)
 
+        # the table is read-only: batches are looked up in parallel, order kept
+        parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": True}
         if batched:
-            return ds.map(keep_rows)
-        return ds.batch(batch_size).map(keep_rows).unbatch()
+            return ds.map(keep_rows, **parallel)
+        return ds.batch(batch_size).map(keep_rows, **parallel).unbatch()
 
     return apply
 
