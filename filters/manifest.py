@@ -28,6 +28,11 @@ import pyarrow.parquet as pq
 from transforms.formats.base import default_ids_arrow
 
 
+def _default_ids(file: dict) -> pa.Array:
+    """The ids the job gave the records of one input file (summary "files" entry)."""
+    return default_ids_arrow(file["input"], np.arange(file["read"]))
+
+
 class ManifestError(ValueError):
     """The report cannot serve as a manifest (missing files, unknown input path)."""
 
@@ -84,8 +89,7 @@ class Manifest:
     def file_ids(self, path: str | os.PathLike) -> pa.Array:
         """The default record ids ("<path>:<position>") of every record of one input file."""
         job_path = self.job_path(path)
-        n = next(f["read"] for f in self.files if f["input"] == job_path)
-        return default_ids_arrow(job_path, np.arange(n))
+        return _default_ids(next(f for f in self.files if f["input"] == job_path))
 
     def kept_indices(self, ids: Sequence | np.ndarray | pa.Array | None = None) -> np.ndarray:
         """Indices (int64) of the kept records of a dataset whose index i has record id
@@ -95,7 +99,6 @@ class Manifest:
             if self.id_field is not None:
                 raise ManifestError(f"the run named records by input.id={self.id_field!r}: "
                                     "pass the dataset's ids")
-            ids = pa.chunked_array([self.file_ids(os.path.join(self.working_dir or "",
-                                                               f["input"]))
-                                    for f in self.files], pa.string()).combine_chunks()
+            ids = pa.chunked_array([_default_ids(f) for f in self.files],
+                                   pa.string()).combine_chunks()
         return np.flatnonzero(self.keep_mask(ids))

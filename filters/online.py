@@ -22,7 +22,6 @@ index over them.
 from __future__ import annotations
 
 import dataclasses
-import io
 import itertools
 import json
 import os
@@ -33,14 +32,16 @@ import numpy as np
 import xxhash
 
 from transforms.canonical import to_numpy
+from transforms.exact import digest_words
 from transforms.fingerprint import fingerprint_batch
 from transforms.near import (
     NearSpec,
     exact_distance,
     finite_rows,
     group_representative,
-    merge_pairs,
     range_pairs,
+    row_edges,
+    search_partition,
     search_radius_sq,
     search_space,
     value_scale,
@@ -65,6 +66,12 @@ def id_hashes(ids: Any) -> np.ndarray:
     return np.where((out == DROPPED) | (out == NO_ID), 1, out)
 
 
+def _digest_keys(digests: np.ndarray) -> list[bytes]:
+    """Digests (V16, or (n, 16) uint8) as 16-byte dict keys."""
+    raw = digests.tobytes()
+    return [raw[i:i + 16] for i in range(0, len(raw), 16)]
+
+
 def _same(x: int) -> int:
     """The Bloom filters' hash: the key already is a 64-bit slice of a digest."""
     return x
@@ -83,9 +90,6 @@ class Stats:
     dropped_exact: int = 0
     dropped_near: int = 0
     readmitted: int = 0  # records kept again in a later epoch (their id owns the digest)
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
 
 
 @dataclass
@@ -182,8 +186,7 @@ class OnlineDedup:
                     ) -> tuple[np.ndarray, np.ndarray]:
         """(keep, new): new rows own their digest from now on; a row whose id owns its
         digest is kept again (a later epoch); any other row with a known digest is dropped."""
-        raw = digests.tobytes()
-        keys = [raw[i:i + 16] for i in range(0, len(raw), 16)]
+        keys = _digest_keys(digests)
         keep = np.zeros(len(keys), dtype=bool)
         new = np.zeros(len(keys), dtype=bool)
         mem = self._owner
@@ -209,7 +212,7 @@ class OnlineDedup:
 
     def _bloom_step(self, digests: np.ndarray, owners: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray]:
-        words = digests.view(">u8").reshape(-1, 2).astype(np.uint64)
+        words = digest_words(digests)
         seen_b, kept_b = self._blooms
         k_digest = words[:, 1].view(np.int64).tolist()
         k_owner = (words[:, 0] ^ owners.view(np.uint64)).view(np.int64).tolist()
@@ -251,22 +254,13 @@ class OnlineDedup:
         return np.sort(np.concatenate([rows[near_old], rows[fresh[drop_fresh]]]))
 
     def _within_batch(self, x: np.ndarray, v: np.ndarray, radius_sq: float) -> np.ndarray:
-        """Greedy in batch order among new rows: the kernel's representative grouping."""
-        import faiss
-
+        """Greedy in batch order among new rows: the kernel's partition search (one
+        partition, every row at home) and its representative grouping."""
         if len(x) < 2:
             return np.empty(0, np.int64)
-        index = faiss.IndexFlatL2(v.shape[1])
-        index.add(v)
-        a, b = range_pairs(index, v, radius_sq, self.near)
-        a, b = a[a < b], b[a < b]
-        dist, ab = exact_distance(x[a], x[b], self.near)
-        ba = exact_distance(x[b], x[a], self.near)[1] if self.near.metric == "allclose" else ab
-        both = np.concatenate([a, b])
-        key = np.stack([np.zeros_like(both), both], axis=1).astype(np.uint64)
-        edges = merge_pairs(key, np.zeros(len(both)), both, dist, ab, ba)
-        removed, _, _ = group_representative(edges)
-        return both[edges.node][removed]
+        f = search_partition(x, v, np.ones(len(x), dtype=bool), self.near, radius_sq)
+        edges, row = row_edges(f.a, f.b, np.arange(len(x)), f.dist, f.a_near_b, f.b_near_a)
+        return row[group_representative(edges)[0]]
 
     def _remember(self, x: np.ndarray, v: np.ndarray) -> None:
         import faiss
@@ -319,7 +313,7 @@ class OnlineDedup:
         arrays = {
             "meta": np.array(json.dumps({"version": STATE_VERSION, "settings": self.settings(),
                                          "with_ids": self._with_ids, "scale": self._scale,
-                                         "stats": self.stats.as_dict()})),
+                                         "stats": dataclasses.asdict(self.stats)})),
             "digests": np.frombuffer(keys, np.uint8).reshape(-1, 16),
             "owners": np.fromiter(self._owner.values(), np.int64, len(self._owner)),
             "block_rows": np.array([len(b.values) for b in self._blocks], np.int64),
@@ -330,10 +324,8 @@ class OnlineDedup:
             for i, b in enumerate(self._blooms):
                 arrays[f"bloom{i}"] = np.frombuffer(b.save_bytes(), np.uint8)
         tmp = f"{os.fspath(path)}.tmp"
-        buf = io.BytesIO()
-        np.savez(buf, **arrays)
-        with open(tmp, "wb") as f:
-            f.write(buf.getvalue())
+        with open(tmp, "wb") as f:  # a file object: savez adds no ".npz" to the name
+            np.savez(f, **arrays)
         os.replace(tmp, path)
 
     @classmethod
@@ -350,9 +342,8 @@ class OnlineDedup:
                        bloom_capacity=s["bloom_capacity"], backend=s.get("backend", "auto"),
                        stats=Stats(**meta["stats"]))
             self._with_ids, self._scale = meta["with_ids"], meta["scale"]
-            digests = z["digests"].tobytes()
-            self._owner = dict(zip((digests[i:i + 16] for i in range(0, len(digests), 16)),
-                                   z["owners"].tolist(), strict=True))
+            self._owner = dict(zip(_digest_keys(z["digests"]), z["owners"].tolist(),
+                                   strict=True))
             if self._blooms is not None:
                 from rbloom import Bloom
 

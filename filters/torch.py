@@ -32,6 +32,7 @@ from torch.utils.data import (
 from filters.manifest import Manifest, ManifestError
 from filters.online import OnlineDedup
 from transforms.canonical import to_numpy
+from transforms.exact import digest_words
 from transforms.fingerprint import fingerprint_batch
 
 ROUTES = ("digest", "replicate")
@@ -195,7 +196,7 @@ def _take(ids: Sequence | None, rows: np.ndarray) -> Sequence | None:
 
 def _owner_workers(digests: np.ndarray, num_workers: int) -> np.ndarray:
     """The worker that owns each digest: its low 64 bits modulo the number of workers."""
-    return (digests.view(">u8").reshape(-1, 2)[:, 1] % np.uint64(num_workers)).astype(np.int64)
+    return (digest_words(digests)[:, 1] % np.uint64(num_workers)).astype(np.int64)
 
 
 class OnlineDedupDataset(IterableDataset):
@@ -404,16 +405,12 @@ def keep_mask_on_device(batch: torch.Tensor, dedup: OnlineDedup | None = None,
     each value is kept. With ``dedup``: its state decides and is updated (``ids`` as in
     ``OnlineDedup.keep_mask``; its own ``backend`` applies). ``backend``: as in
     ``fingerprint_batch`` (``"torch"`` runs the device kernel on CPU tensors)."""
-    if dedup is None:
+    if dedup is None:  # a fresh state: the first copy of each value in this batch
         if ids is not None:
             raise ValueError("ids identify records across batches: pass a dedup state too")
-        digests = fingerprint_batch(batch, backend=backend).view(np.uint64).reshape(-1, 2)
-        keep = np.zeros(len(digests), dtype=bool)
-        keep[np.unique(digests, axis=0, return_index=True)[1]] = True
-    else:
-        if backend not in ("auto", dedup.backend):
-            raise ValueError(f"backend={backend!r} differs from the dedup state's "
-                             f"{dedup.backend!r}: set it on the OnlineDedup")
-        keep = dedup.keep_mask(batch, ids)
-    return torch.from_numpy(keep).to(batch.device)
+        dedup = OnlineDedup(backend=backend)
+    elif backend not in ("auto", dedup.backend):
+        raise ValueError(f"backend={backend!r} differs from the dedup state's "
+                         f"{dedup.backend!r}: set it on the OnlineDedup")
+    return torch.from_numpy(dedup.keep_mask(batch, ids)).to(batch.device)
 

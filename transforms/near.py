@@ -325,6 +325,16 @@ def merge_pairs(key: np.ndarray, prio: np.ndarray, order: np.ndarray, dist: np.n
     return Edges(node, rank, later[o], earlier[o], dist[o])
 
 
+def row_edges(a: np.ndarray, b: np.ndarray, rank: np.ndarray, dist: np.ndarray,
+              a_near_b: np.ndarray, b_near_a: np.ndarray) -> tuple[Edges, np.ndarray]:
+    """``merge_pairs`` for pairs of rows of one array, keyed by row number (no digests):
+    the edges and each record's row. ``rank``: the keep order of every row."""
+    both = np.concatenate([a, b])
+    key = np.stack([np.zeros_like(both), both], axis=1).astype(np.uint64)
+    edges = merge_pairs(key, np.zeros(len(both)), rank[both], dist, a_near_b, b_near_a)
+    return edges, both[edges.node]
+
+
 def group_representative(e: Edges) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Visit records in keep order; remove one when it is within tolerance of an already
     kept record (the nearest such, ties by keep order). No chaining: each removed record
@@ -411,10 +421,7 @@ def near_duplicates(x: np.ndarray, rank: np.ndarray, spec: NearSpec,
     a, b, dist, ab, ba = (np.concatenate(cols[k]) if cols[k] else np.empty(0, t) for k, t in
                           (("a", np.int64), ("b", np.int64), ("dist", float), ("ab", bool),
                            ("ba", bool)))
-    both = np.concatenate([a, b])
-    key = np.stack([np.zeros_like(both), both], axis=1).astype(np.uint64)
-    edges = merge_pairs(key, np.zeros(len(both)), rs[both], dist, ab, ba)
-    row = both[edges.node]  # record number -> row of xs
+    edges, row = row_edges(a, b, rs, dist, ab, ba)
     if spec.grouping == "representative":
         removed, kept, dist = group_representative(edges)
     else:
