@@ -81,23 +81,63 @@ def near_oracle(x: np.ndarray, spec: NearSpec) -> dict[int, int]:
     return {i: find(i) for i in good if find(i) != i}
 
 
+
+class StreamOracle:
+    """Online filter by brute force, one record at a time: a known value (canonical bytes)
+    is dropped unless, with ids, this record's id first kept it; a new value is dropped
+    when within tolerance of a kept record (``exact_distance``, float64; NaN/inf never
+    compare), else kept. ``new_epoch`` forgets everything when there are no ids."""
+
+    def __init__(self, spec: NearSpec | None = None, with_ids: bool = False) -> None:
+        self.spec, self.with_ids = spec, with_ids
+        self.owner: dict[tuple, object] = {}
+        self.kept: list[np.ndarray] = []
+        self.near_drops = 0
+
+    def new_epoch(self) -> None:
+        if not self.with_ids:
+            self.owner.clear()
+            self.kept.clear()
+
+    def keep(self, rid: object, x: np.ndarray) -> bool:
+        x = np.asarray(x)
+        key = canonical_key(x)
+        if key in self.owner:
+            return self.with_ids and self.owner[key] == rid
+        row = x.reshape(1, -1)
+        if self.spec is not None and self.kept and exact_distance(
+                np.repeat(row, len(self.kept), 0), np.array(self.kept), self.spec)[1].any():
+            self.owner[key] = None
+            self.near_drops += 1
+            return False
+        self.owner[key] = rid
+        self.kept.append(row[0])
+        return True
+
+    def run(self, stream: list[tuple[object, np.ndarray]]) -> list:
+        """The ids of the records kept, in stream order."""
+        return [rid for rid, x in stream if self.keep(rid, x)]
+
+
 def stream_oracle(x: np.ndarray, spec: NearSpec | None = None) -> np.ndarray:
-    """Keep mask of an online filter, one record at a time: drop a record whose value was
-    seen before, or (``spec``) that is within tolerance of an earlier kept record."""
-    seen: set[tuple] = set()
-    kept: list[int] = []
-    keep = np.zeros(len(x), dtype=bool)
-    for i in range(len(x)):
-        key = canonical_key(x[i])
-        if key in seen:
-            continue
-        seen.add(key)
-        row = x[i].reshape(1, -1)
-        if spec is not None and kept and np.isfinite(row).all():
-            refs = x[kept].reshape(len(kept), -1)
-            if exact_distance(np.repeat(row, len(kept), 0), refs, spec)[1].any():
-                continue
-        if spec is None or np.isfinite(row).all():
-            kept.append(i)
-        keep[i] = True
-    return keep
+    """Keep mask of an online filter without ids over the rows of ``x``, in order."""
+    oracle = StreamOracle(spec)
+    return np.array([oracle.keep(None, row) for row in x], dtype=bool)
+
+
+def planted_stream(seed: int, n: int, d: int, copies: int, nans: int, zeros: int = 0
+                   ) -> np.ndarray:
+    """n random float32 records plus ``copies`` exact copies, ``copies`` near copies (noise
+    0.02) and ``copies`` decoys (noise 0.2), ``nans`` rows with a NaN and ``zeros`` rows
+    set to -0.0 and as many to +0.0 (one value), shuffled."""
+    rng = np.random.default_rng(seed)
+    base = rng.normal(size=(n, d)).astype(np.float32)
+    pick = rng.integers(0, n, size=(3, copies))
+    near = base[pick[1]] + rng.normal(scale=0.02 / np.sqrt(d), size=(copies, d))
+    decoy = base[pick[2]] + rng.normal(scale=0.2 / np.sqrt(d), size=(copies, d))
+    x = np.concatenate([base, base[pick[0]], near.astype(np.float32), decoy.astype(np.float32)])
+    x[rng.choice(len(x), nans, replace=False), 3] = np.nan
+    if zeros:
+        x[rng.choice(len(x), zeros, replace=False)] = -0.0
+        x[rng.choice(len(x), zeros, replace=False)] = 0.0
+    return x[rng.permutation(len(x))]

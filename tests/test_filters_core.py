@@ -11,7 +11,7 @@ import pytest
 from filters.manifest import Manifest, ManifestError
 from filters.online import OnlineDedup
 from tests.jobkit import read_output, run_job, write_input
-from tests.oracle import stream_oracle
+from tests.oracle import planted_stream, stream_oracle
 from transforms.near import NearSpec
 
 SPECS = [None, NearSpec("l2", threshold=0.1), NearSpec("cosine", threshold=0.002),
@@ -19,15 +19,7 @@ SPECS = [None, NearSpec("l2", threshold=0.1), NearSpec("cosine", threshold=0.002
 
 
 def stream(seed: int = 0, n: int = 1500, d: int = 16) -> np.ndarray:
-    """Records with exact copies, near copies (noise 0.02) and decoys (noise 0.2)."""
-    rng = np.random.default_rng(seed)
-    base = rng.normal(size=(n, d)).astype(np.float32)
-    pick = rng.integers(0, n, size=(3, n // 5))
-    near = base[pick[1]] + rng.normal(scale=0.02 / np.sqrt(d), size=(n // 5, d))
-    decoy = base[pick[2]] + rng.normal(scale=0.2 / np.sqrt(d), size=(n // 5, d))
-    x = np.concatenate([base, base[pick[0]], near.astype(np.float32), decoy.astype(np.float32)])
-    x[rng.choice(len(x), 5, replace=False), 3] = np.nan
-    return x[rng.permutation(len(x))]
+    return planted_stream(seed, n, d, copies=n // 5, nans=5)
 
 
 def run(f: OnlineDedup, x: np.ndarray, ids: np.ndarray | None, order: np.ndarray,

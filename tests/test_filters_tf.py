@@ -22,8 +22,8 @@ from filters.tf import (  # noqa: E402
     tfrecord_dataset_with_ids,
 )
 from tests.jobkit import read_output, run_job, write_input  # noqa: E402
-from tests.oracle import canonical_key  # noqa: E402
-from transforms.near import NearSpec, exact_distance  # noqa: E402
+from tests.oracle import StreamOracle, canonical_key  # noqa: E402
+from transforms.near import NearSpec  # noqa: E402
 
 DIM = 8
 FEATURES = {"id": tf.io.FixedLenFeature([], tf.string),
@@ -245,39 +245,6 @@ def test_manifest_filter_is_entirely_in_graph(default_id_job):
 # -------------------------------------------------------------------------- online mode
 
 
-class Oracle:
-    """Sequential brute force: a known value (canonical bytes) is dropped unless, with
-    ids, this record's id first kept it; a new value is dropped when within tolerance
-    of a kept record (float64 metric), else kept."""
-
-    def __init__(self, spec: NearSpec | None, with_ids: bool) -> None:
-        self.spec, self.with_ids = spec, with_ids
-        self.owner: dict[tuple, str | None] = {}
-        self.kept: list[np.ndarray] = []
-        self.near_drops = 0
-
-    def new_epoch(self) -> None:
-        if not self.with_ids:
-            self.owner.clear()
-            self.kept.clear()
-
-    def keep(self, rid: str, x: np.ndarray) -> bool:
-        key = canonical_key(x)
-        if key in self.owner:
-            return self.with_ids and self.owner[key] == rid
-        if self.spec is not None and self.kept and exact_distance(
-                np.repeat(x[None], len(self.kept), 0), np.array(self.kept), self.spec)[1].any():
-            self.owner[key] = None
-            self.near_drops += 1
-            return False
-        self.owner[key] = rid
-        self.kept.append(x)
-        return True
-
-    def run(self, stream: list[tuple[str, np.ndarray]]) -> list[str]:
-        return [rid for rid, x in stream if self.keep(rid, x)]
-
-
 def stream_parts(seed: int, prefix: str, base: np.ndarray | None = None
                  ) -> list[tuple[list[str], np.ndarray]]:
     """Two files of random rows with exact copies (one a -0.0 twin), near copies, far
@@ -343,7 +310,7 @@ def test_online_matches_oracle_each_epoch_without_ids(stream_files, spec):
     filtered = stream(stream_files[0], 5).apply(online_filter(OnlineDedup(near=spec), "emb",
                                                               batch_size=16))
     twin = stream(stream_files[0], 5)
-    oracle = Oracle(spec, with_ids=False)
+    oracle = StreamOracle(spec, with_ids=False)
     orders = []
     for _ in range(2):  # each pass is deduplicated on its own, in its own order
         oracle.new_epoch()
@@ -361,7 +328,7 @@ def test_online_with_ids_keeps_the_same_records_every_epoch(stream_files, spec):
     dedup = OnlineDedup(near=spec)
     filtered = stream(stream_files[0], 6).apply(online_filter(dedup, "emb", "id", 16))
     twin = stream(stream_files[0], 6)
-    oracle = Oracle(spec, with_ids=True)
+    oracle = StreamOracle(spec, with_ids=True)
     first, order = decided(filtered, twin)
     assert first == oracle.run(order)
     second, order2 = decided(filtered, twin)
@@ -374,7 +341,7 @@ def test_online_with_ids_keeps_the_same_records_every_epoch(stream_files, spec):
 def test_online_state_restored_does_not_readmit(stream_files, spec, tmp_path):
     old, new = stream_files
     dedup = OnlineDedup(near=spec)
-    oracle = Oracle(spec, with_ids=True)
+    oracle = StreamOracle(spec, with_ids=True)
     first = [r["id"].decode() for r in stream(old, 7).apply(
         online_filter(dedup, "emb", "id", 16)).as_numpy_iterator()]
     assert first == oracle.run(epoch(stream(old, 7).as_numpy_iterator()))
@@ -402,7 +369,7 @@ def test_online_tuple_elements_keep_structure_and_order(stream_files):
     got = list(ds.apply(online_filter(OnlineDedup(), lambda e: e[1], 0, 7))
                .as_numpy_iterator())
     src = list(ds.as_numpy_iterator())
-    want = Oracle(None, with_ids=True).run([(i, x) for i, x, _ in src])
+    want = StreamOracle(None, with_ids=True).run([(i, x) for i, x, _ in src])
     assert [g[0] for g in got] == want
     by_id = {i: (x, lab) for i, x, lab in src}
     for i, x, lab in got:

@@ -22,7 +22,7 @@ from filters.torch import (
     manifest_subset,
 )
 from tests.jobkit import read_output, run_job, write_input
-from tests.oracle import canonical_key, stream_oracle
+from tests.oracle import StreamOracle, canonical_key, planted_stream, stream_oracle
 from transforms.near import NearSpec
 
 SPEC = NearSpec("l2", threshold=0.1)
@@ -31,28 +31,15 @@ SPEC = NearSpec("l2", threshold=0.1)
 # --- oracles and data --------------------------------------------------------------------
 
 def id_oracle(records: list[tuple[str, np.ndarray]]) -> list[bool]:
-    """Exact filter with record ids, one record at a time: a value's first record owns it;
-    a later record with that value is kept only if it is the owner (a later epoch)."""
-    owner: dict[tuple, str] = {}
-    keep = []
-    for rid, t in records:
-        key = canonical_key(np.asarray(t))
-        keep.append(owner.setdefault(key, rid) == rid)
-    return keep
+    """Exact filter with record ids: a value's first record owns it; a later record with
+    that value is kept only if it is the owner (a later epoch)."""
+    oracle = StreamOracle(with_ids=True)
+    return [oracle.keep(rid, t) for rid, t in records]
 
 
 def stream(seed: int, n: int = 240, d: int = 8) -> np.ndarray:
-    """Records with exact copies, near copies (noise 0.02), decoys (noise 0.2) and NaNs."""
-    rng = np.random.default_rng(seed)
-    base = rng.normal(size=(n, d)).astype(np.float32)
-    pick = rng.integers(0, n, size=(3, n // 4))
-    near = base[pick[1]] + rng.normal(scale=0.02 / np.sqrt(d), size=(n // 4, d))
-    decoy = base[pick[2]] + rng.normal(scale=0.2 / np.sqrt(d), size=(n // 4, d))
-    x = np.concatenate([base, base[pick[0]], near.astype(np.float32), decoy.astype(np.float32)])
-    x[rng.choice(len(x), 4, replace=False), 3] = np.nan
-    x[rng.choice(len(x), 6, replace=False)] = -0.0  # -0.0 and +0.0 rows are one value
-    x[rng.choice(len(x), 6, replace=False)] = 0.0
-    return x[rng.permutation(len(x))]
+    """Exact, near and decoy copies, NaNs, and -0.0 / +0.0 rows (one value)."""
+    return planted_stream(seed, n, d, copies=n // 4, nans=4, zeros=6)
 
 
 class Rows(Dataset):
