@@ -138,9 +138,12 @@ def tfrecord_dataset_with_ids(manifest: Manifest, paths: Sequence[str | os.PathL
     if manifest.id_field is not None:
         raise ManifestError(f"the run named records by input.id={manifest.id_field!r}: parse "
                             "that feature and use skip_removed(manifest, id_key=...)")
-    local = [os.path.join(manifest.working_dir or "", f["input"]) for f in manifest.files] \
-        if paths is None else [os.fspath(p) for p in paths]
-    job = [manifest.job_path(p) for p in local]
+    if paths is None:  # the job's own files: their job paths are known
+        job = [f["input"] for f in manifest.files]
+        local = [os.path.join(manifest.working_dir or "", p) for p in job]
+    else:
+        local = [os.fspath(p) for p in paths]
+        job = [manifest.job_path(p) for p in local]
     if compression_type is None:
         kinds = []
         for p in local:
