@@ -6,6 +6,7 @@ and the fix (exit code 2, no traceback). YAML is read with ``yaml.safe_load`` on
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -114,14 +115,218 @@ class NearConfig(_Strict):
         return self
 
 
+# Typed Dataflow keys -> the Beam pipeline options they set (first name) and its aliases,
+# which are refused in runner.options so a value is never given twice.
+DATAFLOW_KEYS: dict[str, tuple[str, ...]] = {
+    "project": ("project",), "region": ("region",), "temp_location": ("temp_location",),
+    "staging_location": ("staging_location",),
+    "machine_type": ("machine_type", "worker_machine_type"),
+    "max_workers": ("max_num_workers",), "num_workers": ("num_workers",),
+    "worker_image": ("sdk_container_image", "worker_harness_container_image"),
+    "disk_size_gb": ("disk_size_gb",), "service_account_email": ("service_account_email",),
+    "network": ("network",), "subnetwork": ("subnetwork",), "job_name": ("job_name",),
+    "accelerator": ("dataflow_service_options",),  # only its worker_accelerator= entry
+}
+# Compute Engine attaches each GPU model to one machine series (custom-* is N1):
+# the prefixes it accepts and an example type for the error line.
+_N1 = (("n1-", "custom-"), "n1-standard-8")
+GPU_MACHINES = {"nvidia-tesla-t4": _N1, "nvidia-tesla-p4": _N1, "nvidia-tesla-v100": _N1,
+                "nvidia-tesla-p100": _N1, "nvidia-l4": (("g2-",), "g2-standard-8"),
+                "nvidia-tesla-a100": (("a2-",), "a2-highgpu-1g"),
+                "nvidia-a100-80gb": (("a2-",), "a2-ultragpu-1g"),
+                "nvidia-h100-80gb": (("a3-",), "a3-highgpu-8g"),
+                "nvidia-h100-mega-80gb": (("a3-",), "a3-megagpu-8g")}
+
+
+class AcceleratorConfig(_Strict):
+    type: str = Field(description="GPU model per worker VM, e.g. nvidia-tesla-t4 (N1 machines), "
+                      "nvidia-l4 (G2), nvidia-tesla-a100 (A2); see gcloud compute "
+                      "accelerator-types list")
+    count: int = Field(1, description="GPUs per worker VM (>= 1)")
+    install_driver: bool = Field(True, description="Dataflow installs the NVIDIA driver on "
+                                 "each worker (install-nvidia-driver); the image brings CUDA")
+
+    @field_validator("type")
+    @classmethod
+    def _gpu_type(cls, v: str) -> str:
+        if not re.fullmatch(r"nvidia-[a-z0-9-]+", v):
+            raise ValueError(f"{v!r} is not a GPU type: use one such as nvidia-tesla-t4, "
+                             "nvidia-l4 or nvidia-tesla-a100 (gcloud compute accelerator-types "
+                             "list)")
+        return v
+
+    @field_validator("count")
+    @classmethod
+    def _at_least_one(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"{v} GPUs per worker: use 1 or more, or remove runner.accelerator")
+        return v
+
+    def service_option(self) -> str:
+        """The Dataflow service option that attaches the GPUs to every worker VM."""
+        return (f"worker_accelerator=type:{self.type};count:{self.count}"
+                + (";install-nvidia-driver" if self.install_driver else ""))
+
+
 class RunnerConfig(_Strict):
-    name: str = Field("local", description="local (Beam FnApiRunner) | any Beam runner name")
-    options: dict[str, Any] = Field(default_factory=dict,
-                                    description="passed through as Beam pipeline options")
+    """Where the job runs. ``name: dataflow`` takes the typed keys below (checked here, one
+    line each); any other Beam option goes through ``options`` unchanged."""
+
+    name: str = Field("local", description="local (Beam FnApiRunner, in this process) | "
+                      "dataflow (Google Cloud Dataflow, typed keys below) | any Beam runner name")
+    options: dict[str, Any] = Field(default_factory=dict, description="other Beam pipeline "
+                                    "options, passed through as given")
+    project: str | None = Field(None, description="dataflow: Google Cloud project ID (required)")
+    region: str | None = Field(None, description="dataflow: region the job and its workers run "
+                               "in, e.g. us-central1 (required; GPU quota is per region)")
+    temp_location: str | None = Field(None, description="dataflow: gs:// path for temporary "
+                                      "files (required)")
+    staging_location: str | None = Field(None, description="dataflow: gs:// path for staged "
+                                         "files (default <temp_location>/staging)")
+    machine_type: str | None = Field(None, description="dataflow: worker VM type, e.g. "
+                                     "n1-standard-8 (T4 GPUs need n1-*, L4 g2-*, A100 a2-*)")
+    max_workers: int | None = Field(None, gt=0, description="dataflow: autoscaling limit on "
+                                    "worker VMs (caps the cost)")
+    num_workers: int | None = Field(None, gt=0, description="dataflow: worker VMs to start with")
+    worker_image: str | None = Field(None, description="dataflow: worker container image with "
+                                     "this package installed (deploy/Dockerfile), e.g. "
+                                     "REGION-docker.pkg.dev/PROJECT/REPO/tensordedup-worker:TAG")
+    disk_size_gb: int | None = Field(None, gt=0, description="dataflow: boot disk per worker, "
+                                     "GB (GPU images are large: 50 or more)")
+    service_account_email: str | None = Field(None, description="dataflow: service account "
+                                              "the workers run as")
+    network: str | None = Field(None, description="dataflow: VPC network of the workers")
+    subnetwork: str | None = Field(None, description="dataflow: subnetwork of the workers, "
+                                   "e.g. regions/us-central1/subnetworks/NAME")
+    job_name: str | None = Field(None, description="dataflow: job name (lowercase letters, "
+                                 "digits, hyphens; default generated by Beam)")
+    accelerator: AcceleratorConfig | None = Field(None, description="dataflow: GPUs per worker")
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _dataflow_spelling(cls, v: Any) -> Any:
+        """Beam's own name for it (DataflowRunner) means the same runner."""
+        return "dataflow" if isinstance(v, str) and v.lower() in ("dataflow",
+                                                                   "dataflowrunner") else v
+
+    @field_validator(*DATAFLOW_KEYS)
+    @classmethod
+    def _dataflow_only(cls, v: Any, info) -> Any:
+        name = info.data.get("name")
+        if v is not None and name is not None and name != "dataflow":
+            raise ValueError(f"only used with runner.name: dataflow (runner.name is {name!r}): "
+                             "remove it, or set runner.name: dataflow")
+        return v
+
+    @field_validator("temp_location", "staging_location")
+    @classmethod
+    def _gcs_path(cls, v: str | None) -> str | None:
+        m = re.fullmatch(r"gs://([^/]+)/(.+)", v or "")
+        if v is not None and not (m and re.fullmatch(r"[a-z0-9][-_a-z0-9.]+[a-z0-9]", m[1])):
+            raise ValueError(f"{v!r} is not a Cloud Storage path: use gs://BUCKET/PATH, "
+                             "e.g. gs://my-bucket/tmp (Dataflow stages and writes temp files "
+                             "there)")
+        return v
+
+    @field_validator("project")
+    @classmethod
+    def _project_id(cls, v: str | None) -> str | None:
+        if v is not None and v.isdigit():
+            raise ValueError(f"{v} is a project number: use the project ID (gcloud projects "
+                             "list)")
+        if v is not None and not re.fullmatch(r"[a-z][-a-z0-9:.]{4,28}[a-z0-9]", v):
+            raise ValueError(f"{v!r} is not a project ID: use the ID (6-30 lowercase letters, "
+                             "digits, hyphens), not the project's display name")
+        return v
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z]+(-[a-z]+)+[0-9]+", v):
+            raise ValueError(f"{v!r} is not a region: use one such as us-central1 or "
+                             "europe-west4 (a region, not a zone)")
+        return v
+
+    @field_validator("job_name")
+    @classmethod
+    def _job_name(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", v):
+            raise ValueError(f"{v!r} is not a Dataflow job name: use lowercase letters, digits "
+                             "and hyphens, starting with a letter (at most 63)")
+        return v
+
+    @field_validator("options")
+    @classmethod
+    def _not_twice(cls, v: dict[str, Any], info) -> dict[str, Any]:
+        if info.data.get("name") != "dataflow":
+            return v
+        for key, value in v.items():
+            typed = [k for k, names in DATAFLOW_KEYS.items() if key in names]
+            if typed and (typed[0] != "accelerator" or any(
+                    str(o).startswith("worker_accelerator") for o in _as_list(value))):
+                what = (key if typed[0] != "accelerator"
+                        else "the worker_accelerator= entry of dataflow_service_options")
+                raise ValueError(f"{what} has a typed key: use runner.{typed[0]} instead "
+                                 "(see --help)")
+        return v
+
+    @model_validator(mode="after")
+    def _dataflow_complete(self) -> RunnerConfig:
+        if self.name != "dataflow":
+            return self
+        missing = [f"runner.{k}" for k in ("project", "region", "temp_location")
+                   if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"runner.name dataflow needs {', '.join(missing)}: add them (e.g. "
+                             "project: my-project, region: us-central1, temp_location: "
+                             "gs://my-bucket/tmp)")
+        if self.worker_image is None and not {"setup_file", "extra_package", "extra_packages",
+                                              "requirements_file"} & set(self.options):
+            raise ValueError("runner.worker_image is missing: Dataflow workers need this "
+                             "package installed: build deploy/Dockerfile and set "
+                             "runner.worker_image to its image (docs/dataflow.md)")
+        if self.num_workers and self.max_workers and self.num_workers > self.max_workers:
+            raise ValueError(f"runner.num_workers ({self.num_workers}) is more than "
+                             f"runner.max_workers ({self.max_workers}): raise max_workers or "
+                             "lower num_workers")
+        gpu = self.accelerator
+        if gpu is not None and gpu.type in GPU_MACHINES:
+            series, example = GPU_MACHINES[gpu.type]
+            machine = self.machine_type or "n1-standard-1 (Dataflow's default)"
+            if not machine.startswith(series):
+                raise ValueError(f"runner.accelerator: {gpu.type} GPUs attach to {series[0]}* "
+                                 f"machine types, not {machine}: set runner.machine_type, "
+                                 f"e.g. {example}")
+        return self
+
+
+def _as_list(value: Any) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+class StoreConfig(_Strict):
+    path: str = Field(description="fingerprint store: a directory (local or any Beam "
+                      "filesystem, e.g. gs://) holding the digests (and, with near, the values) "
+                      "of every record kept by earlier runs; inputs are deduplicated against it")
+    update: bool = Field(True, description="append this run's kept records to the store once "
+                         "the run has succeeded (false: only check against it)")
+
+
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]{0,99}")
 
 
 class DedupeConfig(_Strict):
     input: InputConfig
+    run_id: str | None = Field(None, description="this run's id (default: today's UTC date, "
+                               "YYYY-MM-DD); '{run_id}' in output.path and report is replaced "
+                               "by it; rerunning an id replaces that run's outputs and store "
+                               "entries")
+    reference: list[InputConfig] = Field(
+        default_factory=list, description="reference sets (a mapping or a list of them, keys "
+        "as input): never removed; input records that are exact/near copies of a reference "
+        "record are removed as reference_exact/reference_near (leakage check)")
+    store: StoreConfig | None = Field(None, description="incremental dedup against earlier "
+                                      "runs (off when absent)")
     exact: bool = Field(True, description="exact-duplicate removal on/off")
     keep: Literal["first", "last"] | KeyColumn = Field(
         "first", description="which record of a group survives: first | last | "
@@ -135,12 +340,40 @@ class DedupeConfig(_Strict):
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
     tuning: TuningConfig = Field(default_factory=TuningConfig)
 
+    @field_validator("run_id", mode="before")
+    @classmethod
+    def _yaml_scalar(cls, v: Any) -> Any:
+        """YAML reads 2026-11-21 as a date and 20261121 as an int: both are fine ids."""
+        return v if v is None or isinstance(v, str) else str(v)
+
+    @field_validator("run_id")
+    @classmethod
+    def _safe_run_id(cls, v: str | None) -> str | None:
+        if v is not None and not RUN_ID.fullmatch(v):
+            raise ValueError(f"{v!r} is not a usable run id: use letters, digits and . _ = - "
+                             "(at most 100, no slashes), e.g. 2026-11-21")
+        return v
+
+    @field_validator("reference", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: Any) -> Any:
+        return [v] if isinstance(v, dict) else [] if v is None else v
+
     @field_validator("keep")
     @classmethod
     def _one_key_column(cls, v: Any) -> Any:
         if isinstance(v, KeyColumn) and (v.max is None) == (v.min is None):
             raise ValueError("give exactly one of {max: column} or {min: column}")
         return v
+
+    @model_validator(mode="after")
+    def _store_and_reference_need_exact(self) -> DedupeConfig:
+        for key, on in (("store", self.store is not None), ("reference", bool(self.reference))):
+            if on and not self.exact:
+                raise ValueError(f"config keys '{key}' and 'exact': checking against a {key} "
+                                 "starts with its exact digests: set exact: true or remove "
+                                 f"{key}")
+        return self
 
     @model_validator(mode="after")
     def _near_after_exact(self) -> DedupeConfig:

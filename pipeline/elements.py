@@ -14,6 +14,18 @@ import pyarrow as pa
 from transforms.formats.base import InvalidRecord
 
 
+def _take_opt(a: pa.Array | None, idx: np.ndarray) -> pa.Array | None:
+    return None if a is None else a.take(pa.array(idx, pa.int64()))
+
+
+def _concat_runs(runs: list[pa.Array | None], sizes: list[int]) -> pa.Array | None:
+    """Store run ids (null for this run's and reference records), None when none has any."""
+    if all(r is None for r in runs):
+        return None
+    return pa.concat_arrays([pa.nulls(n, pa.string()) if r is None else r
+                             for r, n in zip(runs, sizes, strict=True)])
+
+
 @dataclass
 class KeyBatch:
     """Fingerprint -> Exact: the digests of some rows of one shard, with their order keys."""
@@ -23,18 +35,28 @@ class KeyBatch:
     position: np.ndarray  # (n,) int64
     ids: pa.Array  # (n,) string record ids
     rank: np.ndarray | None = None  # (n,) float64 keep-by values
+    tier: np.ndarray | None = None  # (n,) int8 NEW | STORE | REFERENCE (transforms.exact)
+    run: pa.Array | None = None  # (n,) string: the earlier run a stored record came from
+
+    def __len__(self) -> int:
+        return len(self.position)
 
     def take(self, idx: np.ndarray) -> KeyBatch:
         return KeyBatch(self.words[idx], self.file_index[idx], self.position[idx],
-                        self.ids.take(pa.array(idx)), None if self.rank is None else self.rank[idx])
+                        self.ids.take(pa.array(idx, pa.int64())),
+                        None if self.rank is None else self.rank[idx],
+                        None if self.tier is None else self.tier[idx], _take_opt(self.run, idx))
 
     @staticmethod
     def concat(batches: list[KeyBatch]) -> KeyBatch:
         rank = None if batches[0].rank is None else np.concatenate([b.rank for b in batches])
+        tier = None if all(b.tier is None for b in batches) else np.concatenate(
+            [np.zeros(len(b), np.int8) if b.tier is None else b.tier for b in batches])
         return KeyBatch(np.concatenate([b.words for b in batches]),
                         np.concatenate([b.file_index for b in batches]),
                         np.concatenate([b.position for b in batches]),
-                        pa.concat_arrays([b.ids for b in batches]), rank)
+                        pa.concat_arrays([b.ids for b in batches]), rank, tier,
+                        _concat_runs([b.run for b in batches], [len(b) for b in batches]))
 
 
 @dataclass
@@ -42,7 +64,7 @@ class VecBatch:
     """Fingerprint -> Near: some rows' values (flattened) with their digests and keep order.
 
     ``prio``/``order`` come from ``transforms.exact.keep_order``, so the near stage ranks
-    records exactly as the exact stage does."""
+    records exactly as the exact stage does (protected reference/store rows first)."""
 
     words: np.ndarray  # (n, 2) uint64 digest (hi, lo)
     prio: np.ndarray  # (n,) float64, smaller = preferred
@@ -51,6 +73,7 @@ class VecBatch:
     position: np.ndarray  # (n,) int64
     ids: pa.Array  # (n,) string record ids
     x: np.ndarray  # (n, d) values in the input dtype; (n, 0) once no longer needed
+    run: pa.Array | None = None  # (n,) string: the earlier run a stored record came from
 
     def __len__(self) -> int:
         return len(self.position)
@@ -58,14 +81,21 @@ class VecBatch:
     def take(self, idx: np.ndarray, values: bool = True) -> VecBatch:
         x = self.x[idx] if values else np.empty((len(idx), 0), self.x.dtype)
         return VecBatch(self.words[idx], self.prio[idx], self.order[idx], self.file_index[idx],
-                        self.position[idx], self.ids.take(pa.array(idx, pa.int64())), x)
+                        self.position[idx], self.ids.take(pa.array(idx, pa.int64())), x,
+                        _take_opt(self.run, idx))
 
     @staticmethod
     def concat(batches: list[VecBatch]) -> VecBatch:
         cat = [np.concatenate([getattr(b, f) for b in batches])
                for f in ("words", "prio", "order", "file_index", "position")]
         return VecBatch(*cat, pa.concat_arrays([b.ids for b in batches]),
-                        np.concatenate([b.x for b in batches]))
+                        np.concatenate([b.x for b in batches]),
+                        _concat_runs([b.run for b in batches], [len(b) for b in batches]))
+
+
+# Why a record was removed: a copy of / near a record of this run, of a reference set
+# (never removed itself), or of the store of earlier runs.
+KINDS = ("exact", "near", "reference_exact", "reference_near", "store_exact", "store_near")
 
 
 @dataclass
@@ -75,8 +105,9 @@ class Removed:
     position: np.ndarray  # (n,) int64
     record_id: pa.Array  # (n,) string
     duplicate_of: pa.Array  # (n,) string: the surviving record's id
-    kind: str  # "exact" | "near"
-    distance: np.ndarray  # (n,) float64; 0.0 for exact
+    kind: str  # one of KINDS
+    distance: np.ndarray  # (n,) float64; 0.0 for exact kinds
+    duplicate_of_run: pa.Array | None = None  # (n,) string: store kinds, the record's run
 
     def __len__(self) -> int:
         return len(self.position)
@@ -87,9 +118,11 @@ class Removed:
         pos = np.concatenate([p.position for p in parts])
         order = np.argsort(pos, kind="stable")
         take = pa.array(order)
+        runs = _concat_runs([p.duplicate_of_run for p in parts], [len(p) for p in parts])
         return Removed(pos[order], pa.concat_arrays([p.record_id for p in parts]).take(take),
                        pa.concat_arrays([p.duplicate_of for p in parts]).take(take),
-                       parts[0].kind, np.concatenate([p.distance for p in parts])[order])
+                       parts[0].kind, np.concatenate([p.distance for p in parts])[order],
+                       None if runs is None else runs.take(take))
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 The digests come from the core kernel (``transforms.fingerprint.fingerprint_batch``,
 one call per chunk). Splitting each chunk by shard keeps the shuffle at
-chunks x shards elements instead of one element per record. Tensors stop here,
+chunks x shards elements instead of one element per record. Reference-set chunks
+go the same way, marked as protected rows. Tensors stop here,
 except when the near stage is on: then the chunk's finite rows also go on as one
 VecBatch, with the same digests (hashed once).
 """
@@ -15,7 +16,7 @@ import apache_beam as beam
 import numpy as np
 
 from pipeline.elements import KeyBatch, VecBatch
-from transforms.exact import digest_words, keep_order
+from transforms.exact import NEW, REFERENCE, digest_words, keep_order
 from transforms.fingerprint import fingerprint_batch
 from transforms.formats.base import Chunk, arrow_ids
 from transforms.near import finite_rows
@@ -23,20 +24,34 @@ from transforms.near import finite_rows
 VECTORS = "vectors"
 
 
-def shard_keys(chunk: Chunk, shards: int, near_keep: str | None = None
+def shard_of(words: np.ndarray, shards: int) -> np.ndarray:
+    """Range shards of the digest's top bits: a shard holds one contiguous slice of the
+    sorted digest space, so a fingerprint store lookup reads only that slice."""
+    return (((words[:, 0] >> np.uint64(32)) * np.uint64(shards)) >> np.uint64(32)).astype(
+        np.int64)
+
+
+def shard_keys(chunk: Chunk, shards: int, keep: str, near: bool = False,
+               reference_from: int | None = None
                ) -> Iterator[tuple[int, KeyBatch] | beam.pvalue.TaggedOutput]:
-    """``near_keep``: the keep policy when the near stage is on (then a VecBatch of the
-    chunk's finite rows goes to the VECTORS output)."""
+    """``near``: a VecBatch of the chunk's finite rows also goes to the VECTORS output.
+    ``reference_from``: file indexes from there on are reference files (protected rows)."""
     words = digest_words(fingerprint_batch(chunk.tensors))
-    file_index = np.full(len(words), chunk.file_index, dtype=np.int32)
-    batch = KeyBatch(words, file_index, chunk.positions, arrow_ids(chunk.ids), chunk.rank)
-    if near_keep is not None:
-        x = chunk.tensors.reshape(len(words), -1)
-        prio, order = keep_order(file_index, chunk.positions, near_keep, chunk.rank)
+    n = len(words)
+    file_index = np.full(n, chunk.file_index, dtype=np.int32)
+    is_ref = reference_from is not None and chunk.file_index >= reference_from
+    tier = np.full(n, REFERENCE if is_ref else NEW, np.int8)
+    rank = chunk.rank
+    if rank is None and keep in ("max", "min"):  # reference files need no keep-by column
+        rank = np.full(n, np.nan)
+    batch = KeyBatch(words, file_index, chunk.positions, arrow_ids(chunk.ids), rank, tier)
+    if near:
+        x = chunk.tensors.reshape(n, -1)
+        prio, order = keep_order(file_index, chunk.positions, keep, rank, tier)
         ok = np.flatnonzero(finite_rows(x))
         yield beam.pvalue.TaggedOutput(VECTORS, VecBatch(
             words, prio, order, file_index, chunk.positions, batch.ids, x).take(ok))
-    shard = (words[:, 0] % np.uint64(shards)).astype(np.int64)
+    shard = shard_of(words, shards)
     order = np.argsort(shard, kind="stable")
     bounds = np.searchsorted(shard[order], np.arange(shards + 1))
     for s in range(shards):
@@ -45,13 +60,16 @@ def shard_keys(chunk: Chunk, shards: int, near_keep: str | None = None
 
 
 class Fingerprint(beam.PTransform):
-    """Chunk -> {"keys": (shard, KeyBatch), VECTORS: VecBatch (only with ``near_keep``)}."""
+    """Chunk -> {"keys": (shard, KeyBatch), VECTORS: VecBatch (only with ``near``)}."""
 
-    def __init__(self, shards: int, near_keep: str | None = None):
+    def __init__(self, shards: int, keep: str, near: bool = False,
+                 reference_from: int | None = None):
         super().__init__()
-        self.shards, self.near_keep = shards, near_keep
+        self.shards, self.keep, self.near = shards, keep, near
+        self.reference_from = reference_from
 
     def expand(self, chunks):
-        out = (chunks | "DigestAndShard" >> beam.FlatMap(shard_keys, self.shards, self.near_keep)
+        out = (chunks | "DigestAndShard" >> beam.FlatMap(shard_keys, self.shards, self.keep,
+                                                         self.near, self.reference_from)
                .with_outputs(VECTORS, main="keys"))
         return {"keys": out.keys, VECTORS: out[VECTORS]}

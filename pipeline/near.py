@@ -10,7 +10,9 @@ merged and grouped on one worker. Only pairs travel to the merge, never vectors
 
 Exact copies are collapsed by digest inside each partition (all copies of a value
 land in the same partitions), so the search sees exact survivors only and the
-record that stands for a digest is the one exact dedup kept.
+record that stands for a digest is the one exact dedup kept. Reference-set and
+stored records join as protected rows (they rank first and are never removed), so a
+record near one of them is removed as ``reference_near`` / ``store_near``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pipeline.elements import Removed, VecBatch
 from pipeline.exact import removed_by_file
 from pipeline.near_report import BORDERLINE_SCHEMA, borderline_sample, merge_borderline
 from transforms import near
+from transforms.exact import is_protected, tier_of
 
 NEAR_REPORT = "near_report"
 SAMPLE_BYTES = 64 << 20  # k-means sample cap (one worker holds it)
@@ -191,15 +194,17 @@ def merge_found(found: list[Found], plan: Plan, spec: near.NearSpec, per_side: i
         edges = near.merge_pairs(ends.words, ends.prio, ends.order, dist,
                                  np.concatenate([f.a_near_b for f in found]),
                                  np.concatenate([f.b_near_a for f in found]))
+        safe = is_protected(ends.prio[edges.node])
         if spec.grouping == "representative":
-            removed, kept, d = near.group_representative(edges)
+            removed, kept, d = near.group_representative(edges, safe)
         else:
-            removed, kept = near.group_components(edges)
+            removed, kept = near.group_components(edges, safe)
             d = _component_distances(found, ends, edges.node[removed], edges.node[kept], spec)
         rec, ref = edges.node[removed], edges.node[kept]
         by_input = np.lexsort((ends.position[rec], ends.file_index[rec]))
         rec, ref, d = rec[by_input], ref[by_input], d[by_input]
-        yield from removed_by_file(ends, rec, ref, "near", d)
+        yield from removed_by_file(ends, rec, ref, "near", d,
+                                   tier_of(ends.prio[ref], ends.order[ref]))
     stats = {"records_searched": int(sum(f.searched for f in found)),
              "partitions": len(plan.centroids), "pairs_within_tolerance": int(len(dist)),
              "removed": int(len(removed)), "search_radius_l2": float(np.sqrt(plan.radius_sq)),

@@ -9,15 +9,27 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import math
 import os
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
-from pipeline.config import DedupeConfig, keep_policy
+from pipeline.config import DedupeConfig, InputConfig, keep_policy
+from pipeline.store import StoreView, open_view, store_meta
 from transforms.formats import get_format
 from transforms.formats.base import InputError, TensorSpec
 from transforms.near import NearSpec
+
+
+@dataclass(frozen=True)
+class References:
+    """Reference-set files (protected records), read like the input."""
+
+    format: str
+    files: list[str]
+    spec: TensorSpec
 
 
 @dataclass(frozen=True)
@@ -32,11 +44,14 @@ class Job:
     keep: tuple[str, str | None]  # ("first"|"last", None) | ("max"|"min", column)
     output: Path
     report: Path
-    run_id: str
+    run_id: str  # the user's run id ({run_id} in paths, store entries)
+    attempt: str  # unique per attempt: staging directory names
     near: NearSpec | None = None  # the near stage's settings, when it is on
+    references: References | None = None
+    store: StoreView | None = None  # earlier runs' records, as of this run's start
 
     def staging(self, final: Path) -> Path:
-        return final.parent / f".{final.name}.staging-{self.run_id}"
+        return final.parent / f".{final.name}.staging-{self.attempt}"
 
 
 def output_name(path: str, root: str) -> str:
@@ -44,33 +59,37 @@ def output_name(path: str, root: str) -> str:
     return os.path.relpath(path, root)
 
 
-def _files(pattern: str) -> list[str]:
+def _files(pattern: str, key: str = "input.path") -> list[str]:
     files = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
     if not files:
-        raise InputError(f"input.path: no files match {pattern!r} (relative to "
+        raise InputError(f"{key}: no files match {pattern!r} (relative to "
                          f"{os.getcwd()}): fix the path or glob")
     return files
 
 
-def _check_paths(cfg: DedupeConfig, files: list[str], root: str) -> None:
-    """Refuse outputs that equal, contain or would be matched by the input."""
-    inputs = [Path(f).resolve() for f in files]
+def _check_paths(cfg: DedupeConfig, files: list[str], root: str, output: Path, report: Path,
+                 references: list[str]) -> None:
+    """Refuse outputs that equal, contain or would be matched by the input (or a
+    reference set). An existing output is replaced only with overwrite, or when the paths
+    are run-specific ('{run_id}' in them): a rerun of the same id replaces its outputs."""
+    inputs = [Path(f).resolve() for f in files + references]
     pattern = str(Path(cfg.input.path).absolute())
-    out = Path(cfg.output.path).resolve()
-    report = Path(cfg.report).resolve()
+    out = output.resolve()
+    report = report.resolve()
+    replace = cfg.output.overwrite or "{run_id}" in cfg.output.path + cfg.report
     if out == report or out in report.parents or report in out.parents:
         raise InputError("report: the report and output.path must be separate directories, "
                          "neither inside the other")
     for key, target in (("output.path", out), ("report", report)):
         if any(target == f or target in f.parents for f in inputs):
-            raise InputError(f"{key}: {target} contains input files: write outputs elsewhere "
-                             "(output never overwrites input)")
+            raise InputError(f"{key}: {target} contains input or reference files: write "
+                             "outputs elsewhere (output never overwrites input)")
         names = [target / output_name(f, root) for f in files] if key == "output.path" else [
             target / n for n in ("duplicates.parquet", "invalid.parquet", "summary.json")]
         if any(fnmatch.fnmatch(str(n), pattern) for n in names):
             raise InputError(f"{key}: {target} is matched by input.path {cfg.input.path!r}, so "
                              "a later run would read its own output: write outputs elsewhere")
-        if target.exists() and not cfg.output.overwrite:
+        if target.exists() and not replace:
             raise InputError(f"{key}: {target} already exists: remove it, choose another path, "
                              "or set output.overwrite: true (--overwrite)")
 
@@ -98,18 +117,63 @@ def near_spec(cfg: DedupeConfig, dtype: str | None) -> NearSpec | None:
                     n.nprobe, n.M, n.single_index_rows, n.partition_rows)
 
 
+def _spec(source: InputConfig, rank: str | None) -> TensorSpec:
+    shape = None if source.shape is None else tuple(source.shape)
+    return TensorSpec(source.tensor, source.id, shape, source.dtype, rank, source.compression)
+
+
+def _references(cfg: DedupeConfig, resolved: TensorSpec) -> References | None:
+    """Reference files, checked like input files; their records must be comparable with
+    the input's (same dtype and size), or no reference record could ever match."""
+    if not cfg.reference:
+        return None
+    formats = {r.format for r in cfg.reference}
+    if len(formats) > 1:
+        raise InputError("reference: all reference sets must have one format (got "
+                         f"{', '.join(sorted(formats))}): convert them or run them separately")
+    src = cfg.reference[0]
+    if any(r.model_dump(exclude={"path"}) != src.model_dump(exclude={"path"})
+           for r in cfg.reference[1:]):
+        raise InputError("reference: reference sets must share tensor/id/shape/dtype keys "
+                         "(only path may differ): run sets with other keys separately")
+    files = sorted({f for r in cfg.reference for f in _files(r.path, "reference.path")})
+    spec = _spec(src, None)
+    fmt = get_format(src.format)
+    for path in files:
+        got = fmt.check(path, spec)
+        if got.dtype != resolved.dtype or _size(got.shape) != _size(resolved.shape):
+            raise InputError(f"reference.path: {path} holds {got.dtype} tensors of shape "
+                             f"{list(got.shape or [])}, the input {resolved.dtype} of shape "
+                             f"{list(resolved.shape or [])}: no record could match; use a "
+                             "reference set of the input's dtype and size")
+    return References(src.format, files, spec)
+
+
+def _size(shape: tuple[int, ...] | None) -> int | None:
+    return None if shape is None else math.prod(shape)
+
+
+def resolve_run_id(cfg: DedupeConfig) -> str:
+    return cfg.run_id or datetime.now(timezone.utc).strftime("%Y-%m-%d")
+
+
 def prepare(cfg: DedupeConfig) -> Job:
     """Check the config against the files and resolve it into a Job. Raises InputError."""
     _check_runner(cfg)
+    run_id = resolve_run_id(cfg)
+    output = Path(cfg.output.path.replace("{run_id}", run_id))
+    report = Path(cfg.report.replace("{run_id}", run_id))
     files = _files(cfg.input.path)
     root = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files])
-    _check_paths(cfg, files, root)
     keep = keep_policy(cfg.keep)
-    shape = None if cfg.input.shape is None else tuple(cfg.input.shape)
-    spec = TensorSpec(cfg.input.tensor, cfg.input.id, shape, cfg.input.dtype, keep[1],
-                      cfg.input.compression)
+    spec = _spec(cfg.input, keep[1])
     fmt = get_format(cfg.input.format)
     resolved = [fmt.check(path, spec) for path in files]
-    return Job(cfg, files, root, spec, resolved[0], keep, Path(cfg.output.path),
-               Path(cfg.report), f"{os.getpid()}-{time.time_ns()}",
-               near_spec(cfg, resolved[0].dtype))
+    refs = _references(cfg, resolved[0])
+    _check_paths(cfg, files, root, output, report, refs.files if refs else [])
+    near = near_spec(cfg, resolved[0].dtype)
+    store = None
+    if cfg.store is not None:
+        store = open_view(cfg.store.path, run_id, store_meta(resolved[0], near))
+    return Job(cfg, files, root, spec, resolved[0], keep, output, report, run_id,
+               f"{os.getpid()}-{time.time_ns()}", near, refs, store)

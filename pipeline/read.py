@@ -43,10 +43,11 @@ class ChunkCoder(beam.coders.Coder):
 beam.coders.registry.register_coder(Chunk, ChunkCoder)
 
 
-def plan_units(format_name: str, files: list[str], unit_rows: int, spec: TensorSpec
-               ) -> list[Unit]:
+def plan_units(format_name: str, files: list[str], unit_rows: int, spec: TensorSpec,
+               first_index: int = 0) -> list[Unit]:
     fmt = get_format(format_name)
-    return [u for i, path in enumerate(files) for u in fmt.plan(path, i, unit_rows, spec)]
+    return [u for i, path in enumerate(files, first_index)
+            for u in fmt.plan(path, i, unit_rows, spec)]
 
 
 class ReadChunks(beam.DoFn):
@@ -87,12 +88,14 @@ class ReadChunks(beam.DoFn):
 
 
 class Read(beam.PTransform):
-    """PBegin -> {"chunks": Chunk, "facts": (file_index, ReadFacts)}."""
+    """PBegin -> {"chunks": Chunk, "facts": (file_index, ReadFacts)}; file indexes count
+    from ``first_index`` (reference files follow the input files)."""
 
     def __init__(self, format_name: str, files: list[str], spec: TensorSpec, unit_rows: int,
-                 chunk_rows: int, fail_on_invalid: bool, nonfinite_invalid: bool = False):
+                 chunk_rows: int, fail_on_invalid: bool, nonfinite_invalid: bool = False,
+                 first_index: int = 0):
         super().__init__()
-        self.units = plan_units(format_name, files, unit_rows, spec)
+        self.units = plan_units(format_name, files, unit_rows, spec, first_index)
         self.read = ReadChunks(format_name, spec, chunk_rows, fail_on_invalid, len(self.units),
                                nonfinite_invalid)
 

@@ -17,16 +17,17 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.elements import FileResult
+from pipeline.elements import KINDS, FileResult, ReadFacts
 from pipeline.near_report import write_near_report
+from transforms.formats.base import InvalidRecord
 
 if TYPE_CHECKING:
     from pipeline.near import NearReport
     from transforms.near import NearSpec
 
-TOTALS = ".totals.json"  # handed from the Report step to the driver, then removed
 DUPLICATES_SCHEMA = pa.schema([("record_id", pa.string()), ("duplicate_of", pa.string()),
-                               ("kind", pa.string()), ("distance", pa.float64())])
+                               ("kind", pa.string()), ("distance", pa.float64()),
+                               ("duplicate_of_run", pa.string())])
 INVALID_SCHEMA = pa.schema([("record_id", pa.string()), ("source", pa.string()),
                             ("reason", pa.string())])
 
@@ -38,25 +39,25 @@ def _duplicates_table(results: list[FileResult]) -> pa.Table:
         kinds = [pa.table({"record_id": r.record_id, "duplicate_of": r.duplicate_of,
                            "kind": pa.array([r.kind] * len(r), pa.string()),
                            "distance": pa.array(r.distance, pa.float64()),
+                           "duplicate_of_run": pa.nulls(len(r), pa.string())
+                           if r.duplicate_of_run is None else r.duplicate_of_run,
                            "position": r.position}) for r in res.decision.removed]
         if kinds:
             per_file.append(pa.concat_tables(kinds).sort_by("position").drop_columns("position"))
     return pa.concat_tables(per_file) if per_file else DUPLICATES_SCHEMA.empty_table()
 
 
-def _invalid_table(results: list[FileResult]) -> pa.Table:
-    rows = [(r.record_id, res.decision.path, r.reason)
-            for res in results for r in res.decision.invalid]
+def _invalid_table(per_file: list[tuple[str, list[InvalidRecord]]]) -> pa.Table:
+    rows = [(r.record_id, path, r.reason) for path, invalid in per_file for r in invalid]
     return pa.table({name: [row[i] for row in rows] for i, name in
                      enumerate(INVALID_SCHEMA.names)}, schema=INVALID_SCHEMA)
 
 
 def file_summary(res: FileResult) -> dict:
-    removed = {kind: sum(len(r) for r in res.decision.removed if r.kind == kind)
-               for kind in ("exact", "near")}
+    removed = {f"removed_{kind}": sum(len(r) for r in res.decision.removed if r.kind == kind)
+               for kind in KINDS}
     return {"input": res.decision.path, "output": res.output, "read": res.decision.n_read,
-            "kept": res.kept, "removed_exact": removed["exact"],
-            "removed_near": removed["near"], "invalid": len(res.decision.invalid)}
+            "kept": res.kept, **removed, "invalid": len(res.decision.invalid)}
 
 
 def _near_note(spec: NearSpec, stats: dict) -> str:
@@ -73,13 +74,18 @@ def _near_note(spec: NearSpec, stats: dict) -> str:
 
 
 def write_report(results: list[FileResult], staging: str, near: NearSpec | None = None,
-                 near_report: NearReport | None = None) -> None:
+                 near_report: NearReport | None = None, reference_files: list[str] | None = None,
+                 reference_facts: list[tuple[int, ReadFacts]] | None = None) -> dict:
     """The Report step: the Parquet reports (and the near stage's histogram and borderline
-    pairs) plus per-file counts for the driver."""
+    pairs); returns the per-file counts and the stages' figures for summary.json.
+
+    ``reference_*``: the reference files and what was read from them (reference records
+    are never removed; unreadable ones go to reference_invalid.parquet)."""
     results = sorted(results, key=lambda r: r.decision.file_index)
     os.makedirs(staging, exist_ok=True)
     pq.write_table(_duplicates_table(results), os.path.join(staging, "duplicates.parquet"))
-    pq.write_table(_invalid_table(results), os.path.join(staging, "invalid.parquet"))
+    pq.write_table(_invalid_table([(r.decision.path, r.decision.invalid) for r in results]),
+                   os.path.join(staging, "invalid.parquet"))
     near_stats = None
     if near is not None and near_report is not None:
         hist = write_near_report(staging, near_report.nn, near.marker, near.metric,
@@ -87,23 +93,26 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
         near_stats = {**near_report.stats, "histogram_records": hist["n"],
                       "histogram_below_threshold": hist["below_threshold"],
                       "borderline_pairs": near_report.borderline.num_rows}
-    with open(os.path.join(staging, TOTALS), "w") as f:
-        json.dump({"files": [file_summary(r) for r in results], "near": near_stats}, f)
+    ref_stats = None
+    if reference_files is not None:
+        files, facts = reference_files, reference_facts or []
+        first = len(results)  # reference file indexes follow the input files
+        rows = sorted(((i, r.position, r) for i, f in facts for r in f.invalid),
+                      key=lambda t: t[:2])
+        bad = [(files[i - first], [r]) for i, _, r in rows]
+        pq.write_table(_invalid_table(bad), os.path.join(staging, "reference_invalid.parquet"))
+        ref_stats = {"files": len(files), "read": sum(f.n_read for _, f in facts),
+                     "invalid": sum(len(f.invalid) for _, f in facts)}
+    return {"files": [file_summary(r) for r in results], "near": near_stats,
+            "reference": ref_stats}
 
 
 def totals(files: list[dict]) -> dict:
-    keys = ("read", "kept", "removed_exact", "removed_near", "invalid")
-    out = {k: sum(f[k] for f in files) for k in keys}
-    if out["read"] != out["kept"] + out["removed_exact"] + out["removed_near"] + out["invalid"]:
+    """Whole-run counts; read == kept + removed (every kind) + invalid, checked."""
+    removed = [f"removed_{kind}" for kind in KINDS]
+    out = {k: sum(f[k] for f in files) for k in ("read", "kept", *removed, "invalid")}
+    if out["read"] != out["kept"] + sum(out[k] for k in removed) + out["invalid"]:
         raise RuntimeError(f"records not accounted for: {out}")
-    return out
-
-
-def take_totals(staging: Path) -> dict:
-    """{"files": per-file counts, "near": the near stage's figures or None}."""
-    path = staging / TOTALS
-    out = json.loads(path.read_text())
-    path.unlink()
     return out
 
 

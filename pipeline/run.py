@@ -8,6 +8,7 @@ traceback); 1 the job failed while running (e.g. an invalid record with
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
@@ -19,9 +20,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Beam warns about optional GCP client libraries when imported: noise for users.
 logging.getLogger().addFilter(lambda r: "apitools not found" not in r.getMessage())
 
-from pipeline import progress, report  # noqa: E402
+from pipeline import progress  # noqa: E402
 from pipeline.config import ConfigError, describe_keys, load_config  # noqa: E402
 from pipeline.preflight import Job, prepare  # noqa: E402
+from pipeline.publish import Publication, clear_leftovers  # noqa: E402
 from transforms.fingerprint import SCHEME  # noqa: E402
 from transforms.formats.base import InputError, InvalidRecordError  # noqa: E402
 
@@ -44,54 +46,60 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="override a config key, e.g. --set keep=last (repeatable)")
     ap.add_argument("--overwrite", action="store_true",
                     help="same as --set output.overwrite=true")
+    ap.add_argument("--run-id", metavar="ID",
+                    help="same as --set run_id=ID (default: today's UTC date)")
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="check the config and build the job offline (on Dataflow: the job "
+                         "a real run would submit), print what it would run and exit; "
+                         "nothing is submitted, written or published")
     return ap.parse_args(argv)
 
 
 def beam_pipeline(job: Job):
-    import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions
+    from pipeline.runner import make_pipeline
 
-    options = PipelineOptions.from_dictionary(dict(job.cfg.runner.options))
-    if job.cfg.runner.name == "local":
-        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    return make_pipeline(job.cfg.runner)
 
-        return beam.Pipeline(runner=FnApiRunner(), options=options)
-    return beam.Pipeline(runner=job.cfg.runner.name, options=options)
+
+def publication(job: Job) -> Publication:
+    """What the Publish step needs: final and staging paths, and summary.json's header."""
+    cfg = job.cfg
+    store = None
+    if job.store is not None and cfg.store.update:
+        store = job.store.begin()
+    resolved = {"shape": None if job.resolved.shape is None else list(job.resolved.shape),
+                "dtype": job.resolved.dtype, "inputs": len(job.files)}
+    return Publication(
+        str(job.output), str(job.report), str(job.staging(job.output)),
+        str(job.staging(job.report)),
+        cfg.output.overwrite or "{run_id}" in cfg.output.path + cfg.report, time.time(),
+        header={"run_id": job.run_id, "fingerprint_scheme": SCHEME,
+                "working_dir": os.getcwd(),  # resolves relative input paths in record ids
+                "config": cfg.model_dump(mode="json"), "resolved": resolved,
+                "store": None if job.store is None else job.store.describe()},
+        near_settings=None if cfg.near is None else cfg.near.model_dump(mode="json"),
+        store=store)
 
 
 def execute(job: Job) -> dict:
-    """Run the graph into staging directories, publish them, write summary.json last."""
+    """Run the graph; its last step publishes outputs, commits the store and writes
+    summary.json. Leftovers of a killed earlier attempt are cleared first."""
     from pipeline.graph import build
 
-    start = time.monotonic()
-    out_stage, report_stage = job.staging(job.output), job.staging(job.report)
+    for final in (job.output, job.report):
+        clear_leftovers(final)
+    if job.store is not None and job.cfg.store.update:
+        job.store.clear_attempts()
+    pub = publication(job)
     try:
         p = beam_pipeline(job)
-        build(p, job)
+        build(p, job, pub)
         p.run().wait_until_finish()
-        taken = report.take_totals(report_stage)
-        files = taken["files"]
-        totals = report.totals(files)
-        out_stage.mkdir(parents=True, exist_ok=True)  # an all-invalid input still gets a dir
-        (job.report / "summary.json").unlink(missing_ok=True)  # old run: no longer complete
-        report.publish(out_stage, job.output, job.cfg.output.overwrite)
-        report.publish(report_stage, job.report, job.cfg.output.overwrite)
     finally:
-        for stage in (out_stage, report_stage):
+        for stage in (pub.out_stage, pub.report_stage):
             shutil.rmtree(stage, ignore_errors=True)
-    summary = {**totals, "wall_time_s": round(time.monotonic() - start, 3),
-               "fingerprint_scheme": SCHEME, "output": str(job.output),
-               "working_dir": os.getcwd(),  # resolves relative input paths in record ids
-               "report": str(job.report), "files": files,
-               "config": job.cfg.model_dump(mode="json"),
-               "resolved": {"shape": None if job.resolved.shape is None
-                            else list(job.resolved.shape), "dtype": job.resolved.dtype,
-                            "inputs": len(job.files)},
-               "near": None if job.near is None else {
-                   "settings": job.cfg.near.model_dump(mode="json"), **taken["near"]}}
-    report.write_summary(job.report, summary)
-    return summary
+    return json.loads((job.report / "summary.json").read_text())
 
 
 def _innermost(e: BaseException) -> BaseException:
@@ -111,25 +119,45 @@ def _first_line(e: BaseException) -> str:
 
 
 def human_summary(s: dict) -> str:
-    removed = s["removed_exact"] + s["removed_near"]
-    return (f"read {s['read']:,} records: kept {s['kept']:,}, removed {removed:,} "
-            f"(exact {s['removed_exact']:,}, near {s['removed_near']:,}), invalid "
-            f"{s['invalid']:,} in {s['wall_time_s']:.1f} s\n"
-            f"clean shards: {s['output']}/ ({sum(f['output'] is not None for f in s['files'])}"
-            " files)\n"
-            f"report: {s['report']}/ (duplicates.parquet, invalid.parquet, summary.json"
-            + (", near_distances.png/.json/.csv, borderline_pairs.parquet)" if s.get("near")
-               else ")"))
+    removed = {k.removeprefix("removed_"): v for k, v in s.items()
+               if k.startswith("removed_") and v}
+    how = ", ".join(f"{k} {v:,}" for k, v in removed.items()) or "none"
+    lines = [f"run {s['run_id']}: read {s['read']:,} records: kept {s['kept']:,}, removed "
+             f"{sum(removed.values()):,} ({how}), invalid {s['invalid']:,} in "
+             f"{s['wall_time_s']:.1f} s",
+             f"clean shards: {s['output']}/ "
+             f"({sum(f['output'] is not None for f in s['files'])} files)",
+             f"report: {s['report']}/ (duplicates.parquet, invalid.parquet, summary.json"
+             + (", near_distances.png/.json/.csv, borderline_pairs.parquet" if s.get("near")
+                else "") + (", reference_invalid.parquet" if s.get("reference") else "") + ")"]
+    if s.get("reference"):
+        r = s["reference"]
+        lines.append(f"reference: {r['read']:,} records in {r['files']} file(s) ({r['invalid']:,}"
+                     " unreadable); removed as leaks: "
+                     f"{s['removed_reference_exact'] + s['removed_reference_near']:,}")
+    if s.get("store"):
+        st = s["store"]
+        lines.append(f"store: {st['path']}: checked against {st['earlier_runs']} earlier "
+                     f"run(s); {st['appended']:,} records appended" if st.get("committed")
+                     else f"store: {st['path']}: checked against {st['earlier_runs']} earlier "
+                     "run(s); not updated (store.update: false)")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    overrides = args.set + (["output.overwrite=true"] if args.overwrite else [])
+    overrides = args.set + (["output.overwrite=true"] if args.overwrite else []) + (
+        [f"run_id={args.run_id}"] if args.run_id else [])
     try:
         job = prepare(load_config(args.config, overrides))
     except (ConfigError, InputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    if args.dry_run:  # the job built offline: nothing submitted, written or published
+        from pipeline.graph import build
+        from pipeline.runner import dry_run
+
+        return dry_run(job, lambda p: build(p, job, publication(job)))
     progress.reset(show=not args.quiet)
     print(f"deduplicating {len(job.files)} {job.cfg.input.format} file(s) "
           f"({job.cfg.runner.name} runner)", file=sys.stderr)

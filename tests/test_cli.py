@@ -80,7 +80,7 @@ def test_missing_input_files(tmp_path, capsys):
 def test_output_inside_input_is_refused(tmp_path, parquet_in, capsys):
     assert run_job(tmp_path, "parquet", parquet_in,
                    f"output.path={tmp_path / 'in'}") == 2
-    assert "contains input files" in one_error_line(capsys)
+    assert "contains input or reference files" in one_error_line(capsys)
     assert run_job(tmp_path, "parquet", str(tmp_path / "**" / "*.parquet"),
                    f"output.path={tmp_path / 'in' / 'clean'}") == 2
     assert "matched by input.path" in one_error_line(capsys)

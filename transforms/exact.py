@@ -10,6 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 KEEP_POLICIES = ("first", "last", "max", "min")
+# Where a record comes from. Protected tiers (a reference set, the store of earlier runs)
+# always survive and are preferred over this run's records: reference first, then store.
+NEW, STORE, REFERENCE = 0, 1, 2
+_TIER_SPAN = 1 << 61  # protected orders: [-2**63, -2**63 + 2 * _TIER_SPAN), below any NEW
 
 
 def digest_words(digests: np.ndarray) -> np.ndarray:
@@ -26,39 +30,65 @@ def _priority(keep: str, rank: np.ndarray | None) -> np.ndarray:
 
 
 def keep_order(file_index: np.ndarray, position: np.ndarray, keep: str,
-               rank: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+               rank: np.ndarray | None = None, tier: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
     """(priority, input order): sorting by priority, then input order, puts the record
     each keep policy prefers first. Shared by the exact and the near stage, so both
-    pick the same survivor."""
+    pick the same survivor.
+
+    ``tier`` (NEW | STORE | REFERENCE per row) folds protection into the same two keys:
+    protected rows get priority -inf and an order below every NEW row (reference before
+    store), so every sort that ranks records ranks them first, with no extra key."""
     if keep not in KEEP_POLICIES:
         raise ValueError(f"keep must be one of {KEEP_POLICIES}, got {keep!r}")
     sign = -1 if keep == "last" else 1
-    in_order = sign * ((file_index.astype(np.int64) << 40) | position)  # positions < 2**40
+    where = (file_index.astype(np.int64) << 40) | position  # positions < 2**40
+    in_order = sign * where
     prio = (np.zeros(len(in_order)) if keep in ("first", "last") else _priority(keep, rank))
+    if tier is not None and (tier != NEW).any():
+        prot = tier != NEW
+        below = np.iinfo(np.int64).min + (REFERENCE - tier.astype(np.int64)) * _TIER_SPAN
+        in_order = np.where(prot, below + (where & (_TIER_SPAN - 1)), in_order)
+        prio = np.where(prot, -np.inf, np.maximum(prio, np.finfo(np.float64).min))
     return prio, in_order
 
 
+def is_protected(prio: np.ndarray) -> np.ndarray:
+    """Rows ``keep_order`` marked protected (never removed)."""
+    return prio == -np.inf
+
+
+def tier_of(prio: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Recover each row's tier from its keep order (for naming the kind of a removal)."""
+    ref_end = np.iinfo(np.int64).min + _TIER_SPAN
+    return np.where(~is_protected(prio), NEW, np.where(order < ref_end, REFERENCE, STORE))
+
+
 def find_exact_duplicates(words: np.ndarray, file_index: np.ndarray, position: np.ndarray,
-                          keep: str = "first",
-                          rank: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                          keep: str = "first", rank: np.ndarray | None = None,
+                          tier: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Rows whose digest equals another row's, and the row each duplicates.
 
     ``words``: (n, 2) uint64 digests; ``file_index``/``position``: the input order
     ("first" = smallest (file_index, position)); ``keep``: first | last | max | min
-    (max/min by ``rank``, ties by input order). Returns ``(removed, kept)`` index
-    arrays: row ``removed[i]`` is a duplicate of the surviving row ``kept[i]``;
+    (max/min by ``rank``, ties by input order); ``tier``: protected rows (see
+    ``keep_order``) win every group and are never removed. Returns ``(removed, kept)``
+    index arrays: row ``removed[i]`` is a duplicate of the surviving row ``kept[i]``;
     ``removed`` is sorted by input order.
     """
     n = len(words)
-    prio, in_order = keep_order(file_index, position, keep, rank)
+    prio, in_order = keep_order(file_index, position, keep, rank, tier)
     keys = (in_order, words[:, 1], words[:, 0]) if keep in ("first", "last") else (
-        in_order, prio, words[:, 1], words[:, 0])
+        in_order, prio, words[:, 1], words[:, 0])  # protected orders sort first either way
     order = np.lexsort(keys)
     w = words[order]
     starts = np.ones(n, dtype=bool)
     starts[1:] = (w[1:] != w[:-1]).any(axis=1)
     keeper = order[np.flatnonzero(starts)][np.cumsum(starts) - 1]
     removed, kept = order[~starts], keeper[~starts]
+    if tier is not None:
+        mine = tier[removed] == NEW
+        removed, kept = removed[mine], kept[mine]
     by_input = np.lexsort((position[removed], file_index[removed]))
     return removed[by_input], kept[by_input]
 

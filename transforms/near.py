@@ -335,16 +335,21 @@ def row_edges(a: np.ndarray, b: np.ndarray, rank: np.ndarray, dist: np.ndarray,
     return edges, both[edges.node]
 
 
-def group_representative(e: Edges) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def group_representative(e: Edges, protected: np.ndarray | None = None
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Visit records in keep order; remove one when it is within tolerance of an already
     kept record (the nearest such, ties by keep order). No chaining: each removed record
-    is within tolerance of the record it names. Returns (removed, kept, distance)."""
+    is within tolerance of the record it names. ``protected`` (per record): never removed
+    (reference / stored records). Returns (removed, kept, distance)."""
     kept = np.ones(len(e.node), dtype=bool)
+    safe = np.zeros(len(e.node), dtype=bool) if protected is None else protected
     removed, ref, dists = [], [], []
     later, earlier = e.later.tolist(), e.earlier.tolist()
     starts = np.flatnonzero(np.r_[True, e.later[1:] != e.later[:-1]]) if len(later) else []
     bounds = list(starts) + [len(later)]
     for s, t in zip(bounds[:-1], bounds[1:], strict=True):  # groups by `later`, in keep order
+        if safe[later[s]]:
+            continue
         for k in range(s, t):  # sorted by distance, then the reference's rank
             if kept[earlier[k]]:
                 kept[later[s]] = False
@@ -356,10 +361,12 @@ def group_representative(e: Edges) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             np.array(dists, dtype=np.float64))
 
 
-def group_components(e: Edges) -> tuple[np.ndarray, np.ndarray]:
+def group_components(e: Edges, protected: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
     """Connected components of the within-tolerance graph; the first record of each in keep
-    order survives. Returns (removed, kept) in keep order of the removed records; the
-    caller measures their distances, which may exceed the threshold (chains)."""
+    order survives, and so do ``protected`` records (which rank first). Returns (removed,
+    kept) in keep order of the removed records; the caller measures their distances,
+    which may exceed the threshold (chains)."""
     n = len(e.node)
     label = _components(n, e.later, e.earlier)
     first = np.full(n, -1, dtype=np.int64)
@@ -368,6 +375,8 @@ def group_components(e: Edges) -> tuple[np.ndarray, np.ndarray]:
         first[label[r]] = r
     keeper = first[label]
     removed = np.flatnonzero(keeper != np.arange(n))
+    if protected is not None:
+        removed = removed[~protected[removed]]
     removed = removed[np.argsort(e.rank[removed], kind="stable")]
     return removed, keeper[removed]
 

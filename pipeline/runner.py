@@ -1,0 +1,162 @@
+"""Where the job runs: Beam's local runner or Dataflow, and an offline dry run.
+
+Why one module: the config's typed Dataflow keys become Beam pipeline options in one
+place (tested key by key), and the dry run builds exactly the job a real run would
+submit, without submitting it, so a config can be checked on a machine that has no
+cloud account. Beam is imported only inside the functions: ``--help`` and config
+errors stay fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.config import DATAFLOW_KEYS, RunnerConfig
+
+EXIT_FAILED, EXIT_USAGE = 1, 2
+STAGED_PIPELINE = "pipeline.pb"  # Beam's name for the staged job graph
+
+
+def blocks(cfg: RunnerConfig) -> bool:
+    """Whether the launcher waits for the job. Not on Dataflow: a Flex Template launcher
+    must return once the job is submitted (waiting blocks the template), and the job
+    finishes and publishes on its own workers."""
+    return cfg.name != "dataflow"
+
+
+def _as_list(value: Any) -> list:
+    return [] if value is None else value if isinstance(value, list) else [value]
+
+
+def dataflow_options(cfg: RunnerConfig) -> dict[str, Any]:
+    """The typed Dataflow keys as Beam option names and values."""
+    out = {names[0]: getattr(cfg, key) for key, names in DATAFLOW_KEYS.items()
+           if key != "accelerator" and getattr(cfg, key) is not None}
+    out.setdefault("staging_location", cfg.temp_location.rstrip("/") + "/staging")
+    if cfg.accelerator is not None:  # appended to any other service options given
+        out["dataflow_service_options"] = [
+            *_as_list(cfg.options.get("dataflow_service_options")),
+            cfg.accelerator.service_option()]
+    return out
+
+
+def pipeline_options(cfg: RunnerConfig, dry_run: bool = False):
+    """Beam ``PipelineOptions``: ``runner.options`` as given plus the typed keys. A dry run
+    on Dataflow adds Beam's ``dry_run`` (build the job, return before any API call),
+    ``no_auth`` (no credential lookup) and ``sdk_location=container`` (no SDK download)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    opts = dict(cfg.options)
+    if cfg.name == "dataflow":
+        opts.update(dataflow_options(cfg))
+        if dry_run:
+            opts.update(no_auth=True, sdk_location="container")
+    return PipelineOptions.from_dictionary(opts)
+
+
+def make_pipeline(cfg: RunnerConfig, dry_run: bool = False):
+    """A ``beam.Pipeline`` for the configured runner: ``local`` is the FnApiRunner in this
+    process, ``dataflow`` the DataflowRunner, any other name is Beam's to resolve."""
+    import apache_beam as beam
+
+    options = pipeline_options(cfg, dry_run)
+    if cfg.name == "local":
+        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+        return beam.Pipeline(runner=FnApiRunner(), options=options)
+    if cfg.name == "dataflow":
+        from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
+
+        return beam.Pipeline(runner=DataflowRunner(), options=options)
+    return beam.Pipeline(runner=cfg.name, options=options)
+
+
+@dataclass
+class Plan:
+    """What a dry run built. ``job`` is Beam's Dataflow job (``apiclient.Job``) with the
+    environment the service would read (worker pool, image, service options) filled in."""
+
+    runner: str
+    steps: list[str]  # top-level step names, in graph order
+    transforms: int  # leaf transforms in the portable graph
+    job: Any = None
+
+    def facts(self, cfg: RunnerConfig) -> list[str]:
+        head = f"steps: {len(self.steps)} ({', '.join(self.steps)}), {self.transforms} transforms"
+        if self.job is None:
+            return ["dry run: graph built; nothing was run, written or published",
+                    f"runner: {self.runner} (Beam FnApiRunner, in this process)"
+                    if self.runner == "local" else f"runner: {self.runner}", head]
+        env = self.job.proto.environment
+        pool = env.worker_pools[0]
+        gpus = [o for o in env.service_options if o.startswith("worker_accelerator=")]
+        return [
+            "dry run: Dataflow job built offline; nothing was submitted, written or published",
+            f"runner: dataflow (project {cfg.project}, region {cfg.region}, job name "
+            f"{self.job.proto.name})", head,
+            f"worker machine type: {pool.machine_type or 'Dataflow default'}",
+            f"accelerator: {gpus[0] if gpus else 'none'}",
+            f"image: {pool.worker_harness_container_image}",
+            f"max workers: {pool.autoscaling_settings.max_num_workers or 'Dataflow default'}"
+            f" (start: {pool.num_workers or 'Dataflow default'}, disk: "
+            f"{str(pool.disk_size_gb) + ' GB' if pool.disk_size_gb else 'Dataflow default'})",
+            f"temp: {cfg.temp_location} (staging: {dataflow_options(cfg)['staging_location']})",
+        ]
+
+
+def _graph_facts(proto) -> tuple[list[str], int]:
+    transforms = proto.components.transforms
+    top = list(proto.root_transform_ids)
+    if len(top) == 1 and transforms[top[0]].unique_name == top[0]:  # the unnamed root
+        top = list(transforms[top[0]].subtransforms)
+    leaves = sum(1 for t in transforms.values() if not t.subtransforms)
+    return [transforms[i].unique_name for i in top], leaves
+
+
+def plan(cfg: RunnerConfig, build_graph: Callable[[Any], None]) -> Plan:
+    """Build the job for ``cfg`` without running it. ``build_graph(p)`` adds the job's
+    steps to the pipeline ``p``. On Dataflow this is Beam's own dry run: the options are
+    validated, the graph is translated as for submission, and the job's environment is
+    built as ``DataflowApplicationClient.create_job_description`` builds it, minus the
+    uploads."""
+    p = make_pipeline(cfg, dry_run=True)
+    build_graph(p)
+    if cfg.name != "dataflow":
+        return Plan(cfg.name, *_graph_facts(p.to_runner_api()))
+    from apache_beam.runners.dataflow.internal import apiclient
+
+    job = p.run().job  # dry_run: returns before any client is made
+    staging = job.google_cloud_options.staging_location
+    job.proto.environment = apiclient.Environment(
+        packages=[], options=job.options,
+        environment_version=getattr(apiclient, "_FNAPI_ENVIRONMENT_MAJOR_VERSION", "8"),
+        proto_pipeline_staged_url=f"{staging.rstrip('/')}/{STAGED_PIPELINE}",
+        proto_pipeline=job.proto_pipeline).proto
+    return Plan("dataflow", *_graph_facts(job.proto_pipeline), job=job)
+
+
+def dry_run(job, build_graph: Callable[[Any], None]) -> int:
+    """``--dry-run``: build the job, print one line per fact, exit 0. Nothing is submitted,
+    written or published; a problem Beam finds in the options is one line, exit 2."""
+    cfg = job.cfg.runner
+    if cfg.name == "dataflow":
+        try:
+            from apache_beam.runners.dataflow.internal import apiclient  # noqa: F401
+        except ImportError as e:
+            print(f"error: the Dataflow runner needs Beam's GCP libraries ({e.name} is "
+                  "missing): pip install -c constraints.txt -e '.[dataflow]'", file=sys.stderr)
+            return EXIT_USAGE
+    try:
+        built = plan(cfg, build_graph)
+    except ValueError as e:  # Beam's option checks, e.g. "Pipeline has validations errors"
+        print(f"error: runner: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as e:  # the graph does not build (a bug): one line, no traceback
+        line = (str(e).splitlines() or [""])[0]
+        print(f"error: the dry run failed: {type(e).__name__}: {line}", file=sys.stderr)
+        return EXIT_FAILED
+    print("\n".join(built.facts(cfg)))
+    return 0

@@ -1,0 +1,164 @@
+"""The fingerprint store in the job: lookups in Exact, stored values in Near, the update.
+
+The store itself (layout, atomic commits, pruned lookups) is ``transforms.store``;
+this module is the thin Beam layer over it. A ``StoreView`` is fixed when the job
+starts (the earlier runs it sees, the current run id it ignores, so a rerun never
+matches its own earlier attempt) and travels to workers as a few strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from pipeline.elements import FileDecision, KeyBatch, VecBatch
+from transforms.exact import NEW, STORE, keep_order
+from transforms.fingerprint import SCHEME
+from transforms.formats.base import InputError, TensorSpec
+from transforms.near import NearSpec, finite_rows
+from transforms.store import FingerprintStore, StoreError
+
+SURVIVORS, DECISIONS, VECTORS = "survivors", "decisions", "vectors"
+
+
+def store_meta(resolved: TensorSpec, near: NearSpec | None) -> dict:
+    """What every run appending to one store must share."""
+    return {"fingerprint_scheme": SCHEME, "dtype": resolved.dtype,
+            "shape": None if resolved.shape is None else list(resolved.shape),
+            "values": near is not None}
+
+
+@dataclass(frozen=True)
+class StoreCommit:
+    """This run's attempt at appending to the store (written by workers, committed by
+    the Publish step)."""
+
+    path: str
+    attempt: object  # transforms.store.Attempt (picklable)
+    meta: dict
+
+    def commit(self, parts: list[dict], extra: dict) -> dict:
+        FingerprintStore(self.path).commit(self.attempt, parts, self.meta, extra)
+        return {"committed": True,
+                "appended": sum(p["rows"] for p in parts if p["kind"] == "exact")}
+
+
+@dataclass(frozen=True)
+class StoreView:
+    path: str
+    run_id: str
+    meta: dict
+    earlier: tuple[str, ...]  # run ids committed before this run started
+
+    def describe(self) -> dict:
+        return {"path": self.path, "run_id": self.run_id, "earlier_runs": len(self.earlier),
+                "committed": False, "appended": 0}
+
+    def matching(self, batch: KeyBatch, keep: str) -> KeyBatch:
+        """Stored records whose digests occur among this run's rows of ``batch``."""
+        new = batch.words if batch.tier is None else batch.words[batch.tier == NEW]
+        words = np.unique(new, axis=0)
+        found, ids, runs = FingerprintStore(self.path).lookup(words, exclude_run=self.run_id)
+        hit = np.flatnonzero(found)
+        n = len(hit)
+        take = pa.array(hit, pa.int64())
+        return KeyBatch(words[hit], np.full(n, -1, np.int32), np.arange(n, dtype=np.int64),
+                        ids.take(take), None if batch.rank is None else np.full(n, np.nan),
+                        np.full(n, STORE, np.int8), runs.take(take))
+
+    def vectors(self, keep: str) -> Iterator[VecBatch]:
+        """Every stored value (all earlier runs) as protected rows for the near stage."""
+        start = 0
+        for words, ids, runs, x in FingerprintStore(self.path).vectors(self.run_id):
+            n = len(words)
+            pos = np.arange(start, start + n, dtype=np.int64)
+            start += n
+            fi = np.full(n, -1, np.int32)
+            prio, order = keep_order(fi, pos, keep, np.full(n, np.nan),
+                                     np.full(n, STORE, np.int8))
+            yield VecBatch(words, prio, order, fi, pos, ids, x, runs)
+
+    def begin(self) -> StoreCommit:
+        return StoreCommit(self.path, FingerprintStore(self.path).begin(self.run_id),
+                           self.meta)
+
+    def clear_attempts(self) -> None:
+        """Remove attempts of this run id that a killed run left uncommitted."""
+        FingerprintStore(self.path).cleanup_uncommitted(self.run_id)
+
+
+def open_view(path: str, run_id: str, meta: dict) -> StoreView:
+    """Check the store against this run (raises InputError, one line) and fix its view."""
+    store = FingerprintStore(path)
+    try:
+        store.check_compatible(meta)
+        earlier = tuple(r.run_id for r in store.runs(exclude=run_id))
+    except StoreError as e:
+        raise InputError(f"store.path: {e}") from None
+    return StoreView(path, run_id, meta, earlier)
+
+
+class StoreVectors(beam.PTransform):
+    """PBegin -> VecBatch of every stored value (protected rows for Near)."""
+
+    def __init__(self, view: StoreView, keep: str):
+        super().__init__()
+        self.view, self.keep = view, keep
+
+    def expand(self, pbegin):
+        return (pbegin
+                | "Start" >> beam.Create([self.view])
+                | "ReadStoredValues" >> beam.FlatMap(lambda v, keep: v.vectors(keep), self.keep)
+                | "Spread" >> beam.Reshuffle())
+
+
+def _kept(file_index: np.ndarray, position: np.ndarray, drops: dict[int, np.ndarray]
+          ) -> np.ndarray:
+    """Rows Decide did not drop (near duplicates found after Exact, for instance)."""
+    keep = np.ones(len(position), dtype=bool)
+    for f in np.unique(file_index).tolist():
+        rows = file_index == f
+        keep[rows] = ~np.isin(position[rows], drops.get(f, np.empty(0, np.int64)))
+    return keep
+
+
+def write_digests(shard_batch: tuple[int, KeyBatch], drops: dict, commit: StoreCommit
+                  ) -> Iterator[dict]:
+    shard, batch = shard_batch
+    rows = np.flatnonzero(_kept(batch.file_index, batch.position, drops))
+    if len(rows):
+        b = batch.take(rows)
+        yield commit.attempt.write_exact(shard, b.words, b.ids)
+
+
+def write_values(batch: VecBatch, drops: dict, commit: StoreCommit, inputs: int
+                 ) -> Iterator[dict]:
+    mine = (batch.file_index < inputs) & finite_rows(batch.x)
+    rows = np.flatnonzero(mine & _kept(batch.file_index, batch.position, drops))
+    if len(rows):
+        b = batch.take(rows)
+        part = (int(b.file_index[0]) << 40) | int(b.position[0])  # unique per chunk
+        yield commit.attempt.write_vectors(part, b.words, b.ids, b.x)
+
+
+class StoreUpdate(beam.PTransform):
+    """{SURVIVORS: (shard, KeyBatch), DECISIONS: FileDecision, VECTORS: VecBatch | None}
+    -> part stats (dicts) of this run's store attempt, committed by Publish."""
+
+    def __init__(self, commit: StoreCommit, inputs: int):
+        super().__init__()
+        self.commit, self.inputs = commit, inputs
+
+    def expand(self, streams: dict):
+        drops = beam.pvalue.AsDict(streams[DECISIONS] | "DroppedPositions" >> beam.Map(
+            lambda d: (d.file_index, d.drop())).with_input_types(FileDecision))
+        parts = [streams[SURVIVORS] | "WriteDigests" >> beam.FlatMap(write_digests, drops,
+                                                                      self.commit)]
+        if streams.get(VECTORS) is not None:
+            parts.append(streams[VECTORS] | "WriteValues" >> beam.FlatMap(
+                write_values, drops, self.commit, self.inputs))
+        return parts | "StoreParts" >> beam.Flatten()

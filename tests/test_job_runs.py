@@ -1,0 +1,291 @@
+"""Production runs end to end: run ids, reruns, restarts after a failure, incremental dedup
+against the fingerprint store, and reference sets (leakage check), against a brute-force
+oracle over all records (earlier runs' kept records and reference records first, never
+removed)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import publish, report, store, write
+from tests.jobkit import EXT, read_output, run_job, write_input
+from tests.oracle import canonical_key
+from transforms.near import NearSpec, exact_distance
+from transforms.store import FingerprintStore
+
+DIM = 8
+THRESHOLD = 0.5
+SPEC = NearSpec("l2", THRESHOLD)
+
+
+def day(seed: int, n: int, earlier: list[np.ndarray] = ()) -> np.ndarray:
+    """n records: fresh vectors, exact and near copies of each other and of ``earlier``
+    (previous days / a reference set), and decoys just outside the threshold."""
+    rng = np.random.default_rng(seed)
+    base = rng.normal(0, 4, (n, DIM)).astype(np.float32)
+    pool = np.vstack([base, *earlier])
+    out = base.copy()
+    k = n // 8
+    src = pool[rng.choice(len(pool), 3 * k)]
+    noise = rng.normal(size=(3 * k, DIM))
+    noise /= np.linalg.norm(noise, axis=1, keepdims=True)
+    out[:k] = src[:k]  # exact copies
+    out[k:2 * k] = src[k:2 * k] + (0.3 * noise[k:2 * k]).astype(np.float32)  # near
+    out[2 * k:3 * k] = src[2 * k:] + (0.8 * noise[2 * k:]).astype(np.float32)  # decoys
+    return out[rng.permutation(n)]
+
+
+def oracle(protected: list[tuple[str, np.ndarray, str]], new: list[tuple[str, np.ndarray]]
+           ) -> dict[str, tuple[str, str]]:
+    """{removed id: (kind, duplicate_of)}: exact then near (representative, l2) with the
+    protected records (id, tensor, "reference" | "store") kept first, in order."""
+    keys = {}
+    for pid, t, tier in protected:
+        keys.setdefault(canonical_key(t), (pid, tier))
+    out, survivors = {}, []
+    for rid, t in new:
+        k = canonical_key(t)
+        if k in keys:
+            pid, tier = keys[k]
+            out[rid] = ("exact" if tier == "new" else f"{tier}_exact", pid)
+        else:
+            keys[k] = (rid, "new")
+            survivors.append((rid, t))
+    kept = [(pid, t, tier) for pid, t, tier in protected]
+    for rid, t in survivors:
+        if kept:
+            d, ok = exact_distance(np.repeat(t[None], len(kept), 0),
+                                   np.array([k[1] for k in kept]), SPEC)
+            if ok.any():
+                j = int(np.flatnonzero(ok)[np.argmin(d[ok])])
+                tier = kept[j][2]
+                out[rid] = ("near" if tier == "new" else f"{tier}_near", kept[j][0])
+                continue
+        kept.append((rid, t, "new"))
+    return out
+
+
+def write_day(tmp_path, name: str, x: np.ndarray, fmt: str = "parquet", files: int = 2):
+    ids = [f"{name}-{i}" for i in range(len(x))]
+    for f, rows in enumerate(np.array_split(np.arange(len(x)), files)):
+        write_input(fmt, tmp_path / name / f"part-{f}.{EXT[fmt]}", [ids[i] for i in rows],
+                    x[rows], np.arange(len(rows)) % 5)
+    return list(zip(ids, x, strict=True))
+
+
+def run_day(tmp_path, name: str, run_id: str, *sets: str, **cfg) -> int:
+    cfg.setdefault("store", {"path": str(tmp_path / "store")})
+    cfg.setdefault("near", {"metric": "l2", "threshold": THRESHOLD})
+    cfg["output"] = {"path": str(tmp_path / "out" / "clean" / "{run_id}")}
+    cfg["report"] = str(tmp_path / "out" / "report" / "{run_id}")
+    return run_job(tmp_path, "parquet", str(tmp_path / name / "*.parquet"), f"run_id={run_id}",
+                   *sets, **cfg)
+
+
+def removals(tmp_path, run_id: str) -> dict[str, tuple[str, str]]:
+    t = pq.read_table(tmp_path / "out" / "report" / run_id / "duplicates.parquet").to_pylist()
+    return {r["record_id"]: (r["kind"], r["duplicate_of"]) for r in t}
+
+
+def summary(tmp_path, run_id: str) -> dict:
+    return json.loads((tmp_path / "out" / "report" / run_id / "summary.json").read_text())
+
+
+def kept_ids(tmp_path, run_id: str) -> list[str]:
+    ids = []
+    for f in sorted((tmp_path / "out" / "clean" / run_id).glob("*.parquet")):
+        ids += read_output("parquet", f, (DIM,))[0]
+    return ids
+
+
+def check_accounting(s: dict) -> None:
+    removed = sum(v for k, v in s.items() if k.startswith("removed_"))
+    assert s["read"] == s["kept"] + removed + s["invalid"]
+
+
+def test_successive_runs_dedup_against_everything_kept_before(tmp_path):
+    d1 = write_day(tmp_path, "d1", day(1, 400))
+    d2 = write_day(tmp_path, "d2", day(2, 400, [x for _, x in d1]))
+    d3 = write_day(tmp_path, "d3", day(3, 300, [x for _, x in d1 + d2]))
+    expect1 = oracle([], d1)
+    assert run_day(tmp_path, "d1", "day1") == 0
+    assert removals(tmp_path, "day1") == expect1
+    stored1 = [(i, x, "store") for i, x in d1 if i not in expect1]
+
+    assert run_day(tmp_path, "d2", "day2") == 0
+    expect2 = oracle(stored1, d2)
+    got2 = removals(tmp_path, "day2")
+    assert got2 == expect2
+    kinds = {k for k, _ in got2.values()}
+    assert {"store_exact", "store_near", "exact", "near"} <= kinds  # the data plants each kind
+    rows = pq.read_table(tmp_path / "out" / "report" / "day2" / "duplicates.parquet").to_pylist()
+    assert {r["duplicate_of_run"] for r in rows if r["kind"].startswith("store_")} == {"day1"}
+    assert {r["duplicate_of_run"] for r in rows if not r["kind"].startswith("store_")} == {None}
+    s2 = summary(tmp_path, "day2")
+    check_accounting(s2)
+    assert s2["removed_store_exact"] == sum(k == "store_exact" for k, _ in expect2.values())
+    assert s2["store"]["earlier_runs"] == 1 and s2["store"]["appended"] == s2["kept"]
+    assert sorted(kept_ids(tmp_path, "day2")) == sorted(i for i, _ in d2 if i not in expect2)
+
+    stored2 = stored1 + [(i, x, "store") for i, x in d2 if i not in expect2]
+    assert run_day(tmp_path, "d3", "day3") == 0
+    assert removals(tmp_path, "day3") == oracle(stored2, d3)
+    assert [r.run_id for r in FingerprintStore(str(tmp_path / "store")).runs()] == [
+        "day1", "day2", "day3"]
+
+
+def test_rerun_of_a_run_id_replaces_its_outputs_and_store_entries(tmp_path):
+    d1 = write_day(tmp_path, "d1", day(4, 300))
+    d2 = write_day(tmp_path, "d2", day(5, 300, [x for _, x in d1]))
+    assert run_day(tmp_path, "d1", "day1") == 0
+    assert run_day(tmp_path, "d2", "day2") == 0
+    first = (tmp_path / "out" / "report" / "day2" / "duplicates.parquet").read_bytes()
+    first_kept = kept_ids(tmp_path, "day2")
+    assert run_day(tmp_path, "d2", "day2") == 0  # same id: replaces, no --overwrite needed
+    assert (tmp_path / "out" / "report" / "day2" / "duplicates.parquet").read_bytes() == first
+    assert kept_ids(tmp_path, "day2") == first_kept
+    runs = FingerprintStore(str(tmp_path / "store")).runs()
+    assert [r.run_id for r in runs] == ["day1", "day2"]
+    assert runs[1].records == summary(tmp_path, "day2")["kept"]  # not twice
+    # a later run sees day2's records once: the same removals as after a single day2 run
+    stored = [(i, x, "store") for i, x in d1 if i not in removals(tmp_path, "day1")]
+    stored += [(i, x, "store") for i, x in d2 if i not in removals(tmp_path, "day2")]
+    d3 = write_day(tmp_path, "d3", day(6, 200, [x for _, x in d1 + d2]))
+    assert run_day(tmp_path, "d3", "day3") == 0
+    assert removals(tmp_path, "day3") == oracle(stored, d3)
+    assert not list((tmp_path / "out" / "clean").glob(".*"))  # no staging left behind
+
+
+def _fail(*_a, **_k):
+    raise RuntimeError("simulated crash")
+
+
+@pytest.mark.parametrize("where", ["write", "store_commit", "summary"])
+def test_a_run_that_failed_half_way_finishes_correctly_when_started_again(
+        tmp_path, monkeypatch, where):
+    """The failure hits the Write step (nothing published), the store commit (outputs
+    already swapped in, store not updated) or the final summary.json (store updated):
+    in each case a second start of the same run id ends as a run that never failed."""
+    d1 = write_day(tmp_path, "d1", day(7, 300))
+    d2 = write_day(tmp_path, "d2", day(8, 300, [x for _, x in d1]))
+    assert run_day(tmp_path, "d1", "day1") == 0
+    target = {"write": (write.WriteClean, "process"), "store_commit": (store.StoreCommit,
+              "commit"), "summary": (report, "write_summary")}[where]
+    with monkeypatch.context() as m:
+        m.setattr(*target, _fail)
+        assert run_day(tmp_path, "d2", "day2") == 1
+    assert not (tmp_path / "out" / "report" / "day2" / "summary.json").exists()
+    runs = [r.run_id for r in FingerprintStore(str(tmp_path / "store")).runs()]
+    assert runs == (["day1", "day2"] if where == "summary" else ["day1"])
+
+    assert run_day(tmp_path, "d2", "day2") == 0
+    stored = [(i, x, "store") for i, x in d1 if i not in removals(tmp_path, "day1")]
+    expect = oracle(stored, d2)
+    assert removals(tmp_path, "day2") == expect
+    assert sorted(kept_ids(tmp_path, "day2")) == sorted(i for i, _ in d2 if i not in expect)
+    runs = FingerprintStore(str(tmp_path / "store")).runs()
+    assert [r.run_id for r in runs] == ["day1", "day2"]
+    assert runs[1].records == len(d2) - len(expect)
+    leftovers = [p.name for p in (tmp_path / "out").rglob(".*")]
+    assert leftovers == []
+
+
+@pytest.mark.parametrize("ref_fmt", ["hdf5", "parquet"])
+def test_reference_set_leaks_are_removed_and_the_reference_is_kept(tmp_path, ref_fmt):
+    rng = np.random.default_rng(9)
+    test_set = rng.normal(0, 4, (120, DIM)).astype(np.float32)
+    test_set[5] = test_set[4]  # the reference itself holds a copy: both are kept
+    test_set[7] = test_set[6] + 0.1  # and a near pair: both kept
+    ref = write_day(tmp_path, "ref", test_set, fmt=ref_fmt, files=2)
+    train = write_day(tmp_path, "train", day(10, 500, [test_set]))
+    cfg = {"near": {"metric": "l2", "threshold": THRESHOLD}, "store": None,
+           "reference": {"format": ref_fmt, "path": str(tmp_path / "ref" / f"*.{EXT[ref_fmt]}"),
+                         "tensor": "emb", "id": "id"}}
+    assert run_day(tmp_path, "train", "r1", **cfg) == 0
+    expect = oracle([(i, x, "reference") for i, x in ref], train)
+    got = removals(tmp_path, "r1")
+    assert got == expect
+    assert {"reference_exact", "reference_near"} <= {k for k, _ in got.values()}
+    s = summary(tmp_path, "r1")
+    check_accounting(s)
+    assert s["removed_reference_exact"] == sum(k == "reference_exact" for k, _ in expect.values())
+    assert s["removed_reference_near"] == sum(k == "reference_near" for k, _ in expect.values())
+    assert s["reference"] == {"files": 2, "read": 120, "invalid": 0}
+    leaked = {i for i, (k, _) in got.items() if k.startswith("reference")}
+    assert not leaked & set(kept_ids(tmp_path, "r1"))  # no test record left in training data
+    assert all(d.startswith("ref-") for k, d in got.values() if k.startswith("reference"))
+
+
+def test_reference_and_store_together(tmp_path):
+    test_set = np.random.default_rng(11).normal(0, 4, (60, DIM)).astype(np.float32)
+    ref = write_day(tmp_path, "ref", test_set, files=1)
+    d1 = write_day(tmp_path, "d1", day(12, 200))
+    d2 = write_day(tmp_path, "d2", day(13, 300, [x for _, x in d1] + [test_set]))
+    refcfg = {"format": "parquet", "path": str(tmp_path / "ref" / "*.parquet"),
+              "tensor": "emb", "id": "id"}
+    assert run_day(tmp_path, "d1", "a", reference=refcfg) == 0
+    protected = [(i, x, "reference") for i, x in ref]
+    e1 = oracle(protected, d1)
+    assert removals(tmp_path, "a") == e1
+    assert run_day(tmp_path, "d2", "b", reference=refcfg) == 0
+    stored = [(i, x, "store") for i, x in d1 if i not in e1]
+    assert removals(tmp_path, "b") == oracle(protected + stored, d2)
+
+
+def test_default_run_id_is_the_utc_date_and_paths_use_it(tmp_path):
+    write_day(tmp_path, "d1", day(14, 50))
+    today = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    cfg = {"store": None, "near": None}
+    cfg["output"] = {"path": str(tmp_path / "o" / "{run_id}" / "clean")}
+    cfg["report"] = str(tmp_path / "o" / "{run_id}" / "report")
+    assert run_job(tmp_path, "parquet", str(tmp_path / "d1" / "*.parquet"), **cfg) == 0
+    s = json.loads((tmp_path / "o" / today / "report" / "summary.json").read_text())
+    assert s["run_id"] == today and s["output"] == str(tmp_path / "o" / today / "clean")
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (["run_id=a/b"], "config key 'run_id': 'a/b' is not a usable run id"),
+    (["exact=false", "near=null"], "config keys 'store' and 'exact'"),
+])
+def test_run_config_errors_are_one_line(tmp_path, capsys, sets, needle):
+    write_day(tmp_path, "d1", day(15, 20))
+    assert run_day(tmp_path, "d1", "x", *sets) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+
+
+def test_store_of_another_dtype_is_refused_before_any_work(tmp_path, capsys):
+    write_day(tmp_path, "d1", day(16, 40))
+    assert run_day(tmp_path, "d1", "a") == 0
+    x = day(17, 40).astype(np.float64)
+    write_input("parquet", tmp_path / "d2" / "p.parquet", [str(i) for i in range(40)], x,
+                np.zeros(40, np.int64))
+    capsys.readouterr()
+    assert run_day(tmp_path, "d2", "b") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: store.path:"), err
+    assert not (tmp_path / "out" / "report" / "b").exists()
+
+
+def test_reference_of_another_shape_is_refused(tmp_path, capsys):
+    write_day(tmp_path, "d1", day(18, 40))
+    write_input("parquet", tmp_path / "ref" / "r.parquet", ["r0"], np.zeros((1, 3), np.float32),
+                np.zeros(1, np.int64))
+    ref = {"format": "parquet", "path": str(tmp_path / "ref" / "*.parquet"), "tensor": "emb"}
+    assert run_day(tmp_path, "d1", "a", reference=ref) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "reference.path" in err[0] and "no record could match" in err[0]
+
+
+def test_publish_clears_what_a_killed_run_left(tmp_path):
+    final = tmp_path / "clean"
+    (tmp_path / ".clean.staging-123-456").mkdir()
+    (tmp_path / ".clean.old-789").mkdir()
+    (tmp_path / ".other.staging-1").mkdir()
+    publish.clear_leftovers(final)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.staging-1"]

@@ -1,0 +1,326 @@
+"""Fingerprint store against a brute-force model (Python dicts), on a local path and on an
+object-store-like scheme (``fakegs://``, tests/fakefs.py): lookups, reruns replacing their
+run, crash windows, settings checks, row-group pruning, values bit for bit."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import ml_dtypes
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests import fakefs
+from transforms import fs
+from transforms import store as store_mod
+from transforms.store import FingerprintStore, StoreError
+
+META = {"scheme": "xxh3-128/v1", "dtype": "float32", "shape": [4], "dim": 4}
+
+
+@pytest.fixture(params=["local", "fakegs"])
+def root(request, tmp_path, monkeypatch) -> str:
+    if request.param == "local":
+        return str(tmp_path / "store")
+    return fakefs.bucket(monkeypatch, tmp_path) + "/store"
+
+
+def rand_words(rng: np.random.Generator, n: int) -> np.ndarray:
+    return rng.integers(0, 2**64, size=(n, 2), dtype=np.uint64)
+
+
+def ids_for(run_id: str, n: int) -> pa.Array:
+    return pa.array([f"{run_id}/rec{i}" for i in range(n)])
+
+
+class Model:
+    """What the store should answer: runs in commit order, a rerun replaces its run,
+    a digest in several runs belongs to the earliest committed one."""
+
+    def __init__(self):
+        self.runs: dict[str, tuple[int, np.ndarray, list[str]]] = {}
+        self.seq = 0
+
+    def commit(self, run_id: str, words: np.ndarray, ids: pa.Array) -> None:
+        self.seq += 1
+        self.runs.pop(run_id, None)
+        self.runs[run_id] = (self.seq, words, ids.to_pylist())
+
+    def expect(self, queries: np.ndarray, exclude: str | None = None) -> list:
+        table: dict[tuple[int, int], tuple[str, str]] = {}
+        for run_id, (_, words, ids) in sorted(self.runs.items(), key=lambda kv: kv[1][0]):
+            if run_id != exclude:
+                for key, rid in zip(map(tuple, words.tolist()), ids, strict=True):
+                    table.setdefault(key, (rid, run_id))
+        return [table.get(tuple(q)) for q in queries.tolist()]
+
+
+def answers(store: FingerprintStore, queries: np.ndarray, exclude: str | None = None) -> list:
+    found, ids, runs = store.lookup(queries, exclude_run=exclude)
+    assert len(found) == len(ids) == len(runs) == len(queries)
+    assert ids.null_count == runs.null_count == int((~found).sum())
+    return [(i, r) if f else None
+            for f, i, r in zip(found.tolist(), ids.to_pylist(), runs.to_pylist(), strict=True)]
+
+
+def commit_run(store: FingerprintStore, run_id: str, words: np.ndarray, ids: pa.Array,
+               parts: int = 3, x: np.ndarray | None = None, meta: dict = META,
+               model: Model | None = None, split=None) -> str:
+    """One run as the job does it: clean up, begin, write parts, commit."""
+    store.cleanup_uncommitted(run_id)
+    attempt = store.begin(run_id)
+    split = np.array_split(np.arange(len(words)), parts) if split is None else split
+    stats = []
+    for p, rows in enumerate(split):
+        stats.append(attempt.write_exact(p, words[rows], ids.take(pa.array(rows))))
+        if x is not None:
+            stats.append(attempt.write_vectors(p, words[rows], ids.take(pa.array(rows)),
+                                               x[rows]))
+    store.commit(attempt, stats, meta, {"note": run_id})
+    if model is not None:
+        model.commit(run_id, words, ids)
+    return attempt.name
+
+
+def markers(root: str, run_id: str) -> list[str]:
+    return fs.match(fs.join(root, "commits", run_id, "*"))
+
+
+def attempt_files(root: str, run_id: str) -> list[str]:
+    return fs.match(fs.join(root, "runs", run_id, "**"))
+
+
+def test_fs_helpers(root):
+    path = fs.join(root, "a", "b.bin")
+    fs.makedirs(fs.join(root, "a"))
+    assert not fs.exists(path) and fs.match(fs.join(root, "**")) == []
+    fs.write_bytes_atomic(path, b"old")
+    fs.write_bytes_atomic(path, b"new contents")
+    assert fs.read_bytes(path) == b"new contents"
+    assert fs.match(fs.join(root, "**")) == [path]  # no temporary file left behind
+    with fs.open_read(path) as f:
+        f.seek(4)
+        assert f.read(3) == b"con"
+    fs.delete_tree(fs.join(root, "a"))
+    fs.delete_tree(fs.join(root, "a"))  # missing: no error
+    assert fs.match(fs.join(root, "**")) == [] and not fs.exists(path)
+
+
+def test_lookup_matches_model(root):
+    rng = np.random.default_rng(1)
+    store, model = FingerprintStore(root), Model()
+    assert store.runs() == [] and store.meta() is None
+    history = []
+    for k, run_id in enumerate(["2026-01-01", "2026-01-02", "2026-01-03"]):
+        words = rand_words(rng, 3000)
+        if history:  # some digests an earlier run already holds: the earliest run wins
+            words[:50] = history[-1][:50]
+        history.append(words)
+        commit_run(store, run_id, words, ids_for(run_id, len(words)), parts=k + 1, model=model)
+    queries = np.concatenate([h[rng.choice(len(h), 200, replace=False)] for h in history]
+                             + [rand_words(rng, 200), history[0][:5], history[2][:5]])
+    for exclude in [None, "2026-01-01", "2026-01-02", "2026-01-03", "other"]:
+        assert answers(store, queries, exclude) == model.expect(queries, exclude)
+    assert answers(store, queries[:0]) == []
+    runs = store.runs()
+    assert [r.run_id for r in runs] == ["2026-01-01", "2026-01-02", "2026-01-03"]
+    assert [r.records for r in runs] == [3000] * 3
+    assert [len(r.parts) for r in runs] == [1, 2, 3] and not any(r.has_vectors for r in runs)
+    assert runs[1].extra == {"note": "2026-01-02"} and runs[0].committed_at < runs[1].committed_at
+    assert [r.run_id for r in store.runs(exclude="2026-01-02")] == ["2026-01-01", "2026-01-03"]
+    assert store.meta() == META
+
+
+def test_rerun_replaces_its_run(root):
+    rng = np.random.default_rng(2)
+    store, model = FingerprintStore(root), Model()
+    a1, b = rand_words(rng, 1000), rand_words(rng, 1000)
+    first = commit_run(store, "a", a1, ids_for("a1", 1000), model=model)
+    commit_run(store, "b", b, ids_for("b", 1000), model=model)
+    a2 = np.concatenate([a1[:300], rand_words(rng, 500)])  # the rerun keeps part of the old
+    second = commit_run(store, "a", a2, ids_for("a2", 800), parts=2, model=model)
+    assert second > first
+    queries = np.concatenate([a1, a2, b])
+    assert answers(store, queries) == model.expect(queries)
+    assert sum(r.run_id == "a" for r in store.runs()) == 1
+    assert [r.run_id for r in store.runs()] == ["b", "a"]  # a rerun counts as committed now
+    assert markers(root, "a") == [fs.join(root, "commits", "a", f"{second}.json")]
+    assert {p.split("/")[-2] for p in attempt_files(root, "a")} == {second}
+
+
+def test_uncommitted_attempt_is_invisible_and_cleaned_up(root):
+    rng = np.random.default_rng(3)
+    store, model = FingerprintStore(root), Model()
+    old = rand_words(rng, 500)
+    kept = commit_run(store, "r", old, ids_for("old", 500), model=model)
+    attempt = store.begin("r")  # a rerun that dies after writing one part
+    new = rand_words(rng, 500)
+    attempt.write_exact(0, new, ids_for("new", 500))
+    fs.write_bytes_atomic(fs.join(root, "commits", "r", f".{attempt.name}.json.tmp-dead"),
+                          b'{"half": ')  # and a marker that never got its rename
+    never = store.begin("never")
+    never.write_exact(0, rand_words(rng, 10), ids_for("never", 10))
+    queries = np.concatenate([old, new])
+    assert answers(store, queries) == model.expect(queries)
+    assert [(r.run_id, r.attempt) for r in store.runs()] == [("r", kept)]
+    store.cleanup_uncommitted("r")
+    store.cleanup_uncommitted("never")
+    assert {p.split("/")[-2] for p in attempt_files(root, "r")} == {kept}
+    assert len(markers(root, "r")) == 1 and attempt_files(root, "never") == []
+    assert answers(store, queries) == model.expect(queries)
+
+
+@pytest.mark.parametrize("crash", ["before_old_deleted", "after_old_marker_deleted"])
+def test_crash_during_commit_shows_one_attempt(root, monkeypatch, crash):
+    rng = np.random.default_rng(4)
+    store, model = FingerprintStore(root), Model()
+    old = rand_words(rng, 400)
+    commit_run(store, "r", old, ids_for("old", 400), model=model)
+    new = rand_words(rng, 400)
+    real_delete = fs.delete_tree
+
+    def crashing_delete(path: str) -> None:
+        if crash == "before_old_deleted" or "/runs/" in path:
+            raise RuntimeError("killed")
+        real_delete(path)
+
+    with monkeypatch.context() as m:
+        m.setattr(fs, "delete_tree", crashing_delete)
+        with pytest.raises(RuntimeError, match="killed"):
+            commit_run(store, "r", new, ids_for("new", 400))
+    model.commit("r", new, ids_for("new", 400))  # the marker was written: it counts
+    assert len(attempt_files(root, "r")) > 3  # both attempts' files are still there
+    assert len(markers(root, "r")) == (2 if crash == "before_old_deleted" else 1)
+    fresh = FingerprintStore(root)
+    (visible,) = [r for r in fresh.runs() if r.run_id == "r"]
+    queries = np.concatenate([old, new])
+    assert answers(fresh, queries) == model.expect(queries)  # the new attempt only
+    fresh.cleanup_uncommitted("r")
+    assert {p.split("/")[-2] for p in attempt_files(root, "r")} == {visible.attempt}
+    assert answers(fresh, queries) == model.expect(queries)
+
+
+def test_settings_and_commit_checks(root):
+    rng = np.random.default_rng(5)
+    store = FingerprintStore(root)
+    store.check_compatible(META)  # empty store: anything goes
+    commit_run(store, "a", rand_words(rng, 10), ids_for("a", 10))
+    store.check_compatible(dict(META))
+    other = {**META, "dtype": "float64", "shape": [8]}
+    with pytest.raises(StoreError) as err:
+        commit_run(store, "b", rand_words(rng, 10), ids_for("b", 10), meta=other)
+    msg = str(err.value)
+    assert "\n" not in msg and 'dtype: store "float32", this run "float64"' in msg
+    assert "shape: store [4], this run [8]" in msg and "use a new store path" in msg
+    with pytest.raises(StoreError, match="extra: store absent, this run 1"):
+        store.check_compatible({**META, "extra": 1})
+    assert [r.run_id for r in store.runs()] == ["a"] and store.meta() == META
+    attempt = store.begin("c")
+    stats = attempt.write_exact(0, rand_words(rng, 5), ids_for("c", 5))
+    with pytest.raises(StoreError, match="reported twice"):
+        store.commit(attempt, [stats, stats], META)
+    with pytest.raises(StoreError, match="exact-00001.parquet is missing"):
+        store.commit(attempt, [stats, {**stats, "part": 1, "file": "exact-00001.parquet"}],
+                     META)
+    with pytest.raises(ValueError, match="not a usable run id"):
+        store.begin("../escape")
+    with pytest.raises(ValueError, match=r"\(n, 2\) uint64"):
+        store.lookup(np.zeros((3, 2), np.int64))
+    fs.write_bytes_atomic(fs.join(root, "STORE.json"), json.dumps(
+        {"format": store_mod.FORMAT, "version": 99, "meta": META}).encode())
+    with pytest.raises(StoreError, match="not a version-1 fingerprint store"):
+        store.meta()
+
+
+def test_retried_part_and_pickled_attempt(root):
+    rng = np.random.default_rng(6)
+    store, model = FingerprintStore(root), Model()
+    words, ids = rand_words(rng, 300), ids_for("r", 300)
+    attempt = pickle.loads(pickle.dumps(store.begin("r")))  # as a Beam worker gets it
+    stats = [attempt.write_exact(0, words[:200], ids[:200]),
+             attempt.write_exact(1, words[200:], ids[200:])]
+    assert attempt.write_exact(1, words[200:], ids[200:]) == stats[1]  # a retried bundle
+    store.commit(attempt, stats, META)
+    model.commit("r", words, ids)
+    assert answers(store, words) == model.expect(words)
+    assert store.runs()[0].records == 300 and len(attempt_files(root, "r")) == 2
+
+
+def test_edge_keys_and_unsigned_statistics(root, monkeypatch):
+    monkeypatch.setattr(store_mod, "ROW_GROUP_ROWS", 5)
+    top = 2**64 - 1
+    his = [0, 1, 2**63 - 2, 2**63 - 1, 2**63, 2**63 + 1, top - 1, top]
+    words = np.array([(h, lo) for h in his for lo in (0, 5, top)], np.uint64)
+    store, model = FingerprintStore(root), Model()
+    commit_run(store, "r", words, ids_for("r", len(words)), parts=1, model=model)
+    near_misses = np.array([(h, lo) for h in his for lo in (1, top - 1)], np.uint64)
+    queries = np.concatenate([words, near_misses, words[::-1]])
+    assert answers(store, queries) == model.expect(queries)
+    (part,) = store.runs()[0].parts
+    assert part["min"] == "0" * 32 and part["max"] == "f" * 32
+    with fs.open_read(fs.join(root, "runs", "r", store.runs()[0].attempt, part["file"])) as f:
+        md = pq.ParquetFile(f).metadata
+        ranges = [(md.row_group(g).column(0).statistics.min,
+                   md.row_group(g).column(0).statistics.max) for g in range(md.num_row_groups)]
+    assert all(lo <= hi for lo, hi in ranges)  # uint64 statistics compare unsigned
+    assert any(lo < 2**63 <= hi for lo, hi in ranges)  # a group spans the sign bit
+
+
+def test_lookup_reads_only_the_row_groups_it_needs(root, monkeypatch):
+    monkeypatch.setattr(store_mod, "ROW_GROUP_ROWS", 256)
+    rng = np.random.default_rng(7)
+    store, model = FingerprintStore(root), Model()
+    words = rand_words(rng, 200_000)
+    shard = (words[:, 0] >> np.uint64(60)).astype(np.int64)  # range parts, like the job
+    split = [np.flatnonzero(shard == s) for s in range(16)]
+    commit_run(store, "big", words, ids_for("big", len(words)), model=model, split=split)
+    queries = np.concatenate([words[rng.choice(len(words), 50, replace=False)],
+                              rand_words(rng, 50)])
+    assert answers(store, queries) == model.expect(queries)
+    st = store.last_lookup_stats
+    total_bytes = sum(len(fs.read_bytes(p)) for p in attempt_files(root, "big"))
+    assert st["row_groups"] >= 780 and st["parts"] == 16
+    assert st["row_groups_read"] <= len(queries)  # at most one group per query digest
+    assert st["bytes_read"] < total_bytes / 5
+    one_shard = words[split[3][:5]]
+    assert answers(store, one_shard) == model.expect(one_shard)
+    st = store.last_lookup_stats
+    assert st["parts_opened"] == 1 and st["row_groups_read"] <= 5
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "complex64"])
+def test_vectors_roundtrip_bit_for_bit(root, monkeypatch, dtype):
+    monkeypatch.setattr(store_mod, "VECTOR_GROUP_BYTES", 1000)  # several row groups
+    rng = np.random.default_rng(8)
+    store = FingerprintStore(root)
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    sent = {}
+    for run_id, n in [("a", 300), ("b", 150), ("c", 0)]:
+        words = rand_words(rng, n)
+        bits = rng.integers(0, 256, size=(n, 5 * dt.itemsize), dtype=np.uint8)
+        x = bits.view(dt)  # any bit pattern: NaN payloads, -0.0, subnormals, inf
+        meta = {**META, "dtype": dtype, "shape": [5], "dim": 5}
+        commit_run(store, run_id, words, ids_for(run_id, n), parts=2, x=x, meta=meta)
+        sent[run_id] = (words, ids_for(run_id, n).to_pylist(), bits)
+    commit_run(store, "plain", rand_words(rng, 5), ids_for("plain", 5),
+               meta={**META, "dtype": dtype, "shape": [5], "dim": 5})
+    assert [r.has_vectors for r in store.runs()] == [True, True, True, False]
+    for exclude in [None, "a"]:
+        got: dict[str, list] = {}
+        for words, ids, runs, x in store.vectors(exclude_run=exclude, batch_rows=64):
+            assert len(words) == len(ids) == len(runs) == len(x) <= 64
+            assert x.dtype == dt and x.shape[1] == 5
+            for run_id in set(runs.to_pylist()):
+                got.setdefault(run_id, []).append((words, ids.to_pylist(), x.view(np.uint8)))
+        expected = {r for r in ("a", "b") if r != exclude}
+        assert set(got) == expected
+        for run_id in expected:
+            words = np.concatenate([g[0] for g in got[run_id]])
+            ids = sum((g[1] for g in got[run_id]), [])
+            bits = np.concatenate([g[2] for g in got[run_id]])
+            np.testing.assert_array_equal(words, sent[run_id][0])
+            assert ids == sent[run_id][1]
+            np.testing.assert_array_equal(bits, sent[run_id][2])
