@@ -8,9 +8,9 @@ can give. Every problem here is one line naming the key or file and the fix.
 from __future__ import annotations
 
 import fnmatch
-import glob
 import math
 import os
+import posixpath
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -18,8 +18,9 @@ from pathlib import Path
 
 from pipeline.config import DedupeConfig, InputConfig, keep_policy
 from pipeline.store import StoreView, open_view, store_meta
+from transforms import fs
 from transforms.formats import get_format
-from transforms.formats.base import InputError, TensorSpec
+from transforms.formats.base import InputError, TensorSpec, error_line
 from transforms.near import NearSpec
 
 
@@ -42,54 +43,98 @@ class Job:
     spec: TensorSpec  # from the config: what every record is read and checked against
     resolved: TensorSpec  # shape and dtype as the first file has them (for the summary)
     keep: tuple[str, str | None]  # ("first"|"last", None) | ("max"|"min", column)
-    output: Path
-    report: Path
+    output: str  # a directory, or a URL (gs://...) on another filesystem; no trailing slash
+    report: str
     run_id: str  # the user's run id ({run_id} in paths, store entries)
     attempt: str  # unique per attempt: staging directory names
     near: NearSpec | None = None  # the near stage's settings, when it is on
     references: References | None = None
     store: StoreView | None = None  # earlier runs' records, as of this run's start
 
-    def staging(self, final: Path) -> Path:
-        return final.parent / f".{final.name}.staging-{self.attempt}"
+    def staging(self, final: str) -> str:
+        """The hidden sibling the run writes ``final``'s files into before publishing."""
+        if fs.is_local(final):
+            head, name = os.path.split(final)
+            return os.path.join(head, f".{name}.staging-{self.attempt}")
+        head, _, name = final.rpartition("/")
+        return f"{head}/.{name}.staging-{self.attempt}"
+
+
+def _target(path: str) -> str:
+    """An output directory as the Job holds it: normalized like a Path locally (no
+    trailing slash or './'); a URL without its trailing slash elsewhere (Path would fold
+    the '//' of the scheme)."""
+    return str(Path(path)) if fs.is_local(path) else path.rstrip("/")
+
+
+def _common_dir(files: list[str]) -> str:
+    """The inputs' deepest common directory (output names are relative to it)."""
+    if fs.is_local(files[0]):
+        return os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files])
+    return "/".join(os.path.commonprefix([f.split("/")[:-1] for f in files]))
 
 
 def output_name(path: str, root: str) -> str:
     """Where an input file's clean copy goes, relative to output.path."""
-    return os.path.relpath(path, root)
+    if fs.is_local(path):
+        return os.path.relpath(path, root)
+    return path[len(root):].lstrip("/")
 
 
 def _files(pattern: str, key: str = "input.path") -> list[str]:
-    files = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+    try:
+        files = fs.glob(pattern)
+    except OSError as e:  # a bucket that does not exist or cannot be listed
+        raise InputError(f"{key}: cannot list {pattern!r}: {error_line(e)}") from None
     if not files:
-        raise InputError(f"{key}: no files match {pattern!r} (relative to "
-                         f"{os.getcwd()}): fix the path or glob")
+        where = f" (relative to {os.getcwd()})" if fs.is_local(pattern) else ""
+        raise InputError(f"{key}: no files match {pattern!r}{where}: fix the path or glob")
     return files
 
 
-def _check_paths(cfg: DedupeConfig, files: list[str], root: str, output: Path, report: Path,
+def _location(path: str) -> str:
+    """A path in a form that compares: resolved when local (symlinks, '..'), else the URL
+    with its scheme in lower case and its path normalized."""
+    if fs.is_local(path):
+        return str(Path(path).resolve())
+    scheme, _, rest = path.partition("://")
+    return f"{scheme.lower()}://{posixpath.normpath(rest)}"
+
+
+def _within(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or below it (both from ``_location``)."""
+    sep = os.sep if fs.is_local(folder) else "/"
+    return path == folder or path.startswith(folder.rstrip(sep) + sep)
+
+
+def _check_paths(cfg: DedupeConfig, files: list[str], root: str, output: str, report: str,
                  references: list[str]) -> None:
     """Refuse outputs that equal, contain or would be matched by the input (or a
     reference set). An existing output is replaced only with overwrite, or when the paths
-    are run-specific ('{run_id}' in them): a rerun of the same id replaces its outputs."""
-    inputs = [Path(f).resolve() for f in files + references]
-    pattern = str(Path(cfg.input.path).absolute())
-    out = output.resolve()
-    report = report.resolve()
+    are run-specific ('{run_id}' in them): a rerun of the same id replaces its outputs.
+    On object stores an output "exists" when any object lies under its prefix."""
+    inputs = [_location(f) for f in files + references]
+    local = fs.is_local(cfg.input.path)
+    pattern = str(Path(cfg.input.path).absolute()) if local else _location(cfg.input.path)
+    out, report = _location(output), _location(report)
     replace = cfg.output.overwrite or "{run_id}" in cfg.output.path + cfg.report
-    if out == report or out in report.parents or report in out.parents:
+    for key, target in (("output.path", out), ("report", report)):
+        if not fs.is_local(target) and "/" not in target.partition("://")[2]:
+            raise InputError(f"{key}: {target} is a whole bucket: name a folder in it (the "
+                             "run stages its files next to that folder)")
+    if _within(out, report) or _within(report, out):
         raise InputError("report: the report and output.path must be separate directories, "
                          "neither inside the other")
     for key, target in (("output.path", out), ("report", report)):
-        if any(target == f or target in f.parents for f in inputs):
+        if any(_within(f, target) for f in inputs):
             raise InputError(f"{key}: {target} contains input or reference files: write "
                              "outputs elsewhere (output never overwrites input)")
-        names = [target / output_name(f, root) for f in files] if key == "output.path" else [
-            target / n for n in ("duplicates.parquet", "invalid.parquet", "summary.json")]
-        if any(fnmatch.fnmatch(str(n), pattern) for n in names):
+        names = [output_name(f, root) for f in files] if key == "output.path" else [
+            "duplicates.parquet", "invalid.parquet", "summary.json"]
+        if any(fnmatch.fnmatch(fs.join(target, n), pattern) for n in names):
             raise InputError(f"{key}: {target} is matched by input.path {cfg.input.path!r}, so "
                              "a later run would read its own output: write outputs elsewhere")
-        if target.exists() and not replace:
+        if fs.exists_under(target) and not replace:
             raise InputError(f"{key}: {target} already exists: remove it, choose another path, "
                              "or set output.overwrite: true (--overwrite)")
 
@@ -161,10 +206,10 @@ def prepare(cfg: DedupeConfig) -> Job:
     """Check the config against the files and resolve it into a Job. Raises InputError."""
     _check_runner(cfg)
     run_id = resolve_run_id(cfg)
-    output = Path(cfg.output.path.replace("{run_id}", run_id))
-    report = Path(cfg.report.replace("{run_id}", run_id))
+    output = _target(cfg.output.path.replace("{run_id}", run_id))
+    report = _target(cfg.report.replace("{run_id}", run_id))
     files = _files(cfg.input.path)
-    root = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files])
+    root = _common_dir(files)
     keep = keep_policy(cfg.keep)
     spec = _spec(cfg.input, keep[1])
     fmt = get_format(cfg.input.format)

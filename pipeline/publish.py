@@ -7,6 +7,12 @@ the output and report directories are swapped in, then this run's store entries 
 committed (replacing an earlier attempt of the same run id), and summary.json, which
 marks the run complete, comes last. A run killed at any point and started again with
 the same run id ends in the same state as one that never stopped.
+
+On object stores (gs://, s3://) the same order holds, but swapping a directory in is
+many object copies and deletes, not one rename (see ``report.publish``): while it runs,
+and after a kill in the middle, the output and report prefixes can hold a mix of old and
+new files. summary.json stays the mark of a complete run there too: it is deleted before
+the swap and written (in one step) after it, so a reader that finds it reads a whole run.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from pathlib import Path
 
 from pipeline import report
 from pipeline.store import StoreCommit
+from transforms import fs
 
 
 @dataclass(frozen=True)
@@ -40,28 +47,38 @@ def publish_run(taken: dict, store_parts: list[dict], pub: Publication) -> dict:
     store writers wrote for this attempt. Returns the summary it wrote."""
     files = taken["files"]
     totals = report.totals(files)
-    out_stage, report_stage = Path(pub.out_stage), Path(pub.report_stage)
-    output, report_dir = Path(pub.output), Path(pub.report)
-    out_stage.mkdir(parents=True, exist_ok=True)  # an all-invalid input still gets a dir
-    (report_dir / "summary.json").unlink(missing_ok=True)  # old run: no longer complete
-    report.publish(out_stage, output, pub.replace)
-    report.publish(report_stage, report_dir, pub.replace)
+    # an all-invalid input still gets a directory (object stores: no objects, no prefix)
+    fs.makedirs(pub.out_stage)
+    fs.delete(fs.join(pub.report, "summary.json"))  # old run: no longer complete
+    report.publish(pub.out_stage, pub.output, pub.replace)
+    report.publish(pub.report_stage, pub.report, pub.replace)
     store = pub.header.get("store")
     if pub.store is not None:
         store = {**store, **pub.store.commit(store_parts, {"kept": totals["kept"],
-                                                           "report": str(report_dir)})}
+                                                           "report": pub.report})}
     summary = {**pub.header, **totals, "wall_time_s": round(time.time() - pub.started, 3),
-               "output": str(output), "report": str(report_dir), "files": files,
+               "output": pub.output, "report": pub.report, "files": files,
                "reference": taken["reference"], "store": store,
                "near": None if taken["near"] is None else {
                    "settings": pub.near_settings, **taken["near"]}}
-    report.write_summary(report_dir, summary)
+    report.write_summary(pub.report, summary)
     return summary
 
 
-def clear_leftovers(final: Path) -> None:
-    """Remove staging and swap directories a killed run left next to ``final``."""
-    if final.parent.is_dir():
-        for stale in final.parent.glob(f".{final.name}.*"):
-            if stale.is_dir() and (".staging-" in stale.name or ".old-" in stale.name):
-                shutil.rmtree(stale, ignore_errors=True)
+def clear_leftovers(final: str | Path) -> None:
+    """Remove staging and swap directories a killed run left next to ``final`` (on object
+    stores: every object under a ``.<name>.staging-*`` or ``.<name>.old-*`` prefix)."""
+    final = str(final)
+    if fs.is_local(final):
+        folder = Path(final)
+        if folder.parent.is_dir():
+            for stale in folder.parent.glob(f".{folder.name}.*"):
+                if stale.is_dir() and (".staging-" in stale.name or ".old-" in stale.name):
+                    shutil.rmtree(stale, ignore_errors=True)
+        return
+    parent, _, name = final.rstrip("/").rpartition("/")
+    for kind in ("staging", "old"):
+        stale = {f[:f.index("/", len(parent) + 1)]
+                 for f in fs.match(f"{parent}/.{name}.{kind}-*/**")}
+        for prefix in sorted(stale):
+            fs.delete_tree(prefix)

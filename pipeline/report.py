@@ -4,6 +4,7 @@ Rows are ordered by input order (file, position), so the same input and config
 give byte-identical Parquet reports on every run and runner. Outputs are built
 in hidden staging directories and moved into place only after the job
 succeeded; summary.json is written last, so its presence marks a complete run.
+Directories may be local or on any Beam filesystem (gs://, s3://, ...).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pyarrow.parquet as pq
 
 from pipeline.elements import KINDS, FileResult, ReadFacts
 from pipeline.near_report import write_near_report
+from transforms import fs
 from transforms.formats.base import InvalidRecord
 
 if TYPE_CHECKING:
@@ -82,27 +84,28 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
     ``reference_*``: the reference files and what was read from them (reference records
     are never removed; unreadable ones go to reference_invalid.parquet)."""
     results = sorted(results, key=lambda r: r.decision.file_index)
-    os.makedirs(staging, exist_ok=True)
-    pq.write_table(_duplicates_table(results), os.path.join(staging, "duplicates.parquet"))
-    pq.write_table(_invalid_table([(r.decision.path, r.decision.invalid) for r in results]),
-                   os.path.join(staging, "invalid.parquet"))
-    near_stats = None
-    if near is not None and near_report is not None:
-        hist = write_near_report(staging, near_report.nn, near.marker, near.metric,
-                                 near_report.borderline, _near_note(near, near_report.stats))
-        near_stats = {**near_report.stats, "histogram_records": hist["n"],
-                      "histogram_below_threshold": hist["below_threshold"],
-                      "borderline_pairs": near_report.borderline.num_rows}
-    ref_stats = None
-    if reference_files is not None:
-        files, facts = reference_files, reference_facts or []
-        first = len(results)  # reference file indexes follow the input files
-        rows = sorted(((i, r.position, r) for i, f in facts for r in f.invalid),
-                      key=lambda t: t[:2])
-        bad = [(files[i - first], [r]) for i, _, r in rows]
-        pq.write_table(_invalid_table(bad), os.path.join(staging, "reference_invalid.parquet"))
-        ref_stats = {"files": len(files), "read": sum(f.n_read for _, f in facts),
-                     "invalid": sum(len(f.invalid) for _, f in facts)}
+    with fs.local_dir_for(staging) as folder:  # a temporary directory for gs:// & co.
+        pq.write_table(_duplicates_table(results), os.path.join(folder, "duplicates.parquet"))
+        pq.write_table(_invalid_table([(r.decision.path, r.decision.invalid) for r in results]),
+                       os.path.join(folder, "invalid.parquet"))
+        near_stats = None
+        if near is not None and near_report is not None:
+            hist = write_near_report(folder, near_report.nn, near.marker, near.metric,
+                                     near_report.borderline, _near_note(near, near_report.stats))
+            near_stats = {**near_report.stats, "histogram_records": hist["n"],
+                          "histogram_below_threshold": hist["below_threshold"],
+                          "borderline_pairs": near_report.borderline.num_rows}
+        ref_stats = None
+        if reference_files is not None:
+            files, facts = reference_files, reference_facts or []
+            first = len(results)  # reference file indexes follow the input files
+            rows = sorted(((i, r.position, r) for i, f in facts for r in f.invalid),
+                          key=lambda t: t[:2])
+            bad = [(files[i - first], [r]) for i, _, r in rows]
+            pq.write_table(_invalid_table(bad),
+                           os.path.join(folder, "reference_invalid.parquet"))
+            ref_stats = {"files": len(files), "read": sum(f.n_read for _, f in facts),
+                         "invalid": sum(len(f.invalid) for _, f in facts)}
     return {"files": [file_summary(r) for r in results], "near": near_stats,
             "reference": ref_stats}
 
@@ -116,22 +119,42 @@ def totals(files: list[dict]) -> dict:
     return out
 
 
-def publish(staging: Path, final: Path, overwrite: bool) -> None:
-    """Move a finished staging directory to its final path (replacing the old one if allowed)."""
-    if final.exists():
+def publish(staging: str, final: str, overwrite: bool) -> None:
+    """Move a finished staging directory to its final path (replacing the old one if allowed).
+
+    Locally two directory renames: a reader sees the old directory or the new one. Object
+    stores have no directories and no atomic rename of many objects: the old final objects
+    are deleted, then the staged ones renamed (copied) in, so a reader can meet a partial
+    directory. The order is the same and summary.json covers the gap: the Publish step
+    deletes it first and writes it last, so only a complete run has one."""
+    if not fs.is_local(final):
+        if fs.exists_under(final):
+            if not overwrite:
+                raise FileExistsError(_appeared(final))
+            fs.delete_tree(final)
+        fs.rename_tree(staging, final)
+        fs.delete_tree(staging)
+        return
+    staging_dir, final_dir = Path(staging), Path(final)
+    if final_dir.exists():
         if not overwrite:
-            raise FileExistsError(f"{final} appeared while the job ran: remove it or set "
-                                  "output.overwrite: true, and run again")
-        old = final.with_name(f".{final.name}.old-{staging.name.rsplit('-', 1)[-1]}")
-        final.rename(old)
-        staging.rename(final)
+            raise FileExistsError(_appeared(final))
+        old = final_dir.with_name(f".{final_dir.name}.old-{staging_dir.name.rsplit('-', 1)[-1]}")
+        final_dir.rename(old)
+        staging_dir.rename(final_dir)
         shutil.rmtree(old)
     else:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        staging.rename(final)
+        final_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging_dir.rename(final_dir)
 
 
-def write_summary(report_dir: Path, summary: dict) -> None:
-    tmp = report_dir / ".summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, report_dir / "summary.json")
+def _appeared(final: str) -> str:
+    return (f"{final} appeared while the job ran: remove it or set output.overwrite: true, "
+            "and run again")
+
+
+def write_summary(report_dir: str, summary: dict) -> None:
+    """summary.json, replaced in one step (a reader never sees half of it); the Publish
+    step writes it last, so its presence marks a complete run on every filesystem."""
+    data = json.dumps(summary, indent=2, sort_keys=True) + "\n"
+    fs.write_bytes_atomic(fs.join(report_dir, "summary.json"), data.encode())

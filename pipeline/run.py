@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import sys
 import time
 
@@ -26,6 +25,7 @@ from pipeline.preflight import Job, prepare  # noqa: E402
 from pipeline.publish import Publication, clear_leftovers  # noqa: E402
 from transforms.fingerprint import SCHEME  # noqa: E402
 from transforms.formats.base import InputError, InvalidRecordError  # noqa: E402
+from transforms.fs import delete_tree, join, read_bytes  # noqa: E402
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
@@ -82,24 +82,33 @@ def publication(job: Job) -> Publication:
         store=store)
 
 
-def execute(job: Job) -> dict:
+def execute(job: Job) -> dict | None:
     """Run the graph; its last step publishes outputs, commits the store and writes
-    summary.json. Leftovers of a killed earlier attempt are cleared first."""
+    summary.json. Leftovers of a killed earlier attempt are cleared first. Returns the
+    summary, or None for a runner that does not block (Dataflow: the job runs on)."""
     from pipeline.graph import build
+    from pipeline.runner import blocks
 
     for final in (job.output, job.report):
         clear_leftovers(final)
     if job.store is not None and job.cfg.store.update:
         job.store.clear_attempts()
     pub = publication(job)
+    p = beam_pipeline(job)
+    build(p, job, pub)
+    if not blocks(job.cfg.runner):
+        result = p.run()
+        job_id = getattr(result, "job_id", lambda: None)()
+        print(f"submitted{f' job {job_id}' if job_id else ''}: the job publishes its "
+              f"outputs and writes {pub.report}/summary.json when it succeeds",
+              file=sys.stderr)
+        return None
     try:
-        p = beam_pipeline(job)
-        build(p, job, pub)
         p.run().wait_until_finish()
     finally:
         for stage in (pub.out_stage, pub.report_stage):
-            shutil.rmtree(stage, ignore_errors=True)
-    return json.loads((job.report / "summary.json").read_text())
+            delete_tree(stage)
+    return json.loads(read_bytes(join(pub.report, "summary.json")))
 
 
 def _innermost(e: BaseException) -> BaseException:
@@ -169,9 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(cause, InvalidRecordError) and not what.startswith(
                 type(cause).__name__):
             what = f"{type(cause).__name__}: {what}"
-        print(f"error: the job failed, nothing was published: {what}", file=sys.stderr)
+        print(f"error: the job failed, the run is not complete (no summary.json): {what}",
+              file=sys.stderr)
         return EXIT_FAILED
-    print(human_summary(summary))
+    if summary is not None:
+        print(human_summary(summary))
     return 0
 
 

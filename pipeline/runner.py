@@ -53,7 +53,7 @@ def pipeline_options(cfg: RunnerConfig, dry_run: bool = False):
     if cfg.name == "dataflow":
         opts.update(dataflow_options(cfg))
         if dry_run:
-            opts.update(no_auth=True, sdk_location="container")
+            opts.update(dry_run="True", no_auth=True, sdk_location="container")
     return PipelineOptions.from_dictionary(opts)
 
 
@@ -61,8 +61,12 @@ def make_pipeline(cfg: RunnerConfig, dry_run: bool = False):
     """A ``beam.Pipeline`` for the configured runner: ``local`` is the FnApiRunner in this
     process, ``dataflow`` the DataflowRunner, any other name is Beam's to resolve."""
     import apache_beam as beam
+    from apache_beam.options.pipeline_options import TestOptions
 
     options = pipeline_options(cfg, dry_run)
+    if dry_run and cfg.name == "dataflow" and not options.view_as(TestOptions).dry_run:
+        # never submit (or even check buckets, which Beam does for a real run) from a dry run
+        raise RuntimeError("the dry run's options lost Beam's dry_run flag")
     if cfg.name == "local":
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
@@ -93,9 +97,10 @@ class Plan:
         env = self.job.proto.environment
         pool = env.worker_pools[0]
         gpus = [o for o in env.service_options if o.startswith("worker_accelerator=")]
+        gcp = self.job.google_cloud_options
         return [
             "dry run: Dataflow job built offline; nothing was submitted, written or published",
-            f"runner: dataflow (project {cfg.project}, region {cfg.region}, job name "
+            f"runner: dataflow (project {gcp.project}, region {gcp.region}, job name "
             f"{self.job.proto.name})", head,
             f"worker machine type: {pool.machine_type or 'Dataflow default'}",
             f"accelerator: {gpus[0] if gpus else 'none'}",

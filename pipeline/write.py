@@ -8,14 +8,13 @@ read == kept + removed + invalid is checked here, where all four are known.
 
 from __future__ import annotations
 
-import os
-
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from pipeline import progress
 from pipeline.elements import FileDecision, FileResult
 from pipeline.preflight import output_name
+from transforms import fs
 from transforms.formats import get_format
 from transforms.formats.base import TensorSpec
 
@@ -32,8 +31,9 @@ class WriteClean(beam.DoFn):
 
     def process(self, decision: FileDecision):
         name = output_name(decision.path, self.root)
+        dst = fs.join(self.staging, name)
         drop = decision.drop()
-        kept = self.fmt.write(decision.path, os.path.join(self.staging, name), drop, self.spec)
+        kept = self.fmt.write(decision.path, dst, drop, self.spec)
         accounted = kept + len(drop)
         if accounted != decision.n_read:
             raise RuntimeError(f"{decision.path}: read {decision.n_read} records but wrote "
@@ -41,7 +41,7 @@ class WriteClean(beam.DoFn):
                                "the job ran?")
         self.kept.inc(kept)
         progress.tick("write", self.total_files, kept, "files")
-        readable = os.path.exists(os.path.join(self.staging, name))
+        readable = fs.exists(dst)
         yield FileResult(decision, name if readable else None, kept)
 
 

@@ -17,7 +17,7 @@ from apache_beam.io.localfilesystem import LocalFileSystem
 from pipeline import runner
 from pipeline.config import DATAFLOW_KEYS, RunnerConfig
 from pipeline.run import main
-from tests.jobkit import run_job, write_input
+from tests.jobkit import write_input
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "us-central1-docker.pkg.dev/my-project/tensordedup/worker:1"
@@ -50,6 +50,9 @@ def no_network(monkeypatch):
     monkeypatch.setattr(socket.socket, "connect_ex", refuse)
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
+    from apache_beam.runners.dataflow.internal import apiclient
+
+    monkeypatch.setattr(apiclient, "DataflowApplicationClient", refuse)  # no submission
     return tried
 
 
@@ -101,10 +104,12 @@ def write_config(tmp_path: Path, glob: str, runner_cfg: dict) -> str:
     ({"options": {"dataflow_service_options": ["worker_accelerator=type:nvidia-l4"]}},
      "use runner.accelerator instead"),
 ])
-def test_bad_runner_config_exits_2_with_one_line(tmp_path, parquet_in, capsys, change, words):
+def test_bad_runner_config_exits_2_with_one_line(tmp_path, parquet_in, capsys, no_network,
+                                                 change, words):
     base = {} if change.get("name") == "local" else DATAFLOW
     cfg = {k: v for k, v in {**base, **change}.items() if v is not None}
-    assert run_job(tmp_path, "parquet", parquet_in, runner=cfg) == 2
+    # --dry-run: a config that wrongly passed would be built offline, never submitted
+    assert main(["--config", write_config(tmp_path, parquet_in, cfg), "--dry-run"]) == 2
     assert words in one_error_line(capsys)
     assert not (tmp_path / "out").exists()
 

@@ -9,15 +9,21 @@ the same meaning on every filesystem.
 
 from __future__ import annotations
 
+import glob as _glob
 import os
+import re
 import secrets
 import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import BinaryIO
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 RAW = CompressionTypes.UNCOMPRESSED
+_COPY_BLOCK = 16 << 20  # bytes per read/write when uploading a local file
 
 
 def is_local(path: str) -> bool:
@@ -38,6 +44,51 @@ def match(pattern: str) -> list[str]:
     """Sorted paths of the files matching a glob (``*`` stays within a path component,
     ``**`` crosses them); [] when nothing matches or the directory does not exist."""
     return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+
+
+def glob(pattern: str) -> list[str]:
+    """Sorted files matching a glob with ``glob.glob(recursive=True)``'s meaning everywhere:
+    ``**/`` matches zero or more directories (Beam's own match needs at least one), ``*``
+    and ``?`` stay within a path component. Local paths use ``glob.glob`` itself; elsewhere
+    the prefix before the first wildcard is listed once and filtered (names starting with
+    "." match there too: object stores have no hidden files)."""
+    if is_local(pattern):
+        return sorted(p for p in _glob.glob(pattern, recursive=True) if os.path.isfile(p))
+    prefix = re.match(r"[^[*?]*", pattern).group(0)
+    if prefix == pattern:
+        return [pattern] if FileSystems.exists(pattern) else []
+    wanted = _glob_regex(pattern)
+    return [p for p in match(prefix + "**") if wanted.fullmatch(p)]
+
+
+_GLOB_TOKEN = re.compile(r"\*\*/|\*\*|\*|\?|\[!?\]?[^\]]*\]")
+_GLOB_REGEX = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+
+
+def _glob_regex(pattern: str) -> re.Pattern:
+    out, pos = [], 0
+    for m in _GLOB_TOKEN.finditer(pattern):
+        token = m.group()
+        out.append(re.escape(pattern[pos:m.start()]))
+        if token in _GLOB_REGEX:
+            out.append(_GLOB_REGEX[token])
+        else:  # a character class: [abc], [!abc] (which never matches "/" either)
+            body = token[1:-1].replace("\\", "\\\\")
+            out.append("[" + ("^/" + body[1:] if body.startswith("!") else
+                              "\\" + body if body.startswith("^") else body) + "]")
+        pos = m.end()
+    out.append(re.escape(pattern[pos:]))
+    return re.compile("".join(out), re.S)
+
+
+def exists_under(path: str) -> bool:
+    """Whether ``path`` is a file or a directory, or (object stores, which have no
+    directories) some object's name starts with ``path/``."""
+    if is_local(path):
+        return os.path.exists(path)
+    if FileSystems.exists(path):
+        return True
+    return bool(FileSystems.match([path.rstrip("/") + "/**"], limits=[1])[0].metadata_list)
 
 
 def open_read(path: str) -> BinaryIO:
@@ -78,6 +129,48 @@ def write_bytes_atomic(path: str, data: bytes | memoryview) -> None:
         raise
 
 
+def upload(local_path: str, path: str) -> None:
+    """Copy a local file to ``path`` on any filesystem, streamed (an object store shows the
+    object only once it is complete)."""
+    with open(local_path, "rb") as src, FileSystems.create(path, compression_type=RAW) as dst:
+        shutil.copyfileobj(src, dst, _COPY_BLOCK)
+
+
+@contextmanager
+def local_dir_for(path: str) -> Iterator[str]:
+    """A local directory to write ``path``'s files into, for writers that need a local
+    path (pyarrow, h5py, TensorFlow, matplotlib): ``path`` itself when local (created),
+    else a temporary directory whose files are uploaded below ``path`` when the block
+    succeeds (and dropped either way)."""
+    if is_local(path):
+        os.makedirs(path or ".", exist_ok=True)
+        yield path
+        return
+    tmp = tempfile.mkdtemp(prefix="tensordedup-")
+    try:
+        yield tmp
+        for folder, _, names in os.walk(tmp):
+            for name in sorted(names):
+                local = os.path.join(folder, name)
+                upload(local, join(path, *os.path.relpath(local, tmp).split(os.sep)))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def local_file_for(path: str) -> Iterator[str]:
+    """A local file name to write ``path`` through (see ``local_dir_for``): ``path`` itself
+    when local (its directory created); else a temporary file, uploaded if the block
+    created it."""
+    if is_local(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        yield path
+        return
+    head, _, name = path.rstrip("/").rpartition("/")
+    with local_dir_for(head) as folder:
+        yield os.path.join(folder, name)
+
+
 def _write_local_atomic(path: str, data: bytes | memoryview) -> None:
     head, tail = os.path.split(path)
     os.makedirs(head or ".", exist_ok=True)
@@ -91,6 +184,28 @@ def _write_local_atomic(path: str, data: bytes | memoryview) -> None:
     except BaseException:
         _remove_quietly(tmp)
         raise
+
+
+def delete(path: str) -> None:
+    """Delete one file; no error if it is missing."""
+    if is_local(path):
+        _remove_quietly(path)
+    elif FileSystems.exists(path):
+        FileSystems.delete([path])
+
+
+def rename_tree(src: str, dst: str) -> None:
+    """Move the files below ``src`` to the same names below ``dst``: one directory rename
+    where the filesystem has directories (local, HDFS); on an object store a copy and a
+    delete per object, so other readers can see the move half done."""
+    if FileSystems.get_filesystem(src).has_dirs():
+        if FileSystems.exists(src):
+            FileSystems.rename([src], [dst])
+        return
+    src, dst = src.rstrip("/"), dst.rstrip("/")
+    files = match(src + "/**")
+    if files:
+        FileSystems.rename(files, [dst + f[len(src):] for f in files])
 
 
 def delete_tree(path: str) -> None:

@@ -10,17 +10,23 @@ without a spec, ``plan`` and ``write`` take the file's largest dataset (by numbe
 elements; the first in name order on a tie). N is the length of its first axis.
 ``write`` filters every dataset whose first axis has length N (the tensor, ids,
 ranks, labels...) with the same rows, and copies everything else as it is.
+
+Files on other Beam filesystems (gs://, ...) are read through a seekable reader that
+h5py uses as a Python file object (its "fileobj" driver): only the metadata and the
+chunks a unit needs are fetched, and the chunk cache keeps a chunk that two batches
+share from being fetched twice. Output to them is written locally and uploaded.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 
 import h5py
 import numpy as np
 
+from transforms import fs
 from transforms.canonical import DTYPE_CODES
 from transforms.formats.base import (
     Chunk,
@@ -40,11 +46,28 @@ _CACHE_BYTES = 32 << 20
 _WRITE_STEP_BYTES = 32 << 20
 
 
-def _open(path: str) -> h5py.File | Exception:
+@contextmanager
+def _opened(path: str) -> Iterator[h5py.File | Exception]:
+    """The file open for reading during the block, or why it cannot be opened. h5py never
+    closes a file object it was given, so a non-local file's reader is closed here."""
+    raw = None
     try:
-        return h5py.File(path, "r", rdcc_nbytes=_CACHE_BYTES)
+        if fs.is_local(path):
+            f = h5py.File(path, "r", rdcc_nbytes=_CACHE_BYTES)
+        else:
+            raw = fs.open_read(path)
+            f = h5py.File(raw, "r", rdcc_nbytes=_CACHE_BYTES)
     except _H5_ERRORS as e:
-        return e
+        f = e
+    try:
+        if isinstance(f, Exception):
+            yield f
+        else:
+            with f:
+                yield f
+    finally:
+        if raw is not None:
+            raw.close()
 
 
 def _row_chunk(ds: h5py.Dataset) -> int:
@@ -89,10 +112,9 @@ def _is_rank_dtype(dtype: np.dtype) -> bool:
 
 
 def check(path: str, spec: TensorSpec) -> TensorSpec:
-    f = _open(path)
-    if isinstance(f, Exception):
-        return spec  # reported as invalid by read()
-    with f:
+    with _opened(path) as f:
+        if isinstance(f, Exception):
+            return spec  # reported as invalid by read()
         try:
             return _check(f, path, spec)
         except _H5_ERRORS:
@@ -135,10 +157,9 @@ def plan(path: str, file_index: int, target_rows: int,
     """Units of about ``target_rows`` whole chunks of the records dataset; the last unit
     runs to the end (stop None), so the units cover the tensor even if it is shorter
     or longer than the records dataset."""
-    f = _open(path)
-    if isinstance(f, Exception):
-        return [Unit(file_index, path, 0, None)]
-    with f:
+    with _opened(path) as f:
+        if isinstance(f, Exception):
+            return [Unit(file_index, path, 0, None)]
         try:
             ds = _records_dataset(f, spec)
         except _H5_ERRORS:
@@ -235,12 +256,11 @@ def _chunk(unit: Unit, a: int, b: int, ds: h5py.Dataset, id_ds: h5py.Dataset | N
 
 
 def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
-    f = _open(unit.path)
-    if isinstance(f, Exception):
-        yield Chunk.of_invalid(unit.file_index, [InvalidRecord(0, unit.path,
-                                                       f"unreadable HDF5 file: {error_line(f)}")])
-        return
-    with f:
+    with _opened(unit.path) as f:
+        if isinstance(f, Exception):
+            yield Chunk.of_invalid(unit.file_index, [InvalidRecord(
+                0, unit.path, f"unreadable HDF5 file: {error_line(f)}")])
+            return
         try:
             ds, id_ds, rank_ds = (None if name is None else f[name]
                                   for name in (spec.tensor, spec.id, spec.rank))
@@ -265,20 +285,19 @@ def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) 
     datasets are filtered). Rows that turn out unreadable only now (in a dataset that
     read() does not read) are left out of every filtered dataset so they stay aligned:
     the copy is redone without them, and the count returned is honest."""
-    f = _open(src)
-    if isinstance(f, Exception):
-        return 0
-    Path(dst).parent.mkdir(parents=True, exist_ok=True)
-    with f:
+    with _opened(src) as f:
+        if isinstance(f, Exception):
+            return 0
         records = _records_dataset(f, spec)
         n = 0 if records is None else len(records)
         skip = np.unique(np.asarray(drop, dtype=np.int64))
         skip = skip[(skip >= 0) & (skip < n)]
-        while True:
-            written, unreadable = _copy_file(f, dst, records, skip)
-            if not len(unreadable):
-                return written
-            skip = np.union1d(skip, unreadable)
+        with fs.local_file_for(dst) as local:
+            while True:
+                written, unreadable = _copy_file(f, local, records, skip)
+                if not len(unreadable):
+                    return written
+                skip = np.union1d(skip, unreadable)
 
 
 def _copy_file(f: h5py.File, dst: str, records: h5py.Dataset | None,

@@ -4,7 +4,9 @@ Why row groups: they are Parquet's unit of independent reading, so a unit never
 reads a byte twice and big files are read in parallel. Tensors come out of Arrow
 without a Python loop: list levels are validated with vectorized length checks,
 then the leaf values are reshaped in one go. Output keeps the schema (with its
-metadata), the codecs and the row-group boundaries of the input.
+metadata), the codecs and the row-group boundaries of the input. Files on other Beam
+filesystems (gs://, ...) are read through a seekable reader, so only the footer and the
+column chunks a step needs are fetched; output to them is written locally and uploaded.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from transforms import fs
 from transforms.canonical import DTYPE_CODES
 from transforms.formats.base import (
     Chunk,
@@ -36,7 +38,7 @@ _LIST_TYPES = (pa.ListType, pa.LargeListType, pa.FixedSizeListType)
 
 def _open(path: str) -> pq.ParquetFile | Exception:
     try:
-        return pq.ParquetFile(path)
+        return pq.ParquetFile(path if fs.is_local(path) else fs.open_read(path))
     except (OSError, pa.ArrowException) as e:
         return e
 
@@ -318,10 +320,10 @@ def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) 
     pf = _open(src)
     if isinstance(pf, Exception):
         return 0
-    Path(dst).parent.mkdir(parents=True, exist_ok=True)
     written = 0
-    with pq.ParquetWriter(dst, pf.schema_arrow, version=pf.metadata.format_version,
-                          **_writer_options(pf)) as out:
+    with fs.local_file_for(dst) as local, pq.ParquetWriter(
+            local, pf.schema_arrow, version=pf.metadata.format_version,
+            **_writer_options(pf)) as out:
         for _, first, n, table in _prefetched(pf, 0, pf.metadata.num_rows):
             if isinstance(table, Exception):
                 continue  # every row of an unreadable group is invalid, so in `drop`

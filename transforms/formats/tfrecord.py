@@ -10,7 +10,9 @@ corrupt length header, and inflates GZIP/ZLIB as a stream so big files never sit
 memory. Examples
 are parsed a batch at a time with ``tf.io.parse_example``; only a batch that fails is
 parsed record by record (Python protobuf), to find and name the bad records.
-TensorFlow is imported on first use: importing it takes seconds.
+TensorFlow is imported on first use: importing it takes seconds. Files on other Beam
+filesystems (gs://, ...) are streamed through Beam's reader (the framing reader needs
+no more than a readable, seekable file); output to them is written locally and uploaded.
 """
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from itertools import islice
-from pathlib import Path
 from typing import Any, BinaryIO
 
 import google_crc32c
 import ml_dtypes
 import numpy as np
 
+from transforms import fs
 from transforms.canonical import DTYPE_CODES
 from transforms.formats.base import (
     Chunk,
@@ -567,7 +569,7 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
     """Raise InputError if the first readable record does not fit the spec; else the spec
     with the dtype (and, for serialized tensors, shape) the first record has."""
     try:
-        f = open(path, "rb")
+        f = fs.open_read(path)
     except OSError:
         return spec  # reported as invalid by read()
     with f:
@@ -637,7 +639,7 @@ def plan(path: str, file_index: int, target_rows: int,
 
 def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
     try:
-        f = open(unit.path, "rb")
+        f = fs.open_read(unit.path)
     except OSError as e:
         yield Chunk.of_invalid(unit.file_index,
                                [InvalidRecord(0, unit.path, f"cannot open file: {e}")])
@@ -655,17 +657,16 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
 def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) -> int:
     """Copy the intact records not in ``drop``, byte for byte, with src's compression."""
     try:
-        f = open(src, "rb")
+        f = fs.open_read(src)
     except OSError:
         return 0
     with f:
         compression = detect_compression(f)
         tf = _tf()
-        Path(dst).parent.mkdir(parents=True, exist_ok=True)
         dropped = set(np.asarray(drop).tolist())
         options = tf.io.TFRecordOptions(compression_type=TF_COMPRESSION[compression])
         written = 0
-        with tf.io.TFRecordWriter(dst, options=options) as out:
+        with fs.local_file_for(dst) as local, tf.io.TFRecordWriter(local, options=options) as out:
             for position, item in enumerate(_frames(f, compression)):
                 if isinstance(item, bytes) and position not in dropped:
                     out.write(item)

@@ -1,0 +1,217 @@
+"""The job with its input, reference set, output and report on an object store (``fakegs://``,
+tests/fakefs.py: no directories, listing by prefix): the same clean shards and reports as the
+same job on local paths, reruns that replace the output with nothing left behind, a remote
+reference set, summary.json as the mark of a complete run, and the path checks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipeline import graph
+from pipeline import report as report_step
+from pipeline.run import main
+from tests import fakefs
+from tests.jobkit import EXT, read_output, write_input
+from transforms import fs
+
+FORMATS = ["parquet", "tfrecord", "hdf5"]
+SHAPE = (2, 3)
+# input files at two depths: names below the output keep the inputs' layout
+NAMES = ["part-0", "part-1", "sub/part-2"]
+
+
+@pytest.fixture
+def gcs(tmp_path, monkeypatch) -> tuple[str, Path]:
+    """(bucket URL, the local directory behind it)."""
+    url = fakefs.bucket(monkeypatch, tmp_path / "gcs")
+    return url, tmp_path / "gcs" / url.removeprefix(f"{fakefs.SCHEME}://")
+
+
+def planted(seed: int, rows: int = 60) -> list[tuple[list[str], np.ndarray]]:
+    """(ids, tensors) per file, with exact copies within and across files."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-1, 2, (len(NAMES) * rows, *SHAPE)).astype(np.float32)
+    return [([f"f{f}-{i}" for i in range(rows)], x[f * rows:(f + 1) * rows])
+            for f in range(len(NAMES))]
+
+
+def write_inputs(fmt: str, local: Path, bucket_dir: Path, parts) -> None:
+    """The inputs under ``local/in`` (real writers) and the same bytes in the bucket."""
+    for name, (ids, t) in zip(NAMES, parts, strict=True):
+        write_input(fmt, local / "in" / f"{name}.{EXT[fmt]}", ids, t, np.arange(len(ids)) % 7)
+    shutil.copytree(local / "in", bucket_dir / "in", dirs_exist_ok=True)
+
+
+def run(tmp_path: Path, fmt: str, input_glob: str, out: str, *sets: str, **cfg) -> int:
+    """The CLI in-process; output and report are ``out``/clean and ``out``/report."""
+    doc = {"input": {"format": fmt, "path": input_glob, "tensor": "emb", "id": "id",
+                     **({"shape": list(SHAPE)} if fmt == "tfrecord" else {})},
+           "output": {"path": f"{out}/clean"}, "report": f"{out}/report", **cfg}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return main(["--config", str(path), "--quiet", *[a for s in sets for a in ("--set", s)]])
+
+
+def files_below(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def assert_same_run(fmt: str, local_out: Path, remote_out: Path) -> None:
+    """Same clean shards (names, ids, tensors bit for bit, labels) and the same reports."""
+    names = files_below(local_out / "clean")
+    assert names == files_below(remote_out / "clean") == [f"{n}.{EXT[fmt]}" for n in NAMES]
+    for name in names:
+        want, got = (read_output(fmt, d / "clean" / name, SHAPE) for d in (local_out, remote_out))
+        assert got[0] == want[0]
+        np.testing.assert_array_equal(got[1].view(np.uint32), want[1].view(np.uint32))
+        np.testing.assert_array_equal(got[2], want[2])
+        if fmt != "hdf5":  # same writer, same input: same bytes (HDF5 headers hold times)
+            assert (remote_out / "clean" / name).read_bytes() == (
+                local_out / "clean" / name).read_bytes()
+    for table in ("duplicates.parquet", "invalid.parquet"):
+        assert pq.read_table(remote_out / "report" / table).equals(
+            pq.read_table(local_out / "report" / table))
+    local, remote = (json.loads((d / "report" / "summary.json").read_text())
+                     for d in (local_out, remote_out))
+    counts = ("read", "kept", "removed_exact", "removed_near", "invalid")
+    assert [remote[k] for k in counts] == [local[k] for k in counts]
+    assert [f["output"] for f in remote["files"]] == [f["output"] for f in local["files"]]
+
+
+def leftovers(bucket_dir: Path) -> list[str]:
+    """Staging, swap or temporary objects anywhere in the bucket."""
+    return [n for n in files_below(bucket_dir) if any(
+        part.startswith(".") for part in n.split("/"))]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_remote_run_equals_local_run(tmp_path, gcs, fmt):
+    url, bucket_dir = gcs
+    parts = planted(1)
+    write_inputs(fmt, tmp_path / "local", bucket_dir, parts)
+    glob = f"in/**/*.{EXT[fmt]}"  # `**/` also matches no directory, as locally
+    assert run(tmp_path, fmt, str(tmp_path / "local" / glob), str(tmp_path / "local" / "out")) == 0
+    assert run(tmp_path, fmt, f"{url}/{glob}", f"{url}/out") == 0
+    assert_same_run(fmt, tmp_path / "local" / "out", bucket_dir / "out")
+    dups = pq.read_table(bucket_dir / "out" / "report" / "duplicates.parquet")
+    assert dups.num_rows > 20  # the data holds duplicates
+    summary = json.loads((bucket_dir / "out" / "report" / "summary.json").read_text())
+    assert (summary["output"], summary["report"]) == (f"{url}/out/clean", f"{url}/out/report")
+    assert leftovers(bucket_dir) == []
+
+
+def test_rerun_with_overwrite_replaces_the_remote_output(tmp_path, gcs):
+    url, bucket_dir = gcs
+    write_inputs("parquet", tmp_path / "local", bucket_dir, planted(2))
+    assert run(tmp_path, "parquet", f"{url}/in/**/*.parquet", f"{url}/out") == 0
+    assert run(tmp_path, "parquet", f"{url}/in/*.parquet", f"{url}/out") == 2  # exists
+    # a killed earlier attempt's staging and swap objects are cleared before the run
+    for stale in (".clean.staging-1-2/part-0.parquet", ".report.old-3/summary.json"):
+        (bucket_dir / "out" / stale).parent.mkdir(parents=True, exist_ok=True)
+        (bucket_dir / "out" / stale).write_bytes(b"stale")
+    assert run(tmp_path, "parquet", f"{url}/in/*.parquet", f"{url}/out", "output.overwrite=true",
+               "keep=last") == 0
+    assert leftovers(bucket_dir) == []
+    assert files_below(bucket_dir / "out" / "clean") == ["part-0.parquet", "part-1.parquet"]
+    local_out = tmp_path / "local" / "out"
+    assert run(tmp_path, "parquet", str(tmp_path / "local" / "in" / "*.parquet"), str(local_out),
+               "keep=last") == 0
+    for table in ("duplicates.parquet", "invalid.parquet"):
+        assert pq.read_table(bucket_dir / "out" / "report" / table).equals(
+            pq.read_table(local_out / "report" / table))
+    summary = json.loads((bucket_dir / "out" / "report" / "summary.json").read_text())
+    assert summary["config"]["keep"] == "last" and len(summary["files"]) == 2
+
+
+def test_failed_remote_runs_publish_nothing_or_no_summary(tmp_path, gcs, monkeypatch):
+    """A run that fails before Publish leaves the old run as it was and no staging objects;
+    one that dies after swapping its files in leaves no summary.json (the old one is gone
+    too); started again, it completes."""
+    url, bucket_dir = gcs
+    write_inputs("parquet", tmp_path / "local", bucket_dir, planted(3))
+    job = (tmp_path, "parquet", f"{url}/in/**/*.parquet", f"{url}/out")
+    assert run(*job) == 0
+    before = {n: (bucket_dir / n).read_bytes() for n in files_below(bucket_dir)}
+
+    def crash(*_a, **_k):
+        raise RuntimeError("simulated crash")
+
+    with monkeypatch.context() as m:
+        m.setattr(graph, "write_report", crash)  # after Write filled the staging prefix
+        assert run(*job, "output.overwrite=true") == 1
+    assert {n: (bucket_dir / n).read_bytes() for n in files_below(bucket_dir)} == before
+    with monkeypatch.context() as m:
+        m.setattr(report_step, "write_summary", crash)
+        assert run(*job, "output.overwrite=true") == 1
+    assert not (bucket_dir / "out" / "report" / "summary.json").exists()
+    assert (bucket_dir / "out" / "report" / "duplicates.parquet").exists()
+    assert leftovers(bucket_dir) == []
+    assert run(*job, "output.overwrite=true") == 0
+    assert (bucket_dir / "out" / "report" / "summary.json").exists()
+    assert leftovers(bucket_dir) == []
+
+
+def test_remote_reference_set_and_near_report(tmp_path, gcs):
+    url, bucket_dir = gcs
+    parts = planted(4)
+    write_inputs("parquet", tmp_path / "local", bucket_dir, parts)
+    ref = np.concatenate([parts[0][1][:10], parts[2][1][10:20] + np.float32(0.01)])
+    write_input("hdf5", tmp_path / "local" / "ref" / "r.h5", [f"r{i}" for i in range(len(ref))],
+                ref, np.zeros(len(ref), np.int64))
+    shutil.copytree(tmp_path / "local" / "ref", bucket_dir / "ref")
+    near = {"metric": "l2", "threshold": 0.05}
+    outs = {"local": tmp_path / "local" / "out", "remote": bucket_dir / "out"}
+    for root in (str(tmp_path / "local"), url):
+        reference = {"format": "hdf5", "path": f"{root}/ref/*.h5", "tensor": "emb", "id": "id"}
+        assert run(tmp_path, "parquet", f"{root}/in/**/*.parquet", f"{root}/out",
+                   reference=reference, near=near) == 0
+    assert_same_run("parquet", outs["local"], outs["remote"])
+    kinds = set(pq.read_table(outs["remote"] / "report" / "duplicates.parquet")
+                .column("kind").to_pylist())
+    assert {"reference_exact", "reference_near"} <= kinds
+    for name in ("borderline_pairs.parquet", "reference_invalid.parquet"):
+        assert pq.read_table(outs["remote"] / "report" / name).equals(
+            pq.read_table(outs["local"] / "report" / name))
+    for name in ("near_distances.csv", "near_distances.json", "near_distances.png"):
+        assert (outs["remote"] / "report" / name).stat().st_size > 0
+    assert (outs["remote"] / "report" / "near_distances.csv").read_bytes() == (
+        outs["local"] / "report" / "near_distances.csv").read_bytes()
+    assert leftovers(bucket_dir) == []
+
+
+@pytest.mark.parametrize("input_glob, out, report, why", [
+    ("in/**/*.parquet", "/in/", "rep", "contains input"),  # '//in/' is still the input's prefix
+    ("in/**/*.parquet", "out", "out/clean/rep", "separate directories"),
+    ("**/*.parquet", "out", "rep", "matched by input.path"),
+    ("in/**/*.parquet", "", "rep", "a whole bucket"),
+])
+def test_remote_path_checks(tmp_path, gcs, capsys, input_glob, out, report, why):
+    url, bucket_dir = gcs
+    write_inputs("parquet", tmp_path / "local", bucket_dir, planted(5))
+    doc = {"input": {"format": "parquet", "path": f"{url}/{input_glob}", "tensor": "emb"},
+           "output": {"path": f"{url}/{out}"}, "report": f"{url}/{report}"}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    assert main(["--config", str(tmp_path / "job.yaml"), "--quiet"]) == 2
+    assert why in capsys.readouterr().err
+    assert files_below(bucket_dir) == [f"in/{n}.parquet" for n in NAMES]
+
+
+def test_glob_means_the_same_locally_and_on_an_object_store(tmp_path, gcs):
+    url, bucket_dir = gcs
+    for name in ("a.x", "b.y", "d/c.x", "d/e/f.x", "d2/g.x", "[h].x"):
+        for root in (tmp_path / "local", bucket_dir):
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_bytes(b"1")
+    for pattern in ("*.x", "**/*.x", "d/**", "d/**/*.x", "d*/*.x", "?.x", "[ab].*", "[!a].*",
+                    "d/c.x", "d", "nothing/*"):
+        local = [Path(p).relative_to(tmp_path / "local").as_posix()
+                 for p in fs.glob(str(tmp_path / "local" / pattern))]
+        remote = [p.removeprefix(f"{url}/") for p in fs.glob(f"{url}/{pattern}")]
+        assert remote == local, pattern
