@@ -34,7 +34,8 @@ class _Strict(BaseModel):
 class InputConfig(_Strict):
     format: Literal["parquet", "tfrecord", "hdf5"] = Field(
         description="file format of the input: parquet | tfrecord | hdf5")
-    path: str = Field(description="glob of input files (local now; gs://, s3:// later)")
+    path: str = Field(description="glob of input files: a local path or any Beam filesystem "
+                      "(gs://, s3://); '{run_id}' is replaced by the run id")
     tensor: str = Field(description="Parquet column / tf.train.Example feature / HDF5 dataset")
     id: str | None = Field(None, description="column/feature with a record id; "
                            "default '<file path>:<index in file>'")

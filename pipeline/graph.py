@@ -61,9 +61,10 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
     decisions = streams | "Decide" >> Decide(job.files)
     store_parts = p | "NoStoreUpdate" >> beam.Create([])
     if pub.store is not None:
-        store_parts = ({SURVIVORS: exact[SURVIVORS], DECISIONS: decisions,
-                        VECTORS: keys[VECTORS] if job.near else None}
-                       | "StoreUpdate" >> StoreUpdate(pub.store, len(job.files)))
+        update = {SURVIVORS: exact[SURVIVORS], DECISIONS: decisions}
+        if job.near:
+            update[VECTORS] = keys[VECTORS]
+        store_parts = update | "StoreUpdate" >> StoreUpdate(pub.store, len(job.files))
     (decisions
      | "Write" >> Write(cfg.input.format, job.spec, job.root, str(job.staging(job.output)),
                         len(job.files))

@@ -198,6 +198,15 @@ def _size(shape: tuple[int, ...] | None) -> int | None:
     return None if shape is None else math.prod(shape)
 
 
+def _with_run_id(cfg: DedupeConfig, run_id: str) -> DedupeConfig:
+    """'{run_id}' in input and reference paths (e.g. incoming/{run_id}/*.parquet) is this
+    run's id; output paths keep the template (it marks them run-specific)."""
+    def fill(src: InputConfig) -> InputConfig:
+        return src.model_copy(update={"path": src.path.replace("{run_id}", run_id)})
+    return cfg.model_copy(update={"input": fill(cfg.input),
+                                  "reference": [fill(r) for r in cfg.reference]})
+
+
 def resolve_run_id(cfg: DedupeConfig) -> str:
     return cfg.run_id or datetime.now(timezone.utc).strftime("%Y-%m-%d")
 
@@ -206,6 +215,7 @@ def prepare(cfg: DedupeConfig) -> Job:
     """Check the config against the files and resolve it into a Job. Raises InputError."""
     _check_runner(cfg)
     run_id = resolve_run_id(cfg)
+    cfg = _with_run_id(cfg, run_id)
     output = _target(cfg.output.path.replace("{run_id}", run_id))
     report = _target(cfg.report.replace("{run_id}", run_id))
     files = _files(cfg.input.path)

@@ -146,8 +146,9 @@ def write_values(batch: VecBatch, drops: dict, commit: StoreCommit, inputs: int
 
 
 class StoreUpdate(beam.PTransform):
-    """{SURVIVORS: (shard, KeyBatch), DECISIONS: FileDecision, VECTORS: VecBatch | None}
-    -> part stats (dicts) of this run's store attempt, committed by Publish."""
+    """{SURVIVORS: (shard, KeyBatch), DECISIONS: FileDecision, VECTORS: VecBatch (only
+    with the near stage)} -> part stats (dicts) of this run's store attempt, committed by
+    Publish."""
 
     def __init__(self, commit: StoreCommit, inputs: int):
         super().__init__()
@@ -158,7 +159,7 @@ class StoreUpdate(beam.PTransform):
             lambda d: (d.file_index, d.drop())).with_input_types(FileDecision))
         parts = [streams[SURVIVORS] | "WriteDigests" >> beam.FlatMap(write_digests, drops,
                                                                       self.commit)]
-        if streams.get(VECTORS) is not None:
+        if VECTORS in streams:
             parts.append(streams[VECTORS] | "WriteValues" >> beam.FlatMap(
                 write_values, drops, self.commit, self.inputs))
         return parts | "StoreParts" >> beam.Flatten()

@@ -215,7 +215,7 @@ def main() -> None:
                   + (f"{ps['wall_s']:>9.2f} {ps['wall_s'] / st['wall_s']:>5.1f}x" if ps
                      else f"{'-':>9} {'-':>6}"))
     if args.only in (None, "days"):
-        days, n = (3, 20_000) if args.quick else (5, 200_000)
+        days, n = (3, 20_000) if args.quick else (4, 100_000)
         for near in (False, True):
             key = "days_near" if near else "days_exact"
             out[key] = bench_days(days, n, near)

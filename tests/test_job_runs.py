@@ -289,3 +289,33 @@ def test_publish_clears_what_a_killed_run_left(tmp_path):
     (tmp_path / ".other.staging-1").mkdir()
     publish.clear_leftovers(final)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".other.staging-1"]
+
+
+def test_run_id_in_the_input_path_picks_that_run_s_files(tmp_path):
+    d = write_day(tmp_path, "in/day-a", day(19, 30))
+    write_day(tmp_path, "in/day-b", day(20, 30))
+    cfg = {"store": None, "near": None}
+    cfg["output"] = {"path": str(tmp_path / "o" / "{run_id}")}
+    cfg["report"] = str(tmp_path / "r" / "{run_id}")
+    assert run_job(tmp_path, "parquet", str(tmp_path / "in" / "{run_id}" / "*.parquet"),
+                   "run_id=day-a", **cfg) == 0
+    s = json.loads((tmp_path / "r" / "day-a" / "summary.json").read_text())
+    assert s["read"] == len(d) and all("day-a" in f["input"] for f in s["files"])
+
+
+def test_exact_only_store_across_runs(tmp_path):
+    d1 = write_day(tmp_path, "d1", day(21, 200))
+    d2 = write_day(tmp_path, "d2", day(22, 200, [x for _, x in d1]))
+    assert run_day(tmp_path, "d1", "a", near=None) == 0
+    assert run_day(tmp_path, "d2", "b", near=None) == 0
+    got = removals(tmp_path, "b")
+    stored = {canonical_key(x): i for i, x in d1 if i not in removals(tmp_path, "a")}
+    seen, expect = dict(stored), {}
+    for i, x in d2:
+        k = canonical_key(x)
+        if k in seen:
+            expect[i] = ("store_exact" if k in stored else "exact", seen[k])
+        else:
+            seen[k] = i
+    assert got == expect and any(k == "store_exact" for k, _ in got.values())
+    assert not FingerprintStore(str(tmp_path / "store")).runs()[1].has_vectors
