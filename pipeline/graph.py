@@ -66,9 +66,9 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
             update[VECTORS] = keys[VECTORS]
         store_parts = update | "StoreUpdate" >> StoreUpdate(pub.store, len(job.files))
     (decisions
-     | "Write" >> Write(cfg.input.format, job.spec, job.root, str(job.staging(job.output)),
+     | "Write" >> Write(cfg.input.format, job.spec, job.root, job.staging(job.output),
                         len(job.files))
      | "CollectResults" >> beam.combiners.ToList()
-     | "Report" >> beam.Map(write_report, str(job.staging(job.report)), job.near, near_report,
+     | "Report" >> beam.Map(write_report, job.staging(job.report), job.near, near_report,
                             job.references.files if job.references else None, reference)
      | "Publish" >> beam.Map(publish_run, beam.pvalue.AsList(store_parts), pub))

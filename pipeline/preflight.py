@@ -47,6 +47,7 @@ class Job:
     report: str
     run_id: str  # the user's run id ({run_id} in paths, store entries)
     attempt: str  # unique per attempt: staging directory names
+    replace: bool  # an existing output/report is replaced: overwrite, or run-specific paths
     near: NearSpec | None = None  # the near stage's settings, when it is on
     references: References | None = None
     store: StoreView | None = None  # earlier runs' records, as of this run's start
@@ -108,16 +109,14 @@ def _within(path: str, folder: str) -> bool:
 
 
 def _check_paths(cfg: DedupeConfig, files: list[str], root: str, output: str, report: str,
-                 references: list[str]) -> None:
+                 references: list[str], replace: bool) -> None:
     """Refuse outputs that equal, contain or would be matched by the input (or a
-    reference set). An existing output is replaced only with overwrite, or when the paths
-    are run-specific ('{run_id}' in them): a rerun of the same id replaces its outputs.
-    On object stores an output "exists" when any object lies under its prefix."""
+    reference set), and existing outputs unless ``replace``. On object stores an output
+    "exists" when any object lies under its prefix."""
     inputs = [_location(f) for f in files + references]
     local = fs.is_local(cfg.input.path)
     pattern = str(Path(cfg.input.path).absolute()) if local else _location(cfg.input.path)
     out, report = _location(output), _location(report)
-    replace = cfg.output.overwrite or "{run_id}" in cfg.output.path + cfg.report
     for key, target in (("output.path", out), ("report", report)):
         if not fs.is_local(target) and "/" not in target.partition("://")[2]:
             raise InputError(f"{key}: {target} is a whole bucket: name a folder in it (the "
@@ -198,13 +197,23 @@ def _size(shape: tuple[int, ...] | None) -> int | None:
     return None if shape is None else math.prod(shape)
 
 
+RUN_ID_FIELD = "{run_id}"
+
+
 def _with_run_id(cfg: DedupeConfig, run_id: str) -> DedupeConfig:
     """'{run_id}' in input and reference paths (e.g. incoming/{run_id}/*.parquet) is this
-    run's id; output paths keep the template (it marks them run-specific)."""
+    run's id; output paths keep the template (it marks them run-specific, see
+    ``_replaces``) and are filled in by ``prepare``."""
     def fill(src: InputConfig) -> InputConfig:
-        return src.model_copy(update={"path": src.path.replace("{run_id}", run_id)})
+        return src.model_copy(update={"path": src.path.replace(RUN_ID_FIELD, run_id)})
     return cfg.model_copy(update={"input": fill(cfg.input),
                                   "reference": [fill(r) for r in cfg.reference]})
+
+
+def _replaces(cfg: DedupeConfig) -> bool:
+    """An existing output is replaced with overwrite, or when the paths are run-specific
+    ('{run_id}' in them): a rerun of the same id replaces its own outputs."""
+    return cfg.output.overwrite or RUN_ID_FIELD in cfg.output.path + cfg.report
 
 
 def resolve_run_id(cfg: DedupeConfig) -> str:
@@ -216,8 +225,9 @@ def prepare(cfg: DedupeConfig) -> Job:
     _check_runner(cfg)
     run_id = resolve_run_id(cfg)
     cfg = _with_run_id(cfg, run_id)
-    output = _target(cfg.output.path.replace("{run_id}", run_id))
-    report = _target(cfg.report.replace("{run_id}", run_id))
+    output = _target(cfg.output.path.replace(RUN_ID_FIELD, run_id))
+    report = _target(cfg.report.replace(RUN_ID_FIELD, run_id))
+    replace = _replaces(cfg)
     files = _files(cfg.input.path)
     root = _common_dir(files)
     keep = keep_policy(cfg.keep)
@@ -225,10 +235,10 @@ def prepare(cfg: DedupeConfig) -> Job:
     fmt = get_format(cfg.input.format)
     resolved = [fmt.check(path, spec) for path in files]
     refs = _references(cfg, resolved[0])
-    _check_paths(cfg, files, root, output, report, refs.files if refs else [])
+    _check_paths(cfg, files, root, output, report, refs.files if refs else [], replace)
     near = near_spec(cfg, resolved[0].dtype)
     store = None
     if cfg.store is not None:
         store = open_view(cfg.store.path, run_id, store_meta(resolved[0], near))
     return Job(cfg, files, root, spec, resolved[0], keep, output, report, run_id,
-               f"{os.getpid()}-{time.time_ns()}", near, refs, store)
+               f"{os.getpid()}-{time.time_ns()}", replace, near, refs, store)

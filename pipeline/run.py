@@ -71,9 +71,8 @@ def publication(job: Job) -> Publication:
     resolved = {"shape": None if job.resolved.shape is None else list(job.resolved.shape),
                 "dtype": job.resolved.dtype, "inputs": len(job.files)}
     return Publication(
-        str(job.output), str(job.report), str(job.staging(job.output)),
-        str(job.staging(job.report)),
-        cfg.output.overwrite or "{run_id}" in cfg.output.path + cfg.report, time.time(),
+        job.output, job.report, job.staging(job.output), job.staging(job.report), job.replace,
+        time.time(),
         header={"run_id": job.run_id, "fingerprint_scheme": SCHEME,
                 "working_dir": os.getcwd(),  # resolves relative input paths in record ids
                 "config": cfg.model_dump(mode="json"), "resolved": resolved,

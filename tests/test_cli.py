@@ -18,15 +18,6 @@ from tests.jobkit import run_job, write_input
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def parquet_in(tmp_path):
-    x = np.arange(40, dtype=np.float32).reshape(10, 4)
-    x[5:] = x[:5]
-    write_input("parquet", tmp_path / "in" / "a.parquet", [f"r{i}" for i in range(10)], x,
-                np.zeros(10, int))
-    return str(tmp_path / "in" / "*.parquet")
-
-
 def one_error_line(capsys) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "Traceback" not in err[0]

@@ -9,7 +9,6 @@ import os
 import socket
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 from apache_beam.io.localfilesystem import LocalFileSystem
@@ -17,7 +16,6 @@ from apache_beam.io.localfilesystem import LocalFileSystem
 from pipeline import runner
 from pipeline.config import DATAFLOW_KEYS, RunnerConfig
 from pipeline.run import main
-from tests.jobkit import write_input
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "us-central1-docker.pkg.dev/my-project/tensordedup/worker:1"
@@ -26,15 +24,6 @@ DATAFLOW = {"name": "dataflow", "project": "my-project", "region": "us-central1"
             "temp_location": "gs://bucket/tmp", "machine_type": "n1-standard-8",
             "max_workers": 4, "worker_image": IMAGE,
             "accelerator": {"type": "nvidia-tesla-t4", "count": 1}}
-
-
-@pytest.fixture
-def parquet_in(tmp_path):
-    x = np.arange(40, dtype=np.float32).reshape(10, 4)
-    x[5:] = x[:5]
-    write_input("parquet", tmp_path / "in" / "a.parquet", [f"r{i}" for i in range(10)], x,
-                np.zeros(10, int))
-    return str(tmp_path / "in" / "*.parquet")
 
 
 @pytest.fixture
