@@ -16,6 +16,7 @@ import apache_beam as beam
 import numpy as np
 
 from pipeline.elements import KeyBatch, VecBatch
+from transforms.digest_segment import range_part
 from transforms.exact import NEW, REFERENCE, digest_words, keep_order
 from transforms.fingerprint import fingerprint_batch
 from transforms.formats.base import Chunk, arrow_ids
@@ -27,8 +28,7 @@ VECTORS = "vectors"
 def shard_of(words: np.ndarray, shards: int) -> np.ndarray:
     """Range shards of the digest's top bits: a shard holds one contiguous slice of the
     sorted digest space, so a fingerprint store lookup reads only that slice."""
-    return (((words[:, 0] >> np.uint64(32)) * np.uint64(shards)) >> np.uint64(32)).astype(
-        np.int64)
+    return range_part(words[:, 0], shards).astype(np.int64)
 
 
 def shard_keys(chunk: Chunk, shards: int, keep: str, near: bool = False,

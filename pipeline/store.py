@@ -20,7 +20,7 @@ from transforms.exact import NEW, STORE, keep_order
 from transforms.fingerprint import SCHEME
 from transforms.formats.base import InputError, TensorSpec
 from transforms.near import NearSpec, finite_rows
-from transforms.store import FingerprintStore, StoreError
+from transforms.store import FingerprintStore, LookupPlan, StoreError
 
 SURVIVORS, DECISIONS, VECTORS = "survivors", "decisions", "vectors"
 
@@ -42,8 +42,11 @@ class StoreCommit:
     meta: dict
 
     def commit(self, parts: list[dict], extra: dict) -> dict:
-        FingerprintStore(self.path).commit(self.attempt, parts, self.meta, extra)
-        return {"committed": True,
+        """Commit, then compact (merges are due every FANIN runs of a size tier)."""
+        store = FingerprintStore(self.path)
+        store.commit(self.attempt, parts, self.meta, extra)
+        merged = store.compact()
+        return {"committed": True, "compaction_merges": merged["merges"],
                 "appended": sum(p["rows"] for p in parts if p["kind"] == "exact")}
 
 
@@ -53,6 +56,7 @@ class StoreView:
     run_id: str
     meta: dict
     earlier: tuple[str, ...]  # run ids committed before this run started
+    plan: LookupPlan  # the digest segments of those runs
 
     def describe(self) -> dict:
         return {"path": self.path, "run_id": self.run_id, "earlier_runs": len(self.earlier),
@@ -62,7 +66,7 @@ class StoreView:
         """Stored records whose digests occur among this run's rows of ``batch``."""
         new = batch.words if batch.tier is None else batch.words[batch.tier == NEW]
         words = np.unique(new, axis=0)
-        found, ids, runs = FingerprintStore(self.path).lookup(words, exclude_run=self.run_id)
+        found, ids, runs = FingerprintStore(self.path).lookup(words, plan=self.plan)
         hit = np.flatnonzero(found)
         n = len(hit)
         take = pa.array(hit, pa.int64())
@@ -96,10 +100,10 @@ def open_view(path: str, run_id: str, meta: dict) -> StoreView:
     store = FingerprintStore(path)
     try:
         store.check_compatible(meta)
-        earlier = tuple(r.run_id for r in store.runs(exclude=run_id))
+        plan = store.plan(exclude_run=run_id)
     except StoreError as e:
         raise InputError(f"store.path: {e}") from None
-    return StoreView(path, run_id, meta, earlier)
+    return StoreView(path, run_id, meta, plan.runs, plan)
 
 
 class StoreVectors(beam.PTransform):

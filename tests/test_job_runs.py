@@ -15,6 +15,7 @@ import pytest
 from pipeline import publish, report, store, write
 from tests.jobkit import EXT, read_output, run_job, write_input
 from tests.oracle import canonical_key
+from transforms import store as store_mod
 from transforms.near import NearSpec, exact_distance
 from transforms.store import FingerprintStore
 
@@ -108,7 +109,15 @@ def check_accounting(s: dict) -> None:
     assert s["read"] == s["kept"] + removed + s["invalid"]
 
 
-def test_successive_runs_dedup_against_everything_kept_before(tmp_path):
+@pytest.fixture(params=[store_mod.FANIN, 2], ids=["fanin-default", "fanin-2"])
+def fanin(request, monkeypatch) -> int:
+    """Store compaction as shipped, and merging every second run (compacted segments,
+    with rows of replaced attempts in them, then answer the lookups)."""
+    monkeypatch.setattr(store_mod, "FANIN", request.param)
+    return request.param
+
+
+def test_successive_runs_dedup_against_everything_kept_before(tmp_path, fanin):
     d1 = write_day(tmp_path, "d1", day(1, 400))
     d2 = write_day(tmp_path, "d2", day(2, 400, [x for _, x in d1]))
     d3 = write_day(tmp_path, "d3", day(3, 300, [x for _, x in d1 + d2]))
@@ -135,11 +144,13 @@ def test_successive_runs_dedup_against_everything_kept_before(tmp_path):
     stored2 = stored1 + [(i, x, "store") for i, x in d2 if i not in expect2]
     assert run_day(tmp_path, "d3", "day3") == 0
     assert removals(tmp_path, "day3") == oracle(stored2, d3)
-    assert [r.run_id for r in FingerprintStore(str(tmp_path / "store")).runs()] == [
-        "day1", "day2", "day3"]
+    store = FingerprintStore(str(tmp_path / "store"))
+    assert [r.run_id for r in store.runs()] == ["day1", "day2", "day3"]
+    units = {s.unit for s in store.plan().segments}
+    assert len(units) == (2 if fanin == 2 else 3)  # day1 + day2 merged into one at fanin 2
 
 
-def test_rerun_of_a_run_id_replaces_its_outputs_and_store_entries(tmp_path):
+def test_rerun_of_a_run_id_replaces_its_outputs_and_store_entries(tmp_path, fanin):
     d1 = write_day(tmp_path, "d1", day(4, 300))
     d2 = write_day(tmp_path, "d2", day(5, 300, [x for _, x in d1]))
     assert run_day(tmp_path, "d1", "day1") == 0

@@ -1,6 +1,7 @@
 """Fingerprint store against a brute-force model (Python dicts), on a local path and on an
 object-store-like scheme (``fakegs://``, tests/fakefs.py): lookups, reruns replacing their
-run, crash windows, settings checks, row-group pruning, values bit for bit."""
+run, crash windows (commits and compactions), settings checks, bucket reads, compaction,
+values bit for bit."""
 
 from __future__ import annotations
 
@@ -10,11 +11,10 @@ import pickle
 import ml_dtypes
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from tests import fakefs
-from transforms import fs
+from transforms import digest_segment, fs
 from transforms import store as store_mod
 from transforms.store import FingerprintStore, StoreError
 
@@ -222,8 +222,8 @@ def test_settings_and_commit_checks(root):
     stats = attempt.write_exact(0, rand_words(rng, 5), ids_for("c", 5))
     with pytest.raises(StoreError, match="reported twice"):
         store.commit(attempt, [stats, stats], META)
-    with pytest.raises(StoreError, match="exact-00001.parquet is missing"):
-        store.commit(attempt, [stats, {**stats, "part": 1, "file": "exact-00001.parquet"}],
+    with pytest.raises(StoreError, match="exact-00001.seg is missing"):
+        store.commit(attempt, [stats, {**stats, "part": 1, "file": "exact-00001.seg"}],
                      META)
     with pytest.raises(ValueError, match="not a usable run id"):
         store.begin("../escape")
@@ -231,7 +231,7 @@ def test_settings_and_commit_checks(root):
         store.lookup(np.zeros((3, 2), np.int64))
     fs.write_bytes_atomic(fs.join(root, "STORE.json"), json.dumps(
         {"format": store_mod.FORMAT, "version": 99, "meta": META}).encode())
-    with pytest.raises(StoreError, match="not a version-1 fingerprint store"):
+    with pytest.raises(StoreError, match=f"not a version-{store_mod.VERSION} fingerprint"):
         store.meta()
 
 
@@ -249,8 +249,10 @@ def test_retried_part_and_pickled_attempt(root):
     assert store.runs()[0].records == 300 and len(attempt_files(root, "r")) == 2
 
 
-def test_edge_keys_and_unsigned_statistics(root, monkeypatch):
-    monkeypatch.setattr(store_mod, "ROW_GROUP_ROWS", 5)
+def test_edge_keys_and_small_buckets(root, monkeypatch):
+    """Digests at the ends of the key space and on both sides of the sign bit, with many
+    one-or-two-row buckets, and digests stored twice (two runs merged into one segment)."""
+    monkeypatch.setattr(digest_segment, "BUCKET_ROWS", 2)
     top = 2**64 - 1
     his = [0, 1, 2**63 - 2, 2**63 - 1, 2**63, 2**63 + 1, top - 1, top]
     words = np.array([(h, lo) for h in his for lo in (0, 5, top)], np.uint64)
@@ -261,34 +263,113 @@ def test_edge_keys_and_unsigned_statistics(root, monkeypatch):
     assert answers(store, queries) == model.expect(queries)
     (part,) = store.runs()[0].parts
     assert part["min"] == "0" * 32 and part["max"] == "f" * 32
-    with fs.open_read(fs.join(root, "runs", "r", store.runs()[0].attempt, part["file"])) as f:
-        md = pq.ParquetFile(f).metadata
-        ranges = [(md.row_group(g).column(0).statistics.min,
-                   md.row_group(g).column(0).statistics.max) for g in range(md.num_row_groups)]
-    assert all(lo <= hi for lo, hi in ranges)  # uint64 statistics compare unsigned
-    assert any(lo < 2**63 <= hi for lo, hi in ranges)  # a group spans the sign bit
+    commit_run(store, "s", words[8:], ids_for("s", 16), parts=1, model=model)  # same tier
+    assert store.compact(fanin=2)["merges"] == 1  # one segment, each of s's digests twice
+    (seg,) = store.plan().segments
+    assert seg.rows == len(words) + 16
+    for exclude in [None, "r", "s"]:
+        assert answers(store, queries, exclude) == model.expect(queries, exclude)
 
 
-def test_lookup_reads_only_the_row_groups_it_needs(root, monkeypatch):
-    monkeypatch.setattr(store_mod, "ROW_GROUP_ROWS", 256)
+def test_lookup_reads_about_one_bucket_per_digest(root, monkeypatch):
+    monkeypatch.setattr(digest_segment, "_GAP_LOCAL", 0)  # no reading through gaps
+    monkeypatch.setattr(digest_segment, "_GAP_REMOTE", 0)
     rng = np.random.default_rng(7)
     store, model = FingerprintStore(root), Model()
-    words = rand_words(rng, 200_000)
+    words = rand_words(rng, 400_000)
     shard = (words[:, 0] >> np.uint64(60)).astype(np.int64)  # range parts, like the job
     split = [np.flatnonzero(shard == s) for s in range(16)]
     commit_run(store, "big", words, ids_for("big", len(words)), model=model, split=split)
-    queries = np.concatenate([words[rng.choice(len(words), 50, replace=False)],
-                              rand_words(rng, 50)])
+    total_bytes = sum(len(fs.read_bytes(p)) for p in attempt_files(root, "big"))
+    queries = np.concatenate([words[rng.choice(len(words), 10, replace=False)],
+                              rand_words(rng, 10)])
     assert answers(store, queries) == model.expect(queries)
     st = store.last_lookup_stats
-    total_bytes = sum(len(fs.read_bytes(p)) for p in attempt_files(root, "big"))
-    assert st["row_groups"] >= 780 and st["parts"] == 16
-    assert st["row_groups_read"] <= len(queries)  # at most one group per query digest
-    assert st["bytes_read"] < total_bytes / 5
+    assert st["segments"] == 16 and st["segments_opened"] <= len(queries)
+    # per digest: two directory entries, one bucket (256 rows of 16 bytes on average), a
+    # run and an id of each hit; per segment opened, its header: a bound that does not
+    # depend on the segment's size
+    assert st["bytes_read"] <= len(queries) * 8192 + st["segments_opened"] * 100
+    assert st["bytes_read"] < total_bytes / 50
     one_shard = words[split[3][:5]]
     assert answers(store, one_shard) == model.expect(one_shard)
-    st = store.last_lookup_stats
-    assert st["parts_opened"] == 1 and st["row_groups_read"] <= 5
+    assert store.last_lookup_stats["segments_opened"] == 1
+
+
+def test_compaction_matches_model_and_keeps_lookups_few(root):
+    """Many runs of mixed sizes, reruns and exclusions, compacted after every commit:
+    every lookup still equals the model, the segments a lookup may open stay
+    logarithmic in the runs, and what merges replaced is deleted."""
+    rng = np.random.default_rng(9)
+    store, model = FingerprintStore(root), Model()
+    history: list[np.ndarray] = []
+    for k in range(14):
+        run_id = f"r{k % 11:02d}"  # r00..r02 are run again at the end: replaced attempts
+        n = int(rng.choice([40, 60, 200]))
+        words = rand_words(rng, n)
+        if history:  # digests already stored, and one stored twice within the run
+            old = np.concatenate(history)
+            words[:10] = old[rng.choice(len(old), 10)]
+            words[10] = words[0]
+        history.append(words)
+        commit_run(store, run_id, words, ids_for(f"{run_id}.{k}", n), parts=1 + k % 3,
+                   model=model)
+        store.compact(fanin=3)
+        queries = np.concatenate([np.concatenate(history)[::3], rand_words(rng, 20)])
+        for exclude in [None, run_id, "r00"]:
+            assert answers(store, queries, exclude) == model.expect(queries, exclude)
+        plan = store.plan()
+        units = {s.unit for s in plan.segments}
+        sizes = {}
+        for s in plan.segments:
+            sizes[s.unit] = sizes.get(s.unit, 0) + s.rows
+        tiers = [int(np.log(max(v, 1)) / np.log(3) + 1e-9) for v in sizes.values()]
+        assert all(tiers.count(t) < 3 for t in tiers)  # nothing left due
+        assert len(units) <= 2 * (len(set(tiers)))
+    compactions = fs.match(fs.join(root, "compactions", "*.json"))
+    assert compactions and len(compactions) == len(
+        {s.unit for s in store.plan().segments if not s.path.startswith(fs.join(root, "runs"))})
+    on_disk = set(fs.match(fs.join(root, "**", "exact-*.seg")))
+    assert on_disk == {s.path for s in store.plan().segments}  # nothing else kept
+
+
+def test_crashed_compaction_changes_no_answer(root, monkeypatch):
+    """A merge killed before its marker (files only), and one killed after its marker
+    but before the replaced segments were deleted: answers stay right throughout, and
+    the next compaction clears the leftovers."""
+    rng = np.random.default_rng(10)
+    store, model = FingerprintStore(root), Model()
+    runs = {f"r{k}": rand_words(rng, 100) for k in range(4)}
+    for run_id, words in list(runs.items())[:3]:
+        commit_run(store, run_id, words, ids_for(run_id, 100), model=model)
+    queries = np.concatenate(list(runs.values()))
+    real_write = fs.write_bytes_atomic
+
+    def no_marker(path, data):
+        if "/compactions/" in path:
+            raise RuntimeError("killed")
+        real_write(path, data)
+
+    with monkeypatch.context() as m:
+        m.setattr(fs, "write_bytes_atomic", no_marker)
+        with pytest.raises(RuntimeError, match="killed"):
+            store.compact(fanin=3)
+    assert fs.match(fs.join(root, "compacted", "**"))  # files without a marker
+    assert answers(store, queries) == model.expect(queries)
+    assert len({s.unit for s in store.plan().segments}) == 3
+
+    with monkeypatch.context() as m:
+        m.setattr(FingerprintStore, "_collect_garbage", lambda self: None)
+        assert store.compact(fanin=3)["merges"] == 1
+    (unit,) = {s.unit for s in store.plan().segments}
+    assert len(fs.match(fs.join(root, "compacted", "*", "*"))) > 3  # the dead merge's too
+    assert answers(store, queries) == model.expect(queries)
+    commit_run(store, "r3", runs["r3"], ids_for("r3", 100), model=model)
+    store.compact(fanin=3)
+    assert answers(store, queries) == model.expect(queries)
+    kept = set(fs.match(fs.join(root, "**", "exact-*.seg")))
+    assert kept == {s.path for s in store.plan().segments}
+    assert len(fs.match(fs.join(root, "compactions", "*"))) == 1
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "complex64"])

@@ -5,16 +5,27 @@ Why this layout: each attempt of a run writes its own immutable files, and a sma
 written last (atomically) is the only thing that makes them visible. A crash leaves
 unmarked files that no reader opens; a rerun of a run id commits a new attempt and only
 then deletes the old one, so a reader sees one attempt of each run id, never two, never
-half of one. Exact parts are sorted by digest with small row groups: the key range of each
-part (in the marker) and of each row group (Parquet statistics of ``hi``) let a lookup open
-only the parts and read only the row groups that can hold the queried digests.
+half of one.
+
+Exact digests live in digest segments (``transforms.digest_segment``): sorted fixed-width
+files that a lookup reads by byte ranges, about one 4 KiB bucket per queried digest. Each
+run writes one segment per digest-range part; ``compact`` merges runs' segments, size
+tier by size tier (``FANIN`` of a tier make one of the next), so a lookup opens a few
+segments per part however many runs the store holds, and reads about the same bytes for
+N new digests whatever the history. A compaction is committed like a run (its marker
+names the run attempts it covers); each visible attempt is served by the newest
+compaction covering it, or by its own segments; rows of replaced attempts in a compacted
+segment are skipped by lookups and dropped by the next merge.
 
     <store>/STORE.json                                     settings the store was built with
     <store>/commits/<run_id>/<attempt>.json                commit markers (listed cheaply)
-    <store>/runs/<run_id>/<attempt>/exact-<part>.parquet   hi, lo (uint64), record_id; sorted
+    <store>/runs/<run_id>/<attempt>/exact-<part>.seg       this run's digests, sorted
     <store>/runs/<run_id>/<attempt>/vectors-<part>.parquet hi, lo, record_id, x (values)
+    <store>/compactions/<id>.json                          compaction markers
+    <store>/compacted/<id>/exact-<part>.seg                merged digests of several runs
 
-One writer per run id at a time; runs with different ids may write concurrently.
+One writer at a time (a run's Publish step or ``compact``); readers may run alongside
+only while nothing compacts.
 """
 
 from __future__ import annotations
@@ -32,17 +43,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from transforms import fs
+from transforms import digest_segment, fs
+from transforms.digest_segment import KEY, keys_of, range_part
 
 FORMAT = "tensordedup-fingerprint-store"
-VERSION = 1
-ROW_GROUP_ROWS = 8192  # exact parts: a lookup reads whole row groups, so keep them small
+VERSION = 2
+FANIN = 4  # compaction: this many units of one size tier merge into one of the next
 VECTOR_GROUP_BYTES = 16 << 20  # vectors parts: bounds the memory of one row group
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]{0,99}")
 DTYPE_KEY = b"tensordedup.dtype"
-EXACT_COLUMNS = ["hi", "lo", "record_id"]
-_KEY = np.dtype([("hi", np.uint64), ("lo", np.uint64)])
-_U64_MAX = np.uint64(2**64 - 1)
 
 
 class StoreError(ValueError):
@@ -58,7 +67,7 @@ class RunInfo:
     records: int  # rows in the exact parts
     committed_at: str  # ISO-8601 UTC
     committed_ns: int  # increases with every commit of the same run id
-    parts: tuple[dict, ...]  # exact parts: file, rows, row_groups, min, max (32 hex digits)
+    parts: tuple[dict, ...]  # exact parts: file, rows, min, max (32 hex digits)
     vector_parts: tuple[dict, ...]  # file, rows, dim
     extra: dict  # what the job recorded with the commit
 
@@ -82,16 +91,12 @@ class Attempt:
         return fs.join(self.root, "runs", self.run_id, self.name)
 
     def write_exact(self, part: int, words: np.ndarray, ids: pa.Array) -> dict:
-        """Write one exact part sorted by digest; returns its stats for ``commit``."""
+        """Write one exact part (a digest segment); returns its stats for ``commit``."""
         words, ids = _checked(words, ids)
-        order = np.lexsort((words[:, 1], words[:, 0]))
-        words = words[order]
-        name = f"exact-{part:05d}.parquet"
-        self._write(name, _key_table(words, ids.take(pa.array(order))), ROW_GROUP_ROWS)
-        n = len(words)
-        return {"kind": "exact", "part": part, "file": name, "rows": n,
-                "row_groups": max(1, -(-n // ROW_GROUP_ROWS)),
-                "min": _hex(words[0]) if n else None, "max": _hex(words[-1]) if n else None}
+        name = f"exact-{part:05d}.seg"
+        fs.write_bytes_atomic(fs.join(self.path, name), digest_segment.encode(
+            words, np.zeros(len(words), np.uint32), ids, [(self.run_id, self.name)]))
+        return {"kind": "exact", "part": part, "file": name, **_bounds(words)}
 
     def write_vectors(self, part: int, words: np.ndarray, ids: pa.Array,
                       x: np.ndarray) -> dict:
@@ -109,15 +114,33 @@ class Attempt:
             "x", pa.FixedSizeListArray.from_arrays(values, width))
         table = table.replace_schema_metadata({DTYPE_KEY: x.dtype.name.encode()})
         name = f"vectors-{part:05d}.parquet"
-        self._write(name, table, max(1, VECTOR_GROUP_BYTES // max(row_bytes, 1)))
+        buf = pa.BufferOutputStream()
+        pq.write_table(table, buf, row_group_size=max(1, VECTOR_GROUP_BYTES // max(row_bytes, 1)),
+                       compression="zstd", use_dictionary=False)
+        fs.write_bytes_atomic(fs.join(self.path, name), memoryview(buf.getvalue()))
         return {"kind": "vectors", "part": part, "file": name, "rows": len(x),
                 "dim": x.shape[1]}
 
-    def _write(self, name: str, table: pa.Table, row_group_rows: int) -> None:
-        buf = pa.BufferOutputStream()
-        pq.write_table(table, buf, row_group_size=row_group_rows, compression="zstd",
-                       use_dictionary=False, write_statistics=["hi"])
-        fs.write_bytes_atomic(fs.join(self.path, name), memoryview(buf.getvalue()))
+
+@dataclass(frozen=True)
+class SegmentRef:
+    """A digest segment a lookup may open, and the run attempts it answers for."""
+
+    path: str
+    rows: int
+    min: str  # 32 hex digits: the smallest and largest digest in the segment
+    max: str
+    serves: tuple[tuple[str, str, int], ...]  # (run_id, attempt, rank in LookupPlan.runs)
+    unit: str  # the run attempt or compaction that wrote it
+
+
+@dataclass(frozen=True)
+class LookupPlan:
+    """Which segments answer for which runs, fixed once (when a job starts) and shipped
+    to workers, so lookups list no markers."""
+
+    runs: tuple[str, ...]  # visible run ids, oldest commit first: a digest's earliest wins
+    segments: tuple[SegmentRef, ...]
 
 
 class FingerprintStore:
@@ -205,47 +228,162 @@ class FingerprintStore:
 
     # reads
 
-    def lookup(self, words: np.ndarray, exclude_run: str | None = None
-               ) -> tuple[np.ndarray, pa.Array, pa.Array]:
+    def plan(self, exclude_run: str | None = None) -> LookupPlan:
+        """The segments that hold the visible runs' digests (all runs but ``exclude_run``):
+        each attempt's newest covering compaction, else its own parts."""
+        runs, served, compactions = self._resolve(exclude_run)
+        rank = {(r.run_id, r.attempt): i for i, r in enumerate(runs)}
+        segments = []
+        for c in compactions:
+            serves = tuple((*pair, rank[pair]) for pair in _pairs(c)
+                           if served.get(pair) == c["id"])
+            if serves:
+                segments += [SegmentRef(self._file("compacted", c["id"], p["file"]), p["rows"],
+                                        p["min"], p["max"], serves, c["id"])
+                             for p in c["parts"] if p["rows"]]
+        for r in runs:
+            pair = (r.run_id, r.attempt)
+            if pair not in served:
+                segments += [SegmentRef(self._data(r, p["file"]), p["rows"], p["min"], p["max"],
+                                        ((*pair, rank[pair]),), f"{r.run_id}/{r.attempt}")
+                             for p in r.parts if p["rows"]]
+        return LookupPlan(tuple(r.run_id for r in runs), tuple(segments))
+
+    def lookup(self, words: np.ndarray, exclude_run: str | None = None,
+               plan: LookupPlan | None = None) -> tuple[np.ndarray, pa.Array, pa.Array]:
         """For each (hi, lo) digest: (found, stored record id, run id), nulls where not
-        found. A digest in several runs gets the earliest committed one. Only the row
-        groups whose key range holds a pending query digest are read, one at a time."""
+        found. A digest in several runs gets the earliest committed one. Only segments
+        whose key range holds a queried digest are opened, and in them only the buckets
+        that can hold one are read. ``plan``: a fixed ``plan(exclude_run)``."""
         words = _words(words)
-        order = np.lexsort((words[:, 1], words[:, 0]))
-        keys, his = _keys(words)[order], words[order, 0]
-        pending = np.ones(len(words), bool)
-        runs = self.runs(exclude=exclude_run)
-        stats = dict.fromkeys(("runs", "parts", "parts_opened", "row_groups",
-                               "row_groups_read", "bytes_read"), 0)
-        stats["runs"] = len(runs)
-        hit_q, hit_ids, hit_run = [], [], []
-        for r, run in enumerate(runs):
-            for part in run.parts:
-                stats["parts"] += 1
-                stats["row_groups"] += part["row_groups"]
-                if not part["rows"]:
-                    continue
-                a = np.searchsorted(keys, _key(part["min"]), "left")
-                b = np.searchsorted(keys, _key(part["max"]), "right")
-                if not pending[a:b].any():
-                    continue
-                path = self._data(run, part["file"])
-                for q, ids in _search_part(path, keys, his, pending, stats):
-                    hit_q.append(q)
-                    hit_ids.append(ids)
-                    hit_run.append(np.full(len(q), r))
+        plan = self.plan(exclude_run) if plan is None else plan
+        keys, back = np.unique(keys_of(words), return_inverse=True)
+        stats = {"runs": len(plan.runs), "segments": len(plan.segments),
+                 "segments_opened": 0, "reads": 0, "bytes_read": 0}
+        query, rank, ids = [], [], []
+        for seg in plan.segments:
+            a = int(np.searchsorted(keys, _key(seg.min), "left"))
+            b = int(np.searchsorted(keys, _key(seg.max), "right"))
+            if a == b:
+                continue
+            stats["segments_opened"] += 1
+            hits = digest_segment.search(seg.path, keys[a:b], stats)
+            serves = {(r, at): k for r, at, k in seg.serves}
+            rank_of = np.array([serves.get(tuple(p), -1) for p in hits.runs], np.int64)
+            r = rank_of[hits.run]
+            live = r >= 0  # rows of replaced or excluded attempts, or served elsewhere
+            query.append(a + hits.query[live])
+            rank.append(r[live])
+            ids.append(hits.ids.filter(pa.array(live)))
         self.last_lookup_stats = stats
-        found = np.zeros(len(words), bool)
-        take, run_of = np.full(len(words), -1), np.full(len(words), -1)
-        if hit_q:
-            q = order[np.concatenate(hit_q)]
-            found[q] = True
-            take[q] = np.arange(len(q))
-            run_of[q] = np.concatenate(hit_run)
-        ids = pa.concat_arrays(hit_ids) if hit_ids else pa.array([], pa.string())
-        run_ids = pa.array([run.run_id for run in runs], pa.string())
-        return (found, ids.take(pa.array(take, pa.int64(), mask=take < 0)),
-                run_ids.take(pa.array(run_of, pa.int64(), mask=run_of < 0)))
+        take, run_of = np.full(len(keys), -1), np.full(len(keys), -1)
+        q = np.concatenate(query) if query else np.empty(0, np.int64)
+        if len(q):
+            r = np.concatenate(rank)
+            order = np.lexsort((r, q))  # per query digest, its earliest run first
+            first = order[np.concatenate([[True], np.diff(q[order]) != 0])]
+            take[q[first]], run_of[q[first]] = first, r[first]
+        take, run_of = take[back], run_of[back]
+        found = take >= 0
+        ids = pa.concat_arrays([i.cast(pa.string()) for i in ids]) if ids else pa.array(
+            [], pa.string())
+        run_ids = pa.array(plan.runs, pa.string())
+        return (found, ids.take(pa.array(take, pa.int64(), mask=~found)),
+                run_ids.take(pa.array(run_of, pa.int64(), mask=~found)))
+
+    # compaction
+
+    def compact(self, fanin: int | None = None) -> dict[str, int]:
+        """Merge the digest segments of ``fanin`` units (run attempts or compactions) of
+        one size tier (rows in [fanin**t, fanin**(t+1))) into one unit, lowest tier first,
+        until no tier holds ``fanin``; then delete what the merges replaced. Each record
+        is rewritten about log_fanin(history / run size) times over the store's life.
+        Returns {"merges", "rows"} (rows written). ``fanin``: default ``FANIN``."""
+        fanin = FANIN if fanin is None else fanin
+        if fanin < 2:
+            raise ValueError(f"fanin must be at least 2, got {fanin}")
+        done = {"merges": 0, "rows": 0}
+        self._collect_garbage()
+        while due := self._due(fanin):
+            done["rows"] += self._merge(due)
+            done["merges"] += 1
+            self._collect_garbage()
+        return done
+
+    def _due(self, fanin: int) -> list[SegmentRef]:
+        """The segments of the lowest size tier holding ``fanin`` units, or []."""
+        units: dict[str, list[SegmentRef]] = {}
+        for seg in self.plan().segments:
+            units.setdefault(seg.unit, []).append(seg)
+        tiers: dict[int, list[str]] = {}
+        for unit, segs in units.items():
+            rows = sum(s.rows for s in segs)
+            tiers.setdefault(int(np.log(max(rows, 1)) / np.log(fanin) + 1e-9), []).append(unit)
+        for tier in sorted(tiers):
+            if len(tiers[tier]) >= fanin:
+                return [s for unit in tiers[tier] for s in units[unit]]
+        return []
+
+    def _merge(self, segments: list[SegmentRef]) -> int:
+        """Write the live rows of ``segments`` as one compaction, range-parted like the
+        widest unit's parts, and commit it with a marker. Returns rows written."""
+        cid = f"{time.time_ns():020d}-{secrets.token_hex(4)}"
+        pairs = sorted({(r, a, k) for s in segments for r, a, k in s.serves},
+                       key=lambda p: p[2])
+        index = {(r, a): i for i, (r, a, _) in enumerate(pairs)}
+        units: dict[str, int] = {}
+        for s in segments:
+            units[s.unit] = units.get(s.unit, 0) + 1
+        nparts = max(units.values())
+        parts = []
+        for part in range(nparts):
+            words, run, ids = [], [], []
+            for seg in segments:
+                lo, hi = (range_part(np.uint64(int(h[:16], 16)), nparts)
+                          for h in (seg.min, seg.max))
+                if not lo <= part <= hi:
+                    continue
+                keys, r, seg_ids, table = digest_segment.read_all(seg.path)
+                mine = {(ru, a) for ru, a, _ in seg.serves}
+                to = np.array([index[p] if p in mine else -1 for p in map(tuple, table)] + [-1])
+                r = to[r.astype(np.int64)]
+                rows = (r >= 0) & (range_part(keys["hi"], nparts) == part)
+                words.append(np.column_stack([keys["hi"][rows], keys["lo"][rows]]))
+                run.append(r[rows])
+                ids.append(seg_ids.filter(pa.array(rows)))
+            w = np.concatenate(words) if words else np.empty((0, 2), np.uint64)
+            name = f"exact-{part:05d}.seg"
+            fs.write_bytes_atomic(self._file("compacted", cid, name), digest_segment.encode(
+                w, np.concatenate(run) if run else np.empty(0, np.uint32),
+                pa.concat_arrays([i.cast(pa.large_string()) for i in ids]) if ids else
+                pa.array([], pa.large_string()), [(r, a) for r, a, _ in pairs]))
+            parts.append({"part": part, "file": name, **_bounds(w)})
+        ns = time.time_ns()
+        fs.write_bytes_atomic(self._file("compactions", f"{cid}.json"), _dumps({
+            "format": FORMAT, "version": VERSION, "id": cid, "committed_ns": ns,
+            "covers": [[r, a] for r, a, _ in pairs], "parts": parts}))
+        return sum(p["rows"] for p in parts)
+
+    def _collect_garbage(self) -> None:
+        """Delete what no plan reads: compactions that serve no visible attempt (marker
+        first), compaction files without a marker (a merge that crashed), and the own
+        segments of attempts a compaction serves."""
+        runs, served, compactions = self._resolve(None)
+        serving = set(served.values())
+        for c in compactions:
+            if c["id"] not in serving:
+                fs.delete(self._file("compactions", f"{c['id']}.json"))
+                fs.delete_tree(self._file("compacted", c["id"]))
+        prefix = self._file("compacted")
+        for cid in {p[len(prefix):].lstrip("/").split("/")[0]
+                    for p in fs.match(fs.join(prefix, "**"))} - serving:
+            fs.delete_tree(fs.join(prefix, cid))
+        stale = set(fs.match(self._file("runs", "*", "*", "exact-*.seg")))
+        for r in runs:
+            if (r.run_id, r.attempt) in served:
+                for p in r.parts:
+                    if (path := self._data(r, p["file"])) in stale:
+                        fs.delete(path)
 
     def vectors(self, exclude_run: str | None = None, batch_rows: int = 65536
                 ) -> Iterator[tuple[np.ndarray, pa.Array, pa.Array, np.ndarray]]:
@@ -277,20 +415,30 @@ class FingerprintStore:
     def _committed(self, run_id: str) -> dict[str, dict]:
         """Run id -> marker of its visible attempt (latest commit), for ``run_id`` or "*"."""
         newest: dict[str, dict] = {}
-        for path in fs.match(self._file("commits", run_id, "*.json")):
-            try:
-                m = json.loads(fs.read_bytes(path))
-            except OSError:
-                if fs.exists(path):
-                    raise
-                continue  # deleted by a commit that replaced it since the listing
+        for m in _read_markers(self._file("commits", run_id, "*.json")):
             old = newest.get(m["run_id"])
             if old is None or (m["committed_ns"], m["attempt"]) > (old["committed_ns"],
                                                                    old["attempt"]):
                 newest[m["run_id"]] = m
         return newest
 
+    def _resolve(self, exclude_run: str | None
+                 ) -> tuple[list[RunInfo], dict[tuple[str, str], str], list[dict]]:
+        """Visible runs (oldest first), which compaction serves each attempt (the newest
+        covering it), and the compaction markers (newest first)."""
+        runs = self.runs(exclude=exclude_run)
+        visible = {(r.run_id, r.attempt) for r in runs}
+        compactions = sorted(_read_markers(self._file("compactions", "*.json")),
+                             key=lambda c: (c["committed_ns"], c["id"]), reverse=True)
+        served: dict[tuple[str, str], str] = {}
+        for c in compactions:
+            for pair in _pairs(c):
+                if pair in visible:
+                    served.setdefault(pair, c["id"])
+        return runs, served, compactions
+
     def _parts(self, attempt: Attempt, stats: list[dict], kind: str) -> list[dict]:
+        """This attempt's parts of one kind, checked: each reported once, each written."""
         parts = sorted((s for s in stats if s["kind"] == kind), key=lambda s: s["part"])
         for a, b in zip(parts, parts[1:], strict=False):
             if a["part"] == b["part"]:
@@ -316,43 +464,31 @@ class FingerprintStore:
             fs.delete_tree(fs.join(prefix, name))
 
 
-def _search_part(path: str, keys: np.ndarray, his: np.ndarray, pending: np.ndarray,
-                 stats: dict[str, int]) -> list[tuple[np.ndarray, pa.Array]]:
-    """Find the pending sorted query ``keys`` in one exact part, reading only the row
-    groups whose ``hi`` statistics range holds one; marks the found ones not pending.
-    Returns (sorted query positions, their record ids) per row group with hits."""
-    hits = []
-    with fs.open_read(path) as f:
-        pf = pq.ParquetFile(f)
-        md = pf.metadata
-        stats["parts_opened"] += 1
-        stats["bytes_read"] += md.serialized_size
-        for g in range(md.num_row_groups):
-            rg = md.row_group(g)
-            lo, hi = _hi_range(rg.column(0).statistics)
-            a, b = np.searchsorted(his, lo, "left"), np.searchsorted(his, hi, "right")
-            q = a + np.flatnonzero(pending[a:b])
-            if not len(q):
-                continue
-            table = pf.read_row_group(g, columns=EXACT_COLUMNS)
-            stats["row_groups_read"] += 1
-            stats["bytes_read"] += sum(rg.column(c).total_compressed_size for c in range(3))
-            rows = _keys(_batch_words(table))
-            at = np.minimum(np.searchsorted(rows, keys[q]), len(rows) - 1)
-            hit = rows[at] == keys[q]
-            if hit.any():
-                pending[q[hit]] = False
-                ids = table["record_id"].take(pa.array(at[hit])).combine_chunks()
-                hits.append((q[hit], ids))
-    return hits
+def _read_markers(pattern: str) -> list[dict]:
+    """The JSON markers matching ``pattern``, skipping any deleted since the listing."""
+    docs = []
+    for path in fs.match(pattern):
+        try:
+            docs.append(json.loads(fs.read_bytes(path)))
+        except OSError:
+            if fs.exists(path):
+                raise
+    return docs
 
 
-def _hi_range(st: pq.Statistics | None) -> tuple[np.uint64, np.uint64]:
-    """A row group's ``hi`` range; the whole key space if statistics are missing or not
-    in unsigned order (min > max: a writer that compared uint64 as signed)."""
-    if st is None or not st.has_min_max or st.min > st.max:
-        return np.uint64(0), _U64_MAX
-    return np.uint64(st.min), np.uint64(st.max)
+def _pairs(compaction: dict) -> list[tuple[str, str]]:
+    return [tuple(p) for p in compaction["covers"]]
+
+
+def _bounds(words: np.ndarray) -> dict:
+    """Rows and smallest/largest digest (32 hex digits; None when empty) of a part."""
+    if not len(words):
+        return {"rows": 0, "min": None, "max": None}
+    hi = words[:, 0]
+    lo, top = hi.min(), hi.max()
+    return {"rows": len(words),
+            "min": _hex((lo, words[hi == lo, 1].min())),
+            "max": _hex((top, words[hi == top, 1].max()))}
 
 
 def _check_run_id(run_id: str) -> None:
@@ -377,16 +513,11 @@ def _words(words: np.ndarray) -> np.ndarray:
     return words
 
 
-def _keys(words: np.ndarray) -> np.ndarray:
-    """(n, 2) uint64 -> (n,) structured (hi, lo): sorts and searches as 128-bit numbers."""
-    return np.ascontiguousarray(words).view(_KEY).reshape(-1)
-
-
 def _key(hex32: str) -> np.ndarray:
-    return np.array((int(hex32[:16], 16), int(hex32[16:], 16)), _KEY)
+    return np.array((int(hex32[:16], 16), int(hex32[16:], 16)), KEY)
 
 
-def _hex(word: np.ndarray) -> str:
+def _hex(word) -> str:
     return f"{int(word[0]):016x}{int(word[1]):016x}"
 
 
