@@ -18,19 +18,26 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from transforms import fs
 from transforms.formats.base import default_ids_arrow
 
 
 def _default_ids(file: dict) -> pa.Array:
     """The ids the job gave the records of one input file (summary "files" entry)."""
     return default_ids_arrow(file["input"], np.arange(file["read"]))
+
+
+def _real(path: str, working_dir: str | None = None) -> str:
+    """A local path resolved (links, relative to where the job ran); a URL as it is."""
+    if not fs.is_local(path):
+        return path
+    return os.path.realpath(os.path.join(working_dir or "", path))
 
 
 class ManifestError(ValueError):
@@ -48,16 +55,20 @@ class Manifest:
     def load(cls, report_dir: str | os.PathLike, *, drop_invalid: bool = True) -> Manifest:
         """Read a finished run's report directory.
 
+        ``report_dir``: a local path or any Beam filesystem's (gs://...).
         ``drop_invalid``: also skip the records the job reported invalid (they are not in
         its clean output either); False keeps them in the training input."""
-        report = Path(report_dir)
-        summary_path = report / "summary.json"
-        if not summary_path.is_file():
+        report = os.fspath(report_dir)
+        summary_path = fs.join(report, "summary.json")
+        if not fs.exists(summary_path):
             raise ManifestError(f"{summary_path} not found: point at the report directory of "
                                 "a finished run (summary.json is written last)")
-        summary = json.loads(summary_path.read_text())
+        summary = json.loads(fs.read_bytes(summary_path))
         tables = ["duplicates.parquet"] + (["invalid.parquet"] if drop_invalid else [])
-        ids = [pq.read_table(report / t, columns=["record_id"])["record_id"] for t in tables]
+        ids = []
+        for t in tables:
+            with fs.open_read(fs.join(report, t)) as f:
+                ids.append(pq.read_table(f, columns=["record_id"])["record_id"])
         removed = pa.chunked_array([c for col in ids for c in col.chunks], pa.string())
         return cls(removed.combine_chunks() if removed.num_chunks else pa.array([], pa.string()),
                    summary["config"]["input"].get("id"), tuple(summary["files"]),
@@ -75,12 +86,11 @@ class Manifest:
 
     @cached_property
     def _by_realpath(self) -> dict[str, str]:
-        return {os.path.realpath(os.path.join(self.working_dir or "", f["input"])): f["input"]
-                for f in self.files}
+        return {_real(f["input"], self.working_dir): f["input"] for f in self.files}
 
     def job_path(self, path: str | os.PathLike) -> str:
         """The input path as the job spelled it in record ids, for ``path`` as you spell it."""
-        found = self._by_realpath.get(os.path.realpath(path))
+        found = self._by_realpath.get(_real(os.fspath(path)))
         if found is not None:
             return found
         raise ManifestError(f"{path} is not one of the run's {len(self.files)} input files "

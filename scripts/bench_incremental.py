@@ -1,18 +1,21 @@
 """Benchmark incremental dedup: what a run costs as the fingerprint store's history grows.
 
-Part 1, lookups (no Beam): a store holding H earlier records (in daily runs of 16
-digest-range parts, as the job writes them) is asked about N new digests (10% of them
+Part 1, lookups (no Beam): a store holding H earlier records, written as 16 runs of
+H/16 records in 16 digest-range parts (as the job writes them) and compacted after each
+commit (as the job's Publish step does), is asked about N new digests (10% of them
 stored), one shard at a time as the job's Exact step asks. Peers in the same run:
 reading every stored digest and testing membership with numpy (a sort-merge join) and
-a Python set of the stored digests (the usual script). Reported: wall time, row groups
-and bytes the store read, peak memory growth.
+a Python set of the stored digests (the usual script). Reported: wall time, segments
+opened, bytes the store read, peak memory growth, and the compaction time spent while
+building the history.
 
 Part 2, the job: day after day, N new records per day (10% exact copies of earlier
 days, 5% near copies), ``python -m pipeline.run`` with a store (exact only, and with
 the near stage), one fresh process per run; the same day's job without a store is the
 floor. Reported: wall time and peak RSS per day, so growth with history is visible.
 
-Usage: python scripts/bench_incremental.py [--quick] [--json bench-incremental.json]
+Usage: python scripts/bench_incremental.py [--quick] [--only lookups|days]
+                                           [--json bench-incremental.json]
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from benchkit import PEAK_RSS_MB, ROOT, run_python
 
-SHARDS, DIM = 16, 32
+SHARDS, DIM, RUNS = 16, 32, 16
 
 
 def shard_of(words: np.ndarray) -> np.ndarray:
@@ -41,48 +44,67 @@ def random_words(rng: np.random.Generator, n: int) -> np.ndarray:
     return rng.integers(0, 2**64, (n, 2), dtype=np.uint64)
 
 
-def build_store(path: str, history: int, per_run: int, rng: np.random.Generator) -> np.ndarray:
+def build_store(path: str, history: int, rng: np.random.Generator) -> tuple[np.ndarray, dict]:
+    """RUNS runs of history/RUNS records, each committed then compacted like the job."""
     from transforms.store import FingerprintStore
 
-    store, kept = FingerprintStore(path), []
-    for r in range(max(1, history // per_run)):
+    store, kept, compact_s = FingerprintStore(path), [], []
+    per_run = history // RUNS
+    for r in range(RUNS):
         words = random_words(rng, per_run)
         attempt = store.begin(f"day{r:03d}")
-        ids = pa.array([f"day{r}-{i}" for i in range(per_run)])
+        ids = pa.array(np.char.add(f"day{r}-", np.arange(per_run).astype(str)))
         shard = shard_of(words)
         parts = [attempt.write_exact(s, words[shard == s], ids.filter(pa.array(shard == s)))
                  for s in range(SHARDS)]
         store.commit(attempt, parts, {"dtype": "float32"})
+        start = time.perf_counter()
+        store.compact()
+        compact_s.append(time.perf_counter() - start)
         kept.append(words)
-    return np.concatenate(kept)
+    return np.concatenate(kept), {"compact_total_s": sum(compact_s),
+                                  "compact_max_s": max(compact_s),
+                                  "units": len({s.unit for s in store.plan().segments})}
 
 
 def lookup_store(path: str, queries: np.ndarray) -> dict:
     from transforms.store import FingerprintStore
 
-    store, found, stats = FingerprintStore(path), 0, {"row_groups": 0, "row_groups_read": 0,
-                                                       "bytes_read": 0}
+    store, found = FingerprintStore(path), 0
+    stats = {"segments_opened": 0, "bytes_read": 0}
     tracemalloc.start()
     start = time.perf_counter()
+    plan = store.plan()  # once, as the job fixes it when it starts
     shard = shard_of(queries)
     for s in range(SHARDS):
-        hit, _, _ = store.lookup(queries[shard == s])
+        hit, _, _ = store.lookup(queries[shard == s], plan=plan)
         found += int(hit.sum())
         for k in stats:
             stats[k] += store.last_lookup_stats[k]
     wall = time.perf_counter() - start
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    return {"wall_s": wall, "found": found, "peak_mb": peak / 2**20, **stats}
+    return {"wall_s": wall, "found": found, "peak_mb": peak / 2**20,
+            "segments": len(plan.segments), **stats}
+
+
+def stored_digests(path: str) -> list[np.ndarray]:
+    """Every stored digest, segment by segment, as (n, 2) uint64."""
+    from transforms.digest_segment import read_all
+    from transforms.store import FingerprintStore
+
+    out = []
+    for seg in FingerprintStore(path).plan().segments:
+        keys = read_all(seg.path)[0]
+        out.append(np.column_stack([keys["hi"], keys["lo"]]))
+    return out
 
 
 def scan_numpy(path: str, queries: np.ndarray) -> dict:
     """Peer: read every stored digest, then a sorted membership test."""
     tracemalloc.start()
     start = time.perf_counter()
-    files = sorted(Path(path).rglob("exact-*.parquet"))
-    t = pa.concat_tables([pq.read_table(f, columns=["hi", "lo"]) for f in files])
-    stored = np.stack([t["hi"].to_numpy(), t["lo"].to_numpy()], 1)
+    stored = np.concatenate(stored_digests(path))
     key = np.ascontiguousarray(stored).view([("hi", "<u8"), ("lo", "<u8")]).ravel()
     q = np.ascontiguousarray(queries).view([("hi", "<u8"), ("lo", "<u8")]).ravel()
     found = int(np.isin(q, key).sum())
@@ -97,9 +119,7 @@ def python_set(path: str, queries: np.ndarray) -> dict:
     tracemalloc.start()
     start = time.perf_counter()
     seen = set()
-    for f in sorted(Path(path).rglob("exact-*.parquet")):
-        t = pq.read_table(f, columns=["hi", "lo"])
-        w = np.stack([t["hi"].to_numpy(), t["lo"].to_numpy()], 1)
+    for w in stored_digests(path):
         seen.update(w.tobytes()[i:i + 16] for i in range(0, 16 * len(w), 16))
     found = sum(queries[i].tobytes() in seen for i in range(len(queries)))
     wall = time.perf_counter() - start
@@ -108,23 +128,28 @@ def python_set(path: str, queries: np.ndarray) -> dict:
     return {"wall_s": wall, "found": found, "peak_mb": peak / 2**20}
 
 
-def bench_lookups(histories: list[int], new: int, per_run: int) -> list[dict]:
+def bench_lookups(histories: list[int], news: list[int], peers_up_to: int) -> list[dict]:
     rows = []
     for h in histories:
         rng = np.random.default_rng(h)
         tmp = tempfile.mkdtemp(prefix="bench-store-")
         try:
-            stored = build_store(tmp, h, per_run, rng)
-            queries = random_words(rng, new)
-            hits = rng.choice(len(stored), new // 10, replace=False)
-            queries[: len(hits)] = stored[hits]
-            res = {"history": len(stored), "new": new, "store": lookup_store(tmp, queries),
-                   "numpy_scan": scan_numpy(tmp, queries)}
-            if len(stored) <= 4_000_000:
-                res["python_set"] = python_set(tmp, queries)
-            assert all(r["found"] == len(hits) for k, r in res.items()
-                       if isinstance(r, dict)), res
-            rows.append(res)
+            start = time.perf_counter()
+            stored, built = build_store(tmp, h, rng)
+            built["build_s"] = time.perf_counter() - start
+            for new in news:
+                queries = random_words(rng, new)
+                hits = rng.choice(len(stored), new // 10, replace=False)
+                queries[: len(hits)] = stored[hits]
+                res = {"history": len(stored), "new": new, "build": built,
+                       "store": lookup_store(tmp, queries)}
+                if len(stored) <= peers_up_to:
+                    res["numpy_scan"] = scan_numpy(tmp, queries)
+                if len(stored) <= min(peers_up_to, 4_000_000):
+                    res["python_set"] = python_set(tmp, queries)
+                assert all(r["found"] == len(hits) for k, r in res.items()
+                           if isinstance(r, dict) and "found" in r), res
+                rows.append(res)
         finally:
             shutil.rmtree(tmp)
     return rows
@@ -197,23 +222,27 @@ def main() -> None:
     ap.add_argument("--json", default="bench-incremental.json")
     ap.add_argument("--only", choices=["lookups", "days"])
     args = ap.parse_args()
-    histories = [100_000, 400_000] if args.quick else [250_000, 1_000_000, 4_000_000, 16_000_000]
-    new = 10_000 if args.quick else 100_000
-    out = {"shards": SHARDS}
+    histories = [100_000, 400_000] if args.quick else [
+        1_000_000, 4_000_000, 16_000_000, 64_000_000]
+    news = [1_000, 10_000] if args.quick else [10_000, 100_000]
+    out = {"shards": SHARDS, "runs_per_history": RUNS}
     if args.only in (None, "lookups"):
-        out["lookups"] = bench_lookups(histories, new, 50_000 if args.quick else 250_000)
-        print(f"\nlookups of {new:,} new digests (10% stored), per-shard as the job asks")
-        print(f"{'history':>11} | {'store s':>8} {'row groups read':>17} {'MB read':>8} "
+        out["lookups"] = bench_lookups(histories, news, 16_000_000)
+        print(f"\nlookups of N new digests (10% stored), per shard as the job asks; history "
+              f"in {RUNS} runs x {SHARDS} parts, compacted as it was built")
+        print(f"{'history':>11} {'new':>8} | {'store s':>8} {'segments':>9} {'MB read':>8} "
               f"{'peak MB':>8} | {'numpy scan s':>12} {'ratio':>6} | {'py set s':>9} "
-              f"{'ratio':>6}")
+              f"{'ratio':>6} | {'compaction s':>12}")
         for r in out["lookups"]:
-            st, sc, ps = r["store"], r["numpy_scan"], r.get("python_set")
-            print(f"{r['history']:>11,} | {st['wall_s']:>8.3f} "
-                  f"{st['row_groups_read']:>7,}/{st['row_groups']:<9,} "
+            st, sc, ps = r["store"], r.get("numpy_scan"), r.get("python_set")
+            print(f"{r['history']:>11,} {r['new']:>8,} | {st['wall_s']:>8.3f} "
+                  f"{st['segments_opened']:>4}/{st['segments']:<4} "
                   f"{st['bytes_read'] / 2**20:>8.1f} {st['peak_mb']:>8.1f} | "
-                  f"{sc['wall_s']:>12.3f} {sc['wall_s'] / st['wall_s']:>5.1f}x | "
+                  + (f"{sc['wall_s']:>12.3f} {sc['wall_s'] / st['wall_s']:>5.1f}x | " if sc
+                     else f"{'-':>12} {'-':>6} | ")
                   + (f"{ps['wall_s']:>9.2f} {ps['wall_s'] / st['wall_s']:>5.1f}x" if ps
-                     else f"{'-':>9} {'-':>6}"))
+                     else f"{'-':>9} {'-':>6}")
+                  + f" | {r['build']['compact_total_s']:>12.1f}")
     if args.only in (None, "days"):
         days, n = (3, 20_000) if args.quick else (4, 100_000)
         for near in (False, True):

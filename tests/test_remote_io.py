@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from filters.manifest import Manifest
 from pipeline import graph
 from pipeline import report as report_step
 from pipeline.run import main
@@ -105,6 +106,13 @@ def test_remote_run_equals_local_run(tmp_path, gcs, fmt):
     summary = json.loads((bucket_dir / "out" / "report" / "summary.json").read_text())
     assert (summary["output"], summary["report"]) == (f"{url}/out/clean", f"{url}/out/report")
     assert leftovers(bucket_dir) == []
+    # training filters read the finished run's report from the bucket as from a disk
+    remote, local = (Manifest.load(p) for p in (f"{url}/out/report",
+                                                  tmp_path / "local" / "out" / "report"))
+    every_id = [i for ids, _ in parts for i in ids]
+    np.testing.assert_array_equal(remote.keep_mask(every_id), local.keep_mask(every_id))
+    assert (~remote.keep_mask(every_id)).sum() == dups.num_rows
+    assert remote.job_path(f"{url}/in/{NAMES[0]}.{EXT[fmt]}") == f"{url}/in/{NAMES[0]}.{EXT[fmt]}"
 
 
 def test_rerun_with_overwrite_replaces_the_remote_output(tmp_path, gcs):
