@@ -120,8 +120,10 @@ def python_set(path: str, queries: np.ndarray) -> dict:
     start = time.perf_counter()
     seen = set()
     for w in stored_digests(path):
-        seen.update(w.tobytes()[i:i + 16] for i in range(0, 16 * len(w), 16))
-    found = sum(queries[i].tobytes() in seen for i in range(len(queries)))
+        raw = w.tobytes()
+        seen.update(raw[i:i + 16] for i in range(0, len(raw), 16))
+    raw = np.ascontiguousarray(queries).tobytes()
+    found = sum(raw[i:i + 16] in seen for i in range(0, len(raw), 16))
     wall = time.perf_counter() - start
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
