@@ -146,7 +146,9 @@ def human_summary(s: dict) -> str:
     if s.get("store"):
         st = s["store"]
         lines.append(f"store: {st['path']}: checked against {st['earlier_runs']} earlier "
-                     f"run(s); {st['appended']:,} records appended" if st.get("committed")
+                     f"run(s); {st['appended']:,} records appended"
+                     + (f"; {st['compaction_merges']} compaction merge(s)"
+                        if st.get("compaction_merges") else "") if st.get("committed")
                      else f"store: {st['path']}: checked against {st['earlier_runs']} earlier "
                      "run(s); not updated (store.update: false)")
     return "\n".join(lines)

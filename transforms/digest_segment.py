@@ -33,7 +33,7 @@ MAGIC = b"TDSEG001"
 BUCKET_ROWS = 256  # rows per bucket on average: 4 KiB of keys, the unit a lookup reads
 KEY = np.dtype([("hi", "<u8"), ("lo", "<u8")])
 _HEAD = np.dtype([("rows", "<u8"), ("bits", "<u8"), ("skip", "<u8"), ("runs_len", "<u8")])
-_GAP_LOCAL, _GAP_REMOTE = 64 << 10, 4 << 20  # read through gaps this small (one request)
+_GAP_LOCAL, _GAP_REMOTE = 4 << 10, 4 << 20  # read through gaps this small (one request)
 
 
 @dataclass(frozen=True)
