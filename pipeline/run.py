@@ -145,12 +145,14 @@ def human_summary(s: dict) -> str:
                      f"{s['removed_reference_exact'] + s['removed_reference_near']:,}")
     if s.get("store"):
         st = s["store"]
-        lines.append(f"store: {st['path']}: checked against {st['earlier_runs']} earlier "
-                     f"run(s); {st['appended']:,} records appended"
-                     + (f"; {st['compaction_merges']} compaction merge(s)"
-                        if st.get("compaction_merges") else "") if st.get("committed")
-                     else f"store: {st['path']}: checked against {st['earlier_runs']} earlier "
-                     "run(s); not updated (store.update: false)")
+        line = f"store: {st['path']}: checked against {st['earlier_runs']} earlier run(s); "
+        if not st.get("committed"):
+            line += "not updated (store.update: false)"
+        else:
+            line += f"{st['appended']:,} records appended"
+            if st.get("compaction_merges"):
+                line += f"; {st['compaction_merges']} compaction merge(s)"
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -55,8 +55,11 @@ class StoreView:
     path: str
     run_id: str
     meta: dict
-    earlier: tuple[str, ...]  # run ids committed before this run started
-    plan: LookupPlan  # the digest segments of those runs
+    plan: LookupPlan  # the runs committed before this run started, and their segments
+
+    @property
+    def earlier(self) -> tuple[str, ...]:
+        return self.plan.runs
 
     def describe(self) -> dict:
         return {"path": self.path, "run_id": self.run_id, "earlier_runs": len(self.earlier),
@@ -103,7 +106,7 @@ def open_view(path: str, run_id: str, meta: dict) -> StoreView:
         plan = store.plan(exclude_run=run_id)
     except StoreError as e:
         raise InputError(f"store.path: {e}") from None
-    return StoreView(path, run_id, meta, plan.runs, plan)
+    return StoreView(path, run_id, meta, plan)
 
 
 class StoreVectors(beam.PTransform):

@@ -37,7 +37,9 @@ SHARDS, DIM, RUNS = 16, 32, 16
 
 
 def shard_of(words: np.ndarray) -> np.ndarray:
-    return (((words[:, 0] >> np.uint64(32)) * np.uint64(SHARDS)) >> np.uint64(32)).astype(int)
+    from pipeline.fingerprint import shard_of as job_shard_of  # the job's range shards
+
+    return job_shard_of(words, SHARDS)
 
 
 def random_words(rng: np.random.Generator, n: int) -> np.ndarray:

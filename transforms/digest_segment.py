@@ -94,7 +94,7 @@ def encode(words: np.ndarray, run: np.ndarray, ids: pa.Array,
     head = np.array([(len(keys), bits, skip, len(body))], _HEAD).tobytes()
     return b"".join([MAGIC, head, body, directory.tobytes(), keys.tobytes(), run.tobytes(),
                      (offsets - start).astype("<u8").tobytes(),
-                     b"" if blob is None else blob.to_pybytes()[start:int(offsets[-1])]])
+                     b"" if blob is None else blob.slice(start, int(offsets[-1]) - start)])
 
 
 def layout(f: BinaryIO) -> Layout:

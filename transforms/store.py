@@ -34,6 +34,7 @@ import json
 import re
 import secrets
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -285,8 +286,7 @@ class FingerprintStore:
             take[q[first]], run_of[q[first]] = first, r[first]
         take, run_of = take[back], run_of[back]
         found = take >= 0
-        ids = pa.concat_arrays([i.cast(pa.string()) for i in ids]) if ids else pa.array(
-            [], pa.string())
+        ids = pa.concat_arrays(ids) if ids else pa.array([], pa.string())
         run_ids = pa.array(plan.runs, pa.string())
         return (found, ids.take(pa.array(take, pa.int64(), mask=~found)),
                 run_ids.take(pa.array(run_of, pa.int64(), mask=~found)))
@@ -331,16 +331,13 @@ class FingerprintStore:
         pairs = sorted({(r, a, k) for s in segments for r, a, k in s.serves},
                        key=lambda p: p[2])
         index = {(r, a): i for i, (r, a, _) in enumerate(pairs)}
-        units: dict[str, int] = {}
-        for s in segments:
-            units[s.unit] = units.get(s.unit, 0) + 1
-        nparts = max(units.values())
+        nparts = max(Counter(s.unit for s in segments).values())
+        spans = [range_part(np.array([_key(s.min)["hi"], _key(s.max)["hi"]]), nparts)
+                 for s in segments]  # the output parts each segment's key range overlaps
         parts = []
         for part in range(nparts):
             words, run, ids = [], [], []
-            for seg in segments:
-                lo, hi = (range_part(np.uint64(int(h[:16], 16)), nparts)
-                          for h in (seg.min, seg.max))
+            for seg, (lo, hi) in zip(segments, spans, strict=True):
                 if not lo <= part <= hi:
                     continue
                 keys, r, seg_ids, table = digest_segment.read_all(seg.path)
@@ -355,8 +352,8 @@ class FingerprintStore:
             name = f"exact-{part:05d}.seg"
             fs.write_bytes_atomic(self._file("compacted", cid, name), digest_segment.encode(
                 w, np.concatenate(run) if run else np.empty(0, np.uint32),
-                pa.concat_arrays([i.cast(pa.large_string()) for i in ids]) if ids else
-                pa.array([], pa.large_string()), [(r, a) for r, a, _ in pairs]))
+                pa.concat_arrays(ids) if ids else pa.array([], pa.large_string()),
+                [(r, a) for r, a, _ in pairs]))
             parts.append({"part": part, "file": name, **_bounds(w)})
         ns = time.time_ns()
         fs.write_bytes_atomic(self._file("compactions", f"{cid}.json"), _dumps({
