@@ -39,13 +39,14 @@ from transforms.near import (
     exact_distance,
     finite_rows,
     group_representative,
-    range_pairs,
     row_edges,
     search_partition,
-    search_radius_sq,
+    search_radius,
     search_space,
+    search_vectors,
     value_scale,
 )
+from transforms.near_search import Vectors, pairs_within, precision_for
 
 DROPPED = -1  # owner of a digest whose first record was removed as a near duplicate
 NO_ID = 0  # owner when the stream has no ids
@@ -80,7 +81,12 @@ def _same(x: int) -> int:
 @dataclass
 class _NearBlock:
     values: np.ndarray  # (n, d) the kept records' values, for the float64 check
-    index: Any  # faiss.IndexFlatL2 over their search vectors
+    vectors: Vectors  # their search vectors (float32; float64 once a tolerance needs it)
+
+    def at(self, dtype: np.dtype, spec: NearSpec, radius: float) -> Vectors:
+        if self.vectors.v.dtype != dtype:
+            self.vectors = search_vectors(self.values, spec, radius, dtype=dtype)
+        return self.vectors
 
 
 @dataclass
@@ -241,38 +247,43 @@ class OnlineDedup:
         if not len(rows):
             return rows
         self._scale = max(self._scale, value_scale(x, spec))
-        radius_sq = search_radius_sq(spec, x.shape[1], self._scale)
-        v = search_space(x, spec)
+        radius = search_radius(spec, x.shape[1], self._scale)
+        z = search_space(x, spec)
+        z_norm = float(np.linalg.norm(z, axis=1).max(initial=0))
         near_old = np.zeros(len(rows), dtype=bool)
         for block in self._blocks:
-            q, j = range_pairs(block.index, v, radius_sq, spec)
+            dtype = precision_for(max(z_norm, float(block.vectors.norm.max(initial=0))),
+                                  x.shape[1], radius)
+            q, j = pairs_within(search_vectors(x, spec, radius, dtype=dtype),
+                                block.at(dtype, spec, radius), radius, spec.device)
             near_old[q[exact_distance(x[q], block.values[j], spec)[1]]] = True
         fresh = np.flatnonzero(~near_old)
-        drop_fresh = self._within_batch(x[fresh], v[fresh], radius_sq)
+        drop_fresh = self._within_batch(x[fresh], radius)
         kept = np.setdiff1d(fresh, fresh[drop_fresh])
-        self._remember(x[kept], v[kept])
+        self._remember(x[kept])
         return np.sort(np.concatenate([rows[near_old], rows[fresh[drop_fresh]]]))
 
-    def _within_batch(self, x: np.ndarray, v: np.ndarray, radius_sq: float) -> np.ndarray:
+    def _within_batch(self, x: np.ndarray, radius: float) -> np.ndarray:
         """Greedy in batch order among new rows: the kernel's partition search (one
         partition, every row at home) and its representative grouping."""
         if len(x) < 2:
             return np.empty(0, np.int64)
-        f = search_partition(x, v, np.ones(len(x), dtype=bool), self.near, radius_sq)
+        f = search_partition(x, np.ones(len(x), dtype=bool), self.near, radius,
+                             search_space(x, self.near).mean(axis=0))
         edges, row = row_edges(f.a, f.b, np.arange(len(x)), f.dist, f.a_near_b, f.b_near_a)
         return row[group_representative(edges)[0]]
 
-    def _remember(self, x: np.ndarray, v: np.ndarray) -> None:
-        import faiss
-
+    def _remember(self, x: np.ndarray) -> None:
         for s in range(0, len(x), NEAR_BLOCK_ROWS):
-            xs, vs = x[s:s + NEAR_BLOCK_ROWS], v[s:s + NEAR_BLOCK_ROWS]
+            xs = x[s:s + NEAR_BLOCK_ROWS]
             last = self._blocks[-1] if self._blocks else None
             if last is None or len(last.values) + len(xs) > NEAR_BLOCK_ROWS:
-                last = _NearBlock(xs[:0].copy(), faiss.IndexFlatL2(v.shape[1]))
-                self._blocks.append(last)
+                self._remember_block(xs)
+                continue
+            new = search_vectors(xs, self.near, 0.0, dtype=last.vectors.v.dtype)
             last.values = np.concatenate([last.values, xs])
-            last.index.add(vs)
+            last.vectors = Vectors(np.concatenate([last.vectors.v, new.v]),
+                                   np.concatenate([last.vectors.norm, new.norm]))
         if self.max_items is not None:
             while sum(len(b.values) for b in self._blocks) > self.max_items and len(
                     self._blocks) > 1:
@@ -357,16 +368,12 @@ class OnlineDedup:
         return self
 
     def _remember_block(self, x: np.ndarray) -> None:
-        import faiss
-
-        index = faiss.IndexFlatL2(x.shape[1])
-        index.add(search_space(x, self.near))
-        self._blocks.append(_NearBlock(x, index))
+        self._blocks.append(_NearBlock(x, search_vectors(x, self.near, 0.0, dtype=np.float32)))
 
     def nbytes(self) -> int:
         """Approximate bytes the state holds (dict entries measured at 100-140 B each)."""
         if self._blooms is not None:
             return sum(b.size_in_bits // 8 for b in self._blooms)
-        vec = sum(b.values.nbytes + b.index.ntotal * b.index.d * 4 for b in self._blocks)
+        vec = sum(b.values.nbytes + b.vectors.v.nbytes for b in self._blocks)
         return 140 * len(self._owner) + vec
 

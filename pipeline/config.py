@@ -92,9 +92,22 @@ class NearConfig(_Strict):
     grouping: Literal["representative", "components"] = Field(
         "representative", description="representative (removed only if within tolerance of "
         "a kept record) | components (connected components; chains allowed)")
+    mode: Literal["auto", "exact", "bounded"] = Field(
+        "auto", description="exact (every pair within tolerance is found; cost can approach "
+        "all-pairs on high-dimensional data) | bounded (each record meets at most `probes` "
+        "cells: cost grows as n x probes; recall measured) | auto (predicts both from a "
+        "sample and takes exact when it costs no more than bounded)")
+    probes: int = Field(3, ge=1, le=1000, description="bounded mode: cells each record "
+                        "meets at most (its own included)")
+    recall_sample: int = Field(2000, ge=0, le=1_000_000, description="records checked by "
+                               "brute force against all records for the recall estimate in "
+                               "summary.json (0: off)")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where the matrix products run: auto (a CUDA GPU through torch "
+        "when there is one) | cpu | cuda")
     index: Literal["auto", "flat", "ivf", "hnsw"] = Field(
-        "auto", description="auto (exact flat search in k-means partitions) | flat | ivf | "
-        "hnsw (approximate: recall < 1, precision stays 1)")
+        "auto", description="search inside each cell: auto = flat (exact) | ivf | hnsw "
+        "(approximate: recall < 1, precision stays 1)")
     nlist: int | None = Field(None, gt=0, description="ivf: inverted lists per partition "
                               "(default 4 sqrt(rows))")
     nprobe: int = Field(16, gt=0, description="ivf: lists visited per query")

@@ -1,18 +1,21 @@
 """Near: VecBatch (exact survivors' values) -> (file_index, Removed kind "near") + NearReport.
 
-Sample -> Plan -> Assign -> Search -> Merge, all over the plain kernel
-``transforms.near``: a bottom-k sample of digests trains k-means centroids (one
-worker); every chunk's rows are assigned to their home partition and to the
-partitions they reach; each partition is searched and verified on its own worker
-(GroupByKey on the partition id); the verified pairs, keyed by exact digest, are
-merged and grouped on one worker. Only pairs travel to the merge, never vectors
-(except, for ``grouping: components``, the vectors of records that have a pair).
+Sample -> Plan -> Assign -> Search -> Merge, all over the plain kernels
+(``transforms.near``, ``near_plan``, ``near_recall``): a bottom-k sample of digests
+trains k-means cells and predicts what each mode costs, and the plan picks exact or
+bounded (one worker, printed); every chunk's rows are assigned to their home cell and
+the cells they must (exact) or may (bounded, at most ``probes``) meet; each cell is
+searched and verified on its own worker (GroupByKey on the cell); the verified pairs,
+keyed by exact digest, are merged and grouped on one worker. Only pairs travel to
+the merge, never vectors (except, for ``grouping: components``, the vectors of records
+that have a pair). A seeded sample of about ``recall_sample`` records is compared with
+every chunk by brute force, and the merge measures recall against it.
 
-Exact copies are collapsed by digest inside each partition (all copies of a value
-land in the same partitions), so the search sees exact survivors only and the
-record that stands for a digest is the one exact dedup kept. Reference-set and
-stored records join as protected rows (they rank first and are never removed), so a
-record near one of them is removed as ``reference_near`` / ``store_near``.
+Exact copies are collapsed by digest inside each cell (all copies of a value land in
+the same cells), so the search sees exact survivors only and the record that stands
+for a digest is the one exact dedup kept. Reference-set and stored records join as
+protected rows (they rank first and are never removed), so a record near one of them
+is removed as ``reference_near`` / ``store_near``.
 """
 
 from __future__ import annotations
@@ -30,10 +33,10 @@ from pipeline.exact import removed_by_file
 from pipeline.near_report import BORDERLINE_SCHEMA, borderline_sample, merge_borderline
 from transforms import near
 from transforms.exact import is_protected, tier_of
+from transforms.near_plan import Partitions, assign, plan
+from transforms.near_recall import estimate, in_sample
 
 NEAR_REPORT = "near_report"
-SAMPLE_BYTES = 64 << 20  # k-means sample cap (one worker holds it)
-SAMPLE_ROWS = 100_000
 HISTOGRAM_ROWS = 20_000  # about this many records get a nearest-neighbour distance (kNN)
 
 
@@ -43,21 +46,28 @@ class Sample:
     depend on chunking or worker order), the row count and the largest |value|."""
 
     lo: np.ndarray  # (k,) uint64 digest word
-    v: np.ndarray  # (k, d) float32 search vectors
+    v: np.ndarray  # (k, d) float32 rows of the search space
     n: int = 0
     scale: float = 0.0
 
 
 @dataclass
 class Plan:
-    centroids: np.ndarray  # (partitions, d) float32
-    radius_sq: float
+    parts: Partitions  # cells, the join rule (exact or bounded) and the prediction
     n: int  # rows (before exact copies are collapsed)
     nn_mod: int  # rows whose digest % nn_mod == 0 get a nearest-neighbour distance
 
+    @property
+    def radius(self) -> float:
+        return self.parts.radius
+
+
+def _say(what: str, done: int, total: int) -> None:
+    progress.step(f"near {what}", done, total)
+
 
 class SampleForPlan(beam.CombineFn):
-    """VecBatch -> Plan (k-means centroids and the search radius) on one worker."""
+    """VecBatch -> Plan (cells, mode and search radius) on one worker."""
 
     def __init__(self, spec: near.NearSpec):
         self.spec = spec
@@ -66,14 +76,14 @@ class SampleForPlan(beam.CombineFn):
         return None
 
     def _bottom(self, s: Sample) -> Sample:
-        cap = max(1, min(SAMPLE_ROWS, SAMPLE_BYTES // (4 * max(s.v.shape[1], 1))))
+        cap = max(1, min(near.SAMPLE_ROWS, near.SAMPLE_BYTES // (4 * max(s.v.shape[1], 1))))
         _, first = np.unique(s.lo, return_index=True)  # sorted: the smallest digests first
         keep = first[:cap]
         return Sample(s.lo[keep], s.v[keep], s.n, s.scale)
 
     def add_input(self, acc: Sample | None, batch: VecBatch) -> Sample:
-        mine = Sample(batch.words[:, 1], near.search_space(batch.x, self.spec), len(batch),
-                      near.value_scale(batch.x, self.spec))
+        v = near.search_space(batch.x, self.spec).astype(np.float32)
+        mine = Sample(batch.words[:, 1], v, len(batch), near.value_scale(batch.x, self.spec))
         return self.merge_accumulators([acc, self._bottom(mine)])
 
     def merge_accumulators(self, accs: Iterable[Sample | None]) -> Sample | None:
@@ -86,31 +96,48 @@ class SampleForPlan(beam.CombineFn):
 
     def extract_output(self, acc: Sample | None) -> Plan:
         if acc is None:
-            return Plan(np.zeros((1, 1), np.float32), 0.0, 0, 1)
-        dim = acc.v.shape[1]
-        parts = near.partition_count(acc.n, self.spec)
-        return Plan(near.train_centroids(acc.v, parts),
-                    near.search_radius_sq(self.spec, dim, acc.scale), acc.n,
-                    max(1, acc.n // HISTOGRAM_ROWS))
+            return Plan(plan(np.zeros((0, 1)), 0, 0.0, "exact", 1, 1), 0, 1)
+        radius = near.search_radius(self.spec, acc.v.shape[1], acc.scale)
+        cells = self.spec.cells(acc.n)
+        if cells > 1:
+            progress.note(f"near: planning {cells:,} cells from {len(acc.v):,} sampled "
+                          f"records of {acc.n:,}")
+        parts = plan(acc.v.astype(np.float64), acc.n, radius, self.spec.mode,
+                     self.spec.probes, cells, progress=_say)
+        progress.note(f"near: {parts.mode} search in {len(parts):,} cell(s)"
+                      + (f" ({_cost_line(parts)})" if parts.prediction else ""))
+        return Plan(parts, acc.n, max(1, acc.n // HISTOGRAM_ROWS))
+
+
+def _cost_line(parts: Partitions) -> str:
+    """The mode's reason and its predicted work against one flat search over all rows."""
+    p = parts.prediction
+    work = p.work_exact if parts.mode == "exact" else p.work_bounded
+    return (f"{parts.reason}; predicted work {work / p.work_all_pairs:.2%} of all-pairs, "
+            f"largest cell {(p.largest_exact if parts.mode == 'exact' else p.largest_bounded):,}"
+            " rows")
 
 
 def assign_batch(batch: VecBatch, plan: Plan, spec: near.NearSpec
-                 ) -> Iterator[tuple[int, tuple[VecBatch, np.ndarray]]]:
-    """A chunk's rows -> (partition, (rows joining it, which of them are home there))."""
-    home, rows, parts = near.assign(near.search_space(batch.x, spec), plan.centroids,
-                                    plan.radius_sq)
-    order = np.argsort(parts, kind="stable")
-    cuts = np.flatnonzero(np.diff(parts[order])) + 1
+                 ) -> Iterator[tuple[int, tuple[VecBatch, np.ndarray, np.ndarray]]]:
+    """A chunk's rows -> (cell, (rows joining it, which are home there, which of those
+    were capped: had more cells to meet than the bounded mode lets them))."""
+    a = assign(near.search_vectors(batch.x, spec, plan.radius, plan.parts.mean, np.float32),
+               plan.parts)
+    order = np.argsort(a.cells, kind="stable")
+    cuts = np.flatnonzero(np.diff(a.cells[order])) + 1
     for idx in np.split(order, cuts):
         if len(idx):
-            p = int(parts[idx[0]])
-            r = rows[idx]
-            yield p, (batch.take(r), home[r] == p)
+            p = int(a.cells[idx[0]])
+            r = a.rows[idx]
+            home = a.home[r] == p
+            yield p, (batch.take(r), home, home & a.capped[r])
+    progress.tick("near assign", 0, len(batch), "chunks")
 
 
 @dataclass
 class Found:
-    """Search -> Merge: one partition's verified pairs (two mentions each) and samples."""
+    """Search -> Merge: one cell's verified pairs (two mentions each) and samples."""
 
     a: VecBatch  # first ends (values dropped)
     b: VecBatch  # second ends
@@ -121,7 +148,9 @@ class Found:
     borderline: pa.Table
     values: VecBatch | None  # components: home records that have a pair, with values
     searched: int  # home records after collapsing exact copies
-    arrived: int  # home records before collapsing (each record is home in one partition)
+    arrived: int  # home records before collapsing (each record is home in one cell)
+    capped: int  # home records that joined fewer cells than exact mode would
+    members: int  # rows searched against (home and joined, after collapsing)
 
 
 def _collapse(batch: VecBatch) -> np.ndarray:
@@ -133,18 +162,19 @@ def _collapse(batch: VecBatch) -> np.ndarray:
     return np.sort(order[first])
 
 
-def search_one(kv: tuple[int, Iterable[tuple[VecBatch, np.ndarray]]], plan: Plan,
+def search_one(kv: tuple[int, Iterable[tuple[VecBatch, np.ndarray, np.ndarray]]], plan: Plan,
                spec: near.NearSpec, per_side: int) -> Found:
-    """One partition on one worker: collapse exact copies, search, verify, sample."""
-    parts = list(kv[1])
-    batch = VecBatch.concat([b for b, _ in parts])
-    home = np.concatenate([h for _, h in parts])
+    """One cell on one worker: collapse exact copies, search, verify, sample."""
+    cell, parts = kv[0], list(kv[1])
+    batch = VecBatch.concat([b for b, _, _ in parts])
+    home = np.concatenate([h for _, h, _ in parts])
     arrived = int(home.sum())
+    capped = int(sum(c.sum() for _, _, c in parts))
     rows = _collapse(batch)
     batch, home = batch.take(rows), home[rows]
-    v = near.search_space(batch.x, spec)
     nn_rows = np.flatnonzero(home & (batch.words[:, 1] % np.uint64(plan.nn_mod) == 0))
-    f = near.search_partition(batch.x, v, home, spec, plan.radius_sq, nn_rows)
+    f = near.search_partition(batch.x, home, spec, plan.radius,
+                              plan.parts.mean + plan.parts.centroids[cell], nn_rows)
     border = merge_borderline([_borderline(batch, f.a, f.b, f.dist, f.a_near_b | f.b_near_a,
                                            per_side),
                                _borderline(batch, f.near_a, f.near_b, f.near_dist,
@@ -153,9 +183,44 @@ def search_one(kv: tuple[int, Iterable[tuple[VecBatch, np.ndarray]]], plan: Plan
     if spec.grouping == "components":
         paired = np.unique(np.concatenate([f.a, f.b]))
         values = batch.take(paired[home[paired]])
-    progress.tick("near", len(plan.centroids), arrived, "partitions")
+    progress.tick("near search", len(plan.parts), arrived, "cells")
     return Found(batch.take(f.a, values=False), batch.take(f.b, values=False), f.dist,
-                 f.a_near_b, f.b_near_a, f.nn, border, values, int(home.sum()), arrived)
+                 f.a_near_b, f.b_near_a, f.nn, border, values, int(home.sum()), arrived,
+                 capped, len(batch))
+
+
+def recall_rows(batch: VecBatch, plan: Plan, spec: near.NearSpec) -> Iterator[VecBatch]:
+    """The chunk's rows that are in the recall sample (a seeded hash of the digest)."""
+    pick = np.flatnonzero(in_sample(batch.words, plan.n, spec.recall_sample))
+    if len(pick):
+        yield batch.take(pick)
+
+
+def true_pairs(batch: VecBatch, plan: Plan, spec: near.NearSpec, samples: list[VecBatch]
+               ) -> Iterator[np.ndarray]:
+    """Brute force of the recall sample against one chunk: (m, 4) uint64 rows (sampled
+    digest, partner digest) within tolerance, other records only."""
+    if samples:
+        sample = VecBatch.concat(samples)
+        si, dj = near.true_pairs(sample.x, batch.x, spec, plan.radius, plan.parts.mean)
+        other = (sample.words[si] != batch.words[dj]).any(axis=1)
+        if other.any():
+            yield np.concatenate([sample.words[si[other]], batch.words[dj[other]]], axis=1)
+    progress.tick("near recall", 0, len(batch), "chunks")
+
+
+def _recall(found: list[Found], samples: list[VecBatch], truth: list[np.ndarray]) -> dict:
+    """Recall of the search on the sampled records (digests as keys)."""
+    sampled = {tuple(w) for s in samples for w in s.words.tolist()}
+    pairs = np.concatenate(truth) if truth else np.empty((0, 4), np.uint64)
+    true = {(tuple(r[:2]), tuple(r[2:])) for r in pairs.tolist()}
+    lo = np.array(sorted({w[1] for w in sampled}), dtype=np.uint64)
+    got = set()
+    for f in found:
+        hit = np.isin(f.a.words[:, 1], lo) | np.isin(f.b.words[:, 1], lo)
+        got |= set(zip(map(tuple, f.a.words[hit].tolist()), map(tuple, f.b.words[hit].tolist()),
+                       strict=True))
+    return estimate(sampled, true, got).as_dict()
 
 
 def _borderline(batch: VecBatch, a: np.ndarray, b: np.ndarray, dist: np.ndarray,
@@ -177,7 +242,8 @@ class NearReport:
     stats: dict
 
 
-def merge_found(found: list[Found], plan: Plan, spec: near.NearSpec, per_side: int
+def merge_found(found: list[Found], plan: Plan, spec: near.NearSpec, per_side: int,
+                samples: list[VecBatch], truth: list[np.ndarray]
                 ) -> Iterator[tuple[int, Removed] | beam.pvalue.TaggedOutput]:
     """All partitions' pairs -> removals per file (kind near) and the NearReport.
 
@@ -206,9 +272,12 @@ def merge_found(found: list[Found], plan: Plan, spec: near.NearSpec, per_side: i
         yield from removed_by_file(ends, rec, ref, "near", d,
                                    tier_of(ends.prio[ref], ends.order[ref]))
     stats = {"records_searched": int(sum(f.searched for f in found)),
-             "partitions": len(plan.centroids), "pairs_within_tolerance": int(len(dist)),
-             "removed": int(len(removed)), "search_radius_l2": float(np.sqrt(plan.radius_sq)),
-             "histogram_every": plan.nn_mod}
+             "partitions": len(plan.parts), **plan.parts.describe(),
+             "capped_records": int(sum(f.capped for f in found)),
+             "rows_searched_against": int(sum(f.members for f in found)),
+             "pairs_within_tolerance": int(len(dist)), "removed": int(len(removed)),
+             "search_radius_l2": float(plan.radius), "histogram_every": plan.nn_mod,
+             "recall": _recall(found, samples, truth) if spec.recall_sample else None}
     nn = np.concatenate([f.nn for f in found]) if found else np.empty(0)
     border = merge_borderline([f.borderline for f in found], per_side) if found else (
         BORDERLINE_SCHEMA.empty_table())
@@ -249,11 +318,16 @@ class Near(beam.PTransform):
     def expand(self, vecs):
         plan = beam.pvalue.AsSingleton(vecs | "SampleAndPlan" >> beam.CombineGlobally(
             SampleForPlan(self.spec)))
+        samples = beam.pvalue.AsList(
+            vecs | "RecallSample" >> beam.FlatMap(recall_rows, plan, self.spec))
+        truth = beam.pvalue.AsList(
+            vecs | "RecallBruteForce" >> beam.FlatMap(true_pairs, plan, self.spec, samples))
         out = (vecs
-               | "AssignPartitions" >> beam.FlatMap(assign_batch, plan, self.spec)
-               | "GroupByPartition" >> beam.GroupByKey()
-               | "SearchPartitions" >> beam.Map(search_one, plan, self.spec, self.per_side)
+               | "AssignCells" >> beam.FlatMap(assign_batch, plan, self.spec)
+               | "GroupByCell" >> beam.GroupByKey()
+               | "SearchCells" >> beam.Map(search_one, plan, self.spec, self.per_side)
                | "GatherPairs" >> beam.combiners.ToList()
-               | "MergePairs" >> beam.FlatMap(merge_found, plan, self.spec, self.per_side)
+               | "MergePairs" >> beam.FlatMap(merge_found, plan, self.spec, self.per_side,
+                                              samples, truth)
                .with_outputs(NEAR_REPORT, main="removed"))
         return {"removed": out.removed, NEAR_REPORT: out[NEAR_REPORT]}

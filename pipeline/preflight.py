@@ -157,8 +157,11 @@ def near_spec(cfg: DedupeConfig, dtype: str | None) -> NearSpec | None:
         raise InputError(f"near: the tensors are {dtype}; near-duplicate search needs real "
                          "values: remove the near section or store real and imaginary parts")
     n = cfg.near
-    return NearSpec(n.metric, n.threshold or 0.0, n.atol, n.rtol, n.grouping, n.index, n.nlist,
-                    n.nprobe, n.M, n.single_index_rows, n.partition_rows)
+    return NearSpec(n.metric, threshold=n.threshold or 0.0, atol=n.atol, rtol=n.rtol,
+                    grouping=n.grouping, index=n.index, nlist=n.nlist, nprobe=n.nprobe,
+                    hnsw_m=n.M, single_index_rows=n.single_index_rows,
+                    partition_rows=n.partition_rows, mode=n.mode, probes=n.probes,
+                    recall_sample=n.recall_sample, device=n.device)
 
 
 def _spec(source: InputConfig, rank: str | None) -> TensorSpec:

@@ -26,12 +26,32 @@ def reset(show: bool = True) -> None:
 
 
 def tick(stage: str, total: int, records: int, unit: str) -> None:
-    """Count one finished ``unit`` (chunk, file) of ``total`` with ``records`` records."""
+    """Count one finished ``unit`` (chunk, file) of ``total`` (0: unknown) with ``records``
+    records."""
     with _lock:
         done, count, last = _stages.setdefault(stage, [0, 0, 0.0])
         done, count, now = done + 1, count + records, time.monotonic()
         show = enabled and (now - last >= INTERVAL_S or done == total)
         _stages[stage] = [done, count, now if show else last]
     if show:
-        print(f"[{stage}] {int(done)}/{total} {unit} done, {int(count):,} records",
+        of = f"/{total}" if total else ""
+        print(f"[{stage}] {int(done)}{of} {unit} done, {int(count):,} records",
               file=sys.stderr, flush=True)
+
+
+def step(stage: str, done: int, total: int) -> None:
+    """A long single-worker step at ``done`` of ``total`` (k-means iterations, rows)."""
+    with _lock:
+        last = _stages.setdefault(stage, [0, 0, 0.0])[2]
+        now = time.monotonic()
+        show = enabled and (now - last >= INTERVAL_S or done == total)
+        if show:
+            _stages[stage][2] = now
+    if show:
+        print(f"[{stage}] {done:,}/{total:,}", file=sys.stderr, flush=True)
+
+
+def note(line: str) -> None:
+    """One line about the job (a choice it made, what it will cost)."""
+    if enabled:
+        print(line, file=sys.stderr, flush=True)

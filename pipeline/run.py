@@ -26,6 +26,7 @@ from pipeline.publish import Publication, clear_leftovers  # noqa: E402
 from transforms.fingerprint import SCHEME  # noqa: E402
 from transforms.formats.base import InputError, InvalidRecordError  # noqa: E402
 from transforms.fs import delete_tree, join, read_bytes  # noqa: E402
+from transforms.near_recall import recall_line  # noqa: E402
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
@@ -138,6 +139,11 @@ def human_summary(s: dict) -> str:
              f"report: {s['report']}/ (duplicates.parquet, invalid.parquet, summary.json"
              + (", near_distances.png/.json/.csv, borderline_pairs.parquet" if s.get("near")
                 else "") + (", reference_invalid.parquet" if s.get("reference") else "") + ")"]
+    if s.get("near"):
+        n = s["near"]
+        how = f", at most {n['probes']} per record" if n["mode"] == "bounded" else ""
+        lines.append(f"near: {n['mode']} search in {n['cells']:,} cell(s){how}; "
+                     f"{recall_line(n['recall'])}")
     if s.get("reference"):
         r = s["reference"]
         lines.append(f"reference: {r['read']:,} records in {r['files']} file(s) ({r['invalid']:,}"

@@ -47,39 +47,68 @@ def expected_removals(records: list[tuple[str, np.ndarray, float]], keep: str = 
     return out
 
 
+def near_pairs(x: np.ndarray, spec: NearSpec) -> dict[int, list[tuple[float, int]]]:
+    """{row: [(distance, earlier row), ...]} for every earlier row that ``row`` is within
+    tolerance of (the earlier one as reference), by brute force in float64 (direct
+    differences: ``exact_distance``, the metric itself); rows with NaN/inf never take part.
+
+    Only pairs whose means differ by more than the tolerance allows are skipped (a sweep
+    over the row mean m): |m(a) - m(b)| <= |a - b| / sqrt(d) for l2 (Cauchy-Schwarz),
+    <= max |a_i - b_i| <= atol + rtol max|b| for allclose, and on unit vectors
+    <= sqrt(2 (1 - cos) / d) for cosine."""
+    flat = x.reshape(len(x), -1)
+    good = np.flatnonzero(np.isfinite(flat).all(axis=1))
+    xs = flat[good].astype(np.float64)
+    d = max(xs.shape[1], 1)
+    if spec.metric == "cosine":
+        norms = np.linalg.norm(xs, axis=1, keepdims=True)
+        key = (xs / np.where(norms == 0, 1, norms)).mean(axis=1)
+        width = np.sqrt(2 * spec.threshold / d) * 1.001 + 1e-9
+    elif spec.metric == "l2":
+        key, width = xs.mean(axis=1), spec.threshold / np.sqrt(d) * 1.001 + 1e-12
+    else:
+        key = xs.mean(axis=1)
+        width = (spec.atol + spec.rtol * np.abs(xs).max(initial=0)) * 1.001 + 1e-12
+    order = np.argsort(key, kind="stable")
+    ks = key[order]
+    count = np.searchsorted(ks, ks + width, side="right") - np.arange(len(ks)) - 1
+    i = np.repeat(np.arange(len(ks)), count)  # sorted position i meets i+1 .. i+count[i]
+    j = i + 1 + np.arange(len(i)) - np.repeat(np.cumsum(count) - count, count)
+    a, b = order[i], order[j]
+    later, earlier = np.maximum(a, b), np.minimum(a, b)
+    out: dict[int, list[tuple[float, int]]] = {}
+    step = 1 << 20
+    for s in range(0, len(later), step):
+        la, ea = later[s:s + step], earlier[s:s + step]
+        d, ok = exact_distance(xs[la], xs[ea], spec)
+        for r, e, dist in zip(la[ok].tolist(), ea[ok].tolist(), d[ok].tolist(), strict=True):
+            out.setdefault(int(good[r]), []).append((dist, int(good[e])))
+    return out
+
+
 def near_oracle(x: np.ndarray, spec: NearSpec) -> dict[int, int]:
     """{removed row: kept row} by brute force over all pairs in float64 (rank = row order;
-    rows with NaN/inf never take part). Uses only ``exact_distance``, the metric itself."""
-    good = [i for i in range(len(x)) if np.isfinite(x[i]).all()]
-
-    def against(r: int, refs: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        refs = np.array(refs, dtype=np.int64)
-        return exact_distance(np.repeat(x[r][None], len(refs), 0), x[refs], spec)
-
-    out = {}
+    rows with NaN/inf never take part), grouped as ``spec.grouping`` says."""
+    pairs = near_pairs(x, spec)
+    out: dict[int, int] = {}
     if spec.grouping == "representative":
-        kept: list[int] = []
-        for r in good:
-            d, ok = against(r, kept) if kept else (np.empty(0), np.empty(0, bool))
-            if ok.any():
-                out[r] = kept[int(np.flatnonzero(ok)[np.argmin(d[ok])])]
-            else:
-                kept.append(r)
+        for r in sorted(pairs):
+            refs = [(d, e) for d, e in pairs[r] if e not in out]  # kept: not removed
+            if refs:
+                out[r] = min(refs)[1]  # nearest, ties by the earlier row
         return out
-    label = {i: i for i in good}
+    label: dict[int, int] = {}
 
-    def find(u):
-        while label[u] != u:
+    def find(u: int) -> int:
+        while label.get(u, u) != u:
             u = label[u]
         return u
 
-    for k, a in enumerate(good[1:], 1):
-        _, ok = against(a, good[:k])  # a (later) within tolerance of b (earlier, reference)
-        for b in np.array(good[:k])[ok].tolist():
+    for a in sorted(pairs):
+        for _, b in pairs[a]:
             ra, rb = find(a), find(b)
             label[max(ra, rb)] = min(ra, rb)
-    return {i: find(i) for i in good if find(i) != i}
-
+    return {i: find(i) for i in label if find(i) != i}
 
 
 class StreamOracle:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from tests.embeddings import embeddings, with_near_copies
 from tests.oracle import near_oracle as oracle
-from transforms import near
+from tests.oracle import near_pairs
+from transforms import near, near_plan
+from transforms import near_recall as recall
+from transforms import near_search as search
 from transforms.fingerprint import quantized_fingerprint_batch
-from transforms.near import NearSpec, exact_distance, near_duplicates
+from transforms.near import NearSpec, exact_distance, find_near, near_duplicates
 
 
 def planted(seed: int, metric: str, n_base: int = 300, d: int = 16):
@@ -52,33 +58,38 @@ def removals(x, spec, **kw):
     return removed, kept, dist
 
 
+def check(x, spec, result):
+    """The result against the all-pairs float64 oracle: equal in exact mode (or when no row
+    was capped); in bounded mode precision 1, and a pair is only ever lost between two
+    capped rows."""
+    expected = oracle(x, spec)
+    got = dict(zip(result.removed.tolist(), result.kept.tolist(), strict=True))
+    d, ok = exact_distance(x[result.removed], x[result.kept], spec)
+    np.testing.assert_allclose(result.distance, d)
+    if spec.grouping == "representative":
+        assert ok.all()  # no chaining: each removal is within tolerance of its record
+        assert not set(result.kept.tolist()) & set(result.removed.tolist())
+    if result.partitions.mode == "exact" or not result.capped.any():
+        assert got == expected
+        return
+    truth = {(min(r, e), max(r, e)) for r, refs in near_pairs(x, spec).items()
+             for _, e in refs}
+    found = {(int(a), int(b)) for a, b in np.sort(result.pairs, axis=1).tolist()}
+    assert found <= truth
+    lost = truth - found
+    assert all(result.capped[a] and result.capped[b] for a, b in lost)
+
+
 @pytest.mark.parametrize("metric", ["l2", "cosine", "allclose"])
 @pytest.mark.parametrize("grouping", ["representative", "components"])
-@pytest.mark.parametrize("partitions", [1, 7])
-def test_flat_index_equals_the_oracle(metric, grouping, partitions):
+@pytest.mark.parametrize("partitions,mode", [(1, "exact"), (7, "exact"), (7, "bounded")])
+def test_flat_index_equals_the_oracle(metric, grouping, partitions, mode):
     x, spec = planted(1, metric)
-    spec = NearSpec(**{**spec.__dict__, "grouping": grouping, "index": "flat"})
-    removed, kept, dist = removals(x, spec, partitions=partitions)
-    expected = oracle(x, spec)
-    assert dict(zip(removed.tolist(), kept.tolist(), strict=True)) == expected
-    assert 20 < len(expected) < 120
-    d, ok = exact_distance(x[removed], x[kept], spec)
-    np.testing.assert_allclose(dist, d)
-    if grouping == "representative":
-        assert ok.all()  # no chaining: each removal is within tolerance of its record
-        assert not set(kept.tolist()) & set(removed.tolist())
-
-
-@pytest.mark.parametrize("index", ["ivf", "hnsw"])
-def test_approximate_indexes_keep_precision_one(index):
-    x, spec = planted(2, "l2", n_base=2000, d=32)
-    spec = NearSpec("l2", threshold=spec.threshold, index=index, nlist=16, nprobe=4)
-    removed, kept, _ = removals(x, spec)
-    _, ok = exact_distance(x[removed], x[kept], spec)
-    assert ok.all() and not set(kept.tolist()) & set(removed.tolist())
-    expected = oracle(x, NearSpec("l2", threshold=spec.threshold))
-    recall = len(set(removed.tolist()) & set(expected)) / len(expected)
-    assert recall >= 0.9, recall
+    spec = replace(spec, grouping=grouping, index="flat", mode=mode, probes=2)
+    result = find_near(x, np.arange(len(x)), spec, partitions=partitions)
+    assert result.partitions.mode == (mode if partitions > 1 else "exact")
+    check(x, spec, result)
+    assert 20 < len(result.removed) < 120
 
 
 def test_chain_behaviour_per_grouping():
@@ -174,8 +185,8 @@ def test_search_partition_nearest_neighbours_match_brute_force():
     home = np.zeros(300, bool)
     home[::2] = True
     nn_rows = np.flatnonzero(home)[::3]
-    f = near.search_partition(x, near.search_space(x, spec), home, spec,
-                              near.search_radius_sq(spec, 8, float(np.abs(x).max())), nn_rows)
+    f = near.search_partition(x, home, spec, near.search_radius(spec, 8, 0.0),
+                              x.mean(axis=0).astype(np.float64), nn_rows)
     d = np.linalg.norm(x[:, None].astype(np.float64) - x[None], axis=2)
     np.fill_diagonal(d, np.inf)
     np.testing.assert_allclose(f.nn, d[f.nn_row].min(axis=1), rtol=1e-6)
@@ -187,20 +198,278 @@ def test_search_partition_nearest_neighbours_match_brute_force():
     assert (~f.near_within | (f.near_dist <= 0.2)).all()
 
 
-def test_assign_puts_every_neighbour_of_a_home_row_in_its_partition():
-    rng = np.random.default_rng(7)
-    x = (rng.standard_normal((2000, 6)) + rng.integers(0, 5, (2000, 1)) * 3).astype(np.float32)
-    r2 = 0.8 ** 2
-    home, rows, parts = near.assign(x, near.train_centroids(x[:1000], 12), r2)
-    members = {p: set(rows[parts == p].tolist()) for p in np.unique(parts).tolist()}
-    d = np.linalg.norm(x[:, None] - x[None], axis=2)
-    for i, j in zip(*np.nonzero(d <= 0.8), strict=True):
-        assert j in members[home[i]]
-
-
 def test_merge_pairs_with_no_pair_within_tolerance():
     key = np.array([[0, 1], [0, 2]], dtype=np.uint64)
     e = near.merge_pairs(key, np.zeros(2), np.arange(2), np.array([0.5]), np.array([False]),
                     np.array([False]))
     assert len(e.later) == 0 and len(e.node) == 2
     assert len(near.group_representative(e)[0]) == 0
+
+
+@pytest.mark.parametrize("index", ["ivf", "hnsw"])
+def test_approximate_indexes_keep_precision_one(index):
+    x, spec = planted(2, "l2", n_base=2000, d=32)
+    spec = NearSpec("l2", threshold=spec.threshold, index=index, nlist=16, nprobe=4)
+    removed, kept, _ = removals(x, spec)
+    _, ok = exact_distance(x[removed], x[kept], spec)
+    assert ok.all() and not set(kept.tolist()) & set(removed.tolist())
+    expected = oracle(x, NearSpec("l2", threshold=spec.threshold))
+    recall = len(set(removed.tolist()) & set(expected)) / len(expected)
+    assert recall >= 0.9, recall
+
+
+# --- tight tolerances: float32 rounding must never lose a pair ---------------------------
+
+def moved(rng, base, dist, how="ball"):
+    """Copies of ``base`` rows moved by L2 ``dist`` (ball) or by <= ``dist`` per element."""
+    if how == "box":
+        return base + rng.uniform(-1, 1, base.shape) * dist[:, None]
+    u = rng.standard_normal(base.shape)
+    return base + u / np.linalg.norm(u, axis=1, keepdims=True) * dist[:, None]
+
+
+def tight_case(name):
+    """The cases measured on the old kernel (FAISS's float32 |x|^2 + |y|^2 - 2xy above
+    ~4,000 rows), each with copies inside the tolerance and decoys just outside."""
+    rng = np.random.default_rng(11)
+    n, k = 8000, 300
+    if name in ("l2_1e-4", "l2_1e-4_x100"):
+        base = rng.standard_normal((n, 32)) * (100 if name.endswith("x100") else 1)
+        t = 1e-4 * (100 if name.endswith("x100") else 1)
+        spec = NearSpec("l2", threshold=t)
+        near_, far = moved(rng, base[:k], t * rng.uniform(0.3, 0.97, k)), moved(
+            rng, base[k:2 * k], t * rng.uniform(1.03, 1.5, k))
+    elif name == "l2_1e-5_norm100":
+        base = rng.standard_normal((n, 32))
+        base *= 100 / np.linalg.norm(base, axis=1, keepdims=True)
+        spec = NearSpec("l2", threshold=1e-5)
+        near_, far = moved(rng, base[:k], 1e-5 * rng.uniform(0.3, 0.97, k)), moved(
+            rng, base[k:2 * k], 1e-5 * rng.uniform(1.03, 1.5, k))
+    elif name == "allclose_1e-3_values_20":
+        base = rng.uniform(-20, 20, (n, 24))
+        spec = NearSpec("allclose", atol=1e-3)
+        near_ = moved(rng, base[:k], np.full(k, 0.97e-3), "box")
+        far = base[k:2 * k].copy()
+        far[:, 0] += 1.2e-3
+    elif name == "allclose_1e-7_values_1e3":  # float32 ulp at 1e3 is 6e-5: only rtol helps
+        base = 1e3 + rng.uniform(-1, 1, (n, 24))
+        spec = NearSpec("allclose", atol=1e-7, rtol=1e-6)
+        near_ = base[:k] * (1 + rng.uniform(-0.9e-6, 0.9e-6, (k, 24)))
+        far = base[k:2 * k] * (1 + 1.5e-6)
+    else:  # cosine 1e-6 on 64-d vectors
+        base = rng.standard_normal((n, 64))
+        spec = NearSpec("cosine", threshold=1e-6)
+        from tests.embeddings import rotated
+        near_ = rotated(base[:k], rng.uniform(0.2e-6, 0.9e-6, k), rng)
+        far = rotated(base[k:2 * k], rng.uniform(1.3e-6, 2e-6, k), rng)
+    x = np.concatenate([base, near_, far, base[2 * k:2 * k + 20]]).astype(np.float32)
+    return x[rng.permutation(len(x))], spec
+
+
+TIGHT = ["l2_1e-4", "l2_1e-4_x100", "l2_1e-5_norm100", "allclose_1e-3_values_20",
+         "allclose_1e-7_values_1e3", "cosine_1e-6"]
+
+
+@pytest.mark.parametrize("name", TIGHT)
+@pytest.mark.parametrize("grouping,partitions,mode", [
+    ("representative", 1, "exact"), ("components", 6, "exact"),
+    ("representative", 6, "bounded"), ("components", 6, "bounded")])
+def test_tight_tolerances_lose_no_pair(name, grouping, partitions, mode):
+    x, spec = tight_case(name)
+    spec = replace(spec, grouping=grouping, mode=mode, index="flat")
+    result = find_near(x, np.arange(len(x)), spec, partitions=partitions)
+    check(x, spec, result)
+    expected = oracle(x, spec)
+    assert len(expected) >= 250, len(expected)  # the planted copies (and exact copies)
+    if mode == "bounded":  # near copies sit deep inside a cell: none is capped here
+        assert dict(zip(result.removed.tolist(), result.kept.tolist(), strict=True)) == expected
+    assert result.recall.recall == 1.0
+
+
+def image_patches() -> np.ndarray:
+    """16x16 grey patches (values 0-1) of a real photograph shipped with matplotlib (Grace
+    Hopper, 600x512) at a stride of 8 pixels, plus the same patches after real JPEG
+    re-encodings of the photograph at quality 90 (about 90% within L2 0.05 of the
+    original) and 85 (mostly just outside): copies that differ only by re-encoding."""
+    import io
+
+    import matplotlib.cbook as cbook
+    from PIL import Image
+
+    with Image.open(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)) as im:
+        grey = im.convert("L")
+    out = []
+    for quality in (None, 90, 85):
+        img = grey
+        if quality is not None:
+            buf = io.BytesIO()
+            grey.save(buf, "JPEG", quality=quality)
+            img = Image.open(io.BytesIO(buf.getvalue()))
+        g = np.asarray(img, dtype=np.float32) / 255.0
+        out.append(np.lib.stride_tricks.sliding_window_view(g, (16, 16))[::8, ::8]
+                   .reshape(-1, 256))
+    x = np.concatenate(out)
+    return x[np.random.default_rng(0).permutation(len(x))]
+
+
+@pytest.mark.parametrize("grouping,partitions", [("components", 1), ("representative", 1),
+                                                 ("components", 5)])
+def test_real_image_patches_match_the_oracle(grouping, partitions):
+    x = image_patches()
+    assert len(x) > 12_000
+    spec = NearSpec("l2", threshold=0.05, grouping=grouping, index="flat", mode="exact")
+    result = find_near(x, np.arange(len(x)), spec, partitions=partitions)
+    check(x, spec, result)
+    assert len(result.removed) > 3000
+
+
+# --- cells: the exact join rule and the bounded cap ------------------------------------
+
+def test_assign_puts_every_neighbour_of_a_home_row_in_its_cell():
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((2000, 6)) + rng.integers(0, 5, (2000, 1)) * 3).astype(np.float32)
+    spec = NearSpec("l2", threshold=0.8)
+    parts = near_plan.plan(x, len(x), 0.8, "exact", 3, 12)
+    a = near_plan.assign(near.search_vectors(x, spec, 0.8, parts.mean, np.float32), parts)
+    members = {p: set(a.rows[a.cells == p].tolist()) for p in np.unique(a.cells).tolist()}
+    d = np.linalg.norm(x[:, None].astype(np.float64) - x[None], axis=2)
+    for i, j in zip(*np.nonzero(d <= 0.8), strict=True):
+        assert j in members[a.home[i]]
+    assert not a.capped.any() and (np.bincount(a.rows, minlength=len(x)) == a.wanted).all()
+
+
+def test_bisector_rule_is_far_tighter_than_the_triangle_rule_in_high_dimensions():
+    x = embeddings(20_000, clusters=200)
+    spec = NearSpec("cosine", threshold=0.01)
+    r = near.search_radius(spec, x.shape[1], 0.0)
+    parts = near_plan.plan(near.search_space(x, spec), len(x), r, "exact", 3, 20)
+    z = near.search_vectors(x, spec, r, parts.mean, np.float32)
+    a = near_plan.assign(z, parts)
+    dist = np.linalg.norm(z.v[:, None, :] - parts.centroids[None].astype(np.float32), axis=2)
+    own = dist[np.arange(len(x)), a.home][:, None]
+    triangle = (dist <= own + 2 * r).sum(axis=1)
+    assert a.wanted.mean() * 2 < triangle.mean()
+
+
+def test_bounded_mode_caps_the_cells_a_row_meets():
+    x = embeddings(20_000, clusters=200)
+    spec = NearSpec("cosine", threshold=0.02)
+    r = near.search_radius(spec, x.shape[1], 0.0)
+    parts = near_plan.plan(near.search_space(x, spec), len(x), r, "bounded", 2, 20)
+    assert parts.mode == "bounded" and parts.probes == 2
+    a = near_plan.assign(near.search_vectors(x, spec, r, parts.mean, np.float32), parts)
+    joins = np.bincount(a.rows, minlength=len(x))
+    assert joins.max() == 2 and (joins >= 1).all()
+    assert (a.capped == (a.wanted > 2)).all() and a.capped.any()
+    home_joined = np.zeros(len(x), bool)
+    home_joined[a.rows[a.cells == a.home[a.rows]]] = True
+    assert home_joined.all()  # a row always meets its own cell
+
+
+def test_auto_takes_exact_on_separated_clusters_and_bounded_on_embeddings():
+    rng = np.random.default_rng(3)
+    centres = rng.standard_normal((50, 32)) * 20
+    blobs = (centres[rng.integers(0, 50, 30_000)] + rng.standard_normal((30_000, 32)))
+    spec = NearSpec("l2", threshold=0.5)
+    p = near_plan.plan(blobs, len(blobs), 0.5, "auto", 3, 10)
+    assert p.mode == "exact" and p.prediction.joins_exact <= 3
+    x = embeddings(30_000)
+    spec = NearSpec("cosine", threshold=0.01)
+    r = near.search_radius(spec, x.shape[1], 0.0)
+    p = near_plan.plan(near.search_space(x, spec), len(x), r, "auto", 3, 30)
+    assert p.mode == "bounded" and p.prediction.joins_exact > 3
+    assert "auto chose bounded" in p.reason
+    assert p.prediction.work_bounded < p.prediction.work_exact < p.prediction.work_all_pairs
+
+
+def test_auto_on_clustered_embeddings_is_bounded_with_measured_recall():
+    """High-dimensional clustered data: auto picks the bounded mode; its removals have
+    precision 1, and the brute-force recall estimate agrees with the true recall
+    (exact mode over the same rows) within its interval."""
+    x = with_near_copies(embeddings(30_000), copies=0.05, decoys=0.02)
+    spec = NearSpec("cosine", threshold=0.01, partition_rows=1000, single_index_rows=5000)
+    result = find_near(x, np.arange(len(x)), spec)
+    assert result.partitions.mode == "bounded"
+    _, ok = exact_distance(x[result.removed], x[result.kept], spec)
+    assert ok.all()
+    truth = find_near(x, np.arange(len(x)), replace(spec, mode="exact", recall_sample=0))
+    assert truth.partitions.mode == "exact"
+    true_pairs = {tuple(p) for p in np.sort(truth.pairs, axis=1).tolist()}
+    found = {tuple(p) for p in np.sort(result.pairs, axis=1).tolist()}
+    assert found <= true_pairs and len(true_pairs) > 500
+    rec = result.recall
+    assert rec.with_partners > 40 and rec.recall >= 0.97
+    pair_recall = len(found) / len(true_pairs)
+    assert rec.low - 0.01 <= pair_recall <= rec.high + 0.01, (rec, pair_recall)
+
+
+# --- the search itself ------------------------------------------------------------------
+
+def test_pairs_within_is_a_superset_at_large_offsets():
+    """Values around 1e4, pairs 1e-3 apart: the float32 rounding of |x|^2 is ~1e3 times the
+    squared radius. Centring and the per-row bound keep every pair."""
+    rng = np.random.default_rng(4)
+    base = 1e4 + rng.standard_normal((5000, 16))
+    x = np.concatenate([base, base[:200] + 1e-3 / 4]).astype(np.float64)
+    spec = NearSpec("l2", threshold=1.1e-3)
+    for center in (None, x.mean(axis=0)):
+        v = near.search_vectors(x, spec, 1.1e-3, center)
+        q, d = search.pairs_within(v, v, 1.1e-3)
+        got = {(int(a), int(b)) for a, b in zip(q.tolist(), d.tolist(), strict=True)}
+        assert all((i, 5000 + i) in got for i in range(200))
+        assert all((i, i) in got for i in range(len(x)))
+
+
+def test_precision_switches_to_float64_only_when_rounding_would_swamp_the_radius():
+    assert search.precision_for(1.0, 384, 0.14) == np.float32
+    assert search.precision_for(1.0, 384, 1e-4) == np.float64
+    assert search.precision_for(100.0, 32, 1e-5) == np.float64
+
+
+def test_torch_backend_finds_the_same_pairs():
+    """The GPU path's code (torch addmm + nonzero) run on the CPU: same candidates."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((3000, 48))
+    x[1000:1100] = x[:100] + 1e-3
+    for dtype in (np.float32, np.float64):
+        v = search.centred(x, x.mean(axis=0), dtype)
+        want = search.pairs_within(v, v, 5e-3)
+        got = search._pairs_torch(v, v, 5e-3, 48, 700, 900, torch.device("cpu"))
+        assert sorted(zip(*want, strict=True)) == sorted(zip(*got, strict=True))
+
+
+def test_nearest_matches_brute_force():
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((500, 12))
+    v = search.centred(x, None, np.float32)
+    rows = np.arange(0, 500, 7)
+    ids = search.nearest(v.take(rows), v, 3, same=rows)
+    d = np.linalg.norm(x[rows, None] - x[None], axis=2)
+    d[np.arange(len(rows)), rows] = np.inf
+    np.testing.assert_array_equal(ids, np.argsort(d, axis=1)[:, :3])
+
+
+# --- recall -------------------------------------------------------------------------------
+
+def test_wilson_interval():
+    lo, hi = recall.wilson(95, 100)
+    assert lo == pytest.approx(0.8882, abs=1e-4) and hi == pytest.approx(0.9785, abs=1e-4)
+    assert recall.wilson(50, 50)[1] == 1.0 and recall.wilson(50, 50)[0] < 1.0
+
+
+def test_sample_is_order_free_and_about_the_size_asked():
+    rng = np.random.default_rng(10)
+    keys = rng.integers(0, 2**63, (100_000, 2)).astype(np.uint64)
+    pick = recall.in_sample(keys, len(keys), 2000)
+    assert 1800 < pick.sum() < 2200
+    p = rng.permutation(len(keys))
+    assert (recall.in_sample(keys[p], len(keys), 2000) == pick[p]).all()
+    assert (recall.in_sample(keys, len(keys), 2000, seed=1) != pick).any()
+
+
+def test_recall_estimate_counts_records_with_every_partner_found():
+    r = recall.estimate({1, 2, 3, 4}, {(1, 10), (1, 11), (2, 12), (3, 2)},
+                        {(10, 1), (12, 2), (2, 3)})
+    assert (r.sampled, r.with_partners, r.recalled, r.pairs, r.pairs_found) == (4, 3, 2, 4, 3)
+    assert r.recall == pytest.approx(2 / 3) and r.pair_recall == pytest.approx(3 / 4)

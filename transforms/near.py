@@ -1,32 +1,47 @@
-"""Near-duplicate search and grouping over plain arrays: FAISS finds candidates, float64 decides.
+"""Near-duplicate search and grouping over plain arrays: matrix products find candidates,
+float64 decides.
 
-Why two steps: an index (flat, IVF, HNSW, float32) is fast but approximate; a removal
-must never depend on it. Candidates come from an L2 range search whose radius is a
-proven superset of the user's tolerance (with slack for float32 rounding and FAISS's
-strict comparison); every candidate pair is then verified with the exact metric in
-float64, so precision is 1.0 whatever the index. Grouping visits records in keep order.
+Why two steps: a float32 search is fast but rounds; a removal must never depend on it.
+Candidates come from an L2 search whose radius is a proven superset of the user's
+tolerance, compared with a per-row bound on the rounding error
+(``transforms.near_search``), so no pair within tolerance is lost at any magnitude;
+every candidate pair is then verified with the exact metric in float64, so precision
+is 1.0 whatever the index. Grouping visits records in keep order.
 
-Scale without one big index: vectors are clustered (k-means on a sample, ``train_centroids``);
-each vector has one home partition (its nearest centroid) and also joins every partition
-whose centroid is within (distance to its own centroid + 2 x radius) (``assign``). By the
-triangle inequality every neighbour within the radius of a partition's home rows is then
-in that partition, so partitions are searched independently (``search_partition``, one
-worker each in the job) with no loss of recall, and their pairs are merged by record key
-(``merge_pairs``). ``near_duplicates`` runs the same steps in one process.
+Scale without one big search: rows are split into k-means cells and each cell is
+searched on its own (``transforms.near_plan``: exact cells by the bisector rule, or a
+bounded number of cells per row), their pairs are merged by record key
+(``merge_pairs``), and a brute-force sample measures recall (``transforms.near_recall``).
+``find_near`` runs the same steps in one process; the Beam stage runs them on workers.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
+from transforms.near_plan import MODES, Partitions, Progress, assign, partition_count, plan
+from transforms.near_recall import Recall, estimate, in_sample
+from transforms.near_search import (
+    Vectors,
+    centred,
+    nearest,
+    pairs_within,
+    precision_for,
+    thresholds,
+)
+
 METRICS = ("allclose", "l2", "cosine")
 GROUPINGS = ("representative", "components")
 INDEXES = ("auto", "flat", "ivf", "hnsw")
-QUERY_BATCH = 8192  # range-search queries per call: bounds the result buffers
+DEVICES = ("auto", "cpu", "cuda")
 NN_K = 4  # neighbours per sampled row for the distance histogram and the borderline sample
+SAMPLE_ROWS = 100_000  # k-means sample cap (rows) ...
+SAMPLE_BYTES = 64 << 20  # ... and bytes (one worker holds it)
+BLOCK_ROWS = 65_536  # rows assigned or brute-forced at once in one process
 
 
 @dataclass(frozen=True)
@@ -36,24 +51,35 @@ class NearSpec:
     atol: float = 1e-5  # allclose: |a - b| <= atol + rtol * |b| elementwise (b = kept record)
     rtol: float = 0.0
     grouping: str = "representative"
-    index: str = "auto"  # auto = flat inside each partition (exact)
+    index: str = "auto"  # inside each cell: auto = flat (exact)
     nlist: int | None = None  # ivf: lists (default 4 sqrt(n))
     nprobe: int = 16  # ivf: lists visited per query
     hnsw_m: int = 32  # hnsw: links per node
-    single_index_rows: int = 50_000  # up to here: one partition (n^2 d flops stay seconds)
-    partition_rows: int = 3_000  # above: k-means partitions of about this many rows
+    single_index_rows: int = 50_000  # up to here: one cell (n^2 d flops stay seconds)
+    partition_rows: int = 3_000  # above: k-means cells of about this many rows
+    mode: str = "auto"  # exact | bounded | auto (chosen from a sample before the search)
+    probes: int = 3  # bounded: cells per row at most (home included)
+    recall_sample: int = 2_000  # records checked by brute force for the recall estimate
+    device: str = "auto"  # auto | cpu | cuda (matrix products on a GPU through torch)
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("metric", self.metric, METRICS),
                                      ("grouping", self.grouping, GROUPINGS),
-                                     ("index", self.index, INDEXES)):
+                                     ("index", self.index, INDEXES),
+                                     ("mode", self.mode, MODES),
+                                     ("device", self.device, DEVICES)):
             if value not in allowed:
                 raise ValueError(f"near.{name} must be one of {', '.join(allowed)}, got {value!r}")
+        if self.probes < 1:
+            raise ValueError(f"near.probes must be at least 1, got {self.probes}")
 
     @property
     def marker(self) -> float:
         """The distance to mark on a histogram: the threshold (allclose: atol)."""
         return self.atol if self.metric == "allclose" else self.threshold
+
+    def cells(self, n: int) -> int:
+        return partition_count(n, self.single_index_rows, self.partition_rows)
 
 
 def finite_rows(x: np.ndarray) -> np.ndarray:
@@ -62,30 +88,42 @@ def finite_rows(x: np.ndarray) -> np.ndarray:
 
 
 def search_space(x: np.ndarray, spec: NearSpec) -> np.ndarray:
-    """float32 vectors for the index: unit vectors for cosine, the values otherwise."""
+    """float64 points whose L2 distance the search bounds: unit vectors for cosine,
+    the values otherwise."""
+    x64 = np.asarray(x, dtype=np.float64)
     if spec.metric != "cosine":
-        return np.ascontiguousarray(x, dtype=np.float32)
-    x64 = x.astype(np.float64)
+        return x64
     norms = np.linalg.norm(x64, axis=1, keepdims=True)
-    return np.ascontiguousarray(x64 / np.where(norms == 0, 1, norms), dtype=np.float32)
+    return x64 / np.where(norms == 0, 1, norms)
 
 
 def value_scale(x: np.ndarray, spec: NearSpec) -> float:
-    """The largest |value| the search sees (1 for unit vectors): sizes the float32 slack."""
-    return 1.0 if spec.metric == "cosine" else float(np.abs(x).max(initial=0))
+    """The largest |value| (allclose's relative tolerance needs it; 0 for other metrics)."""
+    return float(np.abs(x).max(initial=0)) if spec.metric == "allclose" else 0.0
 
 
-def search_radius_sq(spec: NearSpec, dim: int, scale: float) -> float:
-    """Squared L2 radius such that every pair within the user's tolerance is inside it."""
-    if spec.metric == "cosine":
-        radius = math.sqrt(2 * spec.threshold)  # |a^ - b^|^2 = 2 (1 - cos)
-    elif spec.metric == "l2":
-        radius = spec.threshold
-    else:  # allclose: |a_i - b_i| <= atol + rtol |b_i| for all i  =>  L2 <= sqrt(d) * that
-        radius = math.sqrt(dim) * (spec.atol + spec.rtol * scale)
-    # float32 storage and FAISS's |x|^2 + |y|^2 - 2xy in float32: allow a few ulps of the norms
-    slack = 1e-5 * (radius + scale * math.sqrt(max(dim, 1))) + 1e-12
-    return (radius + slack) ** 2
+def search_radius(spec: NearSpec, dim: int, scale: float) -> float:
+    """L2 radius in the search space such that every pair within the user's tolerance is
+    inside it (float rounding of the search is bounded separately, per pair)."""
+    if spec.metric == "cosine":  # |a^ - b^|^2 = 2 (1 - cos); normalising errs ~d ulps
+        return math.sqrt(2 * spec.threshold) * (1 + 1e-12) + (dim + 8) * 2.0 ** -50
+    if spec.metric == "l2":
+        return spec.threshold * (1 + 1e-12)
+    # allclose: |a_i - b_i| <= atol + rtol |b_i| for all i  =>  L2 <= sqrt(d) * that
+    return math.sqrt(dim) * (spec.atol + spec.rtol * scale) * (1 + 1e-12)
+
+
+def search_vectors(x: np.ndarray, spec: NearSpec, radius: float,
+                   center: np.ndarray | None = None, dtype: np.dtype | None = None) -> Vectors:
+    """Rows of the search space centred on ``center``, stored in ``dtype`` (None: float32
+    unless rounding at these norms would swamp the radius, see ``precision_for``)."""
+    z = search_space(x, spec)
+    if center is not None:
+        z = z - center
+    if dtype is None:
+        norm = np.sqrt(np.einsum("ij,ij->i", z, z).max(initial=0))
+        dtype = precision_for(norm, z.shape[1], radius)
+    return centred(z, None, dtype)
 
 
 def exact_distance(a: np.ndarray, b: np.ndarray, spec: NearSpec
@@ -108,67 +146,21 @@ def exact_distance(a: np.ndarray, b: np.ndarray, spec: NearSpec
     return diff.max(axis=1, initial=0.0), (diff <= spec.atol + spec.rtol * np.abs(b)).all(axis=1)
 
 
-def partition_count(n: int, spec: NearSpec) -> int:
-    """One partition up to ``single_index_rows``; above, partitions of ``partition_rows``
-    rows, but at least sqrt(n) rows each so that assigning (n x partitions x d) does not
-    outgrow searching (n x partition rows x d)."""
-    if n <= spec.single_index_rows:
-        return 1
-    return math.ceil(n / max(spec.partition_rows, math.isqrt(n)))
-
-
-def train_centroids(sample: np.ndarray, partitions: int, seed: int = 0) -> np.ndarray:
-    """k-means centroids (k, d) from a sample of search vectors; one zero centroid when
-    there is a single partition. Recall never depends on them (see ``assign``)."""
-    import faiss
-
-    d = sample.shape[1]
-    k = max(1, min(partitions, len(sample)))
-    if k == 1:
-        return np.zeros((1, d), np.float32)
-    km = faiss.Kmeans(d, k, niter=20, seed=seed, max_points_per_centroid=256)
-    km.train(np.ascontiguousarray(sample, dtype=np.float32))
-    return km.centroids
-
-
-def assign(v: np.ndarray, centroids: np.ndarray, radius_sq: float
+def verify(xa: np.ndarray, xb: np.ndarray, spec: NearSpec
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(home partition of each row, rows, partitions): row ``rows[k]`` joins partition
-    ``partitions[k]`` (its home included) when |row - c_p| <= |row - c_home| + 2 r.
-
-    Then every y within r of a home row x of p joins p: |y - c_p| <= r + |x - c_p|
-    <= r + |x - c_q| <= 2 r + |y - c_q| for y's home q (triangle inequality, twice)."""
-    import faiss
-
-    n = len(v)
-    if len(centroids) == 1:
-        return np.zeros(n, np.int64), np.arange(n, dtype=np.int64), np.zeros(n, np.int64)
-    r = math.sqrt(radius_sq)
-    home = np.empty(n, dtype=np.int64)
-    rows, parts = [], []
-    for a in range(0, n, QUERY_BATCH):
-        dist = np.sqrt(np.maximum(faiss.pairwise_distances(v[a:a + QUERY_BATCH], centroids),
-                                  0)).astype(np.float64)
-        nearest = dist.argmin(axis=1)
-        home[a:a + QUERY_BATCH] = nearest
-        reach = dist <= dist[np.arange(len(dist)), nearest][:, None] + 2 * r + 1e-6 * (1 + dist)
-        reach[np.arange(len(dist)), nearest] = True
-        rr, pp = np.nonzero(reach)
-        rows.append(a + rr)
-        parts.append(pp)
-    if not rows:
-        return home, np.empty(0, np.int64), np.empty(0, np.int64)
-    return home, np.concatenate(rows), np.concatenate(parts).astype(np.int64)
+    """(distance, a within with b as reference, b within with a as reference) in float64;
+    the two differ only for allclose, which is not symmetric."""
+    d, ab = exact_distance(xa, xb, spec)
+    ba = exact_distance(xb, xa, spec)[1] if spec.metric == "allclose" else ab
+    return d, ab, ba
 
 
 def _index(v: np.ndarray, spec: NearSpec):
+    """A FAISS IVF or HNSW index over float32 search vectors (approximate)."""
     import faiss
 
     n, d = v.shape
-    kind = "flat" if spec.index == "auto" else spec.index  # auto: exact (flat) per partition
-    if kind == "flat":
-        index = faiss.IndexFlatL2(d)
-    elif kind == "hnsw":
+    if spec.index == "hnsw":
         index = faiss.IndexHNSWFlat(d, spec.hnsw_m)
     else:
         nlist = spec.nlist or max(1, min(n // 39, int(4 * math.sqrt(n))))
@@ -180,41 +172,17 @@ def _index(v: np.ndarray, spec: NearSpec):
     return index
 
 
-def _gpu_flat(index, kind: str):
-    """A GPU copy of a flat index when FAISS sees a GPU (the faiss-gpu extra), else None."""
-    import faiss
-
-    if kind != "flat" or not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() < 1:
-        return None
-    return faiss.index_cpu_to_all_gpus(index)
-
-
-def range_pairs(index, queries: np.ndarray, radius_sq: float, spec: NearSpec
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """(query row, data row) for every query-data pair within the squared radius.
-
-    On a GPU, FAISS has no range search: kNN on the GPU plus a CPU fallback for queries
-    with more neighbours than k (``faiss.contrib.exhaustive_search.range_search_gpu``)."""
-    gpu = _gpu_flat(index, "flat" if spec.index == "auto" else spec.index)
-    qs, ds = [], []
-    for a in range(0, len(queries), QUERY_BATCH):
-        q = queries[a:a + QUERY_BATCH]
-        if gpu is not None:
-            from faiss.contrib.exhaustive_search import range_search_gpu
-
-            lims, _, ids = range_search_gpu(q, radius_sq, gpu, index)
-        else:
-            lims, _, ids = index.range_search(q, radius_sq)
-        qs.append(a + np.repeat(np.arange(len(lims) - 1), np.diff(lims.astype(np.int64))))
-        ds.append(ids.astype(np.int64))
-    if not qs:
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    return np.concatenate(qs), np.concatenate(ds)
+def _index_pairs(index, q: Vectors, data_norm_max: float, radius: float
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Range search of an approximate index with the largest per-row threshold."""
+    limit = float(thresholds(q, data_norm_max, radius, q.v.shape[1]).max(initial=0))
+    lims, _, ids = index.range_search(q.v, np.nextafter(limit, np.inf) + 1e-300)
+    return np.repeat(np.arange(len(q.v)), np.diff(lims.astype(np.int64))), ids.astype(np.int64)
 
 
 @dataclass
 class Found:
-    """What one partition found, in its local row numbers.
+    """What one cell found, in its local row numbers.
 
     Pairs (a, b) are unordered (a is a home row, a != b), each once; ``a_near_b``: a is
     within tolerance with b as the reference (allclose is not symmetric). ``nn_row`` /
@@ -234,39 +202,42 @@ class Found:
     near_within: np.ndarray
 
 
-def _verified(x: np.ndarray, a: np.ndarray, b: np.ndarray, spec: NearSpec
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    d, ab = exact_distance(x[a], x[b], spec)
-    ba = exact_distance(x[b], x[a], spec)[1] if spec.metric == "allclose" else ab
-    return d, ab, ba
+def search_partition(x: np.ndarray, home: np.ndarray, spec: NearSpec, radius: float,
+                     center: np.ndarray | None = None, nn_rows: np.ndarray | None = None
+                     ) -> Found:
+    """Every verified pair between a home row of the cell and any of its rows.
 
-
-def search_partition(x: np.ndarray, v: np.ndarray, home: np.ndarray, spec: NearSpec,
-                     radius_sq: float, nn_rows: np.ndarray | None = None) -> Found:
-    """Every verified pair between a home row of the partition and any of its rows.
-
-    ``x``: the rows' values (for float64 verification); ``v``: their search vectors;
-    ``home``: bool mask of home rows; ``nn_rows``: home rows whose nearest-neighbour
-    distance is wanted (a kNN search, so a sample keeps it cheap)."""
-    index = _index(v, spec)
+    ``x``: the rows' values; ``home``: bool mask of home rows; ``center``: the cell's
+    centre in the search space (small norms, small rounding bound); ``nn_rows``: home
+    rows whose nearest-neighbour distance is wanted (a kNN search, so sample them)."""
+    v = search_vectors(x, spec, radius, center)
     home_rows = np.flatnonzero(home)
-    qi, b = range_pairs(index, v[home_rows], radius_sq, spec)
+    if spec.index in ("auto", "flat"):
+        qi, b = pairs_within(v.take(home_rows), v, radius, spec.device)
+        index = None
+    else:
+        index = _index(np.ascontiguousarray(v.v, dtype=np.float32), spec)
+        qi, b = _index_pairs(index, v.take(home_rows), float(v.norm.max(initial=0)), radius)
     a = home_rows[qi]
     lo, hi = np.minimum(a, b), np.maximum(a, b)
     pairs = np.unique(np.stack([lo, hi], axis=1)[lo != hi], axis=0)
     a, b = pairs[:, 0], pairs[:, 1]
-    dist, ab, ba = _verified(x, a, b, spec)
+    dist, ab, ba = verify(x[a], x[b], spec)
     keep = ab | ba
     a, b, dist, ab, ba = a[keep], b[keep], dist[keep], ab[keep], ba[keep]
 
     nn_rows = np.empty(0, np.int64) if nn_rows is None else np.sort(nn_rows).astype(np.int64)
-    k = min(NN_K + 1, len(v))
-    _, ids = index.search(v[nn_rows], k) if len(nn_rows) else (None, np.empty((0, k), np.int64))
-    rows = np.repeat(nn_rows, k)
+    k = min(NN_K, len(x) - 1)
+    if index is None:
+        ids = nearest(v.take(nn_rows), v, k, same=nn_rows)
+    else:
+        ids = index.search(np.ascontiguousarray(v.v[nn_rows], np.float32), k + 1)[1] if len(
+            nn_rows) and k > 0 else np.empty((len(nn_rows), 0), np.int64)
+    rows = np.repeat(nn_rows, ids.shape[1])
     nbrs = ids.reshape(-1).astype(np.int64)
     ok = (nbrs >= 0) & (nbrs != rows)
     rows, nbrs = rows[ok], nbrs[ok]
-    near_dist, n_ab, n_ba = _verified(x, rows, nbrs, spec)
+    near_dist, n_ab, n_ba = verify(x[rows], x[nbrs], spec)
     near_dist = np.where(np.isnan(near_dist), np.inf, near_dist)
     nn = np.full(len(nn_rows), np.inf)
     slot = np.searchsorted(nn_rows, rows) if len(rows) else rows
@@ -398,42 +369,114 @@ def _components(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.array([find(u) for u in range(n)], dtype=np.int64)
 
 
-def near_duplicates(x: np.ndarray, rank: np.ndarray, spec: NearSpec,
-                    partitions: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Near-duplicate removals among the rows of ``x`` (n, d), in one process.
+@dataclass
+class NearResult:
+    """``find_near``'s answer: removals (rows of the input, in keep order of the removed
+    rows) and what the search did."""
+
+    removed: np.ndarray
+    kept: np.ndarray
+    distance: np.ndarray
+    partitions: Partitions
+    pairs: np.ndarray  # (m, 2) rows of every verified pair within tolerance found
+    recall: Recall | None
+    capped: np.ndarray  # rows that met fewer cells than exact mode would (bounded mode)
+
+
+def sample_for_plan(n: int, dim: int, seed: int = 0) -> np.ndarray:
+    """Rows to plan from: at most SAMPLE_ROWS, and SAMPLE_BYTES of float32 values."""
+    cap = max(1, min(SAMPLE_ROWS, SAMPLE_BYTES // (4 * max(dim, 1))))
+    return np.sort(np.random.default_rng(seed).choice(n, min(n, cap), replace=False))
+
+
+def _blocks(n: int) -> Iterator[slice]:
+    for a in range(0, n, BLOCK_ROWS):
+        yield slice(a, min(n, a + BLOCK_ROWS))
+
+
+def true_pairs(sample_x: np.ndarray, data_x: np.ndarray, spec: NearSpec, radius: float,
+               center: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Brute force: (sample row, data row) pairs within tolerance (either direction)."""
+    sz, dz = search_space(sample_x, spec) - center, search_space(data_x, spec) - center
+    norm = math.sqrt(max(np.einsum("ij,ij->i", m, m).max(initial=0) for m in (sz, dz)))
+    dtype = precision_for(norm, sz.shape[1], radius)
+    si, dj = pairs_within(centred(sz, None, dtype), centred(dz, None, dtype), radius,
+                          spec.device)
+    _, ab, ba = verify(sample_x[si], data_x[dj], spec)
+    return si[ab | ba], dj[ab | ba]
+
+
+def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int | None = None,
+              progress: Progress | None = None) -> NearResult:
+    """Near-duplicate removals among the rows of ``x`` (n, ...), in one process.
 
     ``rank``: each row's place in keep order (smaller = preferred, all distinct). Rows
-    with NaN/inf never take part (the caller reports or keeps them). Returns
-    ``(removed, kept, distance)`` row indices and float64 distances, in keep order of
-    the removed rows. ``partitions``: None = ``partition_count``; with a flat index the
-    result does not depend on it (see ``assign``).
+    with NaN/inf never take part (the caller reports or keeps them). ``partitions``:
+    cells (None: from ``spec``); in exact mode with a flat index the result does not
+    depend on them. ``progress(what, done, total)`` hears about long steps.
     """
     x = x.reshape(len(x), -1)
     ok = np.flatnonzero(finite_rows(x))
     xs, rs = x[ok], np.asarray(rank)[ok].astype(np.int64)
-    v = search_space(xs, spec)
-    radius_sq = search_radius_sq(spec, xs.shape[1], value_scale(xs, spec))
-    k = partition_count(len(xs), spec) if partitions is None else partitions
-    sample = v[np.random.default_rng(0).choice(len(v), min(len(v), 256 * k), replace=False)]
-    home, rows, parts = assign(v, train_centroids(sample, k), radius_sq)
+    n, dim = xs.shape
+    radius = search_radius(spec, dim, value_scale(xs, spec))
+    cells = spec.cells(n) if partitions is None else partitions
+    parts = plan(search_space(xs[sample_for_plan(n, dim)], spec), n, radius, spec.mode,
+                 spec.probes, cells, progress=progress)
+    homes, rows, joined, capped = [], [], [], np.zeros(len(x), bool)
+    for b in _blocks(n):
+        a = assign(search_vectors(xs[b], spec, radius, parts.mean, np.float32), parts)
+        capped[ok[b]] = a.capped
+        homes.append(a.home)
+        rows.append(a.rows + b.start)
+        joined.append(a.cells)
+        if progress is not None:
+            progress("assign", b.stop, n)
+    home = np.concatenate(homes) if homes else np.empty(0, np.int64)
+    rows_a = np.concatenate(rows) if rows else np.empty(0, np.int64)
+    cells_a = np.concatenate(joined) if joined else np.empty(0, np.int64)
     cols: dict[str, list[np.ndarray]] = {k: [] for k in ("a", "b", "dist", "ab", "ba")}
-    order = np.argsort(parts, kind="stable")
-    bounds = np.searchsorted(parts[order], np.arange(parts.max(initial=-1) + 2))
-    for p in range(len(bounds) - 1):
-        members = rows[order[bounds[p]:bounds[p + 1]]]
-        if len(members) < 2:
-            continue
-        f = search_partition(xs[members], v[members], home[members] == p, spec, radius_sq)
-        for k, val in (("a", members[f.a]), ("b", members[f.b]), ("dist", f.dist),
-                       ("ab", f.a_near_b), ("ba", f.b_near_a)):
-            cols[k].append(val)
+    order = np.argsort(cells_a, kind="stable")
+    bounds = np.searchsorted(cells_a[order], np.arange(len(parts) + 1))
+    for p in range(len(parts)):
+        members = rows_a[order[bounds[p]:bounds[p + 1]]]
+        if len(members) >= 2:
+            f = search_partition(xs[members], home[members] == p, spec, radius,
+                                 parts.mean + parts.centroids[p])
+            for k, val in (("a", members[f.a]), ("b", members[f.b]), ("dist", f.dist),
+                           ("ab", f.a_near_b), ("ba", f.b_near_a)):
+                cols[k].append(val)
+        if progress is not None:
+            progress("search", p + 1, len(parts))
     a, b, dist, ab, ba = (np.concatenate(cols[k]) if cols[k] else np.empty(0, t) for k, t in
                           (("a", np.int64), ("b", np.int64), ("dist", float), ("ab", bool),
                            ("ba", bool)))
+    recall = None
+    if spec.recall_sample > 0 and n:
+        keys = np.stack([np.zeros(n, np.uint64), np.arange(n, dtype=np.uint64)], axis=1)
+        sample = np.flatnonzero(in_sample(keys, n, spec.recall_sample))
+        si, dj = [], []
+        for blk in _blocks(n):
+            i, j = true_pairs(xs[sample], xs[blk], spec, radius, parts.mean)
+            si.append(sample[i])
+            dj.append(j + blk.start)
+        s_all, d_all = np.concatenate(si), np.concatenate(dj)
+        other = s_all != d_all
+        recall = estimate(set(sample.tolist()), set(zip(s_all[other].tolist(),
+                                                        d_all[other].tolist(), strict=True)),
+                          set(zip(a.tolist(), b.tolist(), strict=True)))
     edges, row = row_edges(a, b, rs, dist, ab, ba)
     if spec.grouping == "representative":
         removed, kept, dist = group_representative(edges)
     else:
         removed, kept = group_components(edges)
         dist, _ = exact_distance(xs[row[removed]], xs[row[kept]], spec)
-    return ok[row[removed]], ok[row[kept]], dist
+    return NearResult(ok[row[removed]], ok[row[kept]], dist, parts,
+                      np.stack([ok[a], ok[b]], axis=1), recall, capped)
+
+
+def near_duplicates(x: np.ndarray, rank: np.ndarray, spec: NearSpec,
+                    partitions: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``find_near``'s (removed, kept, distance): row indices and float64 distances."""
+    r = find_near(x, rank, spec, partitions)
+    return r.removed, r.kept, r.distance

@@ -1,0 +1,224 @@
+"""Partitions for the near search: k-means cells, which cells each row must meet, and the cost.
+
+Why cells: one flat search over n rows costs n^2 d. Rows are split into k-means cells
+(``train``) and each cell is searched on its own: its *home* rows (nearest centroid)
+against every row that joined it (``assign``).
+
+Exact mode: a row y (home q) joins cell p when the ball of the search radius r around it
+reaches p's half of the bisector between the two centroids,
+    |y - c_p|^2 - |y - c_q|^2 <= 2 r |c_p - c_q|    (+ rounding slack).
+Proof: f(z) = |z - c_p|^2 - |z - c_q|^2 is affine in z with gradient 2 (c_q - c_p), so for
+any x within r of y, f(x) >= f(y) - 2 r |c_p - c_q|; a home row x of p has f(x) <= 0.
+So every pair within r meets in the home cell of one of its rows: no pair is lost,
+whatever the centroids. In high dimensions the bound is tight where the older triangle
+rule (|y - c_p| <= |y - c_q| + 2 r) put every row into nearly every cell.
+
+Bounded mode: a row joins at most ``probes`` cells, those whose bisector is nearest
+(home first); pairs can be lost only between two rows that had more cells to join
+than that (*capped* rows). Work and shuffle then grow as n x probes, never n^2.
+
+``predict`` measures both on held-out sample rows before any search, and ``plan``
+picks exact when it costs no more joins per row than the bounded mode's cap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from transforms.near_search import UNIT_ROUNDOFF, Vectors, centred, gamma
+
+MODES = ("auto", "exact", "bounded")
+KMEANS_ITERATIONS = 20
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+
+
+def partition_count(n: int, single_index_rows: int, partition_rows: int) -> int:
+    """One cell up to ``single_index_rows``; above, cells of ``partition_rows`` rows, but
+    at least sqrt(n) rows each, so assigning (n x cells x d) never outgrows the search."""
+    if n <= single_index_rows:
+        return 1
+    return math.ceil(n / max(partition_rows, math.isqrt(n)))
+
+
+def train(sample: np.ndarray, partitions: int, seed: int = 0,
+          progress: Progress | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, centroids relative to it), float64, from sample rows of the search space.
+    Recall in exact mode never depends on the centroids, only the cost does."""
+    import faiss
+
+    sample = np.asarray(sample, dtype=np.float64)
+    d = sample.shape[1]
+    mean = sample.mean(axis=0) if len(sample) else np.zeros(d)
+    k = max(1, min(partitions, len(sample)))
+    if k == 1:
+        return mean, np.zeros((1, d))
+    rng = np.random.default_rng(seed)
+    z = np.ascontiguousarray(sample - mean, dtype=np.float32)
+    if len(z) > 256 * k:  # FAISS's own cap, taken here so every iteration sees one set
+        z = z[np.sort(rng.choice(len(z), 256 * k, replace=False))]
+    centroids = None
+    for it in range(KMEANS_ITERATIONS):
+        km = faiss.Kmeans(d, k, niter=1, seed=seed + it, max_points_per_centroid=len(z))
+        km.train(z, init_centroids=centroids)
+        centroids = km.centroids
+        if progress is not None:
+            progress("k-means", it + 1, KMEANS_ITERATIONS)
+    return mean, centroids.astype(np.float64)
+
+
+@dataclass
+class Prediction:
+    """What a search would cost, measured on held-out sample rows and scaled to n rows.
+    Work counts (query, data) row pairs compared; the flat search compares n^2."""
+
+    rows: int
+    sample: int
+    cells: int
+    joins_exact: float  # cells per row, mean, exact mode
+    joins_bounded: float  # the same with the probe cap
+    capped: float  # share of rows with more cells to join than the cap
+    work_exact: float
+    work_bounded: float
+    largest_exact: int  # rows in the largest cell (memory of one search)
+    largest_bounded: int
+
+    @property
+    def work_all_pairs(self) -> float:
+        return float(self.rows) ** 2
+
+    def as_dict(self) -> dict:
+        return {**self.__dict__, "work_all_pairs": self.work_all_pairs}
+
+
+@dataclass
+class Partitions:
+    """Cells and the rule rows join them by. ``probes`` None: exact."""
+
+    mean: np.ndarray  # (d,) float64: search vectors are centred on it
+    centroids: np.ndarray  # (cells, d) float64, relative to ``mean``
+    radius: float  # L2 search radius in the search space (a superset of the tolerance)
+    probes: int | None = None
+    mode: str = "exact"
+    reason: str = ""
+    prediction: Prediction | None = None
+    gap: np.ndarray = field(init=False, repr=False)  # (cells, cells) |c_p - c_q|
+
+    def __post_init__(self) -> None:
+        c = self.centroids
+        sq = np.einsum("ij,ij->i", c, c)
+        self.gap = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2 * c @ c.T, 0))
+        np.fill_diagonal(self.gap, 0)
+
+    def __len__(self) -> int:
+        return len(self.centroids)
+
+    def describe(self) -> dict:
+        return {"mode": self.mode, "reason": self.reason, "cells": len(self),
+                "probes": self.probes,
+                "prediction": None if self.prediction is None else self.prediction.as_dict()}
+
+
+@dataclass
+class Assignment:
+    """Row ``rows[k]`` joins cell ``cells[k]``; ``home``: each row's own cell; ``wanted``:
+    how many cells each row would join in exact mode; ``capped``: it joined fewer."""
+
+    home: np.ndarray
+    rows: np.ndarray
+    cells: np.ndarray
+    wanted: np.ndarray
+    capped: np.ndarray
+
+
+def assign(z: Vectors, parts: Partitions, probes: int | None = -1) -> Assignment:
+    """Cells each row (``z``: centred on ``parts.mean``) joins; ``probes``: the cap (-1:
+    the plan's, None: exact). The slack covers float rounding of the products, of the
+    stored vectors and of the home choice of any neighbour (see the module docstring)."""
+    probes = parts.probes if probes == -1 else probes
+    n, k = len(z.v), len(parts)
+    if k == 1:
+        ones = np.ones(n, np.int64)
+        return Assignment(np.zeros(n, np.int64), np.arange(n, dtype=np.int64),
+                          np.zeros(n, np.int64), ones, np.zeros(n, bool))
+    c = parts.centroids
+    cs = c.astype(z.v.dtype)
+    csq = np.einsum("ij,ij->i", c, c)
+    u, r = UNIT_ROUNDOFF[z.v.dtype], parts.radius
+    err = 4.04 * (gamma(c.shape[1], z.v.dtype) + u) * math.sqrt(csq.max())
+    err0 = 8 * UNIT_ROUNDOFF[np.dtype(np.float64)] * csq.max()  # float64 sums of f
+    home = np.empty(n, np.int64)
+    wanted = np.empty(n, np.int64)
+    rows, cells = [], []
+    block = max(256, (1 << 22) // k)
+    for a in range(0, n, block):
+        f = csq[None, :] - 2.0 * (z.v[a:a + block] @ cs.T)
+        h = f.argmin(axis=1)
+        idx = np.arange(len(f))
+        excess = f - f[idx, h][:, None]
+        gap = parts.gap[h]
+        nz = z.norm[a:a + block, None]
+        reach = 2 * gap * (r + 1.01 * u * (2 * nz + r)) + err * (2 * nz + r) + err0
+        ok = excess <= reach
+        ok[idx, h] = True
+        want = ok.sum(axis=1)
+        if probes is not None and probes < k:
+            margin = np.where(ok, excess / np.maximum(2 * gap, 1e-300), np.inf)
+            margin[idx, h] = -1.0
+            nearest = np.argpartition(margin, probes - 1, axis=1)[:, :probes]
+            pick = np.zeros_like(ok)
+            np.put_along_axis(pick, nearest, True, axis=1)
+            ok &= pick
+        rr, pp = np.nonzero(ok)
+        rows.append(a + rr)
+        cells.append(pp)
+        home[a:a + block] = h
+        wanted[a:a + block] = want
+    rows_a = np.concatenate(rows).astype(np.int64) if rows else np.empty(0, np.int64)
+    cells_a = np.concatenate(cells).astype(np.int64) if cells else np.empty(0, np.int64)
+    joined = np.bincount(rows_a, minlength=n)
+    return Assignment(home, rows_a, cells_a, wanted, joined < wanted)
+
+
+def predict(held: Vectors, parts: Partitions, rows: int, probes: int) -> Prediction:
+    """Both modes' joins, capped share, work and largest cell on held-out rows."""
+    k, s = len(parts), max(len(held.v), 1)
+    scale = rows / s
+    figures = []
+    for cap in (None, probes):
+        a = assign(held, parts, cap)
+        home = np.bincount(a.home, minlength=k) * scale
+        members = np.bincount(a.cells, minlength=k) * scale
+        figures.append((len(a.rows) / s, float((home * members).sum()),
+                        int(math.ceil(members.max(initial=0))), float(a.capped.mean())
+                        if len(a.capped) else 0.0))
+    (je, we, le, _), (jb, wb, lb, capped) = figures
+    return Prediction(rows, len(held.v), k, je, jb, capped, we, wb, le, lb)
+
+
+def plan(sample: np.ndarray, rows: int, radius: float, mode: str, probes: int, cells: int,
+         seed: int = 0, progress: Progress | None = None) -> Partitions:
+    """Centroids from the sample rows (search space, float64) and the mode: ``auto``
+    takes exact when its predicted joins per row are within ``probes``."""
+    if mode not in MODES:
+        raise ValueError(f"near.mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if cells <= 1 or len(sample) < 2:
+        mean, centroids = train(sample, 1)
+        return Partitions(mean, centroids, radius, None, "exact",
+                          "one cell: every row is compared with every other")
+    held = np.arange(len(sample)) % 5 == 4  # one row in five predicts, the others train
+    mean, centroids = train(sample[~held], cells, seed, progress)
+    parts = Partitions(mean, centroids, radius)
+    p = predict(centred(sample[held], mean, np.float32), parts, rows, probes)
+    exact = mode == "exact" or (mode == "auto" and p.joins_exact <= probes)
+    why = (f"exact cells would join each record to {p.joins_exact:.1f} of {len(parts)} cells; "
+           f"bounded to {p.joins_bounded:.1f} ({probes} probes, {p.capped:.0%} of records "
+           "capped)")
+    if mode == "auto":
+        why = ("auto chose " + ("exact" if exact else "bounded") + ": " + why)
+    parts.mode, parts.probes = ("exact", None) if exact else ("bounded", probes)
+    parts.reason, parts.prediction = why, p
+    return parts
