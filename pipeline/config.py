@@ -117,7 +117,7 @@ class NearConfig(_Strict):
         "invalid (reported in invalid.parquet)")
     single_index_rows: int = Field(50_000, gt=0, description="up to this many records: one "
                                    "partition (one index)")
-    partition_rows: int = Field(3_000, gt=0, description="above that: k-means partitions of "
+    partition_rows: int = Field(1_000, gt=0, description="above that: k-means partitions of "
                                 "about this many records, searched on separate workers")
     borderline_pairs: int = Field(500, ge=0, description="pairs just inside and just outside "
                                   "the tolerance sampled into borderline_pairs.parquet (each)")

@@ -84,6 +84,45 @@ class VecBatch:
                         self.position[idx], self.ids.take(pa.array(idx, pa.int64())), x,
                         _take_opt(self.run, idx))
 
+    def to_arrow(self, **flags: np.ndarray) -> pa.RecordBatch:
+        """The rows as one Arrow record batch, plus boolean ``flags`` columns (for spill
+        files). Values travel as fixed-width bytes with their dtype in the schema, so
+        every dtype the job reads (bfloat16 included) round-trips bit for bit."""
+        x = np.ascontiguousarray(self.x)
+        width = x.shape[1] * x.dtype.itemsize
+        raw = pa.py_buffer(x.reshape(-1).view(np.uint8))
+        cols = {"hi": self.words[:, 0], "lo": self.words[:, 1], "prio": self.prio,
+                "order": self.order, "file_index": self.file_index,
+                "position": self.position, "ids": self.ids,
+                "x": pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(self),
+                                                          [None, raw]),
+                **({} if self.run is None else {"run": self.run}), **flags}
+        rb = pa.RecordBatch.from_pydict(cols)
+        return rb.replace_schema_metadata({"dtype": x.dtype.name, "dim": str(x.shape[1])})
+
+    @staticmethod
+    def from_arrow(rb: pa.RecordBatch) -> tuple[VecBatch, dict[str, np.ndarray]]:
+        """``to_arrow``'s batch back: the VecBatch and its flags."""
+        import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
+
+        meta = rb.schema.metadata
+        dtype, dim = np.dtype(meta[b"dtype"].decode()), int(meta[b"dim"])
+        col = rb.column("x")
+        width = dim * dtype.itemsize
+        raw = np.frombuffer(col.buffers()[1], np.uint8, count=len(rb) * width,
+                            offset=col.offset * width)
+        x = raw.view(dtype).reshape(len(rb), dim)
+
+        def arr(name: str) -> np.ndarray:
+            return rb.column(name).to_numpy(zero_copy_only=False)
+
+        names = set(rb.schema.names)
+        flags = {k: arr(k) for k in names - {"hi", "lo", "prio", "order", "file_index",
+                                             "position", "ids", "x", "run"}}
+        words = np.stack([arr("hi"), arr("lo")], axis=1)
+        return VecBatch(words, arr("prio"), arr("order"), arr("file_index"), arr("position"),
+                        rb.column("ids"), x, rb.column("run") if "run" in names else None), flags
+
     @staticmethod
     def concat(batches: list[VecBatch]) -> VecBatch:
         cat = [np.concatenate([getattr(b, f) for b in batches])

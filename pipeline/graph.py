@@ -53,7 +53,7 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
             if job.store is not None:
                 stored = p | "ReadStore" >> StoreVectors(job.store, job.keep[0])
                 vectors = (vectors, stored) | "WithStored" >> beam.Flatten()
-            near = vectors | "Near" >> Near(job.near, cfg.near.borderline_pairs)
+            near = vectors | "Near" >> Near(job.near, cfg.near.borderline_pairs, job.spill)
             streams["near"] = near["removed"]
             near_report = beam.pvalue.AsSingleton(near[NEAR_REPORT])
     else:

@@ -20,6 +20,8 @@ is removed as ``reference_near`` / ``store_near``.
 
 from __future__ import annotations
 
+import itertools
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -31,7 +33,7 @@ from pipeline import progress
 from pipeline.elements import Removed, VecBatch
 from pipeline.exact import removed_by_file
 from pipeline.near_report import BORDERLINE_SCHEMA, borderline_sample, merge_borderline
-from transforms import near
+from transforms import fs, near
 from transforms.exact import is_protected, tier_of
 from transforms.near_plan import Partitions, assign, plan
 from transforms.near_recall import estimate, in_sample
@@ -118,21 +120,58 @@ def _cost_line(parts: Partitions) -> str:
             " rows")
 
 
-def assign_batch(batch: VecBatch, plan: Plan, spec: near.NearSpec
-                 ) -> Iterator[tuple[int, tuple[VecBatch, np.ndarray, np.ndarray]]]:
-    """A chunk's rows -> (cell, (rows joining it, which are home there, which of those
-    were capped: had more cells to meet than the bounded mode lets them))."""
+@dataclass
+class CellSlice:
+    """AssignCells -> SearchCells: one chunk's rows of one cell, spilled to a file (record
+    batch ``batch`` of the Arrow IPC file ``path``), so the shuffle moves references and
+    no runner holds the vectors of every cell in memory at once."""
+
+    path: str
+    batch: int
+    rows: int
+
+
+def assign_batch(batch: VecBatch, plan: Plan, spec: near.NearSpec, spill: str
+                 ) -> Iterator[tuple[int, CellSlice]]:
+    """A chunk's rows -> the cells they join, written as one spill file (a record batch
+    per cell, flags: ``home`` there, and ``capped``: had more cells to meet than the
+    bounded mode lets it)."""
     a = assign(near.search_vectors(batch.x, spec, plan.radius, plan.parts.mean, np.float32),
                plan.parts)
     order = np.argsort(a.cells, kind="stable")
     cuts = np.flatnonzero(np.diff(a.cells[order])) + 1
-    for idx in np.split(order, cuts):
-        if len(idx):
-            p = int(a.cells[idx[0]])
-            r = a.rows[idx]
+    path = fs.join(spill, f"{uuid.uuid4().hex}.arrow")
+    cells = []
+    with fs.local_file_for(path) as local, pa.OSFile(local, "wb") as sink:
+        writer = None
+        for idx in np.split(order, cuts):
+            if not len(idx):
+                continue
+            p, r = int(a.cells[idx[0]]), a.rows[idx]
             home = a.home[r] == p
-            yield p, (batch.take(r), home, home & a.capped[r])
+            rb = batch.take(r).to_arrow(home=home, capped=home & a.capped[r])
+            if writer is None:
+                writer = pa.ipc.new_file(sink, rb.schema)
+            writer.write_batch(rb)
+            cells.append((p, len(r)))
+        if writer is not None:
+            writer.close()
+    for i, (p, rows) in enumerate(cells):
+        yield p, CellSlice(path, i, rows)
     progress.tick("near assign", 0, len(batch), "chunks")
+
+
+def read_cell(slices: Iterable[CellSlice]) -> tuple[VecBatch, np.ndarray, np.ndarray]:
+    """A cell's spilled rows: (rows, home flags, capped flags)."""
+    parts = []
+    for path, group in itertools.groupby(sorted(slices, key=lambda c: (c.path, c.batch)),
+                                         key=lambda c: c.path):
+        with fs.open_read(path) as f:
+            reader = pa.ipc.open_file(f)
+            parts += [VecBatch.from_arrow(reader.get_batch(c.batch)) for c in group]
+    return (VecBatch.concat([b for b, _ in parts]),
+            np.concatenate([f["home"] for _, f in parts]),
+            np.concatenate([f["capped"] for _, f in parts]))
 
 
 @dataclass
@@ -162,14 +201,13 @@ def _collapse(batch: VecBatch) -> np.ndarray:
     return np.sort(order[first])
 
 
-def search_one(kv: tuple[int, Iterable[tuple[VecBatch, np.ndarray, np.ndarray]]], plan: Plan,
-               spec: near.NearSpec, per_side: int) -> Found:
-    """One cell on one worker: collapse exact copies, search, verify, sample."""
-    cell, parts = kv[0], list(kv[1])
-    batch = VecBatch.concat([b for b, _, _ in parts])
-    home = np.concatenate([h for _, h, _ in parts])
-    arrived = int(home.sum())
-    capped = int(sum(c.sum() for _, _, c in parts))
+def search_one(kv: tuple[int, Iterable[CellSlice]], plan: Plan, spec: near.NearSpec,
+               per_side: int) -> Found:
+    """One cell on one worker: read its rows, collapse exact copies, search, verify,
+    sample."""
+    cell = kv[0]
+    batch, home, capped_rows = read_cell(kv[1])
+    arrived, capped = int(home.sum()), int(capped_rows.sum())
     rows = _collapse(batch)
     batch, home = batch.take(rows), home[rows]
     nn_rows = np.flatnonzero(home & (batch.words[:, 1] % np.uint64(plan.nn_mod) == 0))
@@ -308,12 +346,20 @@ def _digest_keys(words: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(words).view([("hi", "<u8"), ("lo", "<u8")]).ravel()
 
 
-class Near(beam.PTransform):
-    """VecBatch -> {"removed": (file_index, Removed), NEAR_REPORT: NearReport}."""
+def _drop_spill(found: list[Found], spill: str) -> list[Found]:
+    """Every cell was searched: the spilled vectors are no longer needed."""
+    fs.delete_tree(spill)
+    return found
 
-    def __init__(self, spec: near.NearSpec, per_side: int):
+
+class Near(beam.PTransform):
+    """VecBatch -> {"removed": (file_index, Removed), NEAR_REPORT: NearReport}. ``spill``: a
+    directory (any filesystem) for the cells' vectors while they wait for their search;
+    it is deleted once every cell was searched."""
+
+    def __init__(self, spec: near.NearSpec, per_side: int, spill: str):
         super().__init__()
-        self.spec, self.per_side = spec, per_side
+        self.spec, self.per_side, self.spill = spec, per_side, spill
 
     def expand(self, vecs):
         plan = beam.pvalue.AsSingleton(vecs | "SampleAndPlan" >> beam.CombineGlobally(
@@ -323,10 +369,11 @@ class Near(beam.PTransform):
         truth = beam.pvalue.AsList(
             vecs | "RecallBruteForce" >> beam.FlatMap(true_pairs, plan, self.spec, samples))
         out = (vecs
-               | "AssignCells" >> beam.FlatMap(assign_batch, plan, self.spec)
+               | "AssignCells" >> beam.FlatMap(assign_batch, plan, self.spec, self.spill)
                | "GroupByCell" >> beam.GroupByKey()
                | "SearchCells" >> beam.Map(search_one, plan, self.spec, self.per_side)
                | "GatherPairs" >> beam.combiners.ToList()
+               | "DropSpill" >> beam.Map(_drop_spill, self.spill)
                | "MergePairs" >> beam.FlatMap(merge_found, plan, self.spec, self.per_side,
                                               samples, truth)
                .with_outputs(NEAR_REPORT, main="removed"))

@@ -60,6 +60,12 @@ class Job:
         head, _, name = final.rpartition("/")
         return f"{head}/.{name}.staging-{self.attempt}"
 
+    @property
+    def spill(self) -> str:
+        """Where the near stage keeps its cells' vectors until they are searched (beside
+        the output: cleared with the staging directories, and by the next run if killed)."""
+        return self.staging(self.output) + ".near"
+
 
 def _target(path: str) -> str:
     """An output directory as the Job holds it: normalized like a Path locally (no

@@ -106,7 +106,7 @@ def execute(job: Job) -> dict | None:
     try:
         p.run().wait_until_finish()
     finally:
-        for stage in (pub.out_stage, pub.report_stage):
+        for stage in (pub.out_stage, pub.report_stage, job.spill):
             delete_tree(stage)
     return json.loads(read_bytes(join(pub.report, "summary.json")))
 

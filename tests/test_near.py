@@ -427,16 +427,18 @@ def test_precision_switches_to_float64_only_when_rounding_would_swamp_the_radius
 
 
 def test_torch_backend_finds_the_same_pairs():
-    """The GPU path's code (torch addmm + nonzero) run on the CPU: same candidates."""
+    """The GPU path's code (torch matmul + nonzero) run on the CPU: same candidates."""
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(8)
     x = rng.standard_normal((3000, 48))
     x[1000:1100] = x[:100] + 1e-3
     for dtype in (np.float32, np.float64):
         v = search.centred(x, x.mean(axis=0), dtype)
-        want = search.pairs_within(v, v, 5e-3)
-        got = search._pairs_torch(v, v, 5e-3, 48, 700, 900, torch.device("cpu"))
+        qa, ya = search.augmented(v, v, 1e-2)  # the copies are 6.9e-3 away
+        want = search._signs(qa, ya, 700)
+        got = search._signs_torch(qa, ya, 700, torch.device("cpu"))
         assert sorted(zip(*want, strict=True)) == sorted(zip(*got, strict=True))
+        assert len(want[0]) >= 3000 + 200
 
 
 def test_nearest_matches_brute_force():

@@ -25,14 +25,7 @@ import numpy as np
 
 from transforms.near_plan import MODES, Partitions, Progress, assign, partition_count, plan
 from transforms.near_recall import Recall, estimate, in_sample
-from transforms.near_search import (
-    Vectors,
-    centred,
-    nearest,
-    pairs_within,
-    precision_for,
-    thresholds,
-)
+from transforms.near_search import Vectors, nearest, pairs_within, precision_for, thresholds
 
 METRICS = ("allclose", "l2", "cosine")
 GROUPINGS = ("representative", "components")
@@ -56,7 +49,7 @@ class NearSpec:
     nprobe: int = 16  # ivf: lists visited per query
     hnsw_m: int = 32  # hnsw: links per node
     single_index_rows: int = 50_000  # up to here: one cell (n^2 d flops stay seconds)
-    partition_rows: int = 3_000  # above: k-means cells of about this many rows
+    partition_rows: int = 1_000  # above: k-means cells of about this many rows (or sqrt n)
     mode: str = "auto"  # exact | bounded | auto (chosen from a sample before the search)
     probes: int = 3  # bounded: cells per row at most (home included)
     recall_sample: int = 2_000  # records checked by brute force for the recall estimate
@@ -90,11 +83,11 @@ def finite_rows(x: np.ndarray) -> np.ndarray:
 def search_space(x: np.ndarray, spec: NearSpec) -> np.ndarray:
     """float64 points whose L2 distance the search bounds: unit vectors for cosine,
     the values otherwise."""
-    x64 = np.asarray(x, dtype=np.float64)
-    if spec.metric != "cosine":
-        return x64
-    norms = np.linalg.norm(x64, axis=1, keepdims=True)
-    return x64 / np.where(norms == 0, 1, norms)
+    x64 = np.array(x, dtype=np.float64)
+    if spec.metric == "cosine":
+        norms = np.sqrt(np.einsum("ij,ij->i", x64, x64))
+        x64 /= np.where(norms == 0, 1, norms)[:, None]
+    return x64
 
 
 def value_scale(x: np.ndarray, spec: NearSpec) -> float:
@@ -113,17 +106,36 @@ def search_radius(spec: NearSpec, dim: int, scale: float) -> float:
     return math.sqrt(dim) * (spec.atol + spec.rtol * scale) * (1 + 1e-12)
 
 
+def _centred_blocks(x: np.ndarray, spec: NearSpec, center: np.ndarray | None
+                    ) -> Iterator[tuple[slice, np.ndarray]]:
+    """The search space minus ``center``, in float64 blocks small enough for the cache."""
+    for a in range(0, len(x), 4096):
+        z = search_space(x[a:a + 4096], spec)
+        if center is not None:
+            z -= center
+        yield slice(a, a + len(z)), z
+
+
+def largest_norm(x: np.ndarray, spec: NearSpec, center: np.ndarray | None = None) -> float:
+    """The largest |z - center| over the rows' search-space points z."""
+    return math.sqrt(max((float(np.einsum("ij,ij->i", z, z).max(initial=0))
+                          for _, z in _centred_blocks(x, spec, center)), default=0.0))
+
+
 def search_vectors(x: np.ndarray, spec: NearSpec, radius: float,
                    center: np.ndarray | None = None, dtype: np.dtype | None = None) -> Vectors:
-    """Rows of the search space centred on ``center``, stored in ``dtype`` (None: float32
-    unless rounding at these norms would swamp the radius, see ``precision_for``)."""
-    z = search_space(x, spec)
-    if center is not None:
-        z = z - center
+    """Rows of the search space centred on ``center`` (computed in float64), stored in
+    ``dtype`` (None: float32 unless rounding at these norms would swamp the radius, see
+    ``precision_for``)."""
+    x = x.reshape(len(x), -1)
     if dtype is None:
-        norm = np.sqrt(np.einsum("ij,ij->i", z, z).max(initial=0))
-        dtype = precision_for(norm, z.shape[1], radius)
-    return centred(z, None, dtype)
+        dtype = precision_for(largest_norm(x, spec, center), x.shape[1], radius)
+    v = np.empty(x.shape, dtype)
+    norm = np.empty(len(x))
+    for b, z in _centred_blocks(x, spec, center):
+        v[b] = z
+        norm[b] = np.sqrt(np.einsum("ij,ij->i", v[b], v[b], dtype=np.float64))
+    return Vectors(v, norm)
 
 
 def exact_distance(a: np.ndarray, b: np.ndarray, spec: NearSpec
@@ -397,10 +409,10 @@ def _blocks(n: int) -> Iterator[slice]:
 def true_pairs(sample_x: np.ndarray, data_x: np.ndarray, spec: NearSpec, radius: float,
                center: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Brute force: (sample row, data row) pairs within tolerance (either direction)."""
-    sz, dz = search_space(sample_x, spec) - center, search_space(data_x, spec) - center
-    norm = math.sqrt(max(np.einsum("ij,ij->i", m, m).max(initial=0) for m in (sz, dz)))
-    dtype = precision_for(norm, sz.shape[1], radius)
-    si, dj = pairs_within(centred(sz, None, dtype), centred(dz, None, dtype), radius,
+    norm = max(largest_norm(sample_x, spec, center), largest_norm(data_x, spec, center))
+    dtype = precision_for(norm, sample_x.reshape(len(sample_x), -1).shape[1], radius)
+    si, dj = pairs_within(search_vectors(sample_x, spec, radius, center, dtype),
+                          search_vectors(data_x, spec, radius, center, dtype), radius,
                           spec.device)
     _, ab, ba = verify(sample_x[si], data_x[dj], spec)
     return si[ab | ba], dj[ab | ba]

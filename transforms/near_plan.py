@@ -67,7 +67,29 @@ def train(sample: np.ndarray, partitions: int, seed: int = 0,
         centroids = km.centroids
         if progress is not None:
             progress("k-means", it + 1, KMEANS_ITERATIONS)
-    return mean, centroids.astype(np.float64)
+    return mean, _split_large(z, centroids, seed).astype(np.float64)
+
+
+def _split_large(z: np.ndarray, centroids: np.ndarray, seed: int) -> np.ndarray:
+    """Cells of skewed data (a few big topics) can hold many times the mean: searching one
+    costs its size squared. A cell with more than twice the mean share of the sample is
+    replaced by a k-means of its own rows into cells of about the mean size (still one
+    flat set of centroids, so the join rule holds unchanged)."""
+    import faiss
+
+    k = len(centroids)
+    home = faiss.knn(z, centroids, 1)[1][:, 0]
+    sizes = np.bincount(home, minlength=k)
+    mean_size = len(z) / k
+    out = [centroids[sizes <= 2 * mean_size]]
+    for c in np.flatnonzero(sizes > 2 * mean_size).tolist():
+        rows = z[home == c]
+        parts = min(len(rows), math.ceil(sizes[c] / mean_size))
+        km = faiss.Kmeans(z.shape[1], parts, niter=KMEANS_ITERATIONS, seed=seed + c,
+                          max_points_per_centroid=len(rows))
+        km.train(rows)
+        out.append(km.centroids)
+    return np.concatenate(out)
 
 
 @dataclass
@@ -136,51 +158,63 @@ class Assignment:
 
 def assign(z: Vectors, parts: Partitions, probes: int | None = -1) -> Assignment:
     """Cells each row (``z``: centred on ``parts.mean``) joins; ``probes``: the cap (-1:
-    the plan's, None: exact). The slack covers float rounding of the products, of the
-    stored vectors and of the home choice of any neighbour (see the module docstring)."""
+    the plan's, None: exact).
+
+    One matrix product gives f_p = |c_p|^2 - 2 z.c_p (|z - c_p|^2 less |z|^2) for every
+    cell; the rule is then f_p - 2 r' |c_p - c_home| <= f_home + e, one pass. The
+    slack r' - r covers where storing moved the vectors, e the rounding of the product
+    and of those passes, for this row and for any neighbour's own choice of home (see
+    the module docstring). Bounded mode ranks only the cells that passed, by their
+    distance to the bisector."""
     probes = parts.probes if probes == -1 else probes
     n, k = len(z.v), len(parts)
     if k == 1:
         ones = np.ones(n, np.int64)
         return Assignment(np.zeros(n, np.int64), np.arange(n, dtype=np.int64),
                           np.zeros(n, np.int64), ones, np.zeros(n, bool))
-    c = parts.centroids
-    cs = c.astype(z.v.dtype)
+    c, dim, dt = parts.centroids, parts.centroids.shape[1], z.v.dtype
     csq = np.einsum("ij,ij->i", c, c)
-    u, r = UNIT_ROUNDOFF[z.v.dtype], parts.radius
-    err = 4.04 * (gamma(c.shape[1], z.v.dtype) + u) * math.sqrt(csq.max())
-    err0 = 8 * UNIT_ROUNDOFF[np.dtype(np.float64)] * csq.max()  # float64 sums of f
-    home = np.empty(n, np.int64)
-    wanted = np.empty(n, np.int64)
-    rows, cells = [], []
+    u, g = UNIT_ROUNDOFF[dt], gamma(dim + 1, dt)
+    cmax, gmax = math.sqrt(csq.max()), float(parts.gap.max())
+    ca = np.empty((dim + 1, k), dt)
+    ca[:dim], ca[dim] = -2 * c.T, csq
+    gap = parts.gap.astype(dt)
+    homes, rows, cells, wanted = [], [], [], []
     block = max(256, (1 << 22) // k)
     for a in range(0, n, block):
-        f = csq[None, :] - 2.0 * (z.v[a:a + block] @ cs.T)
+        za = np.empty((min(block, n - a), dim + 1), dt)
+        za[:, :dim], za[:, dim] = z.v[a:a + block], 1
+        f = za @ ca
         h = f.argmin(axis=1)
         idx = np.arange(len(f))
-        excess = f - f[idx, h][:, None]
-        gap = parts.gap[h]
-        nz = z.norm[a:a + block, None]
-        reach = 2 * gap * (r + 1.01 * u * (2 * nz + r)) + err * (2 * nz + r) + err0
-        ok = excess <= reach
+        fh = f[idx, h].astype(np.float64)
+        nz = z.norm[a:a + block]
+        r2 = 2 * (parts.radius + 1.01 * u * (2 * nz + parts.radius))
+        err = 1.02 * (2 * g + 8 * u) * (2 * nz * cmax + cmax * cmax + r2 * gmax)
+        lhs = gap[h]
+        lhs *= -r2[:, None].astype(dt)
+        lhs += f
+        ok = lhs <= (fh + err).astype(dt)[:, None]
         ok[idx, h] = True
-        want = ok.sum(axis=1)
+        rr, pp = np.divmod(np.flatnonzero(ok), k)
+        want = np.bincount(rr, minlength=len(f))
         if probes is not None and probes < k:
-            margin = np.where(ok, excess / np.maximum(2 * gap, 1e-300), np.inf)
-            margin[idx, h] = -1.0
-            nearest = np.argpartition(margin, probes - 1, axis=1)[:, :probes]
-            pick = np.zeros_like(ok)
-            np.put_along_axis(pick, nearest, True, axis=1)
-            ok &= pick
-        rr, pp = np.nonzero(ok)
+            margin = (f[rr, pp] - fh[rr]) / np.maximum(2 * parts.gap[h[rr], pp], 1e-300)
+            margin[pp == h[rr]] = -1.0
+            o = np.lexsort((margin, rr))
+            rr, pp = rr[o], pp[o]
+            first = np.searchsorted(rr, rr)
+            keep = np.arange(len(rr)) - first < probes
+            rr, pp = rr[keep], pp[keep]
+        homes.append(h)
         rows.append(a + rr)
         cells.append(pp)
-        home[a:a + block] = h
-        wanted[a:a + block] = want
-    rows_a = np.concatenate(rows).astype(np.int64) if rows else np.empty(0, np.int64)
-    cells_a = np.concatenate(cells).astype(np.int64) if cells else np.empty(0, np.int64)
+        wanted.append(want)
+    rows_a, cells_a = np.concatenate(rows).astype(np.int64), np.concatenate(cells)
+    want_a = np.concatenate(wanted)
     joined = np.bincount(rows_a, minlength=n)
-    return Assignment(home, rows_a, cells_a, wanted, joined < wanted)
+    return Assignment(np.concatenate(homes).astype(np.int64), rows_a,
+                      cells_a.astype(np.int64), want_a, joined < want_a)
 
 
 def predict(held: Vectors, parts: Partitions, rows: int, probes: int) -> Prediction:

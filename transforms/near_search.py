@@ -96,6 +96,23 @@ def use_cuda(device: str) -> bool:
     return False
 
 
+def augmented(q: Vectors, y: Vectors, radius: float) -> tuple[np.ndarray, np.ndarray]:
+    """(q', y') with q'_i . y'_j = (T_i - D_ij) / 2 + rounding, where D_ij = |q_i|^2 +
+    |y_j|^2 - 2 q_i.y_j is the squared distance and T_i the query's threshold: one matrix
+    product and one sign test per pair, no other pass over the distances.
+
+    The two extra terms per product raise the rounding bound by g (|a_i| + |b_j|) <=
+    g (T_i + |q_i|^2 + |y_j|^2) / 2, covered by widening T_i by the factor (1 + 2 g)."""
+    dim, dtype = q.v.shape[1], q.v.dtype
+    g = gamma(dim + 2, dtype) + UNIT_ROUNDOFF[dtype]
+    limit = thresholds(q, float(y.norm.max(initial=0)), radius, dim) * (1 + 2 * g)
+    qa = np.empty((len(q.v), dim + 2), dtype)
+    qa[:, :dim], qa[:, dim], qa[:, dim + 1] = q.v, (limit - q.norm ** 2) / 2, 1
+    ya = np.empty((len(y.v), dim + 2), dtype)
+    ya[:, :dim], ya[:, dim], ya[:, dim + 1] = y.v, 1, -(y.norm ** 2) / 2
+    return qa, ya
+
+
 def pairs_within(q: Vectors, y: Vectors, radius: float, device: str = "cpu"
                  ) -> tuple[np.ndarray, np.ndarray]:
     """(query row, data row) for every pair whose distance may be within ``radius``: a
@@ -104,50 +121,42 @@ def pairs_within(q: Vectors, y: Vectors, radius: float, device: str = "cpu"
         return np.empty(0, np.int64), np.empty(0, np.int64)
     if q.v.dtype != y.v.dtype:
         raise ValueError("queries and data must have one precision")
-    dim = q.v.shape[1]
     cols = max(1, min(len(y.v), BLOCK_ELEMENTS // 256))
     rows = max(1, BLOCK_ELEMENTS // cols)
-    if use_cuda(device):
-        import torch
-
-        return _pairs_torch(q, y, radius, dim, rows, cols, torch.device("cuda"))
     qs, ys = [], []
-    qn2, yn2 = (q.norm ** 2).astype(q.v.dtype), (y.norm ** 2).astype(q.v.dtype)
     for c in range(0, len(y.v), cols):
-        yb = y.v[c:c + cols]
-        limit = thresholds(q, float(y.norm[c:c + cols].max()), radius, dim).astype(q.v.dtype)
-        for r in range(0, len(q.v), rows):
-            d = q.v[r:r + rows] @ yb.T
-            d *= -2
-            d += qn2[r:r + rows, None]
-            d += yn2[None, c:c + cols]
-            i, j = np.nonzero(d <= limit[r:r + rows, None])
-            qs.append(i + r)
-            ys.append(j + c)
+        qa, ya = augmented(q, y.take(np.arange(c, min(c + cols, len(y.v)))), radius)
+        if use_cuda(device):
+            i, j = _signs_torch(qa, ya, rows)
+        else:
+            i, j = _signs(qa, ya, rows)
+        qs.append(i)
+        ys.append(j + c)
     return np.concatenate(qs).astype(np.int64), np.concatenate(ys).astype(np.int64)
 
 
-def _pairs_torch(q: Vectors, y: Vectors, radius: float, dim: int, rows: int, cols: int,
-                 dev) -> tuple[np.ndarray, np.ndarray]:
-    """The same blocks with torch on ``dev`` (a GPU; full float32 products: TF32 off)."""
+def _signs(qa: np.ndarray, ya: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(i, j) where qa_i . ya_j >= 0, in blocks of ``rows`` queries."""
+    out = []
+    for r in range(0, len(qa), rows):
+        hit = np.flatnonzero(qa[r:r + rows] @ ya.T >= 0)  # 1-d: ~10x faster than 2-d
+        out.append(hit + r * len(ya))
+    return np.divmod(np.concatenate(out), len(ya))
+
+
+def _signs_torch(qa: np.ndarray, ya: np.ndarray, rows: int, dev=None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``_signs`` with torch on ``dev`` (default: the GPU; full float32 products, no TF32)."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    qv, yv = torch.from_numpy(q.v).to(dev), torch.from_numpy(y.v).to(dev)
-    qn2 = torch.from_numpy(q.norm ** 2).to(dev, qv.dtype)
-    yn2 = torch.from_numpy(y.norm ** 2).to(dev, qv.dtype)
-    qs, ys = [], []
-    for c in range(0, len(y.v), cols):
-        limit = torch.from_numpy(thresholds(q, float(y.norm[c:c + cols].max()), radius, dim)
-                                 ).to(dev, qv.dtype)
-        yb = yv[c:c + cols]
-        for r in range(0, len(q.v), rows):
-            d = torch.addmm(qn2[r:r + rows, None] + yn2[None, c:c + cols],
-                            qv[r:r + rows], yb.T, alpha=-2)
-            ij = torch.nonzero(d <= limit[r:r + rows, None]).cpu().numpy()
-            qs.append(ij[:, 0] + r)
-            ys.append(ij[:, 1] + c)
-    return np.concatenate(qs).astype(np.int64), np.concatenate(ys).astype(np.int64)
+    dev = torch.device("cuda") if dev is None else dev
+    qt, yt = torch.from_numpy(qa).to(dev), torch.from_numpy(ya).to(dev)
+    out = []
+    for r in range(0, len(qa), rows):
+        hit = torch.nonzero((qt[r:r + rows] @ yt.T >= 0).reshape(-1)).reshape(-1)
+        out.append(hit.cpu().numpy() + r * len(ya))
+    return np.divmod(np.concatenate(out), len(ya))
 
 
 def nearest(q: Vectors, y: Vectors, k: int, same: np.ndarray | None = None) -> np.ndarray:
