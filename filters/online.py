@@ -254,7 +254,7 @@ class OnlineDedup:
         for block in self._blocks:
             dtype = precision_for(max(z_norm, float(block.vectors.norm.max(initial=0))),
                                   x.shape[1], radius)
-            q, j = pairs_within(search_vectors(x, spec, radius, dtype=dtype),
+            q, j, _ = pairs_within(search_vectors(x, spec, radius, dtype=dtype),
                                 block.at(dtype, spec, radius), radius, spec.device)
             near_old[q[exact_distance(x[q], block.values[j], spec)[1]]] = True
         fresh = np.flatnonzero(~near_old)

@@ -115,7 +115,7 @@ class NearConfig(_Strict):
     nonfinite: Literal["keep", "invalid"] = Field(
         "keep", description="records with NaN/inf values: keep (never compared by distance) | "
         "invalid (reported in invalid.parquet)")
-    single_index_rows: int = Field(50_000, gt=0, description="up to this many records: one "
+    single_index_rows: int = Field(20_000, gt=0, description="up to this many records: one "
                                    "partition (one index)")
     partition_rows: int = Field(1_000, gt=0, description="above that: k-means partitions of "
                                 "about this many records, searched on separate workers")

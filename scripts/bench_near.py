@@ -1,66 +1,92 @@
-"""Benchmark near-duplicate search: this kernel and the job vs what users write, on planted data.
+"""Benchmark near-duplicate removal: the job and this kernel against what users write.
 
-Data: N x 128 float32 vectors around 1,000 cluster centres, 5% planted near copies at
-0.5-0.95 x the threshold (L2) and 2% decoys at 1.02-1.2 x, in random directions. Saved
-once as x.npy and as one Parquet file (``id`` string, ``emb`` fixed_size_list<float32>).
-Contenders (keep first, representative grouping for ours):
-- this kernel, default settings (index auto) and partitioned (flat inside k-means
-  partitions, exact by construction);
-- IVF (nprobe 16): one faiss IVF index over everything (approximate);
-- the job (Beam, near stage on): the ``pipeline.run`` CLI on the Parquet file: reading
-  Parquet, the exact and near stages, writing the clean shards and the report
-  (its removals are read back from duplicates.parquet);
-- the hand-written baseline: faiss.IndexFlatL2 range_search over everything (radius t^2)
-  plus union-find, keep the first of each component;
-- quantize-round-hash: the core's quantized fingerprint with step t, keep first per digest.
-The oracle is this kernel with a flat index over everything (an exact superset search,
-verified in float64). Recall = oracle removals found; precision = removals that are
-within tolerance of the record they are merged into.
+Data sets (``--data``, repeatable):
+- ``embeddings``: N unit vectors x 384 shaped like sentence embeddings (tests/embeddings.py:
+  a shared direction, 2,000 topics of Zipf-like sizes, anisotropic noise; median
+  random-pair cosine ~0.3), plus near copies of 5% of them at cosine distances
+  0.001-0.02 and decoys of 2% at 0.021-0.03. Thresholds: cosine 0.01 and 0.02.
+- ``sentences``: real all-MiniLM-L6-v2 embeddings of sentences from Python's own help
+  texts plus edited variants (scripts/make_sentence_embeddings.py). Cosine 0.02, 0.05.
+- ``blobs``: N x 128 float32 around 1,000 well-separated centres, 5% planted copies at
+  0.5-0.95 x the threshold and 2% decoys at 1.02-1.2 x. L2 0.5.
 
-Each contender (the oracle too) runs in its own fresh process: seconds are timed there
-around the work only (no imports, no np.load; for the job, the whole CLI call) and peak
-RSS is that process's VmHWM. Prints a table, writes JSON.
+Contenders (keep first, representative grouping, every pair verified in float64):
+- the job (auto): ``python -m pipeline.run`` on a Parquet file, timed as a whole
+  process (imports, reading, exact and near stages, writing the clean shard and report);
+- this kernel in one process (``transforms.near.find_near``), exact cells and bounded;
+- FAISS IVF kNN: one IndexIVFFlat (nlist sqrt n, nprobe 8), 10 neighbours per row;
+- SemDeDup-style: spherical k-means into cells of ~1,000 rows, all pairs inside each
+  cell only (what SemDeDup does per cluster);
+- flat all-pairs: FAISS IndexFlat range search over everything (over a 100k-row subset
+  when N is larger, its time extrapolated by (N / 100k)^2: said in the table).
 
-Usage: python scripts/bench_near.py [--rows 200000] [--partitions 64] [--only NAME_SUBSTRING]
-                                    [--json bench-near.json]
+Recall is measured here, not taken from the contenders: 2,000 records drawn with a
+seeded RNG are compared with all N records by brute force in float64; a sampled record
+with near duplicates counts as recalled when, for each of them, the contender removed
+it or its partner (no near-duplicate pair survives in the clean data). Recall is the
+recalled share with a Wilson 95% interval; pair recall is resolved pairs / pairs.
+Precision: removals within tolerance of the record they name. Each contender runs in
+its own fresh process; seconds time the work (the job: the whole CLI process), peak
+RSS is that process's VmHWM. Prints a table per data set and threshold; writes JSON.
+
+Usage: python scripts/bench_near.py [--data embeddings] [--rows 1000000]
+         [--threshold 0.01 ...] [--only NAME ...] [--growth 250000] [--json bench-near.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
 from benchkit import PEAK_RSS_MB, ROOT, run_python
 
-from transforms.near import NearSpec, exact_distance
+sys.path.insert(0, str(ROOT))
+from tests.embeddings import embeddings, with_near_copies  # noqa: E402
+from transforms.near import NearSpec, exact_distance  # noqa: E402
+from transforms.near_recall import wilson  # noqa: E402
 
-DIM, THRESHOLD, GROUP_ROWS = 128, 0.5, 65536
-ORACLE = "oracle (this kernel, flat over everything)"
-BASELINE = "baseline: IndexFlatL2 range_search + union-find"
-JOB_NAME = "the job (Beam, near stage on)"
+GROUP_ROWS = 65536
+SAMPLE = 2000
+FLAT_SUBSET = 100_000
+JOB = "the job (auto)"
+FLAT = "flat all-pairs (FAISS range search)"
+SENTENCES = ROOT / "bench-data" / "sentences.npz"
 
 
-def make_data(n: int, seed: int = 0) -> np.ndarray:
+def make_blobs(n: int, threshold: float, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     n_near, n_decoy = int(n * 0.05), int(n * 0.02)
     n_base = n - n_near - n_decoy
-    centers = rng.standard_normal((1000, DIM)) * 3
-    base = centers[rng.integers(0, 1000, n_base)] + rng.standard_normal((n_base, DIM))
+    centers = rng.standard_normal((1000, 128)) * 3
+    base = centers[rng.integers(0, 1000, n_base)] + rng.standard_normal((n_base, 128))
 
     def moved(rows: np.ndarray, lo: float, hi: float) -> np.ndarray:
         u = rng.standard_normal(rows.shape)
         u /= np.linalg.norm(u, axis=1, keepdims=True)
-        return rows + u * (THRESHOLD * rng.uniform(lo, hi, (len(rows), 1)))
+        return rows + u * (threshold * rng.uniform(lo, hi, (len(rows), 1)))
 
     near = moved(base[rng.choice(n_base, n_near)], 0.5, 0.95)
     decoys = moved(base[rng.choice(n_base, n_decoy)], 1.02, 1.2)
     x = np.concatenate([base, near, decoys]).astype(np.float32)
     return x[rng.permutation(n)]
+
+
+def dataset(name: str, rows: int) -> tuple[np.ndarray, str, list[float]]:
+    """(vectors, metric, thresholds)."""
+    if name == "embeddings":
+        return with_near_copies(embeddings(round(rows / 1.07))), "cosine", [0.01, 0.02]
+    if name == "blobs":
+        return make_blobs(rows, 0.5), "l2", [0.5]
+    if not SENTENCES.exists():
+        sys.exit(f"{SENTENCES} is missing: run python scripts/make_sentence_embeddings.py")
+    return np.load(SENTENCES)["vectors"].astype(np.float32), "cosine", [0.02, 0.05]
 
 
 def write_inputs(x: np.ndarray, work: Path) -> None:
@@ -69,87 +95,141 @@ def write_inputs(x: np.ndarray, work: Path) -> None:
     import pyarrow.parquet as pq
 
     np.save(work / "x.npy", x)
-    (work / "in").mkdir()
+    (work / "in").mkdir(exist_ok=True)
     emb = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1])
     ids = pa.array(np.arange(len(x)).astype(str))
     pq.write_table(pa.table({"id": ids, "emb": emb}), work / "in" / "part-0.parquet",
                    row_group_size=GROUP_ROWS)
 
 
-def first_of_groups(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(removed, kept) keeping the first row of each label."""
-    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
-    keeper = first[inverse]
-    removed = np.flatnonzero(keeper != np.arange(len(labels)))
-    return removed, keeper[removed]
-
-
-def flat_union_find(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    import faiss
-
-    index = faiss.IndexFlatL2(x.shape[1])
-    index.add(x)
-    lims, _, ids = index.range_search(x, THRESHOLD**2)
-    parent = list(range(len(x)))
-
-    def find(u: int) -> int:
-        while parent[u] != u:
-            parent[u] = parent[parent[u]]
-            u = parent[u]
-        return u
-
-    rows = np.repeat(np.arange(len(x)), np.diff(lims.astype(np.int64)))
-    for a, b in zip(rows.tolist(), ids.tolist(), strict=True):
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-    return first_of_groups(np.array([find(u) for u in range(len(x))]))
-
-
-def quantize_hash(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    from transforms.fingerprint import quantized_fingerprint_batch
-
-    digests = quantized_fingerprint_batch(x, step=THRESHOLD)
-    return first_of_groups(np.unique(digests, return_inverse=True)[1])
-
-
-# Each snippet runs in a fresh process (cwd = repo root) and sets ``seconds``; the array
-# contenders save removed.npy / kept.npy (int64 rows, removed[i] merged into kept[i]) in OUT.
-KERNEL = """
-from transforms.near import NearSpec, near_duplicates
+# Each snippet runs in a fresh process (cwd = repo root), sets ``seconds`` and saves
+# removed.npy / kept.npy (int64 rows, removed[i] merged into kept[i]) in OUT.
+LOAD = """
+from transforms.near import NearSpec
 x = np.load(WORK + "/x.npy")
-spec, rank = NearSpec("l2", threshold=THRESHOLD, **SPEC), np.arange(len(x))
-start = time.perf_counter()
-removed, kept, _ = near_duplicates(x, rank, spec, partitions=PARTITIONS)
-seconds = time.perf_counter() - start
-np.save(OUT + "/removed.npy", removed.astype(np.int64))
-np.save(OUT + "/kept.npy", kept.astype(np.int64))
+if ROWS is not None:
+    x = x[:ROWS]
+spec = NearSpec(METRIC, threshold=THRESHOLD, **SPEC)
 """
-PEER = """
+KERNEL = LOAD + """
+from transforms.near import find_near
+start = time.perf_counter()
+r = find_near(x, np.arange(len(x)), spec)
+seconds = time.perf_counter() - start
+np.save(OUT + "/removed.npy", r.removed)
+np.save(OUT + "/kept.npy", r.kept)
+extra = {"mode": r.partitions.mode, "cells": len(r.partitions)}
+"""
+PEER = LOAD + """
 sys.path.insert(0, SCRIPTS)
 import bench_near
-x = np.load(WORK + "/x.npy")
 start = time.perf_counter()
-removed, kept = getattr(bench_near, FUNCTION)(x)
+removed, kept, extra = getattr(bench_near, FUNCTION)(x, spec)
 seconds = time.perf_counter() - start
-np.save(OUT + "/removed.npy", removed.astype(np.int64))
-np.save(OUT + "/kept.npy", kept.astype(np.int64))
+np.save(OUT + "/removed.npy", removed)
+np.save(OUT + "/kept.npy", kept)
 """
-JOB = """
+CLI = """
 from pipeline.run import main
 start = time.perf_counter()
 rc = main(["--config", CONFIG, "--quiet"])
 seconds = time.perf_counter() - start
 if rc != 0:
     sys.exit(f"the job exited with {rc}")
+extra = {}
 """
 FOOTER = f"""
-print(json.dumps({{"seconds": seconds, "rss_mb": {PEAK_RSS_MB}}}))
+print(json.dumps({{"seconds": seconds, "rss_mb": {PEAK_RSS_MB}, **extra}}))
 """
+
+
+def search_vectors(x: np.ndarray, spec: NearSpec) -> np.ndarray:
+    """float32 rows the peers search: unit vectors for cosine."""
+    if spec.metric != "cosine":
+        return np.ascontiguousarray(x, dtype=np.float32)
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _grouped(x: np.ndarray, a: np.ndarray, b: np.ndarray, spec: NearSpec
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Candidate pairs -> verified in float64 -> representative grouping (keep first)."""
+    from transforms.near import group_representative, row_edges, verify
+
+    keep = a != b
+    a, b = a[keep], b[keep]
+    dist, ab, ba = verify(x[a], x[b], spec)
+    ok = ab | ba
+    edges, row = row_edges(a[ok], b[ok], np.arange(len(x)), dist[ok], ab[ok], ba[ok])
+    removed, kept, _ = group_representative(edges)
+    return row[removed], row[kept]
+
+
+def _loose(spec: NearSpec) -> float:
+    """A radius a little wider than the tolerance for peers' float32 searches (then
+    verified), so their float32 rounding is not what they are measured on."""
+    r = math.sqrt(2 * spec.threshold) if spec.metric == "cosine" else spec.threshold
+    return r * 1.01 + 1e-4
+
+
+def ivf_knn(x: np.ndarray, spec: NearSpec) -> tuple[np.ndarray, np.ndarray, dict]:
+    import faiss
+
+    v = search_vectors(x, spec)
+    n, d = v.shape
+    nlist = max(1, int(math.sqrt(n)))
+    index = faiss.IndexIVFFlat(faiss.IndexFlatL2(d), d, nlist)
+    rng = np.random.default_rng(0)
+    index.train(v[rng.choice(n, min(n, 64 * nlist), replace=False)])
+    index.add(v)
+    index.nprobe = min(8, nlist)
+    dist, ids = index.search(v, 10)
+    rows = np.repeat(np.arange(n), 10)
+    ids, dist = ids.reshape(-1), dist.reshape(-1)
+    hit = (ids >= 0) & (dist <= _loose(spec) ** 2)
+    removed, kept = _grouped(x, rows[hit], ids[hit].astype(np.int64), spec)
+    return removed, kept, {"nlist": nlist, "nprobe": index.nprobe, "k": 10}
+
+
+def semdedup(x: np.ndarray, spec: NearSpec) -> tuple[np.ndarray, np.ndarray, dict]:
+    """k-means (spherical for cosine), then all pairs within each cluster only."""
+    import faiss
+
+    v = search_vectors(x, spec)
+    n, d = v.shape
+    k = max(1, n // 1000)
+    km = faiss.Kmeans(d, k, niter=20, seed=0, spherical=spec.metric == "cosine",
+                      max_points_per_centroid=256)
+    km.train(v)
+    label = km.index.search(v, 1)[1][:, 0]
+    order = np.argsort(label, kind="stable")
+    bounds = np.searchsorted(label[order], np.arange(k + 1))
+    r2 = _loose(spec) ** 2
+    pa, pb = [], []
+    for c in range(k):
+        m = order[bounds[c]:bounds[c + 1]]
+        vm = v[m]
+        sq = (vm * vm).sum(axis=1)
+        dd = sq[:, None] + sq[None, :] - 2 * vm @ vm.T
+        i, j = np.nonzero(np.triu(dd <= r2, 1))
+        pa.append(m[i])
+        pb.append(m[j])
+    removed, kept = _grouped(x, np.concatenate(pa), np.concatenate(pb), spec)
+    return removed, kept, {"clusters": k}
+
+
+def flat(x: np.ndarray, spec: NearSpec) -> tuple[np.ndarray, np.ndarray, dict]:
+    import faiss
+
+    v = search_vectors(x, spec)
+    index = faiss.IndexFlatL2(v.shape[1])
+    index.add(v)
+    lims, _, ids = index.range_search(v, _loose(spec) ** 2)
+    rows = np.repeat(np.arange(len(v)), np.diff(lims.astype(np.int64)))
+    removed, kept = _grouped(x, rows, ids.astype(np.int64), spec)
+    return removed, kept, {}
 
 
 def run_snippet(code: str, **names: object) -> dict:
-    """Run one contender in a fresh process; its last stdout line is {seconds, rss_mb}."""
     prelude = "".join(f"{k} = {v!r}\n" for k, v in names.items())
     source = ("import json, sys, time\nimport numpy as np\n" + prelude
               + textwrap.dedent(code) + FOOTER)
@@ -157,122 +237,191 @@ def run_snippet(code: str, **names: object) -> dict:
     return {**out, "process_wall_s": wall}
 
 
-def job_config(work: Path) -> Path:
+def job_config(work: Path, spec: NearSpec, tag: str) -> Path:
     import yaml
 
     cfg = {"input": {"format": "parquet", "path": str(work / "in" / "*.parquet"),
                      "tensor": "emb", "id": "id"},
-           "output": {"path": str(work / "job" / "clean"), "overwrite": True},
-           "report": str(work / "job" / "report"),
-           "near": {"metric": "l2", "threshold": THRESHOLD}}
-    path = work / "job.yaml"
+           "output": {"path": str(work / tag / "clean"), "overwrite": True},
+           "report": str(work / tag / "report"),
+           "near": {"metric": spec.metric, "threshold": spec.threshold}}
+    path = work / f"{tag}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 
 
 def job_results(report: Path) -> tuple[np.ndarray, np.ndarray, dict]:
-    """(removed, kept) rows from duplicates.parquet (exact and near) and the summary figures."""
     import pyarrow.parquet as pq
 
     dup = pq.read_table(report / "duplicates.parquet",
-                        columns=["record_id", "duplicate_of", "kind"]).to_pydict()
+                        columns=["record_id", "duplicate_of"]).to_pydict()
     removed = np.array([int(i) for i in dup["record_id"]], dtype=np.int64)
     kept = np.array([int(i) for i in dup["duplicate_of"]], dtype=np.int64)
-    summary = json.loads((report / "summary.json").read_text())
-    near = summary["near"] or {}
-    return removed, kept, {
-        "summary_wall_time_s": summary["wall_time_s"],
-        "removed_exact": dup["kind"].count("exact"), "removed_near": dup["kind"].count("near"),
-        "near_partitions": near.get("partitions"),
-        "near_pairs_within_tolerance": near.get("pairs_within_tolerance")}
+    s = json.loads((report / "summary.json").read_text())
+    near = s["near"]
+    return removed, kept, {"summary_wall_time_s": s["wall_time_s"], "mode": near["mode"],
+                           "cells": near["cells"], "own_recall": near["recall"]}
 
 
-def contenders(work: Path, partitions: int) -> dict[str, tuple[str, dict]]:
-    """Name -> (snippet, names); the oracle first (it defines recall), table order after."""
-    flat = {"index": "flat"}
-    return {
-        ORACLE: (KERNEL, dict(SPEC=flat, PARTITIONS=1)),
-        "this kernel (index auto)": (KERNEL, dict(SPEC={}, PARTITIONS=None)),
-        f"this kernel (partitioned {partitions}, flat)":
-            (KERNEL, dict(SPEC=flat, PARTITIONS=partitions)),
-        "IVF (nprobe 16)": (KERNEL, dict(SPEC={"index": "ivf", "nprobe": 16,
-                                               "single_index_rows": 10**9}, PARTITIONS=None)),
-        JOB_NAME: (JOB, dict(CONFIG=str(job_config(work)))),
-        BASELINE: (PEER, dict(FUNCTION="flat_union_find")),
-        "quantize-round-hash (step = threshold)": (PEER, dict(FUNCTION="quantize_hash")),
-    }
+def truth(x: np.ndarray, spec: NearSpec, sample: np.ndarray) -> dict[int, list[int]]:
+    """{sampled row: rows within tolerance}, by brute force in float64 (a slack on the
+    float64 products, then the metric itself)."""
+    x64 = x.astype(np.float64)
+    if spec.metric == "cosine":
+        x64 /= np.linalg.norm(x64, axis=1, keepdims=True)
+        r = math.sqrt(2 * spec.threshold)
+    else:
+        r = spec.threshold
+    sq = np.einsum("ij,ij->i", x64, x64)
+    out: dict[int, list[int]] = {}
+    for a in range(0, len(sample), 256):
+        s = sample[a:a + 256]
+        d2 = sq[s][:, None] + sq[None, :] - 2 * x64[s] @ x64.T
+        i, j = np.nonzero(d2 <= (r * 1.001) ** 2 + 1e-9)
+        keep = s[i] != j
+        i, j = s[i][keep], j[keep]
+        _, ab = exact_distance(x[i], x[j], spec)
+        _, ba = exact_distance(x[j], x[i], spec)
+        for p, q in zip(i[ab | ba].tolist(), j[ab | ba].tolist(), strict=True):
+            out.setdefault(p, []).append(q)
+    return out
 
 
-def score(x: np.ndarray, removed: np.ndarray, kept: np.ndarray, oracle_removed: set[int],
-          spec: NearSpec) -> dict:
+def score(x: np.ndarray, removed: np.ndarray, kept: np.ndarray, spec: NearSpec,
+          partners: dict[int, list[int]]) -> dict:
+    gone = np.zeros(len(x), bool)
+    gone[removed] = True
+    resolved = {s: sum(gone[s] or gone[p] for p in ps) for s, ps in partners.items()}
+    recalled = sum(resolved[s] == len(ps) for s, ps in partners.items())
+    pairs = sum(len(ps) for ps in partners.values())
+    lo, hi = wilson(recalled, len(partners))
     _, ok = exact_distance(x[removed], x[kept], spec)
-    hit = len(set(removed.tolist()) & oracle_removed)
-    return {"removed": len(removed), "recall": hit / max(len(oracle_removed), 1),
+    return {"removed": int(len(removed)),
+            "recall": recalled / len(partners) if partners else None,
+            "recall_low": lo, "recall_high": hi, "with_partners": len(partners),
+            "pair_recall": sum(resolved.values()) / pairs if pairs else None,
             "precision": float(ok.mean()) if len(ok) else 1.0}
 
 
-def table(rows: int, results: dict[str, dict]) -> str:
-    w = max(len(name) for name in results) + 2
-    lines = [f"\nnear-duplicates, {rows:,} x {DIM} float32, L2 threshold {THRESHOLD} "
-             "(each contender in its own process)",
-             f"{'contender':<{w}}{'seconds':>9}{'vs flat':>9}{'peak RSS MB':>13}{'removed':>9}"
-             f"{'recall':>8}{'precision':>11}"]
-    for name, r in results.items():
-        vs = "-" if r["vs_flat_baseline"] is None else f"{r['vs_flat_baseline']:.1f}x"
-        lines.append(f"{name:<{w}}{r['seconds']:>9.2f}{vs:>9}{r['rss_mb']:>13.0f}"
-                     f"{r['removed']:>9,}{r['recall']:>8.4f}{r['precision']:>11.4f}")
-    if JOB_NAME in results:
-        j = results[JOB_NAME]
-        lines.append(f"the job: CLI call {j['seconds']:.2f} s (summary wall_time_s "
-                     f"{j['summary_wall_time_s']:.2f} s); near stage: partitions "
-                     f"{j['near_partitions']}, pairs within tolerance "
-                     f"{j['near_pairs_within_tolerance']:,}; removed {j['removed_exact']:,} exact "
-                     f"+ {j['removed_near']:,} near")
+def contenders(work: Path, spec: NearSpec, rows: int) -> dict[str, tuple[str, dict]]:
+    base = dict(WORK=str(work), METRIC=spec.metric, THRESHOLD=spec.threshold,
+                SCRIPTS=str(ROOT / "scripts"), ROWS=None)
+    sub = min(rows, FLAT_SUBSET)
+    flat_name = FLAT if sub == rows else (
+        f"{FLAT} on {sub // 1000}k rows, time x {(rows / sub) ** 2:.0f}")
+    return {
+        JOB: (CLI, dict(base, CONFIG=str(job_config(work, spec, "job")))),
+        "kernel, exact cells": (KERNEL, dict(base, SPEC={"mode": "exact", "recall_sample": 0})),
+        "kernel, bounded (3 probes)": (KERNEL, dict(base, SPEC={"mode": "bounded",
+                                                                 "recall_sample": 0})),
+        "FAISS IVF kNN (nlist sqrt n, nprobe 8, k 10)": (PEER, dict(base, SPEC={},
+                                                                     FUNCTION="ivf_knn")),
+        "SemDeDup-style (k-means, pairs within clusters)": (PEER, dict(
+            base, SPEC={}, FUNCTION="semdedup")),
+        flat_name: (PEER, dict(base, SPEC={}, FUNCTION="flat", ROWS=sub if sub < rows else None)),
+    }
+
+
+def bench(name: str, x: np.ndarray, spec: NearSpec, work: Path, only: list[str],
+          growth: int | None) -> dict:
+    sample = np.sort(np.random.default_rng(7).choice(len(x), min(SAMPLE, len(x)),
+                                                     replace=False))
+    t = time.perf_counter()
+    partners = truth(x, spec, sample)
+    print(f"  brute force of {len(sample):,} sampled records: {len(partners):,} have near "
+          f"duplicates ({time.perf_counter() - t:.0f} s)", file=sys.stderr, flush=True)
+    results: dict[str, dict] = {}
+    for cname, (code, names) in contenders(work, spec, len(x)).items():
+        if only and not any(s.lower() in cname.lower() for s in only):
+            continue
+        out = work / f"out-{len(results)}"
+        out.mkdir(exist_ok=True)
+        print(f"  running {cname} ...", file=sys.stderr, flush=True)
+        r = run_snippet(code, OUT=str(out), **names)
+        if code is CLI:
+            removed, kept, extra = job_results(work / "job" / "report")
+            r.update(extra)
+        else:
+            removed, kept = np.load(out / "removed.npy"), np.load(out / "kept.npy")
+        if names.get("ROWS"):  # the subset run: scored on its own rows, time extrapolated
+            r["measured_seconds"] = r["seconds"]
+            r["seconds"] *= (len(x) / names["ROWS"]) ** 2
+            sub = {s: [p for p in ps if p < names["ROWS"]] for s, ps in partners.items()
+                   if s < names["ROWS"]}
+            r.update(score(x[:names["ROWS"]], removed, kept, spec,
+                           {s: ps for s, ps in sub.items() if ps}))
+        else:
+            r.update(score(x, removed, kept, spec, partners))
+        results[cname] = r
+        print(f"    {r['seconds']:.1f} s, {r['rss_mb']:.0f} MB, recall {r['recall']}",
+              file=sys.stderr, flush=True)
+    if growth and JOB in results:
+        small = work / "small"
+        small.mkdir(exist_ok=True)
+        write_inputs(x[:growth], small)
+        r = run_snippet(CLI, CONFIG=str(job_config(small, spec, "job")))
+        results[JOB]["growth"] = {"rows": growth, "seconds": r["seconds"],
+                                  "ratio": results[JOB]["seconds"] / r["seconds"]}
+    flat_s = next((r["seconds"] for k, r in results.items() if k.startswith(FLAT)), None)
+    for r in results.values():
+        r["vs_flat"] = flat_s / r["seconds"] if flat_s else None
+    return {"data": name, "rows": len(x), "dim": x.shape[1], "metric": spec.metric,
+            "threshold": spec.threshold, "sample": len(sample),
+            "sampled_with_partners": len(partners), "results": results}
+
+
+def table(b: dict) -> str:
+    res = b["results"]
+    w = max(len(k) for k in res) + 2
+    lines = [f"\n{b['data']}: {b['rows']:,} x {b['dim']}, {b['metric']} threshold "
+             f"{b['threshold']} (recall: {b['sampled_with_partners']} of {b['sample']:,} "
+             "sampled records have near duplicates)",
+             f"{'contender':<{w}}{'seconds':>9}{'vs flat':>9}{'peak MB':>9}{'removed':>9}"
+             f"{'recall [95% CI]':>22}{'pair rec.':>10}{'precision':>10}"]
+    for k, r in res.items():
+        vs = "-" if r["vs_flat"] is None else f"{r['vs_flat']:.1f}x"
+        rec = "-" if r["recall"] is None else (
+            f"{r['recall']:.4f} [{r['recall_low']:.3f},{r['recall_high']:.3f}]")
+        pr = "-" if r["pair_recall"] is None else f"{r['pair_recall']:.4f}"
+        lines.append(f"{k:<{w}}{r['seconds']:>9.1f}{vs:>9}{r['rss_mb']:>9.0f}"
+                     f"{r['removed']:>9,}{rec:>22}{pr:>10}{r['precision']:>10.4f}")
+    if JOB in res:
+        j = res[JOB]
+        own = j.get("own_recall") or {}
+        lines.append(f"the job: {j['mode']} mode, {j['cells']} cells; its own recall estimate "
+                     f"{own.get('recall')} [{own.get('low', 0):.3f}, {own.get('high', 0):.3f}];"
+                     f" summary wall time {j['summary_wall_time_s']:.1f} s")
+        if "growth" in j:
+            g = j["growth"]
+            lines.append(f"the job at {g['rows']:,} rows: {g['seconds']:.1f} s; "
+                         f"{b['rows']:,} rows took {g['ratio']:.2f}x as long")
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=200_000)
-    ap.add_argument("--partitions", type=int, default=64)
-    ap.add_argument("--only", action="append", default=[], metavar="NAME_SUBSTRING",
-                    help="run only contenders whose name contains this (case-insensitive; "
-                    "repeatable); the oracle always runs")
+    ap.add_argument("--data", action="append", choices=["embeddings", "sentences", "blobs"])
+    ap.add_argument("--rows", type=int, default=None, help="embeddings: 1,000,000; blobs: "
+                    "200,000")
+    ap.add_argument("--threshold", type=float, action="append", help="default: per data set")
+    ap.add_argument("--only", action="append", default=[], metavar="NAME_SUBSTRING")
+    ap.add_argument("--growth", type=int, default=None, metavar="ROWS",
+                    help="also time the job on the first ROWS rows (time growth)")
     ap.add_argument("--json", default="bench-near.json")
     args = ap.parse_args()
-    spec = NearSpec("l2", threshold=THRESHOLD)
-    x = make_data(args.rows)
-    with tempfile.TemporaryDirectory(prefix="bench-near-") as tmp:
-        work = Path(tmp)
-        write_inputs(x, work)
-        wanted = {name: c for name, c in contenders(work, args.partitions).items()
-                  if name == ORACLE or not args.only
-                  or any(s.lower() in name.lower() for s in args.only)}
-        results: dict[str, dict] = {}
-        oracle: set[int] = set()
-        for i, (name, (code, names)) in enumerate(wanted.items()):
-            out = work / f"contender-{i}"
-            out.mkdir()
-            print(f"running {name} ...", file=sys.stderr, flush=True)
-            r = run_snippet(code, WORK=str(work), OUT=str(out), THRESHOLD=THRESHOLD,
-                            SCRIPTS=str(ROOT / "scripts"), **names)
-            if name == JOB_NAME:
-                removed, kept, extra = job_results(work / "job" / "report")
-                r.update(extra)
-            else:
-                removed, kept = np.load(out / "removed.npy"), np.load(out / "kept.npy")
-            if name == ORACLE:
-                oracle = set(removed.tolist())
-            results[name] = {**r, **score(x, removed, kept, oracle, spec)}
-    results[ORACLE] = results.pop(ORACLE)  # the oracle goes last in the table
-    base = results.get(BASELINE, {}).get("seconds")
-    for r in results.values():
-        r["vs_flat_baseline"] = base / r["seconds"] if base else None
-    print(table(args.rows, results))
-    Path(args.json).write_text(json.dumps({"rows": args.rows, "dim": DIM,
-                                           "threshold": THRESHOLD,
-                                           "partitions": args.partitions,
-                                           "results": results}, indent=2))
+    out = []
+    for name in args.data or ["embeddings"]:
+        rows = args.rows or {"embeddings": 1_000_000, "blobs": 200_000}.get(name, 0)
+        x, metric, thresholds = dataset(name, rows)
+        with tempfile.TemporaryDirectory(prefix="bench-near-") as tmp:
+            work = Path(tmp)
+            write_inputs(x, work)
+            for t in args.threshold or thresholds:
+                print(f"{name}: {len(x):,} rows, {metric} {t}", file=sys.stderr, flush=True)
+                b = bench(name, x, NearSpec(metric, threshold=t), work, args.only, args.growth)
+                print(table(b), flush=True)
+                out.append(b)
+                Path(args.json).write_text(json.dumps(out, indent=2, default=float))
 
 
 if __name__ == "__main__":

@@ -414,7 +414,7 @@ def test_pairs_within_is_a_superset_at_large_offsets():
     spec = NearSpec("l2", threshold=1.1e-3)
     for center in (None, x.mean(axis=0)):
         v = near.search_vectors(x, spec, 1.1e-3, center)
-        q, d = search.pairs_within(v, v, 1.1e-3)
+        q, d, _ = search.pairs_within(v, v, 1.1e-3)
         got = {(int(a), int(b)) for a, b in zip(q.tolist(), d.tolist(), strict=True)}
         assert all((i, 5000 + i) in got for i in range(200))
         assert all((i, i) in got for i in range(len(x)))
@@ -434,22 +434,29 @@ def test_torch_backend_finds_the_same_pairs():
     x[1000:1100] = x[:100] + 1e-3
     for dtype in (np.float32, np.float64):
         v = search.centred(x, x.mean(axis=0), dtype)
-        qa, ya = search.augmented(v, v, 1e-2)  # the copies are 6.9e-3 away
-        want = search._signs(qa, ya, 700)
-        got = search._signs_torch(qa, ya, 700, torch.device("cpu"))
-        assert sorted(zip(*want, strict=True)) == sorted(zip(*got, strict=True))
-        assert len(want[0]) >= 3000 + 200
+        qa, ya, _ = search.augmented(v, v, 1e-2)  # the copies are 6.9e-3 away
+        want = own = np.arange(0, 3000, 3)
+        i, j, _, top, _ = search._signs(qa, ya, 700, want, own)
+        ti, tj, _, ttop, _ = search._signs_torch(qa, ya, 700, want, own, torch.device("cpu"))
+        assert sorted(zip(i, j, strict=True)) == sorted(zip(ti, tj, strict=True))
+        assert len(i) >= 3000 + 200
+        assert (top == ttop).mean() > 0.99  # exact ties may break differently
 
 
-def test_nearest_matches_brute_force():
+def test_nearest_neighbours_come_with_the_pairs():
     rng = np.random.default_rng(9)
-    x = rng.standard_normal((500, 12))
+    x = rng.standard_normal((5000, 12))
     v = search.centred(x, None, np.float32)
-    rows = np.arange(0, 500, 7)
-    ids = search.nearest(v.take(rows), v, 3, same=rows)
-    d = np.linalg.norm(x[rows, None] - x[None], axis=2)
-    d[np.arange(len(rows)), rows] = np.inf
-    np.testing.assert_array_equal(ids, np.argsort(d, axis=1)[:, :3])
+    rows = np.arange(0, 5000, 7)
+    own = np.full(5000, search.NO_NEAREST)
+    own[rows] = rows
+    own[3] = -1  # wanted, and not in the data: itself counts
+    *_, best = search.pairs_within(v, v, 0.5, own=own)
+    d = np.linalg.norm(x[:, None] - x[None], axis=2)
+    np.testing.assert_array_equal(best[3], 3)
+    d[rows, rows] = np.inf
+    np.testing.assert_array_equal(best[rows], np.argmin(d[rows], axis=1))
+    assert (best[np.setdiff1d(np.arange(5000), np.r_[rows, 3])] == -1).all()
 
 
 # --- recall -------------------------------------------------------------------------------

@@ -25,13 +25,18 @@ import numpy as np
 
 from transforms.near_plan import MODES, Partitions, Progress, assign, partition_count, plan
 from transforms.near_recall import Recall, estimate, in_sample
-from transforms.near_search import Vectors, nearest, pairs_within, precision_for, thresholds
+from transforms.near_search import (
+    NO_NEAREST,
+    Vectors,
+    pairs_within,
+    precision_for,
+    thresholds,
+)
 
 METRICS = ("allclose", "l2", "cosine")
 GROUPINGS = ("representative", "components")
 INDEXES = ("auto", "flat", "ivf", "hnsw")
 DEVICES = ("auto", "cpu", "cuda")
-NN_K = 4  # neighbours per sampled row for the distance histogram and the borderline sample
 SAMPLE_ROWS = 100_000  # k-means sample cap (rows) ...
 SAMPLE_BYTES = 64 << 20  # ... and bytes (one worker holds it)
 BLOCK_ROWS = 65_536  # rows assigned or brute-forced at once in one process
@@ -48,7 +53,7 @@ class NearSpec:
     nlist: int | None = None  # ivf: lists (default 4 sqrt(n))
     nprobe: int = 16  # ivf: lists visited per query
     hnsw_m: int = 32  # hnsw: links per node
-    single_index_rows: int = 50_000  # up to here: one cell (n^2 d flops stay seconds)
+    single_index_rows: int = 20_000  # up to here: one cell (n^2 d flops stay ~2 s)
     partition_rows: int = 1_000  # above: k-means cells of about this many rows (or sqrt n)
     mode: str = "auto"  # exact | bounded | auto (chosen from a sample before the search)
     probes: int = 3  # bounded: cells per row at most (home included)
@@ -224,12 +229,18 @@ def search_partition(x: np.ndarray, home: np.ndarray, spec: NearSpec, radius: fl
     rows whose nearest-neighbour distance is wanted (a kNN search, so sample them)."""
     v = search_vectors(x, spec, radius, center)
     home_rows = np.flatnonzero(home)
-    if spec.index in ("auto", "flat"):
-        qi, b = pairs_within(v.take(home_rows), v, radius, spec.device)
-        index = None
+    nn_rows = np.empty(0, np.int64) if nn_rows is None else np.sort(nn_rows).astype(np.int64)
+    if spec.index in ("auto", "flat"):  # nearest neighbours come from the same products
+        own = np.full(len(home_rows), NO_NEAREST, np.int64)
+        slot = np.searchsorted(home_rows, nn_rows)
+        own[slot] = nn_rows
+        qi, b, best = pairs_within(v.take(home_rows), v, radius, spec.device, own)
+        ids = best[slot][:, None]
     else:
         index = _index(np.ascontiguousarray(v.v, dtype=np.float32), spec)
         qi, b = _index_pairs(index, v.take(home_rows), float(v.norm.max(initial=0)), radius)
+        ids = index.search(np.ascontiguousarray(v.v[nn_rows], np.float32), 2)[1] if len(
+            nn_rows) else np.empty((0, 2), np.int64)
     a = home_rows[qi]
     lo, hi = np.minimum(a, b), np.maximum(a, b)
     pairs = np.unique(np.stack([lo, hi], axis=1)[lo != hi], axis=0)
@@ -238,13 +249,6 @@ def search_partition(x: np.ndarray, home: np.ndarray, spec: NearSpec, radius: fl
     keep = ab | ba
     a, b, dist, ab, ba = a[keep], b[keep], dist[keep], ab[keep], ba[keep]
 
-    nn_rows = np.empty(0, np.int64) if nn_rows is None else np.sort(nn_rows).astype(np.int64)
-    k = min(NN_K, len(x) - 1)
-    if index is None:
-        ids = nearest(v.take(nn_rows), v, k, same=nn_rows)
-    else:
-        ids = index.search(np.ascontiguousarray(v.v[nn_rows], np.float32), k + 1)[1] if len(
-            nn_rows) and k > 0 else np.empty((len(nn_rows), 0), np.int64)
     rows = np.repeat(nn_rows, ids.shape[1])
     nbrs = ids.reshape(-1).astype(np.int64)
     ok = (nbrs >= 0) & (nbrs != rows)
@@ -411,9 +415,9 @@ def true_pairs(sample_x: np.ndarray, data_x: np.ndarray, spec: NearSpec, radius:
     """Brute force: (sample row, data row) pairs within tolerance (either direction)."""
     norm = max(largest_norm(sample_x, spec, center), largest_norm(data_x, spec, center))
     dtype = precision_for(norm, sample_x.reshape(len(sample_x), -1).shape[1], radius)
-    si, dj = pairs_within(search_vectors(sample_x, spec, radius, center, dtype),
-                          search_vectors(data_x, spec, radius, center, dtype), radius,
-                          spec.device)
+    si, dj, _ = pairs_within(search_vectors(sample_x, spec, radius, center, dtype),
+                             search_vectors(data_x, spec, radius, center, dtype), radius,
+                             spec.device)
     _, ab, ba = verify(sample_x[si], data_x[dj], spec)
     return si[ab | ba], dj[ab | ba]
 

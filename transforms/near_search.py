@@ -96,8 +96,9 @@ def use_cuda(device: str) -> bool:
     return False
 
 
-def augmented(q: Vectors, y: Vectors, radius: float) -> tuple[np.ndarray, np.ndarray]:
-    """(q', y') with q'_i . y'_j = (T_i - D_ij) / 2 + rounding, where D_ij = |q_i|^2 +
+def augmented(q: Vectors, y: Vectors, radius: float
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(q', y', T) with q'_i . y'_j = (T_i - D_ij) / 2 + rounding, where D_ij = |q_i|^2 +
     |y_j|^2 - 2 q_i.y_j is the squared distance and T_i the query's threshold: one matrix
     product and one sign test per pair, no other pass over the distances.
 
@@ -110,72 +111,89 @@ def augmented(q: Vectors, y: Vectors, radius: float) -> tuple[np.ndarray, np.nda
     qa[:, :dim], qa[:, dim], qa[:, dim + 1] = q.v, (limit - q.norm ** 2) / 2, 1
     ya = np.empty((len(y.v), dim + 2), dtype)
     ya[:, :dim], ya[:, dim], ya[:, dim + 1] = y.v, 1, -(y.norm ** 2) / 2
-    return qa, ya
+    return qa, ya, limit
 
 
-def pairs_within(q: Vectors, y: Vectors, radius: float, device: str = "cpu"
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """(query row, data row) for every pair whose distance may be within ``radius``: a
-    superset of the true pairs (same-row pairs included when q and y share rows)."""
-    if not len(q.v) or not len(y.v):
-        return np.empty(0, np.int64), np.empty(0, np.int64)
+NO_NEAREST = -2  # ``own`` value: this query needs no nearest neighbour
+
+
+def pairs_within(q: Vectors, y: Vectors, radius: float, device: str = "cpu",
+                 own: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(query row, data row) for every pair whose distance may be within ``radius`` (a
+    superset of the true pairs; same-row pairs included when q and y share rows), and
+    the nearest data row of each query (by float32 distance, from the same products) for
+    queries whose ``own`` entry is not NO_NEAREST: ``own[i]`` is the data row that is
+    query i itself (skipped), or -1. -1 where no nearest is wanted or there is none."""
+    nq = len(q.v)
+    best = np.full(nq, -1, np.int64)
+    if not nq or not len(y.v):
+        return np.empty(0, np.int64), np.empty(0, np.int64), best
     if q.v.dtype != y.v.dtype:
         raise ValueError("queries and data must have one precision")
+    own = np.full(nq, NO_NEAREST, np.int64) if own is None else np.asarray(own, np.int64)
+    want = np.flatnonzero(own != NO_NEAREST)
+    best_d = np.full(nq, np.inf)
     cols = max(1, min(len(y.v), BLOCK_ELEMENTS // 256))
     rows = max(1, BLOCK_ELEMENTS // cols)
+    signs = _signs_torch if use_cuda(device) else _signs
     qs, ys = [], []
     for c in range(0, len(y.v), cols):
-        qa, ya = augmented(q, y.take(np.arange(c, min(c + cols, len(y.v)))), radius)
-        if use_cuda(device):
-            i, j = _signs_torch(qa, ya, rows)
-        else:
-            i, j = _signs(qa, ya, rows)
+        qa, ya, limit = augmented(q, y.take(np.arange(c, min(c + cols, len(y.v)))), radius)
+        i, j, w, top, score = signs(qa, ya, rows, want, own[want] - c)
         qs.append(i)
         ys.append(j + c)
-    return np.concatenate(qs).astype(np.int64), np.concatenate(ys).astype(np.int64)
+        d = limit[w] - 2 * score  # the computed squared distance of each one's best
+        better = d < best_d[w]
+        best[w[better]], best_d[w[better]] = top[better] + c, d[better]
+    return np.concatenate(qs).astype(np.int64), np.concatenate(ys).astype(np.int64), best
 
 
-def _signs(qa: np.ndarray, ya: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """(i, j) where qa_i . ya_j >= 0, in blocks of ``rows`` queries."""
-    out = []
+def _signs(qa: np.ndarray, ya: np.ndarray, rows: int, want: np.ndarray, own: np.ndarray
+           ) -> tuple[np.ndarray, ...]:
+    """(i, j) where qa_i . ya_j >= 0, in blocks of ``rows`` queries; and for the query
+    rows ``want`` (sorted) the column with the largest product other than ``own``:
+    (those rows, their columns, the products)."""
+    out, tops, scores = [], [], []
     for r in range(0, len(qa), rows):
-        hit = np.flatnonzero(qa[r:r + rows] @ ya.T >= 0)  # 1-d: ~10x faster than 2-d
-        out.append(hit + r * len(ya))
-    return np.divmod(np.concatenate(out), len(ya))
+        m = qa[r:r + rows] @ ya.T
+        out.append(np.flatnonzero(m >= 0) + r * len(ya))  # 1-d: ~10x faster than 2-d
+        lo, hi = np.searchsorted(want, [r, r + rows])
+        if hi > lo:
+            sub = m[want[lo:hi] - r]
+            mine = (own[lo:hi] >= 0) & (own[lo:hi] < len(ya))
+            sub[np.flatnonzero(mine), own[lo:hi][mine]] = -np.inf
+            top = sub.argmax(axis=1)
+            tops.append(top)
+            scores.append(sub[np.arange(len(sub)), top])
+    i, j = np.divmod(np.concatenate(out), len(ya))
+    top = np.concatenate(tops) if tops else np.empty(0, np.int64)
+    score = np.concatenate(scores).astype(np.float64) if scores else np.empty(0)
+    return i, j, want, np.where(np.isfinite(score), top, -1), score
 
 
-def _signs_torch(qa: np.ndarray, ya: np.ndarray, rows: int, dev=None
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def _signs_torch(qa: np.ndarray, ya: np.ndarray, rows: int, want: np.ndarray,
+                 own: np.ndarray, dev=None) -> tuple[np.ndarray, ...]:
     """``_signs`` with torch on ``dev`` (default: the GPU; full float32 products, no TF32)."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device("cuda") if dev is None else dev
     qt, yt = torch.from_numpy(qa).to(dev), torch.from_numpy(ya).to(dev)
-    out = []
+    out, tops, scores = [], [], []
     for r in range(0, len(qa), rows):
-        hit = torch.nonzero((qt[r:r + rows] @ yt.T >= 0).reshape(-1)).reshape(-1)
-        out.append(hit.cpu().numpy() + r * len(ya))
-    return np.divmod(np.concatenate(out), len(ya))
-
-
-def nearest(q: Vectors, y: Vectors, k: int, same: np.ndarray | None = None) -> np.ndarray:
-    """(nq, k) indices of each query's k nearest data rows by computed distance (-1 where
-    there are fewer); ``same[i]``: the data row that is query i itself, skipped. For
-    histograms and samples, not for decisions (the caller verifies in float64)."""
-    out = np.full((len(q.v), k), -1, np.int64)
-    if not len(q.v) or not len(y.v) or k < 1:
-        return out
-    rows = max(1, BLOCK_ELEMENTS // len(y.v))
-    yn2 = y.norm ** 2
-    for r in range(0, len(q.v), rows):
-        d = (yn2[None, :] - 2 * (q.v[r:r + rows] @ y.v.T)).astype(np.float64)
-        if same is not None:
-            d[np.arange(len(d)), same[r:r + rows]] = np.inf
-        kk = min(k, len(y.v))
-        part = np.argpartition(d, kk - 1, axis=1)[:, :kk]
-        order = np.argsort(np.take_along_axis(d, part, axis=1), axis=1)
-        best = np.take_along_axis(part, order, axis=1)
-        best[~np.isfinite(np.take_along_axis(d, best, axis=1))] = -1
-        out[r:r + rows, :kk] = best
-    return out
+        m = qt[r:r + rows] @ yt.T
+        out.append(torch.nonzero((m >= 0).reshape(-1)).reshape(-1).cpu().numpy() + r * len(ya))
+        lo, hi = np.searchsorted(want, [r, r + rows])
+        if hi > lo:
+            sub = m[torch.from_numpy(want[lo:hi] - r).to(dev)]
+            mine = np.flatnonzero((own[lo:hi] >= 0) & (own[lo:hi] < len(ya)))
+            sub[torch.from_numpy(mine).to(dev), torch.from_numpy(own[lo:hi][mine]).to(dev)] = (
+                -torch.inf)
+            score, top = sub.max(dim=1)
+            tops.append(top.cpu().numpy())
+            scores.append(score.cpu().numpy())
+    i, j = np.divmod(np.concatenate(out), len(ya))
+    top = np.concatenate(tops) if tops else np.empty(0, np.int64)
+    score = np.concatenate(scores).astype(np.float64) if scores else np.empty(0)
+    return i, j, want, np.where(np.isfinite(score), top, -1), score
