@@ -6,11 +6,14 @@ keys, ids), never tensors, and each step's input and output is visible here.
 
 from __future__ import annotations
 
+import dataclasses
+import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
+from transforms import fs
 from transforms.formats.base import InvalidRecord
 
 
@@ -74,15 +77,34 @@ class VecBatch:
     ids: pa.Array  # (n,) string record ids
     x: np.ndarray  # (n, d) values in the input dtype; (n, 0) once no longer needed
     run: pa.Array | None = None  # (n,) string: the earlier run a stored record came from
+    spilled: tuple[str, int] | None = None  # (file, d): x is (n, 0) until ``loaded()``
 
     def __len__(self) -> int:
         return len(self.position)
 
     def take(self, idx: np.ndarray, values: bool = True) -> VecBatch:
+        if values and self.spilled is not None:
+            raise ValueError("take() of a spilled VecBatch: call loaded() first")
         x = self.x[idx] if values else np.empty((len(idx), 0), self.x.dtype)
         return VecBatch(self.words[idx], self.prio[idx], self.order[idx], self.file_index[idx],
                         self.position[idx], self.ids.take(pa.array(idx, pa.int64())), x,
                         _take_opt(self.run, idx))
+
+    def spill(self, folder: str) -> VecBatch:
+        """The same rows with their values written to a file in ``folder`` (any
+        filesystem): the element a runner holds and shuffles is then a few bytes per row."""
+        path = fs.join(folder, f"{uuid.uuid4().hex}.values")
+        fs.write_bytes_atomic(path, np.ascontiguousarray(self.x).reshape(-1).view(np.uint8))
+        return dataclasses.replace(self, x=np.empty((len(self), 0), self.x.dtype),
+                                   spilled=(path, self.x.shape[1]))
+
+    def loaded(self) -> VecBatch:
+        """The values back in memory (itself when they are)."""
+        if self.spilled is None:
+            return self
+        path, dim = self.spilled
+        x = np.frombuffer(fs.read_bytes(path), self.x.dtype).reshape(len(self), dim)
+        return dataclasses.replace(self, x=x, spilled=None)
 
     def to_arrow(self, **flags: np.ndarray) -> pa.RecordBatch:
         """The rows as one Arrow record batch, plus boolean ``flags`` columns (for spill

@@ -31,11 +31,12 @@ def shard_of(words: np.ndarray, shards: int) -> np.ndarray:
     return range_part(words[:, 0], shards).astype(np.int64)
 
 
-def shard_keys(chunk: Chunk, shards: int, keep: str, near: bool = False,
+def shard_keys(chunk: Chunk, shards: int, keep: str, near: str | None = None,
                reference_from: int | None = None
                ) -> Iterator[tuple[int, KeyBatch] | beam.pvalue.TaggedOutput]:
-    """``near``: a VecBatch of the chunk's finite rows also goes to the VECTORS output.
-    ``reference_from``: file indexes from there on are reference files (protected rows)."""
+    """``near``: a folder; a VecBatch of the chunk's finite rows, its values spilled
+    there, also goes to the VECTORS output. ``reference_from``: file indexes from there
+    on are reference files (protected rows)."""
     words = digest_words(fingerprint_batch(chunk.tensors))
     n = len(words)
     file_index = np.full(n, chunk.file_index, dtype=np.int32)
@@ -50,7 +51,7 @@ def shard_keys(chunk: Chunk, shards: int, keep: str, near: bool = False,
         prio, order = keep_order(file_index, chunk.positions, keep, rank, tier)
         ok = np.flatnonzero(finite_rows(x))
         yield beam.pvalue.TaggedOutput(VECTORS, VecBatch(
-            words, prio, order, file_index, chunk.positions, batch.ids, x).take(ok))
+            words, prio, order, file_index, chunk.positions, batch.ids, x).take(ok).spill(near))
     shard = shard_of(words, shards)
     order = np.argsort(shard, kind="stable")
     bounds = np.searchsorted(shard[order], np.arange(shards + 1))
@@ -60,9 +61,10 @@ def shard_keys(chunk: Chunk, shards: int, keep: str, near: bool = False,
 
 
 class Fingerprint(beam.PTransform):
-    """Chunk -> {"keys": (shard, KeyBatch), VECTORS: VecBatch (only with ``near``)}."""
+    """Chunk -> {"keys": (shard, KeyBatch), VECTORS: VecBatch (only with ``near``, a folder
+    for the values: the VecBatches carry references to them)}."""
 
-    def __init__(self, shards: int, keep: str, near: bool = False,
+    def __init__(self, shards: int, keep: str, near: str | None = None,
                  reference_from: int | None = None):
         super().__init__()
         self.shards, self.keep, self.near = shards, keep, near

@@ -44,7 +44,8 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
     near_report = None
     if cfg.exact:
         keys = (chunks
-                | "Fingerprint" >> Fingerprint(cfg.tuning.shards, job.keep[0], job.near is not None,
+                | "Fingerprint" >> Fingerprint(cfg.tuning.shards, job.keep[0],
+                                               job.spill + "/values" if job.near else None,
                                                len(job.files)))
         exact = keys["keys"] | "Exact" >> Exact(job.keep[0], job.store, pub.store is not None)
         streams.update(exact=exact["removed"], seen=exact[SEEN])
@@ -53,7 +54,8 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
             if job.store is not None:
                 stored = p | "ReadStore" >> StoreVectors(job.store, job.keep[0])
                 vectors = (vectors, stored) | "WithStored" >> beam.Flatten()
-            near = vectors | "Near" >> Near(job.near, cfg.near.borderline_pairs, job.spill)
+            near = vectors | "Near" >> Near(job.near, cfg.near.borderline_pairs,
+                                            job.spill + "/cells")
             streams["near"] = near["removed"]
             near_report = beam.pvalue.AsSingleton(near[NEAR_REPORT])
     else:

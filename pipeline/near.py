@@ -45,12 +45,32 @@ HISTOGRAM_ROWS = 20_000  # about this many records get a nearest-neighbour dista
 @dataclass
 class Sample:
     """Accumulator: the rows with the smallest digests (a uniform sample that does not
-    depend on chunking or worker order), the row count and the largest |value|."""
+    depend on chunking or worker order), the row count and the largest |value|. Rows
+    arrive in parts and are cut back to the cap when they hold twice as many, so each
+    row is copied a few times at most; once the cap is full, only rows below the
+    largest digest kept (``below``) can still enter."""
 
-    lo: np.ndarray  # (k,) uint64 digest word
-    v: np.ndarray  # (k, d) float32 rows of the search space
+    lo: list[np.ndarray]  # (k,) uint64 digest word, per part
+    v: list[np.ndarray]  # (k, d) float32 rows of the search space, per part
     n: int = 0
     scale: float = 0.0
+    below: int = 1 << 64
+
+    def cap(self) -> int:
+        dim = self.v[0].shape[1] if self.v else 1
+        return max(1, min(near.SAMPLE_ROWS, near.SAMPLE_BYTES // (4 * max(dim, 1))))
+
+    def compact(self) -> Sample:
+        if not self.lo:
+            return self
+        lo, v = np.concatenate(self.lo), np.concatenate(self.v)
+        _, first = np.unique(lo, return_index=True)  # sorted: the smallest digests first
+        cap = self.cap()
+        keep = first[:cap]
+        self.lo, self.v = [lo[keep]], [v[keep]]
+        if len(keep) == cap:
+            self.below = int(lo[keep[-1]])
+        return self
 
 
 @dataclass
@@ -74,37 +94,41 @@ class SampleForPlan(beam.CombineFn):
     def __init__(self, spec: near.NearSpec):
         self.spec = spec
 
-    def create_accumulator(self) -> Sample | None:
-        return None
+    def create_accumulator(self) -> Sample:
+        return Sample([], [])
 
-    def _bottom(self, s: Sample) -> Sample:
-        cap = max(1, min(near.SAMPLE_ROWS, near.SAMPLE_BYTES // (4 * max(s.v.shape[1], 1))))
-        _, first = np.unique(s.lo, return_index=True)  # sorted: the smallest digests first
-        keep = first[:cap]
-        return Sample(s.lo[keep], s.v[keep], s.n, s.scale)
+    def add_input(self, acc: Sample, batch: VecBatch) -> Sample:
+        lo = batch.words[:, 1]
+        full = acc.below < 1 << 64
+        pick = np.flatnonzero(lo < np.uint64(acc.below)) if full else np.arange(len(lo))
+        acc.n += len(batch)
+        if len(pick) or self.spec.metric == "allclose":
+            batch = batch.loaded()
+            acc.scale = max(acc.scale, near.value_scale(batch.x, self.spec))
+            acc.lo.append(lo[pick])
+            acc.v.append(near.search_space(batch.x[pick], self.spec).astype(np.float32))
+        if sum(len(p) for p in acc.lo) > 2 * acc.cap():
+            acc.compact()
+        return acc
 
-    def add_input(self, acc: Sample | None, batch: VecBatch) -> Sample:
-        v = near.search_space(batch.x, self.spec).astype(np.float32)
-        mine = Sample(batch.words[:, 1], v, len(batch), near.value_scale(batch.x, self.spec))
-        return self.merge_accumulators([acc, self._bottom(mine)])
+    def merge_accumulators(self, accs: Iterable[Sample]) -> Sample:
+        accs = list(accs)
+        out = Sample([p for a in accs for p in a.lo], [p for a in accs for p in a.v],
+                     sum(a.n for a in accs), max(a.scale for a in accs),
+                     min(a.below for a in accs))
+        return out.compact()
 
-    def merge_accumulators(self, accs: Iterable[Sample | None]) -> Sample | None:
-        accs = [a for a in accs if a is not None]
-        if not accs:
-            return None
-        return self._bottom(Sample(np.concatenate([a.lo for a in accs]),
-                                   np.concatenate([a.v for a in accs]),
-                                   sum(a.n for a in accs), max(a.scale for a in accs)))
-
-    def extract_output(self, acc: Sample | None) -> Plan:
-        if acc is None:
+    def extract_output(self, acc: Sample) -> Plan:
+        if not acc.v:
             return Plan(plan(np.zeros((0, 1)), 0, 0.0, "exact", 1, 1), 0, 1)
-        radius = near.search_radius(self.spec, acc.v.shape[1], acc.scale)
+        acc.compact()
+        sample = acc.v[0]
+        radius = near.search_radius(self.spec, sample.shape[1], acc.scale)
         cells = self.spec.cells(acc.n)
         if cells > 1:
-            progress.note(f"near: planning {cells:,} cells from {len(acc.v):,} sampled "
-                          f"records of {acc.n:,}")
-        parts = plan(acc.v.astype(np.float64), acc.n, radius, self.spec.mode,
+            progress.note(f"near: planning about {cells:,} cells from {len(sample):,} "
+                          f"sampled records of {acc.n:,}")
+        parts = plan(sample.astype(np.float64), acc.n, radius, self.spec.mode,
                      self.spec.probes, cells, progress=_say)
         progress.note(f"near: {parts.mode} search in {len(parts):,} cell(s)"
                       + (f" ({_cost_line(parts)})" if parts.prediction else ""))
@@ -136,28 +160,22 @@ def assign_batch(batch: VecBatch, plan: Plan, spec: near.NearSpec, spill: str
     """A chunk's rows -> the cells they join, written as one spill file (a record batch
     per cell, flags: ``home`` there, and ``capped``: had more cells to meet than the
     bounded mode lets it)."""
+    batch = batch.loaded()
     a = assign(near.search_vectors(batch.x, spec, plan.radius, plan.parts.mean, np.float32),
                plan.parts)
     order = np.argsort(a.cells, kind="stable")
-    cuts = np.flatnonzero(np.diff(a.cells[order])) + 1
+    rows, cells = a.rows[order], a.cells[order]
+    home = a.home[rows] == cells
+    rb = batch.take(rows).to_arrow(home=home, capped=home & a.capped[rows])
+    starts = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]]) if len(cells) else cells
+    ends = np.r_[starts[1:], len(cells)]
     path = fs.join(spill, f"{uuid.uuid4().hex}.arrow")
-    cells = []
-    with fs.local_file_for(path) as local, pa.OSFile(local, "wb") as sink:
-        writer = None
-        for idx in np.split(order, cuts):
-            if not len(idx):
-                continue
-            p, r = int(a.cells[idx[0]]), a.rows[idx]
-            home = a.home[r] == p
-            rb = batch.take(r).to_arrow(home=home, capped=home & a.capped[r])
-            if writer is None:
-                writer = pa.ipc.new_file(sink, rb.schema)
-            writer.write_batch(rb)
-            cells.append((p, len(r)))
-        if writer is not None:
-            writer.close()
-    for i, (p, rows) in enumerate(cells):
-        yield p, CellSlice(path, i, rows)
+    with fs.local_file_for(path) as local, pa.OSFile(local, "wb") as sink, \
+            pa.ipc.new_file(sink, rb.schema) as writer:
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+            writer.write_batch(rb.slice(s, e - s))
+    for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        yield int(cells[s]), CellSlice(path, i, e - s)
     progress.tick("near assign", 0, len(batch), "chunks")
 
 
@@ -231,7 +249,7 @@ def recall_rows(batch: VecBatch, plan: Plan, spec: near.NearSpec) -> Iterator[Ve
     """The chunk's rows that are in the recall sample (a seeded hash of the digest)."""
     pick = np.flatnonzero(in_sample(batch.words, plan.n, spec.recall_sample))
     if len(pick):
-        yield batch.take(pick)
+        yield batch.loaded().take(pick)
 
 
 def true_pairs(batch: VecBatch, plan: Plan, spec: near.NearSpec, samples: list[VecBatch]
@@ -239,7 +257,7 @@ def true_pairs(batch: VecBatch, plan: Plan, spec: near.NearSpec, samples: list[V
     """Brute force of the recall sample against one chunk: (m, 4) uint64 rows (sampled
     digest, partner digest) within tolerance, other records only."""
     if samples:
-        sample = VecBatch.concat(samples)
+        batch, sample = batch.loaded(), VecBatch.concat(samples)
         si, dj = near.true_pairs(sample.x, batch.x, spec, plan.radius, plan.parts.mean)
         other = (sample.words[si] != batch.words[dj]).any(axis=1)
         if other.any():

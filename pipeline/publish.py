@@ -40,11 +40,14 @@ class Publication:
     header: dict = field(default_factory=dict)  # run id, config, resolved spec, ...
     near_settings: dict | None = None
     store: StoreCommit | None = None
+    spill: str | None = None  # the near stage's working files, deleted first
 
 
 def publish_run(taken: dict, store_parts: list[dict], pub: Publication) -> dict:
     """The Publish step: ``taken`` is the Report step's figures; ``store_parts`` what the
     store writers wrote for this attempt. Returns the summary it wrote."""
+    if pub.spill is not None:  # every reader of the spilled vectors has finished
+        fs.delete_tree(pub.spill)
     files = taken["files"]
     totals = report.totals(files)
     # an all-invalid input still gets a directory (object stores: no objects, no prefix)

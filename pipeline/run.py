@@ -79,7 +79,7 @@ def publication(job: Job) -> Publication:
                 "config": cfg.model_dump(mode="json"), "resolved": resolved,
                 "store": None if job.store is None else job.store.describe()},
         near_settings=None if cfg.near is None else cfg.near.model_dump(mode="json"),
-        store=store)
+        store=store, spill=job.spill if job.near else None)
 
 
 def execute(job: Job) -> dict | None:

@@ -144,6 +144,7 @@ def write_digests(shard_batch: tuple[int, KeyBatch], drops: dict, commit: StoreC
 
 def write_values(batch: VecBatch, drops: dict, commit: StoreCommit, inputs: int
                  ) -> Iterator[dict]:
+    batch = batch.loaded()
     mine = (batch.file_index < inputs) & finite_rows(batch.x)
     rows = np.flatnonzero(mine & _kept(batch.file_index, batch.position, drops))
     if len(rows):

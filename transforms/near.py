@@ -37,8 +37,8 @@ METRICS = ("allclose", "l2", "cosine")
 GROUPINGS = ("representative", "components")
 INDEXES = ("auto", "flat", "ivf", "hnsw")
 DEVICES = ("auto", "cpu", "cuda")
-SAMPLE_ROWS = 100_000  # k-means sample cap (rows) ...
-SAMPLE_BYTES = 64 << 20  # ... and bytes (one worker holds it)
+SAMPLE_ROWS = 200_000  # planning sample cap (rows) ...
+SAMPLE_BYTES = 128 << 20  # ... and bytes (one worker holds it)
 BLOCK_ROWS = 65_536  # rows assigned or brute-forced at once in one process
 
 
