@@ -187,9 +187,11 @@ def read_cell(slices: Iterable[CellSlice]) -> tuple[VecBatch, np.ndarray, np.nda
         with fs.open_read(path) as f:
             reader = pa.ipc.open_file(f)
             parts += [VecBatch.from_arrow(reader.get_batch(c.batch)) for c in group]
-    return (VecBatch.concat([b for b, _ in parts]),
-            np.concatenate([f["home"] for _, f in parts]),
-            np.concatenate([f["capped"] for _, f in parts]))
+    batch = VecBatch.concat([b for b, _ in parts])
+    # one order whatever the files' names and the shuffle's order: reports are reproducible
+    rows = np.lexsort((batch.position, batch.file_index, batch.words[:, 1], batch.words[:, 0]))
+    return (batch.take(rows), np.concatenate([f["home"] for _, f in parts])[rows],
+            np.concatenate([f["capped"] for _, f in parts])[rows])
 
 
 @dataclass

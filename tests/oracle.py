@@ -77,7 +77,7 @@ def near_pairs(x: np.ndarray, spec: NearSpec) -> dict[int, list[tuple[float, int
     a, b = order[i], order[j]
     later, earlier = np.maximum(a, b), np.minimum(a, b)
     out: dict[int, list[tuple[float, int]]] = {}
-    step = 1 << 20
+    step = max(1, (8 << 20) // d)  # pairs per call: 64 MB of float64 values a side
     for s in range(0, len(later), step):
         la, ea = later[s:s + step], earlier[s:s + step]
         d, ok = exact_distance(xs[la], xs[ea], spec)
