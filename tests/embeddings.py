@@ -48,17 +48,28 @@ def rotated(v: np.ndarray, cos_distance: np.ndarray, rng: np.random.Generator) -
     return np.cos(angle) * v + np.sin(angle) * w
 
 
-def with_near_copies(x: np.ndarray, copies: float = 0.05, decoys: float = 0.02,
-                     near: tuple[float, float] = (0.001, 0.02),
-                     outside: tuple[float, float] = (0.021, 0.03), seed: int = 1
-                     ) -> np.ndarray:
+def planted_copies(x: np.ndarray, copies: float = 0.05, decoys: float = 0.02,
+                   near: tuple[float, float] = (0.001, 0.02),
+                   outside: tuple[float, float] = (0.021, 0.03), seed: int = 1
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """``x`` plus near copies of a ``copies`` share of its rows at cosine distances
-    uniform in ``near`` and decoys of a ``decoys`` share in ``outside``, shuffled."""
+    uniform in ``near`` and decoys of a ``decoys`` share in ``outside``, shuffled; and
+    the (m, 2) rows of every planted (original, copy) pair in the shuffled array."""
     rng = np.random.default_rng(seed)
     n = len(x)
-    parts = [x]
+    parts, sources = [x], []
     for share, (lo, hi) in ((copies, near), (decoys, outside)):
         src = rng.choice(n, int(n * share), replace=False)
+        sources.append(src)
         parts.append(rotated(x[src], rng.uniform(lo, hi, len(src)), rng).astype(np.float32))
     out = np.concatenate(parts)
-    return out[rng.permutation(len(out))]
+    perm = rng.permutation(len(out))
+    where = np.empty(len(out), np.int64)
+    where[perm] = np.arange(len(out))  # new row of each old row
+    pairs = np.stack([np.concatenate(sources), np.arange(n, len(out))], axis=1)
+    return out[perm], where[pairs]
+
+
+def with_near_copies(x: np.ndarray, **kw) -> np.ndarray:
+    """``planted_copies``'s array alone."""
+    return planted_copies(x, **kw)[0]

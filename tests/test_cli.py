@@ -37,6 +37,10 @@ def one_error_line(capsys) -> str:
     (("near.metric=cosine", "near.threshold=-1"), {}, "config key 'near.threshold'"),
     (("near.metric=hamming",), {}, "config key 'near.metric'"),
     (("near.metric=allclose", "near.probe=3"), {}, "'near.probe' is not a known key"),
+    (("near.metric=allclose", "near.mode=fast"), {}, "config key 'near.mode'"),
+    (("near.metric=allclose", "near.probes=0"), {}, "config key 'near.probes'"),
+    (("near.metric=allclose", "near.device=tpu"), {}, "config key 'near.device'"),
+    (("near.metric=allclose", "near.recall_sample=-1"), {}, "config key 'near.recall_sample'"),
     (("near.metric=allclose", "exact=false"), {}, "set exact: true or remove near"),
 ])
 def test_bad_config_or_input_exits_2_with_one_line(tmp_path, parquet_in, capsys, sets,

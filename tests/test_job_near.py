@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from tests.embeddings import embeddings, planted_copies
 from tests.jobkit import EXT, read_output, report, run_job, write_input
 from tests.oracle import expected_removals, near_oracle
 from tests.test_near import planted as planted_vectors
@@ -118,9 +119,10 @@ def test_partitioned_search_equals_the_oracle(tmp_path, grouping):
     parts, spec = dataset(2, "l2")
     spec = NearSpec(**{**spec.__dict__, "grouping": grouping})
     assert run(tmp_path, "parquet", parts, spec, "tuning.chunk_rows=50",
-               near={"single_index_rows": 50, "partition_rows": 40}) == 0
+               near={"single_index_rows": 50, "partition_rows": 40, "mode": "exact"}) == 0
     summary = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
-    assert summary["near"]["partitions"] >= 8
+    assert summary["near"]["partitions"] >= 8 and summary["near"]["mode"] == "exact"
+    assert summary["near"]["recall"]["recall"] == 1.0
     dups, _ = report(tmp_path)
     want_exact, want_near = expected(parts, spec)
     assert by_kind(dups, "exact") == want_exact and by_kind(dups, "near") == want_near
@@ -194,3 +196,37 @@ def test_approximate_index_in_partitions_keeps_precision_one(tmp_path, index):
     recall = len(set(got) & set(want_near)) / len(want_near)
     assert recall >= 0.8, recall
     assert by_kind(dups, "exact") == want_exact
+
+
+def test_job_on_embeddings_takes_bounded_mode_and_reports_recall(tmp_path, capsys):
+    """30k sentence-like 384-d embeddings through the CLI: auto predicts the cost of both
+    modes and takes bounded; summary.json and the last line carry the measured recall;
+    removals have precision 1 and resolve the planted copies; the spill is gone."""
+    x, planted = planted_copies(embeddings(28_000))
+    ids = [f"r{i}" for i in range(len(x))]
+    write_input("parquet", tmp_path / "in" / "part-0.parquet", ids, x, np.zeros(len(x), int),
+                row_group_size=8192)
+    spec = NearSpec("cosine", threshold=0.01)
+    assert run_job(tmp_path, "parquet", str(tmp_path / "in" / "*.parquet"),
+                   near={"metric": "cosine", "threshold": 0.01}) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("near: bounded search in") and "recall" in last
+    s = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())["near"]
+    assert s["mode"] == "bounded" and s["reason"].startswith("auto chose bounded")
+    p = s["prediction"]
+    assert p["joins_exact"] > s["probes"] >= p["joins_bounded"]
+    assert p["work_bounded"] < p["work_exact"] < p["work_all_pairs"]
+    r = s["recall"]
+    assert 1500 < r["sampled"] < 2500 and r["with_partners"] > 30
+    assert r["recall"] >= 0.97 and r["low"] <= r["recall"] <= r["high"]
+    dups, _ = report(tmp_path)
+    row = {i: k for k, i in enumerate(ids)}
+    removed = np.array([row[i] for i in dups.column("record_id").to_pylist()])
+    kept = np.array([row[i] for i in dups.column("duplicate_of").to_pylist()])
+    assert exact_distance(x[removed], x[kept], spec)[1].all()  # precision 1
+    gone = np.zeros(len(x), bool)
+    gone[removed] = True
+    within = exact_distance(x[planted[:, 0]], x[planted[:, 1]], spec)[1]
+    resolved = gone[planted[within, 0]] | gone[planted[within, 1]]
+    assert within.sum() > 500 and resolved.mean() >= 0.99
+    assert not [p for p in (tmp_path / "out").iterdir() if ".staging-" in p.name]

@@ -433,7 +433,8 @@ def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int |
     """
     x = x.reshape(len(x), -1)
     ok = np.flatnonzero(finite_rows(x))
-    xs, rs = x[ok], np.asarray(rank)[ok].astype(np.int64)
+    xs = x if len(ok) == len(x) else x[ok]  # no copy of the (maybe large) input when it can
+    rs = np.asarray(rank)[ok].astype(np.int64)
     n, dim = xs.shape
     radius = search_radius(spec, dim, value_scale(xs, spec))
     cells = spec.cells(n) if partitions is None else partitions

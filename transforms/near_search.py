@@ -51,13 +51,6 @@ class Vectors:
         return Vectors(self.v[rows], self.norm[rows])
 
 
-def unit_rows(x: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit L2 norm in float64 (a zero row stays zero)."""
-    x64 = np.asarray(x, dtype=np.float64)
-    norms = np.linalg.norm(x64, axis=1, keepdims=True)
-    return x64 / np.where(norms == 0, 1, norms)
-
-
 def centred(z: np.ndarray, center: np.ndarray | None, dtype: np.dtype) -> Vectors:
     """``z - center`` (float64) stored in ``dtype``, with norms of what is stored."""
     z = np.asarray(z, dtype=np.float64)
