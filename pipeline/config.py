@@ -27,6 +27,11 @@ class ConfigError(ValueError):
     """A config problem, phrased as one line: the key, what is wrong, the fix."""
 
 
+# Tolerances above this are no tolerance at all (every pair is within it) and overflow
+# float32 once squared: refused, like NaN and inf (``allow_inf_nan=False`` on every float).
+MAX_TOLERANCE = 1e18
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -78,17 +83,24 @@ class TuningConfig(_Strict):
                            "file read by one worker, split into chunks); units are what runs "
                            "in parallel")
     shards: int = Field(16, gt=0, description="shuffle shards of the digest group-by")
+    remote_timeout_s: float = Field(10.0, gt=0, le=3600, allow_inf_nan=False,
+                                    description="checks before the run: seconds to wait for "
+                                    "one answer from a remote filesystem (gs://, s3://) before "
+                                    "stopping with exit 2 (no network or credentials)")
 
 
 class NearConfig(_Strict):
     metric: Literal["allclose", "l2", "cosine"] = Field(
         description="allclose | l2 | cosine; leave the near section out (or null) for no "
         "near-duplicate stage")
-    threshold: float | None = Field(None, gt=0, description="l2: Euclidean distance; cosine: "
-                                    "cosine distance 1 - cos (required for l2 and cosine)")
-    atol: float = Field(1e-5, ge=0, description="allclose: |a - b| <= atol + rtol * |b| "
-                        "elementwise, b = the kept record (numpy isclose)")
-    rtol: float = Field(0.0, ge=0, description="allclose: relative tolerance")
+    threshold: float | None = Field(None, gt=0, le=MAX_TOLERANCE, allow_inf_nan=False,
+                                    description="l2: Euclidean distance; cosine: cosine "
+                                    "distance 1 - cos, at most 2 (required for l2 and cosine)")
+    atol: float = Field(1e-5, ge=0, le=MAX_TOLERANCE, allow_inf_nan=False,
+                        description="allclose: |a - b| <= atol + rtol * |b| elementwise, b = "
+                        "the kept record (numpy isclose)")
+    rtol: float = Field(0.0, ge=0, le=1, allow_inf_nan=False,
+                        description="allclose: relative tolerance (at most 1)")
     grouping: Literal["representative", "components"] = Field(
         "representative", description="representative (removed only if within tolerance of "
         "a kept record) | components (connected components; chains allowed)")
@@ -126,6 +138,9 @@ class NearConfig(_Strict):
     def _threshold_for_distances(self) -> NearConfig:
         if self.metric in ("l2", "cosine") and self.threshold is None:
             raise ValueError(f"metric {self.metric} needs a threshold > 0 (near.threshold)")
+        if self.metric == "cosine" and self.threshold is not None and self.threshold > 2:
+            raise ValueError(f"near.threshold {self.threshold:g}: cosine distance is at most 2, "
+                             "so every pair would be a duplicate: use a value in (0, 2]")
         return self
 
 
@@ -351,6 +366,10 @@ class DedupeConfig(_Strict):
     near: NearConfig | None = Field(None, description="near-duplicate stage (off when absent)")
     on_invalid: Literal["skip", "fail"] = Field(
         "skip", description="skip (record goes to the report) | fail (stop with an error)")
+    max_invalid_fraction: float = Field(
+        0.1, ge=0, le=1, allow_inf_nan=False, description="with on_invalid: skip, the run "
+        "fails (exit 1, nothing published) when more than this fraction of the input records "
+        "is invalid, e.g. a wrong input.format (1.0: never)")
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
     tuning: TuningConfig = Field(default_factory=TuningConfig)
 
@@ -448,6 +467,11 @@ def _describe(err: ValidationError) -> str:
     if kind == "extra_forbidden":
         key = ".".join(p for p in parts if "[" not in p and p != "KeyColumn")
         return f"config key '{key}' is not a known key: remove or rename it (see --help)"
+    if kind == "finite_number":
+        return f"config key '{key}': {first['input']!r} is not a finite number: give a number"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        return (f"config key '{key}': {first['input']} is out of range: use a number "
+                f"{msg.removeprefix('Input should be ')}")
     return f"config key '{key}': {msg.removeprefix('Value error, ')}"
 
 
@@ -473,7 +497,14 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> DedupeConfig:
         dotted, sep, raw = item.partition("=")
         if not sep or not dotted:
             raise ConfigError(f"--set {item!r}: write it as key.path=value")
-        _set_path(data, dotted, yaml.safe_load(raw))
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as e:  # a tag (!!python/...), an unclosed bracket, ...
+            what = " ".join(str(getattr(e, "problem", None) or e).split())
+            raise ConfigError(f"--set {dotted}: {raw!r} is not a YAML value ({what}): write a "
+                              f"plain value, or quote it as a string: --set '{dotted}=\"...\"'"
+                              ) from None
+        _set_path(data, dotted, value)
     try:
         return DedupeConfig.model_validate(data)
     except ValidationError as e:

@@ -72,5 +72,6 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
                         len(job.files))
      | "CollectResults" >> beam.combiners.ToList()
      | "Report" >> beam.Map(write_report, job.staging(job.report), job.near, near_report,
-                            job.references.files if job.references else None, reference)
+                            job.references.files if job.references else None, reference,
+                            max_invalid_fraction=cfg.max_invalid_fraction)
      | "Publish" >> beam.Map(publish_run, beam.pvalue.AsList(store_parts), pub))

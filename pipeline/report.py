@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from pipeline.elements import KINDS, FileResult, ReadFacts
 from pipeline.near_report import write_near_report
 from transforms import fs
-from transforms.formats.base import InvalidRecord
+from transforms.formats.base import InvalidRecord, InvalidRecordError
 
 if TYPE_CHECKING:
     from pipeline.near import NearReport
@@ -75,15 +75,39 @@ def _near_note(spec: NearSpec, stats: dict) -> str:
     return f"{what} to the nearest neighbour, for {who}; {how}"
 
 
+class TooManyInvalidError(InvalidRecordError):
+    """More of the input was invalid than ``max_invalid_fraction`` allows."""
+
+
+def check_invalid_fraction(results: list[FileResult], limit: float) -> None:
+    """Fail the run (before Publish, so the old output stays) when more than ``limit`` of
+    the input records are invalid: a wrong input.format or a broken export reads as
+    "all records invalid", and publishing that would replace good output with nothing."""
+    read = sum(r.decision.n_read for r in results)
+    bad = [(r.decision.path, i) for r in results for i in r.decision.invalid]
+    if limit >= 1 or not read or len(bad) <= limit * read:
+        return
+    path, first = bad[0]
+    raise TooManyInvalidError(
+        f"{len(bad):,} of {read:,} input records are invalid ({len(bad) / read:.1%}), more "
+        f"than max_invalid_fraction {limit:g}; nothing was published. First: {first.record_id} "
+        f"in {path}: {first.reason}. Fix the input or its config (input.format, "
+        "input.tensor), or raise max_invalid_fraction (1.0: never fail)")
+
+
 def write_report(results: list[FileResult], staging: str, near: NearSpec | None = None,
                  near_report: NearReport | None = None, reference_files: list[str] | None = None,
-                 reference_facts: list[tuple[int, ReadFacts]] | None = None) -> dict:
+                 reference_facts: list[tuple[int, ReadFacts]] | None = None,
+                 max_invalid_fraction: float = 1.0) -> dict:
     """The Report step: the Parquet reports (and the near stage's histogram and borderline
-    pairs); returns the per-file counts and the stages' figures for summary.json.
+    pairs); returns the per-file counts and the stages' figures for summary.json. Raises
+    TooManyInvalidError first when more than ``max_invalid_fraction`` of the input
+    records are invalid (Publish then never runs).
 
     ``reference_*``: the reference files and what was read from them (reference records
     are never removed; unreadable ones go to reference_invalid.parquet)."""
     results = sorted(results, key=lambda r: r.decision.file_index)
+    check_invalid_fraction(results, max_invalid_fraction)
     with fs.local_dir_for(staging) as folder:  # a temporary directory for gs:// & co.
         pq.write_table(_duplicates_table(results), os.path.join(folder, "duplicates.parquet"))
         pq.write_table(_invalid_table([(r.decision.path, r.decision.invalid) for r in results]),

@@ -2,7 +2,9 @@
 
 Exit codes: 0 done; 2 bad config or input, found before any work (one line, no
 traceback); 1 the job failed while running (e.g. an invalid record with
-``on_invalid: fail``), with one line saying why; nothing is published then.
+``on_invalid: fail``, too many invalid records, a full disk), with one line saying why;
+130 interrupted (Ctrl-C); nothing is published then. Beam's own log lines (worker
+tracebacks) are hidden unless ``--verbose`` or ``TENSORDEDUP_VERBOSE=1``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ from transforms.formats.base import InputError, InvalidRecordError  # noqa: E402
 from transforms.fs import delete_tree, join, read_bytes  # noqa: E402
 from transforms.near_recall import recall_line  # noqa: E402
 
-EXIT_FAILED, EXIT_USAGE = 1, 2
+EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+VERBOSE_ENV = "TENSORDEDUP_VERBOSE"
+# errno values of a write that ran out of room: ENOSPC, EDQUOT, EFBIG (a file size limit)
+_NO_ROOM = re.compile(r"\[Errno (28|122|27)\]|No space left|Disk quota exceeded|File too large",
+                      re.I)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,6 +56,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--run-id", metavar="ID",
                     help="same as --set run_id=ID (default: today's UTC date)")
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
+    ap.add_argument("--verbose", action="store_true",
+                    help=f"show Beam's log lines (worker tracebacks) above the one-line error "
+                         f"(also: {VERBOSE_ENV}=1)")
     ap.add_argument("--dry-run", action="store_true",
                     help="check the config and build the job offline (on Dataflow: the job "
                          "a real run would submit), print what it would run and exit; "
@@ -127,6 +136,28 @@ def _first_line(e: BaseException) -> str:
     return re.sub(r" \[while running '[^']*'\]$", "", line)
 
 
+def _failure_line(e: BaseException) -> str:
+    """One line for a job that failed while running: the original error, and the fix
+    where it is a known one (a full disk or a file size limit)."""
+    cause = _innermost(e)
+    what = _first_line(cause)
+    if not isinstance(cause, InvalidRecordError) and not what.startswith(
+            type(cause).__name__) and "InvalidRecordError: " not in what:
+        what = f"{type(cause).__name__}: {what}"
+    what = re.sub(r"^[a-z_.]+\.(\w+Error: )", r"\1", what)  # pipeline.report.XError: ...
+    if _NO_ROOM.search(what):
+        what += (" (the disk of output.path / report is full, or a file size limit was hit: "
+                 "free space or write the outputs elsewhere, then run again)")
+    return f"error: the job failed, the run is not complete (no summary.json): {what}"
+
+
+def _quiet_beam(verbose: bool) -> None:
+    """Beam logs a worker error with its traceback before raising it; the CLI prints one
+    line instead. --verbose (or TENSORDEDUP_VERBOSE=1) keeps Beam's lines."""
+    if not verbose:
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+
+
 def human_summary(s: dict) -> str:
     removed = {k.removeprefix("removed_"): v for k, v in s.items()
                if k.startswith("removed_") and v}
@@ -163,7 +194,19 @@ def human_summary(s: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; Ctrl-C anywhere is one line and exit 130 (staging directories are
+    removed by ``execute``; Publish has not run, so the old outputs are untouched)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("interrupted: nothing was published (earlier outputs are unchanged); run the "
+              "same command again to redo the job", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
+    _quiet_beam(args.verbose or os.environ.get(VERBOSE_ENV, "") not in ("", "0"))
     overrides = args.set + (["output.overwrite=true"] if args.overwrite else []) + (
         [f"run_id={args.run_id}"] if args.run_id else [])
     try:
@@ -181,14 +224,8 @@ def main(argv: list[str] | None = None) -> int:
           f"({job.cfg.runner.name} runner)", file=sys.stderr)
     try:
         summary = execute(job)
-    except Exception as e:  # a worker error: one line here, details in the Beam log above
-        cause = _innermost(e)
-        what = _first_line(cause)
-        if not isinstance(cause, InvalidRecordError) and not what.startswith(
-                type(cause).__name__):
-            what = f"{type(cause).__name__}: {what}"
-        print(f"error: the job failed, the run is not complete (no summary.json): {what}",
-              file=sys.stderr)
+    except Exception as e:  # a worker error: one line (Beam's log: --verbose)
+        print(_failure_line(e), file=sys.stderr)
         return EXIT_FAILED
     if summary is not None:
         print(human_summary(summary))

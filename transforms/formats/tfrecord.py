@@ -72,10 +72,11 @@ def _valid_header(head: bytes) -> bool:
 # ---------------------------------------------------------------------------- framing
 
 
-def detect_compression(f: BinaryIO) -> str:
-    """none | gzip | zlib: the first one whose first 12 bytes are a valid record header."""
-    head = f.read(1 << 16)
-    f.seek(0)
+def record_start(head: bytes) -> str | None:
+    """none | gzip | zlib: the first compression under which ``head`` (a file's first
+    bytes) starts with a valid record header, or None. TFRecord has no magic number, but
+    its first 12 bytes are a length and the length's masked CRC32C, which random bytes
+    match once in 4 billion: as good as a magic number for telling formats apart."""
     for compression in ("none", "gzip", "zlib"):
         try:
             first = head if compression == "none" else zlib.decompressobj(
@@ -84,6 +85,16 @@ def detect_compression(f: BinaryIO) -> str:
             continue
         if _valid_header(first):
             return compression
+    return None
+
+
+def detect_compression(f: BinaryIO) -> str:
+    """none | gzip | zlib: the first one whose first 12 bytes are a valid record header."""
+    head = f.read(1 << 16)
+    f.seek(0)
+    found = record_start(head)
+    if found is not None:
+        return found
     # No valid first record (empty stream, or damage right at the start): go by the magic.
     if head[:2] == b"\x1f\x8b":
         return "gzip"
