@@ -201,10 +201,17 @@ class RunnerConfig(_Strict):
     """Where the job runs. ``name: dataflow`` takes the typed keys below (checked here, one
     line each); any other Beam option goes through ``options`` unchanged."""
 
-    name: str = Field("local", description="local (Beam FnApiRunner, in this process) | "
-                      "dataflow (Google Cloud Dataflow, typed keys below) | any Beam runner name")
+    name: str = Field("local", description="local (Beam FnApiRunner on this machine) | dask "
+                      "(Beam DaskRunner: a Dask cluster, or a local one) | dataflow (Google "
+                      "Cloud Dataflow, typed keys below) | any Beam runner name")
     options: dict[str, Any] = Field(default_factory=dict, description="other Beam pipeline "
                                     "options, passed through as given")
+    workers: int | None = Field(None, gt=0, description="local: parallel workers (unset: the "
+                                "cores this process may use; 1: one in-process worker) | dask: "
+                                "worker processes of the local cluster (unset: the cores)")
+    address: str | None = Field(None, description="dask: the scheduler of an existing cluster, "
+                                "e.g. tcp://scheduler:8786 (unset: a local cluster of "
+                                "runner.workers processes, stopped when the job ends)")
     project: str | None = Field(None, description="dataflow: Google Cloud project ID (required)")
     region: str | None = Field(None, description="dataflow: region the job and its workers run "
                                "in, e.g. us-central1 (required; GPU quota is per region)")
@@ -237,6 +244,27 @@ class RunnerConfig(_Strict):
         """Beam's own name for it (DataflowRunner) means the same runner."""
         return "dataflow" if isinstance(v, str) and v.lower() in ("dataflow",
                                                                    "dataflowrunner") else v
+
+    @field_validator("workers")
+    @classmethod
+    def _local_or_dask(cls, v: int | None, info) -> int | None:
+        name = info.data.get("name")
+        if v is not None and name not in (None, "local", "dask"):
+            raise ValueError(f"only used with runner.name: local or dask (runner.name is "
+                             f"{name!r}): remove it (Dataflow: max_workers, num_workers)")
+        return v
+
+    @field_validator("address")
+    @classmethod
+    def _dask_only(cls, v: str | None, info) -> str | None:
+        name = info.data.get("name")
+        if v is not None and name != "dask":
+            raise ValueError(f"only used with runner.name: dask (runner.name is {name!r}): "
+                             "remove it, or set runner.name: dask")
+        if v is not None and not re.fullmatch(r"(tcp|tls|inproc|ucx|ws|wss)://\S+", v):
+            raise ValueError(f"{v!r} is not a Dask scheduler address: use tcp://HOST:PORT "
+                             "(what dask scheduler prints), e.g. tcp://10.0.0.5:8786")
+        return v
 
     @field_validator(*DATAFLOW_KEYS)
     @classmethod

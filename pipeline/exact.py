@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from pipeline.elements import KeyBatch, Removed, VecBatch
 from pipeline.store import StoreView
+from pipeline.tagged import SplitOutputs
 from transforms.exact import NEW, REFERENCE, STORE, find_exact_duplicates
 
 SEEN = "seen"
@@ -80,9 +81,8 @@ class Exact(beam.PTransform):
         self.keep, self.store, self.survivors = keep, store, survivors
 
     def expand(self, keyed):
-        out = (keyed
-               | "GroupByDigestShard" >> beam.GroupByKey()
-               | "FindExactDuplicates" >> beam.FlatMap(exact_in_shard, self.keep, self.store,
-                                                       self.survivors)
-               .with_outputs(SEEN, SURVIVORS, main="removed"))
-        return {"removed": out.removed, SEEN: out[SEEN], SURVIVORS: out[SURVIVORS]}
+        return (keyed
+                | "GroupByDigestShard" >> beam.GroupByKey()
+                | "FindExactDuplicates" >> SplitOutputs(exact_in_shard, self.keep, self.store,
+                                                        self.survivors, main="removed",
+                                                        tags=(SEEN, SURVIVORS)))

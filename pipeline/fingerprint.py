@@ -16,6 +16,7 @@ import apache_beam as beam
 import numpy as np
 
 from pipeline.elements import KeyBatch, VecBatch
+from pipeline.tagged import SplitOutputs
 from transforms.digest_segment import range_part
 from transforms.exact import NEW, REFERENCE, digest_words, keep_order
 from transforms.fingerprint import fingerprint_batch
@@ -71,7 +72,6 @@ class Fingerprint(beam.PTransform):
         self.reference_from = reference_from
 
     def expand(self, chunks):
-        out = (chunks | "DigestAndShard" >> beam.FlatMap(shard_keys, self.shards, self.keep,
-                                                         self.near, self.reference_from)
-               .with_outputs(VECTORS, main="keys"))
-        return {"keys": out.keys, VECTORS: out[VECTORS]}
+        return chunks | "DigestAndShard" >> SplitOutputs(
+            shard_keys, self.shards, self.keep, self.near, self.reference_from, main="keys",
+            tags=(VECTORS,))

@@ -33,6 +33,7 @@ from pipeline import progress
 from pipeline.elements import Removed, VecBatch
 from pipeline.exact import removed_by_file
 from pipeline.near_report import BORDERLINE_SCHEMA, borderline_sample, merge_borderline
+from pipeline.tagged import SplitOutputs
 from transforms import fs, near
 from transforms.exact import is_protected, tier_of
 from transforms.near_plan import Partitions, assign, plan
@@ -388,13 +389,12 @@ class Near(beam.PTransform):
             vecs | "RecallSample" >> beam.FlatMap(recall_rows, plan, self.spec))
         truth = beam.pvalue.AsList(
             vecs | "RecallBruteForce" >> beam.FlatMap(true_pairs, plan, self.spec, samples))
-        out = (vecs
-               | "AssignCells" >> beam.FlatMap(assign_batch, plan, self.spec, self.spill)
-               | "GroupByCell" >> beam.GroupByKey()
-               | "SearchCells" >> beam.Map(search_one, plan, self.spec, self.per_side)
-               | "GatherPairs" >> beam.combiners.ToList()
-               | "DropSpill" >> beam.Map(_drop_spill, self.spill)
-               | "MergePairs" >> beam.FlatMap(merge_found, plan, self.spec, self.per_side,
-                                              samples, truth)
-               .with_outputs(NEAR_REPORT, main="removed"))
-        return {"removed": out.removed, NEAR_REPORT: out[NEAR_REPORT]}
+        return (vecs
+                | "AssignCells" >> beam.FlatMap(assign_batch, plan, self.spec, self.spill)
+                | "GroupByCell" >> beam.GroupByKey()
+                | "SearchCells" >> beam.Map(search_one, plan, self.spec, self.per_side)
+                | "GatherPairs" >> beam.combiners.ToList()
+                | "DropSpill" >> beam.Map(_drop_spill, self.spill)
+                | "MergePairs" >> SplitOutputs(merge_found, plan, self.spec, self.per_side,
+                                               samples, truth, main="removed",
+                                               tags=(NEAR_REPORT,)))

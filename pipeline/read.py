@@ -15,6 +15,7 @@ from apache_beam.metrics import Metrics
 
 from pipeline import progress
 from pipeline.elements import ReadFacts
+from pipeline.tagged import SplitOutputs
 from transforms.formats import get_format
 from transforms.formats.base import Chunk, InvalidRecordError, TensorSpec, Unit
 from transforms.near import finite_rows
@@ -100,9 +101,8 @@ class Read(beam.PTransform):
                                nonfinite_invalid)
 
     def expand(self, pbegin):
-        out = (pbegin
-               | "PlanUnits" >> beam.Create(self.units)
-               | "SpreadUnits" >> beam.Reshuffle()
-               | "ReadChunks" >> beam.ParDo(self.read).with_output_types(Chunk)
-               .with_outputs(FACTS, main="chunks"))
-        return {"chunks": out.chunks, FACTS: out[FACTS]}
+        return (pbegin
+                | "PlanUnits" >> beam.Create(self.units)
+                | "SpreadUnits" >> beam.Reshuffle()
+                | "ReadChunks" >> SplitOutputs(self.read, main="chunks", tags=(FACTS,),
+                                               types={"chunks": Chunk}))

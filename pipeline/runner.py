@@ -1,14 +1,16 @@
-"""Where the job runs: Beam's local runner or Dataflow, and an offline dry run.
+"""Where the job runs: Beam's local runner, Dask or Dataflow, and an offline dry run.
 
-Why one module: the config's typed Dataflow keys become Beam pipeline options in one
-place (tested key by key), and the dry run builds exactly the job a real run would
-submit, without submitting it, so a config can be checked on a machine that has no
-cloud account. Beam is imported only inside the functions: ``--help`` and config
-errors stay fast.
+Why one module: the config's typed runner keys become Beam pipeline options in one
+place (tested key by key), the local runner's workaround for a Beam data-plane race is
+applied (and checked against the Beam version) here only, and the dry run builds
+exactly the job a real run would submit, without submitting it, so a config can be
+checked on a machine that has no cloud account. Beam is imported only inside the
+functions: ``--help`` and config errors stay fast.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,14 +45,105 @@ def dataflow_options(cfg: RunnerConfig) -> dict[str, Any]:
     return out
 
 
+# The local runner's parallel mode: threads in this process. Measured on the 1 M x 128
+# Parquet job (docs/pipeline.md#runners): multi_processing pays worker start-up and
+# pickles every chunk between processes.
+LOCAL_MODE = "multi_threading"
+# The Beam release whose data plane was read and whose workaround is tested
+# (docs/beam-flush-race.md, tests/test_runners.py).
+FLUSH_RACE_BEAM = "2.77."
+
+
+def available_cores() -> int:
+    """Cores this process may run on: a container's or taskset's limit, not the host's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def flush_race_problem() -> str | None:
+    """Why the flush-race workaround cannot be applied to the installed Beam, or None.
+
+    Beam 2.77's local runner with more than one worker moves data over a gRPC data plane
+    whose output streams flush on a 1-second timer thread as well as by size, and that
+    thread clears the buffer without a lock against the writing thread: elements written
+    between its read and its clear are lost. The workaround (time limit 0: size-based
+    flushing only, Dataflow's default) is checked against exactly this code."""
+    import apache_beam
+    from apache_beam.runners.portability.fn_api_runner import worker_handlers
+    from apache_beam.runners.worker import data_plane
+
+    if not apache_beam.__version__.startswith(FLUSH_RACE_BEAM):
+        return (f"apache-beam {apache_beam.__version__} is not {FLUSH_RACE_BEAM}x, whose "
+                "data-plane flush race the workaround was made and tested for")
+    if not isinstance(getattr(worker_handlers, "DATA_BUFFER_TIME_LIMIT_MS", None), int):
+        return ("apache_beam.runners.portability.fn_api_runner.worker_handlers has no "
+                "DATA_BUFFER_TIME_LIMIT_MS")
+    if not issubclass(getattr(data_plane, "TimeBasedBufferingClosableOutputStream", type),
+                      getattr(data_plane, "SizeBasedBufferingClosableOutputStream", ())):
+        return "apache_beam.runners.worker.data_plane's buffering streams have changed"
+    return None
+
+
+def avoid_flush_race() -> str | None:
+    """Turn off the data plane's time-based flush (process-wide, before a runner is
+    built); returns why it could not be done, or None once it is done."""
+    problem = flush_race_problem()
+    if problem is None:
+        from apache_beam.runners.portability.fn_api_runner import worker_handlers
+
+        worker_handlers.DATA_BUFFER_TIME_LIMIT_MS = 0
+    return problem
+
+
+def local_options(cfg: RunnerConfig) -> dict[str, Any]:
+    """Beam options for ``runner.workers`` on the local runner: none for one worker (the
+    in-process runner, no data plane); otherwise parallel workers, with the flush race
+    avoided, or one worker and a warning where the workaround does not apply."""
+    workers = cfg.workers or available_cores()
+    if workers == 1:
+        return {}
+    problem = avoid_flush_race()
+    if problem is not None:
+        print(f"warning: runner.workers: running 1 worker, not {workers}: {problem}; "
+              "Beam's parallel local runner loses elements without the workaround "
+              "(docs/beam-flush-race.md)", file=sys.stderr)
+        return {}
+    return {"direct_num_workers": workers, "direct_running_mode": LOCAL_MODE}
+
+
+def dask_options(cfg: RunnerConfig) -> dict[str, Any]:
+    """DaskRunner options. ``dask_npartitions``: Beam's Dask translation makes a Create
+    into partitions of 128 elements and runs Reshuffle as nothing, so the read units
+    (a few dozen) would all land in one partition and be read one after another; a
+    partition per element restores what the Reshuffle is there for. Later steps keep
+    their input's partitions (a GroupByKey too)."""
+    return {"dask_npartitions": DASK_PARTITIONS}
+
+
+# Above the element count of any Create in the graph (read units, input files), so each
+# element gets its own Dask partition.
+DASK_PARTITIONS = 1 << 20
+
+
 def pipeline_options(cfg: RunnerConfig, dry_run: bool = False):
-    """Beam ``PipelineOptions``: ``runner.options`` as given plus the typed keys. A dry run
-    on Dataflow adds Beam's ``dry_run`` (build the job, return before any API call),
+    """Beam ``PipelineOptions``: ``runner.options`` as given plus the typed keys (on the
+    local runner and Dask, ``runner.options`` win over what ``runner.workers`` sets). A dry
+    run on Dataflow adds Beam's ``dry_run`` (build the job, return before any API call),
     ``no_auth`` (no credential lookup) and ``sdk_location=container`` (no SDK download)."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
     opts = dict(cfg.options)
-    if cfg.name == "dataflow":
+    if cfg.name == "local":
+        opts = {**local_options(cfg), **opts}
+        mode = opts.get("direct_running_mode")
+        if mode in ("multi_threading", "multi_processing") and (problem := avoid_flush_race()):
+            print(f"warning: runner.options.direct_running_mode: {mode} may lose elements: "
+                  f"{problem} (docs/beam-flush-race.md)", file=sys.stderr)
+    elif cfg.name == "dask":
+        opts = {**dask_options(cfg), **opts}
+    elif cfg.name == "dataflow":
         opts.update(dataflow_options(cfg))
         if dry_run:
             opts.update(dry_run="True", no_auth=True, sdk_location="container")
@@ -75,7 +168,58 @@ def make_pipeline(cfg: RunnerConfig, dry_run: bool = False):
         from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
 
         return beam.Pipeline(runner=DataflowRunner(), options=options)
+    if cfg.name == "dask":
+        return beam.Pipeline(runner=dask_runner(cfg), options=options)
     return beam.Pipeline(runner=cfg.name, options=options)
+
+
+def dask_runner(cfg: RunnerConfig):
+    """Beam's DaskRunner on the cluster at ``runner.address``, or on a local cluster of
+    ``runner.workers`` processes (one thread each: the kernels hold the GIL) that lives
+    as long as the job: Beam's runner would start a default one and never stop it."""
+    from apache_beam.runners.dask.dask_runner import (
+        DaskOptions,
+        DaskRunner,
+        DaskRunnerResult,
+    )
+
+    class ClosingResult(DaskRunnerResult):
+        """Stops the client, and the local cluster if this job started it, once done."""
+
+        cluster: Any = None
+
+        def wait_until_finish(self, duration: int | None = None) -> str:
+            try:
+                return super().wait_until_finish(duration)
+            finally:
+                self.client.close()
+                if self.cluster is not None:
+                    self.cluster.close()
+
+    class ClusterDaskRunner(DaskRunner):
+        def run_pipeline(self, pipeline, options):
+            dask = options.view_as(DaskOptions)
+            cluster = None
+            if cfg.address is not None:
+                dask.address = cfg.address
+            elif dask.address is None and dask.scheduler_file is None:
+                from distributed import LocalCluster
+
+                cluster = LocalCluster(n_workers=cfg.workers or available_cores(),
+                                       threads_per_worker=1, processes=True,
+                                       dashboard_address=None)
+                dask.address = cluster.scheduler_address
+            try:
+                result = super().run_pipeline(pipeline, options)
+            except BaseException:
+                if cluster is not None:
+                    cluster.close()
+                raise
+            closing = ClosingResult(result.client, result.futures)
+            closing.cluster = cluster
+            return closing
+
+    return ClusterDaskRunner()
 
 
 @dataclass

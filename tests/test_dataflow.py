@@ -165,8 +165,8 @@ def test_local_runner_options_pass_through_and_blocking():
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
     local = RunnerConfig.model_validate({"options": {"direct_num_workers": 2}})
-    assert runner.pipeline_options(local, dry_run=True).get_all_options(
-        drop_default=True) == {"direct_num_workers": 2}
+    got = runner.pipeline_options(local, dry_run=True).get_all_options(drop_default=True)
+    assert got["direct_num_workers"] == 2  # as given: runner.options win over runner.workers
     assert isinstance(runner.make_pipeline(local).runner, FnApiRunner)
     assert runner.blocks(local)
     assert not runner.blocks(RunnerConfig.model_validate(DATAFLOW))  # launchers return
