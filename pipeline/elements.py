@@ -218,3 +218,4 @@ class FileResult:
     decision: FileDecision
     output: str | None  # written file, relative to output.path; None if nothing was readable
     kept: int
+    notes: list[str] = field(default_factory=list)  # what the copy could not keep as it was

@@ -59,7 +59,8 @@ def file_summary(res: FileResult) -> dict:
     removed = {f"removed_{kind}": sum(len(r) for r in res.decision.removed if r.kind == kind)
                for kind in KINDS}
     return {"input": res.decision.path, "output": res.output, "read": res.decision.n_read,
-            "kept": res.kept, **removed, "invalid": len(res.decision.invalid)}
+            "kept": res.kept, **removed, "invalid": len(res.decision.invalid),
+            "notes": res.notes}
 
 
 def _near_note(spec: NearSpec, stats: dict) -> str:

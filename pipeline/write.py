@@ -42,7 +42,8 @@ class WriteClean(beam.DoFn):
         self.kept.inc(kept)
         progress.tick("write", self.total_files, kept, "files")
         readable = fs.exists(dst)
-        yield FileResult(decision, name if readable else None, kept)
+        notes = getattr(self.fmt, "write_notes", lambda _: [])(decision.path) if readable else []
+        yield FileResult(decision, name if readable else None, kept, notes)
 
 
 class Write(beam.PTransform):

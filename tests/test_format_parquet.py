@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.jobkit import run_job
 from transforms.formats import parquet
 from transforms.formats.base import InputError, TensorSpec, Unit
 
@@ -111,3 +114,70 @@ def test_unreadable_file_passes_check_and_reads_as_one_invalid_record(tmp_path):
     assert len(invalid) == 1 and invalid[0].record_id == str(path)
     assert parquet.write(str(path), str(tmp_path / "o.parquet"), np.array([0])) == 0
     assert not (tmp_path / "o.parquet").exists()
+
+
+WRITABLE_CODECS = ["none", "snappy", "gzip", "brotli", "lz4", "zstd"]  # all pyarrow writes
+
+
+def _codec_table(n: int = 30) -> pa.Table:
+    """Tensors with copies (i % 7), an id, and an INT96-able timestamp column."""
+    x = (np.arange(n) % 7).astype(np.float32)[:, None] * np.ones(3, np.float32)
+    return pa.table({"id": [f"r{i}" for i in range(n)],
+                     "emb": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 3),
+                     "ts": pa.array(np.arange(n) * 10**9 + 7, pa.timestamp("ns"))})
+
+
+def _job_output(tmp_path, src) -> tuple[pq.ParquetFile, dict]:
+    assert run_job(tmp_path, "parquet", str(src)) == 0
+    summary = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
+    return pq.ParquetFile(tmp_path / "out" / "clean" / src.name), summary["files"][0]
+
+
+@pytest.mark.parametrize("codec", WRITABLE_CODECS)
+def test_job_keeps_every_codec_pyarrow_writes(tmp_path, codec):
+    src = tmp_path / "in" / "a.parquet"
+    src.parent.mkdir()
+    table = _codec_table()
+    pq.write_table(table, src, compression=codec, row_group_size=10)
+    out, entry = _job_output(tmp_path, src)
+    meta = pq.ParquetFile(src).metadata.row_group(0)
+    for i in range(meta.num_columns):
+        assert out.metadata.row_group(0).column(i).compression == meta.column(i).compression
+    assert entry["notes"] == []
+    assert entry["kept"] == len({tuple(v) for v in table["emb"].to_pylist()})
+
+
+def test_job_keeps_per_column_codecs(tmp_path):
+    src = tmp_path / "in" / "a.parquet"
+    src.parent.mkdir()
+    codecs = dict(zip(["id", "emb.list.element", "ts"], ["none", "zstd", "brotli"], strict=True))
+    pq.write_table(_codec_table(), src, compression=codecs)
+    out, _ = _job_output(tmp_path, src)
+    rg = out.metadata.row_group(0)
+    assert [rg.column(i).compression for i in range(3)] == ["UNCOMPRESSED", "ZSTD", "BROTLI"]
+
+
+@pytest.mark.parametrize("version", ["1.0", "2.6"])
+def test_job_keeps_int96_timestamps_and_format_version(tmp_path, version):
+    src = tmp_path / "in" / "a.parquet"
+    src.parent.mkdir()
+    table = _codec_table()
+    pq.write_table(table, src, version=version, use_deprecated_int96_timestamps=True)
+    out, _ = _job_output(tmp_path, src)
+    ts = out.schema_arrow.get_field_index("ts")
+    assert out.schema.column(ts).physical_type == "INT96"
+    assert out.schema_arrow == pq.ParquetFile(src).schema_arrow  # timestamp[ns], not [us]
+    assert out.metadata.format_version == version
+    kept = out.read()
+    ids = [int(i[1:]) for i in kept["id"].to_pylist()]
+    assert kept["ts"].to_pylist() == table["ts"].take(pa.array(ids)).to_pylist()
+
+
+def test_codec_mapping_keeps_writable_codecs_and_maps_the_others():
+    for name in ("UNCOMPRESSED", "SNAPPY", "GZIP", "BROTLI", "LZ4", "ZSTD"):
+        codec, note = parquet._codec(name, "c")
+        assert note is None and codec in WRITABLE_CODECS
+    codec, note = parquet._codec("UNKNOWN", "c")  # how pyarrow reports Hadoop-framed LZ4
+    assert codec == "lz4" and "'c'" in note and "LZ4_RAW" in note
+    codec, note = parquet._codec("LZO", "c")
+    assert codec in WRITABLE_CODECS and "LZO" in note

@@ -277,21 +277,67 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
 DICTIONARY_PAGE_LIMIT = 1 << 20  # Arrow's default: a dictionary page this big was abandoned
 
 
-def _writer_options(pf: pq.ParquetFile) -> dict:
-    """ParquetWriter options that mirror the input: each column's codec, and dictionary
-    encoding only for columns whose input dictionary was kept. A column whose dictionary
-    page hit the size limit fell back to plain pages, so building a dictionary again
-    would only cost time (~15% of the copy for float tensors)."""
+# Codec names as ColumnChunkMetaData.compression reports them -> ParquetWriter's names.
+# pyarrow reports LZ4_RAW as "LZ4" and the deprecated Hadoop-framed LZ4 as "UNKNOWN"
+# (it reads that codec but cannot write it); it writes no LZO at all.
+_CODECS = {"UNCOMPRESSED": "none", "SNAPPY": "snappy", "GZIP": "gzip", "BROTLI": "brotli",
+           "LZ4": "lz4", "ZSTD": "zstd"}
+# Codecs pyarrow cannot write -> the nearest it can, and what the summary says about it.
+_MAPPED = {"UNKNOWN": ("lz4", "Hadoop-framed LZ4 (deprecated) written as LZ4_RAW"),
+           "LZO": ("snappy", "LZO written as SNAPPY")}
+# Encodings a writer can be asked for per column (others are chosen by the writer itself).
+_ENCODINGS = ("BYTE_STREAM_SPLIT", "DELTA_BINARY_PACKED", "DELTA_LENGTH_BYTE_ARRAY",
+              "DELTA_BYTE_ARRAY")
+
+
+def _codec(name: str, column: str) -> tuple[str, str | None]:
+    """(writer codec, note or None) for a column's input codec: the same codec when
+    pyarrow can write it, else its nearest equivalent with a note saying so."""
+    if name in _CODECS:
+        return _CODECS[name], None
+    codec, note = _MAPPED.get(name, ("snappy", f"codec {name} written as SNAPPY"))
+    return codec, f"column {column!r}: {note}, which pyarrow cannot write"
+
+
+def _writer_plan(pf: pq.ParquetFile) -> tuple[dict, list[str]]:
+    """(ParquetWriter options, notes) that mirror the input: the format version, each
+    column's codec (one pyarrow cannot write is mapped, and noted), INT96 timestamps,
+    decimals stored as integers, per-column encodings (byte stream split, delta), and
+    dictionary encoding only for columns whose input dictionary was kept. A column whose
+    dictionary page hit the size limit fell back to plain pages, so building a dictionary
+    again would only cost time (~15% of the copy for float tensors)."""
+    schema = pf.schema
+    physical = [schema.column(i).physical_type for i in range(len(schema))]
+    options: dict = {"version": pf.metadata.format_version,
+                     "use_deprecated_int96_timestamps": "INT96" in physical}
+    decimals = [p for i, p in enumerate(physical)
+                if schema.column(i).converted_type == "DECIMAL"]
+    if decimals and all(p in ("INT32", "INT64") for p in decimals):
+        options["store_decimal_as_integer"] = True
     if pf.metadata.num_row_groups == 0:
-        return {"compression": "snappy"}
+        return {**options, "compression": "snappy"}, []
     rg = pf.metadata.row_group(0)
     cols = [rg.column(j) for j in range(rg.num_columns)]
-    codecs = {c.path_in_schema: c.compression.lower() for c in cols}
+    codecs, notes = {}, []
+    for c in cols:
+        codecs[c.path_in_schema], note = _codec(c.compression, c.path_in_schema)
+        notes += [note] if note else []
     names = set(codecs.values())
+    encoding = {c.path_in_schema: e for c in cols for e in _ENCODINGS if e in c.encodings}
     dictionary = [c.path_in_schema for c in cols if c.has_dictionary_page
-                  and c.data_page_offset - c.dictionary_page_offset < DICTIONARY_PAGE_LIMIT]
-    return {"compression": names.pop() if len(names) == 1 else codecs,
-            "use_dictionary": dictionary}
+                  and c.data_page_offset - c.dictionary_page_offset < DICTIONARY_PAGE_LIMIT
+                  and c.path_in_schema not in encoding]
+    if encoding:
+        options["column_encoding"] = encoding
+    return {**options, "compression": names.pop() if len(names) == 1 else codecs,
+            "use_dictionary": dictionary}, notes
+
+
+def write_notes(src: str) -> list[str]:
+    """What the clean copy of ``src`` cannot keep as it was (codecs pyarrow cannot
+    write), one line each, for the file's entry in summary.json."""
+    pf = _open(src)
+    return [] if isinstance(pf, Exception) else _writer_plan(pf)[1]
 
 
 def _prefetched(pf: pq.ParquetFile, start: int, stop: int, columns: list[str] | None = None
@@ -322,8 +368,7 @@ def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) 
         return 0
     written = 0
     with fs.local_file_for(dst) as local, pq.ParquetWriter(
-            local, pf.schema_arrow, version=pf.metadata.format_version,
-            **_writer_options(pf)) as out:
+            local, pf.schema_arrow, **_writer_plan(pf)[0]) as out:
         for _, first, n, table in _prefetched(pf, 0, pf.metadata.num_rows):
             if isinstance(table, Exception):
                 continue  # every row of an unreadable group is invalid, so in `drop`
