@@ -8,23 +8,39 @@ committed (replacing an earlier attempt of the same run id), and summary.json, w
 marks the run complete, comes last. A run killed at any point and started again with
 the same run id ends in the same state as one that never stopped.
 
+Publish itself may run more than once for one attempt (Dataflow retries a failed work
+item, also after it published half): each directory's swap is journaled in a small
+``<staging>.publishing`` file written before its first destructive step, so a second
+call finishes the first one's work instead of redoing it (an object store's old files
+are listed in the journal and deleted before any new one is moved in), and a call that
+finds this attempt's summary.json returns it. Publish runs only while the run holds its
+leases (``transforms.lease``): it checks them first, and on runners that do not block
+(Dataflow) it releases them when done.
+
 On object stores (gs://, s3://) the same order holds, but swapping a directory in is
-many object copies and deletes, not one rename (see ``report.publish``): while it runs,
-and after a kill in the middle, the output and report prefixes can hold a mix of old and
-new files. summary.json stays the mark of a complete run there too: it is deleted before
-the swap and written (in one step) after it, so a reader that finds it reads a whole run.
+many object copies and deletes, not one rename: while it runs, and after a kill in the
+middle, the output and report prefixes can hold a mix of old and new files. summary.json
+stays the mark of a complete run there too: it is deleted before the swap and written
+(in one step) after it, so a reader that finds it reads a whole run.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import report
 from pipeline.store import StoreCommit
 from transforms import fs
+from transforms.lease import Lease, acquire_all, dir_lease_path, store_lease_path
+
+HOLD_ENV = "TENSORDEDUP_TEST_HOLD_PUBLISH"  # tests: see _hold_for_tests
 
 
 @dataclass(frozen=True)
@@ -37,24 +53,46 @@ class Publication:
     report_stage: str
     replace: bool  # an existing output / report is replaced (overwrite or a run-specific path)
     started: float  # time.time() when the driver started the job
-    header: dict = field(default_factory=dict)  # run id, config, resolved spec, ...
+    header: dict = field(default_factory=dict)  # run id, attempt, config, resolved spec, ...
     near_settings: dict | None = None
     store: StoreCommit | None = None
     spill: str | None = None  # the near stage's working files, deleted first
+    leases: tuple[Lease, ...] = ()  # held by this run; checked before anything is replaced
+    release_leases: bool = False  # the driver does not wait (Dataflow): Publish releases
+
+
+def take_leases(output: str, report_dir: str, store: str | None, run_id: str,
+                detached: bool) -> list[Lease]:
+    """The run's one-writer leases: its output and report directories, and the store it
+    commits to (if any); all or none (``LeaseHeld`` names the holder)."""
+    wanted = [(dir_lease_path(output), output), (dir_lease_path(report_dir), report_dir)]
+    if store is not None:
+        wanted.append((store_lease_path(store), f"fingerprint store {store}"))
+    return acquire_all(wanted, run_id, detached)
 
 
 def publish_run(taken: dict, store_parts: list[dict], pub: Publication) -> dict:
     """The Publish step: ``taken`` is the Report step's figures; ``store_parts`` what the
-    store writers wrote for this attempt. Returns the summary it wrote."""
+    store writers wrote for this attempt. Returns the summary it wrote. Safe to call again
+    for the same attempt, after a partial or a complete first call."""
+    _hold_for_tests()
+    done = _published(pub)
+    if done is not None:  # a retried Publish of an attempt that finished
+        _finish(pub)
+        return done
+    for lease in pub.leases:
+        lease.check()
     if pub.spill is not None:  # every reader of the spilled vectors has finished
         fs.delete_tree(pub.spill)
     files = taken["files"]
     totals = report.totals(files)
-    # an all-invalid input still gets a directory (object stores: no objects, no prefix)
-    fs.makedirs(pub.out_stage)
+    moves = [(pub.out_stage, pub.output), (pub.report_stage, pub.report)]
+    for stage, final in moves:  # before anything is deleted: refuse, leave the old run whole
+        if not fs.exists(_journal(stage)) and not pub.replace and fs.exists_under(final):
+            raise FileExistsError(report._appeared(final))
     fs.delete(fs.join(pub.report, "summary.json"))  # old run: no longer complete
-    report.publish(pub.out_stage, pub.output, pub.replace)
-    report.publish(pub.report_stage, pub.report, pub.replace)
+    for stage, final in moves:
+        _move_in(stage, final)
     store = pub.header.get("store")
     if pub.store is not None:
         store = {**store, **pub.store.commit(store_parts, {"kept": totals["kept"],
@@ -65,23 +103,109 @@ def publish_run(taken: dict, store_parts: list[dict], pub: Publication) -> dict:
                "near": None if taken["near"] is None else {
                    "settings": pub.near_settings, **taken["near"]}}
     report.write_summary(pub.report, summary)
+    _finish(pub)
     return summary
 
 
-def clear_leftovers(final: str | Path) -> None:
-    """Remove staging and swap directories a killed run left next to ``final`` (on object
-    stores: every object under a ``.<name>.staging-*`` or ``.<name>.old-*`` prefix)."""
+def _published(pub: Publication) -> dict | None:
+    """This attempt's summary.json, if an earlier call of Publish wrote it."""
+    path = fs.join(pub.report, "summary.json")
+    if not fs.exists(path):
+        return None
+    summary = json.loads(fs.read_bytes(path))
+    attempt = pub.header.get("attempt")
+    return summary if attempt is not None and summary.get("attempt") == attempt else None
+
+
+def _finish(pub: Publication) -> None:
+    """After summary.json: drop the journals; a detached run gives its leases back."""
+    for stage in (pub.out_stage, pub.report_stage):
+        fs.delete(_journal(stage))
+    if pub.release_leases:
+        for lease in reversed(pub.leases):
+            lease.release()
+
+
+def _journal(stage: str) -> str:
+    return stage + ".publishing"
+
+
+def _move_in(stage: str, final: str) -> None:
+    """Replace ``final`` with the staged files, resumable: the journal, written before the
+    first destructive step, says a swap has begun (and on object stores which old objects
+    it deletes), so a repeated call completes it and never deletes a moved-in file."""
+    journal = _journal(stage)
+    if fs.is_local(final):
+        if not fs.exists(journal):
+            os.makedirs(stage, exist_ok=True)  # an all-invalid input still gets a directory
+            fs.write_bytes_atomic(journal, b"{}")
+        old = _sibling(final, "old", stage.rsplit("-", 1)[-1])
+        if os.path.isdir(stage):
+            if os.path.exists(final):
+                shutil.rmtree(old, ignore_errors=True)
+                os.rename(final, old)
+            os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
+            os.rename(stage, final)
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    state = json.loads(fs.read_bytes(journal)) if fs.exists(journal) else None
+    if state is None:
+        state = {"delete": fs.match(final.rstrip("/") + "/**")}
+        fs.write_bytes_atomic(journal, json.dumps(state).encode())
+    if state.get("delete"):
+        for old_file in state["delete"]:
+            fs.delete(old_file)
+        fs.write_bytes_atomic(journal, json.dumps({"delete": []}).encode())
+    fs.rename_tree(stage, final)  # what is still staged: all of it, or a retry's rest
+    fs.delete_tree(stage)
+
+
+def _sibling(final: str, kind: str, attempt: str) -> str:
+    head, name = os.path.split(final)
+    return os.path.join(head, f".{name}.{kind}-{attempt}")
+
+
+def clear_leftovers(final: str | Path, lease: Lease | None = None) -> None:
+    """Remove what killed runs left next to ``final``: staging and swap directories and
+    publish journals (on object stores: every object under a ``.<name>.staging-*`` or
+    ``.<name>.old-*`` prefix). Call it only while holding ``final``'s lease (then no
+    live run owns any of them); given the lease, it is checked first."""
+    if lease is not None:
+        lease.check()
     final = str(final)
     if fs.is_local(final):
         folder = Path(final)
         if folder.parent.is_dir():
             for stale in folder.parent.glob(f".{folder.name}.*"):
-                if stale.is_dir() and (".staging-" in stale.name or ".old-" in stale.name):
-                    shutil.rmtree(stale, ignore_errors=True)
+                if ".staging-" in stale.name or ".old-" in stale.name:
+                    fs.delete_tree(str(stale))
         return
     parent, _, name = final.rstrip("/").rpartition("/")
+    stale = set()
     for kind in ("staging", "old"):
-        stale = {f[:f.index("/", len(parent) + 1)]
-                 for f in fs.match(f"{parent}/.{name}.{kind}-*/**")}
-        for prefix in sorted(stale):
-            fs.delete_tree(prefix)
+        for f in fs.match(f"{parent}/.{name}.{kind}-**"):
+            rest = f[len(parent) + 1:]
+            stale.add(f"{parent}/{rest.split('/', 1)[0]}")
+    for prefix in sorted(stale):
+        fs.delete_tree(prefix)
+
+
+def own_stages(pub: Publication) -> Sequence[str]:
+    """What this attempt may leave beside its outputs (staging, spill, journals): the
+    driver deletes them when the job ends, however it ends."""
+    stages = [pub.out_stage, pub.report_stage]
+    return stages + [_journal(s) for s in stages] + ([pub.spill] if pub.spill else [])
+
+
+def _hold_for_tests() -> None:
+    """Tests only: with ``$TENSORDEDUP_TEST_HOLD_PUBLISH`` set to a path, Publish announces
+    itself (``<path>.reached``) and waits until that path exists, so a test can start a
+    rival run or kill this one at a known point without timing guesses."""
+    hold = os.environ.get(HOLD_ENV)
+    if not hold:
+        return
+    Path(hold + ".reached").touch()
+    wake = threading.Event()
+    deadline = time.monotonic() + 600
+    while not os.path.exists(hold) and time.monotonic() < deadline:
+        wake.wait(0.02)

@@ -10,6 +10,7 @@ tracebacks) are hidden unless ``--verbose`` or ``TENSORDEDUP_VERBOSE=1``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -24,10 +25,16 @@ logging.getLogger().addFilter(lambda r: "apitools not found" not in r.getMessage
 from pipeline import progress  # noqa: E402
 from pipeline.config import ConfigError, describe_keys, load_config  # noqa: E402
 from pipeline.preflight import Job, prepare  # noqa: E402
-from pipeline.publish import Publication, clear_leftovers  # noqa: E402
+from pipeline.publish import (  # noqa: E402
+    Publication,
+    clear_leftovers,
+    own_stages,
+    take_leases,
+)
 from transforms.fingerprint import SCHEME  # noqa: E402
 from transforms.formats.base import InputError, InvalidRecordError  # noqa: E402
 from transforms.fs import delete_tree, join, read_bytes  # noqa: E402
+from transforms.lease import LeaseHeld, keep_alive, release_all  # noqa: E402
 from transforms.near_recall import recall_line  # noqa: E402
 
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
@@ -83,7 +90,7 @@ def publication(job: Job) -> Publication:
     return Publication(
         job.output, job.report, job.staging(job.output), job.staging(job.report), job.replace,
         time.time(),
-        header={"run_id": job.run_id, "fingerprint_scheme": SCHEME,
+        header={"run_id": job.run_id, "attempt": job.attempt, "fingerprint_scheme": SCHEME,
                 "working_dir": os.getcwd(),  # resolves relative input paths in record ids
                 "config": cfg.model_dump(mode="json"), "resolved": resolved,
                 "store": None if job.store is None else job.store.describe()},
@@ -93,31 +100,52 @@ def publication(job: Job) -> Publication:
 
 def execute(job: Job) -> dict | None:
     """Run the graph; its last step publishes outputs, commits the store and writes
-    summary.json. Leftovers of a killed earlier attempt are cleared first. Returns the
-    summary, or None for a runner that does not block (Dataflow: the job runs on)."""
+    summary.json. First the run takes its one-writer leases (output, report, store it
+    updates), so a rival run is refused with one line (exit 2) before anything is deleted
+    or written; under them the store's view is taken again and what dead runs left is
+    cleared. The leases are renewed while the job runs and released when it ends, however
+    it ends; a runner that does not block (Dataflow) hands them to its Publish step, which
+    releases them. Returns the summary, or None for a runner that does not block."""
     from pipeline.graph import build
     from pipeline.runner import blocks
 
-    for final in (job.output, job.report):
-        clear_leftovers(final)
-    if job.store is not None and job.cfg.store.update:
-        job.store.clear_attempts()
-    pub = publication(job)
-    p = beam_pipeline(job)
-    build(p, job, pub)
-    if not blocks(job.cfg.runner):
-        result = p.run()
-        job_id = getattr(result, "job_id", lambda: None)()
-        print(f"submitted{f' job {job_id}' if job_id else ''}: the job publishes its "
-              f"outputs and writes {pub.report}/summary.json when it succeeds",
-              file=sys.stderr)
-        return None
+    detached = not blocks(job.cfg.runner)
+    updates = job.store is not None and job.cfg.store.update
     try:
-        p.run().wait_until_finish()
+        leases = take_leases(job.output, job.report, job.store.path if updates else None,
+                             job.run_id, detached)
+    except LeaseHeld as e:  # another run's: nothing of this run exists yet
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+    handed_over = False
+    try:
+        with keep_alive(leases):
+            if updates:
+                job = dataclasses.replace(job, store=job.store.refreshed())
+                job.store.clear_attempts()
+            for final, lease in zip((job.output, job.report), leases, strict=False):
+                clear_leftovers(final, lease)
+            pub = dataclasses.replace(publication(job), leases=tuple(leases),
+                                      release_leases=detached)
+            p = beam_pipeline(job)
+            build(p, job, pub)
+            if detached:
+                result = p.run()
+                handed_over = True
+                job_id = getattr(result, "job_id", lambda: None)()
+                print(f"submitted{f' job {job_id}' if job_id else ''}: the job publishes its "
+                      f"outputs and writes {pub.report}/summary.json when it succeeds (it "
+                      "holds the output's lease until then)", file=sys.stderr)
+                return None
+            try:
+                p.run().wait_until_finish()
+            finally:
+                for stage in own_stages(pub):
+                    delete_tree(stage)
+            return json.loads(read_bytes(join(pub.report, "summary.json")))
     finally:
-        for stage in (pub.out_stage, pub.report_stage, job.spill):
-            delete_tree(stage)
-    return json.loads(read_bytes(join(pub.report, "summary.json")))
+        if not handed_over:
+            release_all(leases)
 
 
 def _innermost(e: BaseException) -> BaseException:

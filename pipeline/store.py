@@ -93,6 +93,11 @@ class StoreView:
         return StoreCommit(self.path, FingerprintStore(self.path).begin(self.run_id),
                            self.meta)
 
+    def refreshed(self) -> StoreView:
+        """The view as of now: taken again once the run holds the store's lease, so it
+        includes every run committed before (a plan made earlier could miss one)."""
+        return open_view(self.path, self.run_id, self.meta)
+
     def clear_attempts(self) -> None:
         """Remove attempts of this run id that a killed run left uncommitted."""
         FingerprintStore(self.path).cleanup_uncommitted(self.run_id)

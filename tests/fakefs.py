@@ -4,9 +4,11 @@ nothing, ``delete`` removes single files), listing is by prefix.
 
 Why: code that must work on gs:// is tested without a cloud account; a wrong assumption
 about directories (an ``exists`` on a folder, a recursive delete) fails here as it would
-on GCS. Importing this module registers the scheme (Beam finds ``FileSystem`` subclasses
-when it resolves a path); ``bucket(monkeypatch, tmp_path)`` points it at a directory (an
-environment variable, so a child process that imports this module sees the same files).
+on GCS. Conditional writes (``create_exclusive``, ``replace_if_unchanged``) behave like
+GCS's generation preconditions, so leases can be raced here. Importing this module
+registers the scheme (Beam finds ``FileSystem`` subclasses when it resolves a path);
+``bucket(monkeypatch, tmp_path)`` points it at a directory (an environment variable, so a
+child process that imports this module sees the same files).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 import pytest
 from apache_beam.io.filesystem import BeamIOError, CompressionTypes, FileMetadata
 from apache_beam.io.localfilesystem import LocalFileSystem
+
+from transforms.fs import local_create_exclusive, local_replace_if_unchanged
 
 SCHEME = "fakegs"
 ENV = "TENSORDEDUP_FAKEGS_ROOT"
@@ -101,6 +105,15 @@ class FakeObjectStore(LocalFileSystem):
     def metadata(self, path):
         m = super().metadata(_local(path))
         return FileMetadata(path, m.size_in_bytes, m.last_updated_in_seconds)
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """Create-if-absent, like a GCS upload with ``if_generation_match=0``: atomic on
+        the backing directory (a link fails if the name exists)."""
+        return local_create_exclusive(_local(path), data)
+
+    def replace_if_unchanged(self, path: str, expected: bytes, data: bytes | None) -> bool:
+        """Compare-and-swap, like a GCS write or delete with ``if_generation_match``."""
+        return local_replace_if_unchanged(_local(path), expected, data)
 
     def delete(self, paths):
         missing = {p: FileNotFoundError(p) for p in paths if not self.exists(p)}

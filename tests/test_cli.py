@@ -42,6 +42,17 @@ def one_error_line(capsys) -> str:
     (("near.metric=allclose", "near.device=tpu"), {}, "config key 'near.device'"),
     (("near.metric=allclose", "near.recall_sample=-1"), {}, "config key 'near.recall_sample'"),
     (("near.metric=allclose", "exact=false"), {}, "set exact: true or remove near"),
+    (("near.metric=cosine", "near.threshold=.inf"), {},
+     "config key 'near.threshold': inf is not a finite number"),
+    (("near.metric=cosine", "near.threshold=.nan"), {}, "'near.threshold': nan is not a finite"),
+    (("near.metric=l2", "near.threshold=1.0e+300"), {}, "'near.threshold': 1e+300 is out of range"),
+    (("near.metric=cosine", "near.threshold=3"), {}, "cosine distance is at most 2"),
+    (("near.metric=allclose", "near.atol=-1"), {}, "'near.atol': -1 is out of range"),
+    (("max_invalid_fraction=1.5",), {}, "'max_invalid_fraction': 1.5 is out of range"),
+    (("tuning.remote_timeout_s=0",), {}, "'tuning.remote_timeout_s': 0 is out of range"),
+    (("threshold=!!python/object:os.system x",), {}, "--set threshold: '!!python/object:os.system"
+                                                     " x' is not a YAML value"),
+    (("keep={",), {}, "--set keep: '{' is not a YAML value"),
 ])
 def test_bad_config_or_input_exits_2_with_one_line(tmp_path, parquet_in, capsys, sets,
                                                    overrides, words):

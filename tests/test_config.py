@@ -2,8 +2,9 @@
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
-from pipeline.config import ConfigError, KeyColumn, load_config
+from pipeline.config import ConfigError, DedupeConfig, KeyColumn, load_config
 
 GOOD = {
     "input": {"format": "parquet", "path": "data/*.parquet", "tensor": "embedding", "id": "id"},
@@ -71,3 +72,36 @@ def test_yaml_is_loaded_safely(tmp_path):
     """A python object tag must be rejected, never constructed."""
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(_write(tmp_path, "input: !!python/object/apply:os.system ['true']\n"))
+
+
+def test_set_value_that_is_not_plain_yaml_is_one_line(tmp_path):
+    """--set values are read with yaml.safe_load: a tag is refused, never constructed."""
+    for raw in ("!!python/object/apply:os.system ['true']", "{", "[1, 2"):
+        with pytest.raises(ConfigError, match="is not a YAML value") as e:
+            load_config(_write(tmp_path, GOOD), [f"keep={raw}"])
+        assert "\n" not in str(e.value)
+
+
+def _float_keys(model: type[BaseModel] = DedupeConfig, prefix: str = "") -> list[str]:
+    """Every float config key (dotted), found from the schema itself."""
+    keys = []
+    for name, field in model.model_fields.items():
+        args = getattr(field.annotation, "__args__", (field.annotation,))
+        sub = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        if sub and sub[0] is not KeyColumn:
+            keys += _float_keys(sub[0], f"{prefix}{name}.")
+        elif float in args:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan", "1.0e+300", "-1"])
+def test_every_float_key_refuses_non_finite_and_absurd_values(tmp_path, value):
+    keys = _float_keys()
+    assert {"near.threshold", "near.atol", "near.rtol", "max_invalid_fraction",
+            "tuning.remote_timeout_s"} <= set(keys)
+    for key in keys:
+        sets = ["near.metric=l2", "near.threshold=1"] if key.startswith("near.") else []
+        with pytest.raises(ConfigError) as e:
+            load_config(_write(tmp_path, GOOD), [*sets, f"{key}={value}"])
+        assert f"config key '{key}'" in str(e.value) and "\n" not in str(e.value)

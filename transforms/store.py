@@ -24,8 +24,10 @@ segment are skipped by lookups and dropped by the next merge.
     <store>/compactions/<id>.json                          compaction markers
     <store>/compacted/<id>/exact-<part>.seg                merged digests of several runs
 
-One writer at a time (a run's Publish step or ``compact``); readers may run alongside
-only while nothing compacts.
+One writer at a time (a run's Publish step or ``compact``), enforced for jobs by the
+store's lease (``<store>/LEASE.json``, ``transforms.lease``, taken by a job that updates
+the store before it plans its lookups); readers may run alongside only while nothing
+compacts.
 """
 
 from __future__ import annotations
@@ -201,7 +203,8 @@ class FingerprintStore:
 
         ``parts_stats``: what ``write_exact``/``write_vectors`` returned, one per part.
         Order: store settings (checked, written on first commit), the marker (atomic),
-        then the other attempts of the run id are deleted, markers first."""
+        then the other attempts of the run id are deleted, markers first. Committing an
+        attempt again is a no-op but for that cleanup (Dataflow may rerun Publish)."""
         if attempt.root != self.path:
             raise ValueError(f"attempt of store {attempt.root}, not {self.path}")
         if self.meta() is None:
@@ -209,6 +212,11 @@ class FingerprintStore:
                 {"format": FORMAT, "version": VERSION, "meta": meta}))
         self.check_compatible(meta)  # also catches a concurrent first commit that won
         exact, vectors = (self._parts(attempt, parts_stats, k) for k in ("exact", "vectors"))
+        if fs.exists(self._marker(attempt.run_id, attempt.name)):
+            # committed by an earlier call (a retried Publish): keep that marker and its
+            # place in the commit order, finish what may not have been done
+            self._prune(attempt.run_id, attempt.name)
+            return
         prior = self._committed(attempt.run_id).get(attempt.run_id)
         ns = max(time.time_ns(), prior["committed_ns"] + 1 if prior else 0)
         fs.write_bytes_atomic(self._marker(attempt.run_id, attempt.name), _dumps({
