@@ -17,6 +17,9 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TextIO
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Beam warns about optional GCP client libraries when imported: noise for users.
@@ -168,22 +171,56 @@ def _failure_line(e: BaseException) -> str:
     """One line for a job that failed while running: the original error, and the fix
     where it is a known one (a full disk or a file size limit)."""
     cause = _innermost(e)
-    what = _first_line(cause)
-    if not isinstance(cause, InvalidRecordError) and not what.startswith(
-            type(cause).__name__) and "InvalidRecordError: " not in what:
+    what = re.sub(r"^[a-z_.]+\.(\w+: )", r"\1", _first_line(cause))  # a.b.XError: -> XError:
+    ours = re.match(r"(InvalidRecordError|TooManyInvalidError): ", what)
+    if ours:  # the job's own errors are phrased for the user already
+        what = what[ours.end():]
+    elif not isinstance(cause, InvalidRecordError) and not re.match(
+            r"\w+(Error|Exception): ", what):
         what = f"{type(cause).__name__}: {what}"
-    what = re.sub(r"^[a-z_.]+\.(\w+Error: )", r"\1", what)  # pipeline.report.XError: ...
     if _NO_ROOM.search(what):
         what += (" (the disk of output.path / report is full, or a file size limit was hit: "
                  "free space or write the outputs elsewhere, then run again)")
     return f"error: the job failed, the run is not complete (no summary.json): {what}"
 
 
-def _quiet_beam(verbose: bool) -> None:
-    """Beam logs a worker error with its traceback before raising it; the CLI prints one
-    line instead. --verbose (or TENSORDEDUP_VERBOSE=1) keeps Beam's lines."""
-    if not verbose:
-        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+class _NoTracebacks:
+    """sys.stderr without the tracebacks Beam's SDK harness prints there itself (not
+    through logging) for a failed bundle; every other write goes through."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream, self._dropping = stream, False
+
+    def write(self, text: str) -> int:
+        if text.startswith("Traceback (most recent call last):"):
+            self._dropping = True  # print() writes the end of line separately
+            return len(text)
+        if self._dropping and text == "\n":
+            return len(text)
+        self._dropping = False
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def _beam_quiet(verbose: bool) -> Iterator[None]:
+    """While the job runs: Beam logs a worker error with its traceback (and its harness
+    prints it) before raising; the CLI prints one line instead. --verbose (or
+    TENSORDEDUP_VERBOSE=1) keeps Beam's output."""
+    if verbose:
+        yield
+        return
+    beam_log = logging.getLogger("apache_beam")
+    level, stderr = beam_log.level, sys.stderr
+    beam_log.setLevel(logging.CRITICAL)
+    sys.stderr = _NoTracebacks(stderr)
+    try:
+        yield
+    finally:
+        beam_log.setLevel(level)
+        sys.stderr = stderr
 
 
 def human_summary(s: dict) -> str:
@@ -234,7 +271,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
-    _quiet_beam(args.verbose or os.environ.get(VERBOSE_ENV, "") not in ("", "0"))
     overrides = args.set + (["output.overwrite=true"] if args.overwrite else []) + (
         [f"run_id={args.run_id}"] if args.run_id else [])
     try:
@@ -250,8 +286,10 @@ def _main(argv: list[str] | None) -> int:
     progress.reset(show=not args.quiet)
     print(f"deduplicating {len(job.files)} {job.cfg.input.format} file(s) "
           f"({job.cfg.runner.name} runner)", file=sys.stderr)
+    verbose = args.verbose or os.environ.get(VERBOSE_ENV, "") not in ("", "0")
     try:
-        summary = execute(job)
+        with _beam_quiet(verbose):
+            summary = execute(job)
     except Exception as e:  # a worker error: one line (Beam's log: --verbose)
         print(_failure_line(e), file=sys.stderr)
         return EXIT_FAILED
