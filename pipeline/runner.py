@@ -142,6 +142,11 @@ def pipeline_options(cfg: RunnerConfig, dry_run: bool = False):
             print(f"warning: runner.options.direct_running_mode: {mode} may lose elements: "
                   f"{problem} (docs/beam-flush-race.md)", file=sys.stderr)
     elif cfg.name == "dask":
+        try:  # registers Beam's Dask options, which options parsing would otherwise drop
+            import apache_beam.runners.dask.dask_runner  # noqa: F401
+        except ImportError as e:
+            raise RuntimeError(f"runner.name: dask needs dask and distributed ({e.name} is "
+                               "missing): pip install -c constraints.txt -e '.[dask]'") from e
         opts = {**dask_options(cfg), **opts}
     elif cfg.name == "dataflow":
         opts.update(dataflow_options(cfg))
@@ -203,8 +208,11 @@ def dask_runner(cfg: RunnerConfig):
             if cfg.address is not None:
                 dask.address = cfg.address
             elif dask.address is None and dask.scheduler_file is None:
+                import logging
+
                 from distributed import LocalCluster
 
+                logging.getLogger("distributed").setLevel(logging.WARNING)  # no INFO per worker
                 cluster = LocalCluster(n_workers=cfg.workers or available_cores(),
                                        threads_per_worker=1, processes=True,
                                        dashboard_address=None)

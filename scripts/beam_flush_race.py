@@ -1,8 +1,8 @@
 """Minimal repro: Beam's local runner in multi_threading mode loses elements.
 
 Pure Beam, no project code, so it can go upstream as is (docs/beam-flush-race.md).
-Create 16 keys -> Reshuffle -> FlatMap to 200 elements of ~160 kB each per key ->
-GroupByKey -> count per key. Every run should count 16 x 200 = 3,200 elements; with
+Create 16 keys -> Reshuffle -> FlatMap to 2,000 elements of 16 kB each per key ->
+GroupByKey -> count per key. Every run should count 16 x 2,000 = 32,000 elements; with
 ``direct_running_mode=multi_threading`` the gRPC data plane's 1-second flush thread
 drops whatever a worker writes between its read and its clear of the output buffer.
 ``--fixed`` sets ``worker_handlers.DATA_BUFFER_TIME_LIMIT_MS = 0`` before the runner is
@@ -22,7 +22,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner, worker_handlers
 
-KEYS, PER_KEY, SIZE = 16, 200, 160_000
+KEYS, PER_KEY, SIZE = 16, 2000, 16_000
 
 
 def fan_out(key: int, per_key: int, size: int):

@@ -1,0 +1,239 @@
+"""Runners: the local runner on every core (with Beam 2.77's flush race avoided) and Dask.
+
+The Beam checks fail when Beam changes: the workaround in ``pipeline.runner`` was made
+for the data-plane code of 2.77 and must be looked at again for any other release
+(docs/beam-flush-race.md). The Dask tests run the real job on a real local Dask cluster
+and compare its outputs with the local runner's, byte for byte.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from apache_beam.runners.portability.fn_api_runner import worker_handlers
+from apache_beam.runners.worker import data_plane
+
+from pipeline import runner
+from pipeline.config import ConfigError, RunnerConfig, load_config
+from tests.jobkit import run_job
+
+ROOT = Path(__file__).resolve().parents[1]
+WAIT_S = 30  # upper bound on waits for another thread; never reached when Beam is as read
+
+
+# --- Beam 2.77's data plane, as the workaround assumes it --------------------------------
+
+def test_beam_is_the_release_the_flush_workaround_was_made_for():
+    import apache_beam
+
+    assert apache_beam.__version__.startswith("2.77."), (
+        f"apache-beam {apache_beam.__version__}: re-check the data-plane flush race "
+        "(docs/beam-flush-race.md) and pipeline.runner.FLUSH_RACE_BEAM")
+    assert runner.flush_race_problem() is None
+    assert isinstance(worker_handlers.DATA_BUFFER_TIME_LIMIT_MS, int)
+    timed = data_plane.TimeBasedBufferingClosableOutputStream
+    assert issubclass(timed, data_plane.SizeBasedBufferingClosableOutputStream)
+    # the race: the base flush hands a copy of the buffer on, then clears the buffer; the
+    # timer thread's lock is not taken by writers (OutputStream.write)
+    flush = inspect.getsource(data_plane.SizeBasedBufferingClosableOutputStream.flush)
+    assert flush.index("self._flush_callback(self.get())") < flush.index("self._clear()")
+    assert "_flush_lock" in inspect.getsource(timed.flush)
+    assert "PeriodicThread" in inspect.getsource(timed._schedule_periodic_flush)
+    # a limit of 0 selects the size-based stream, which only the writing thread flushes
+    create = inspect.getsource(data_plane.ClosableOutputStream.create)
+    assert "if data_buffer_time_limit_ms > 0:" in create
+    # both ends read the module constant when a runner starts (so setting it takes effect)
+    server = inspect.getsource(worker_handlers.GrpcServer.__init__)
+    assert "BeamFnDataServicer(\n        DATA_BUFFER_TIME_LIMIT_MS)" in server
+    embedded = inspect.getsource(worker_handlers.EmbeddedGrpcWorkerHandler.__init__)
+    assert "or DATA_BUFFER_TIME_LIMIT_MS" in embedded
+
+
+def test_timer_flush_drops_what_is_written_while_it_flushes():
+    """Beam's time-based stream, driven into the interleaving the race needs: bytes
+    written after the flush thread took its copy and before it cleared the buffer are
+    gone. Deterministic: events, not timing, order the two threads."""
+    sent: list[bytes] = []
+    in_flush, written = threading.Event(), threading.Event()
+
+    def on_flush(data: bytes) -> None:
+        sent.append(data)
+        if data and not in_flush.is_set():  # the timer's flush of b"first;": let the
+            in_flush.set()                   # writer in, then return (and be cleared)
+            assert written.wait(WAIT_S)
+
+    stream = data_plane.TimeBasedBufferingClosableOutputStream(
+        flush_callback=on_flush, close_callback=sent.append, time_flush_threshold_ms=1)
+    stream.write(b"first;")
+    assert in_flush.wait(WAIT_S)
+    stream.write(b"second;")  # the writer thread (this one), inside the flush window
+    written.set()
+    stream.close()
+    assert b"".join(sent) == b"first;"  # "second;" was cleared, never sent
+
+
+def test_without_a_time_limit_no_thread_flushes():
+    """With the workaround the data plane makes size-based streams: no timer thread, so
+    only the writing thread flushes and nothing is cleared under it."""
+    sent: list[bytes] = []
+    stream = data_plane.ClosableOutputStream.create(sent.append, sent.append, 0)
+    assert type(stream) is data_plane.SizeBasedBufferingClosableOutputStream
+    stream.write(b"first;")
+    stream.flush()
+    stream.write(b"second;")
+    stream.close()
+    assert b"".join(sent) == b"first;second;"
+
+
+def _repro():
+    spec = importlib.util.spec_from_file_location("beam_flush_race",
+                                                  ROOT / "scripts" / "beam_flush_race.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_pure_beam_repro_is_exact_with_the_workaround():
+    """The upstream repro (2 workers, multi_threading) with the workaround the job
+    applies: every element arrives. (Without it, elements are lost in some runs: a race,
+    so shown by scripts/beam_flush_race.py, not asserted here.)"""
+    assert runner.avoid_flush_race() is None
+    assert worker_handlers.DATA_BUFFER_TIME_LIMIT_MS == 0
+    repro = _repro()
+    for _ in range(2):
+        got, _secs = repro.count_once(2, "multi_threading", per_key=500, size=16_000)
+        assert got == repro.KEYS * 500
+
+
+# --- config -> options ---------------------------------------------------------------
+
+def test_local_workers_default_to_the_cores_and_one_means_in_process():
+    cores = runner.available_cores()
+    opts = runner.local_options(RunnerConfig())
+    if cores > 1:
+        assert opts == {"direct_num_workers": cores, "direct_running_mode": runner.LOCAL_MODE}
+        assert worker_handlers.DATA_BUFFER_TIME_LIMIT_MS == 0
+    else:
+        assert opts == {}
+    assert runner.local_options(RunnerConfig(workers=1)) == {}
+    assert runner.local_options(RunnerConfig(workers=3))["direct_num_workers"] == 3
+
+
+def test_runner_keys_are_checked(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("input: {format: parquet, path: x, tensor: t}\noutput: {path: o}\n"
+                   "report: r\n")
+    assert load_config(cfg, ["runner.name=dask", "runner.address=tcp://h:8786"]
+                       ).runner.address == "tcp://h:8786"
+    for sets, words in ((["runner.workers=2", "runner.name=dataflow"], "local or dask"),
+                        (["runner.address=tcp://h:1"], "runner.name: dask"),
+                        (["runner.name=dask", "runner.address=h:1"], "tcp://HOST:PORT"),
+                        (["runner.workers=0"], "out of range")):
+        with pytest.raises(ConfigError, match=words):
+            load_config(cfg, sorted(sets, key=lambda s: not s.startswith("runner.name")))
+
+
+def test_dask_options_give_each_create_element_a_partition():
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+
+    opts = runner.pipeline_options(RunnerConfig(name="dask")).view_as(DaskOptions)
+    assert opts.npartitions == runner.DASK_PARTITIONS
+
+
+# --- the job on Dask vs the local runner ---------------------------------------------
+
+ROWS, DIM, FILES = 50_000, 32, 3
+
+
+def write_inputs(root: Path) -> tuple[int, int]:
+    """FILES Parquet files, ROWS rows in all, duplicates within and across files and a
+    few null tensors (invalid). Returns (distinct valid tensors, invalid rows)."""
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal((ROWS, DIM), dtype=np.float32)
+    copies = rng.integers(0, ROWS, ROWS // 10)
+    x[copies] = x[rng.integers(0, ROWS, len(copies))]
+    null = np.zeros(ROWS, bool)
+    null[rng.integers(0, ROWS, 25)] = True
+    for f, rows in enumerate(np.array_split(np.arange(ROWS), FILES)):
+        offsets = pa.array(np.arange(len(rows) + 1, dtype=np.int32) * DIM)
+        emb = pa.ListArray.from_arrays(offsets, pa.array(x[rows].reshape(-1)),
+                                       mask=pa.array(null[rows]))
+        pq.write_table(pa.table({"id": [f"r{r}" for r in rows], "emb": emb,
+                                 "label": rows % 7}), root / f"part{f}.parquet",
+                       row_group_size=4096)
+    valid = x[~null]
+    return len(np.unique(valid.view(np.dtype((np.void, DIM * 4))))), int(null.sum())
+
+
+@pytest.fixture(scope="module")
+def job_input(tmp_path_factory) -> tuple[Path, int, int]:
+    root = tmp_path_factory.mktemp("runners_in")
+    return root, *write_inputs(root)
+
+
+def run_on(tmp_path: Path, root: Path, *sets: str) -> dict:
+    """Run the job (units of 8 Ki rows in chunks of 4 Ki: several of each per file)."""
+    tmp_path.mkdir(parents=True)
+    assert run_job(tmp_path, "parquet", str(root / "*.parquet"), "tuning.unit_rows=8192",
+                   "tuning.chunk_rows=4096", *sets) == 0
+    return json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
+
+
+def outputs(tmp_path: Path) -> dict[str, bytes]:
+    out = tmp_path / "out"
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and p.name != "summary.json"}
+
+
+def comparable(summary: dict) -> dict:
+    """summary.json without what differs between any two runs: the attempt, the timing,
+    paths and the config (its runner keys)."""
+    drop = {"attempt", "wall_time_s", "output", "report", "working_dir", "config"}
+    return {k: v for k, v in summary.items() if k not in drop}
+
+
+def removed(summary: dict) -> int:
+    return sum(v for k, v in summary.items() if k.startswith("removed_"))
+
+
+@pytest.fixture(scope="module")
+def dask_cluster():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster:
+        yield cluster.scheduler_address
+
+
+def test_dask_runs_match_the_local_runner_byte_for_byte(tmp_path, job_input, dask_cluster):
+    root, distinct, invalid = job_input
+    local = run_on(tmp_path / "local", root, "runner.workers=1")
+    assert local["read"] == local["kept"] + removed(local) + local["invalid"] == ROWS
+    assert (local["kept"], local["invalid"]) == (distinct, invalid)
+    expected = outputs(tmp_path / "local")
+    assert {"report/duplicates.parquet", "report/invalid.parquet"} <= set(expected)
+    # a local cluster started for the job, then twice on one cluster (runner.address)
+    runs = [("runner.name=dask", "runner.workers=2")] + [
+        ("runner.name=dask", f"runner.address={dask_cluster}")] * 2
+    for i, sets in enumerate(runs):
+        summary = run_on(tmp_path / f"dask{i}", root, *sets)
+        assert comparable(summary) == comparable(local), sets
+        got = outputs(tmp_path / f"dask{i}")
+        assert got.keys() == expected.keys()
+        assert [k for k in got if got[k] != expected[k]] == [], sets
+
+
+def test_local_runner_on_two_workers_matches_one(tmp_path, job_input):
+    """runner.workers: 2 (multi_threading, flush race avoided) gives one worker's outputs."""
+    root, _distinct, _invalid = job_input
+    one = run_on(tmp_path / "one", root, "runner.workers=1")
+    two = run_on(tmp_path / "two", root, "runner.workers=2")
+    assert comparable(two) == comparable(one)
+    assert outputs(tmp_path / "two") == outputs(tmp_path / "one")
