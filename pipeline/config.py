@@ -156,6 +156,10 @@ DATAFLOW_KEYS: dict[str, tuple[str, ...]] = {
     "network": ("network",), "subnetwork": ("subnetwork",), "job_name": ("job_name",),
     "accelerator": ("dataflow_service_options",),  # only its worker_accelerator= entry
 }
+# Keys only some runners read -> those runners (others refuse the key).
+RUNNER_KEYS: dict[str, tuple[str, ...]] = {
+    **{key: ("dataflow",) for key in DATAFLOW_KEYS}, "workers": ("local", "dask"),
+    "address": ("dask",)}
 # Compute Engine attaches each GPU model to one machine series (custom-* is N1):
 # the prefixes it accepts and an example type for the error line.
 _N1 = (("n1-", "custom-"), "n1-standard-8")
@@ -245,34 +249,21 @@ class RunnerConfig(_Strict):
         return "dataflow" if isinstance(v, str) and v.lower() in ("dataflow",
                                                                    "dataflowrunner") else v
 
-    @field_validator("workers")
+    @field_validator(*RUNNER_KEYS)
     @classmethod
-    def _local_or_dask(cls, v: int | None, info) -> int | None:
-        name = info.data.get("name")
-        if v is not None and name not in (None, "local", "dask"):
-            raise ValueError(f"only used with runner.name: local or dask (runner.name is "
-                             f"{name!r}): remove it (Dataflow: max_workers, num_workers)")
+    def _runner_only(cls, v: Any, info) -> Any:
+        name, runners = info.data.get("name"), RUNNER_KEYS[info.field_name]
+        if v is not None and name is not None and name not in runners:
+            raise ValueError(f"only used with runner.name: {' or '.join(runners)} (runner.name "
+                             f"is {name!r}): remove it, or set runner.name: {runners[-1]}")
         return v
 
     @field_validator("address")
     @classmethod
-    def _dask_only(cls, v: str | None, info) -> str | None:
-        name = info.data.get("name")
-        if v is not None and name != "dask":
-            raise ValueError(f"only used with runner.name: dask (runner.name is {name!r}): "
-                             "remove it, or set runner.name: dask")
+    def _dask_address(cls, v: str | None) -> str | None:
         if v is not None and not re.fullmatch(r"(tcp|tls|inproc|ucx|ws|wss)://\S+", v):
             raise ValueError(f"{v!r} is not a Dask scheduler address: use tcp://HOST:PORT "
                              "(what dask scheduler prints), e.g. tcp://10.0.0.5:8786")
-        return v
-
-    @field_validator(*DATAFLOW_KEYS)
-    @classmethod
-    def _dataflow_only(cls, v: Any, info) -> Any:
-        name = info.data.get("name")
-        if v is not None and name is not None and name != "dataflow":
-            raise ValueError(f"only used with runner.name: dataflow (runner.name is {name!r}): "
-                             "remove it, or set runner.name: dataflow")
         return v
 
     @field_validator("temp_location", "staging_location")
