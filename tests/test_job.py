@@ -179,7 +179,7 @@ def test_every_record_accounted_for_exactly_once(tmp_path):
     pq.write_table(pa.table({"id": ids, "emb": pa.array(rows, pa.list_(pa.float32())),
                              "label": list(range(len(rows)))}), tmp_path / "in" / "a.parquet")
     assert run_job(tmp_path, "parquet", str(tmp_path / "in" / "*.parquet"),
-                   input={"shape": [2]}) == 0
+                   "max_invalid_fraction=1", input={"shape": [2]}) == 0
     dups, invalid = report(tmp_path)
     clean = pq.read_table(tmp_path / "out" / "clean" / "a.parquet")
     assert clean["id"].to_pylist() == ["r0", "r5"]
