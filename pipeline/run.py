@@ -273,8 +273,10 @@ def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     overrides = args.set + (["output.overwrite=true"] if args.overwrite else []) + (
         [f"run_id={args.run_id}"] if args.run_id else [])
+    verbose = args.verbose or os.environ.get(VERBOSE_ENV, "") not in ("", "0")
     try:
-        job = prepare(load_config(args.config, overrides))
+        with _beam_quiet(verbose):  # e.g. gcsio's warnings about credentials
+            job = prepare(load_config(args.config, overrides))
     except (ConfigError, InputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -286,7 +288,6 @@ def _main(argv: list[str] | None) -> int:
     progress.reset(show=not args.quiet)
     print(f"deduplicating {len(job.files)} {job.cfg.input.format} file(s) "
           f"({job.cfg.runner.name} runner)", file=sys.stderr)
-    verbose = args.verbose or os.environ.get(VERBOSE_ENV, "") not in ("", "0")
     try:
         with _beam_quiet(verbose):
             summary = execute(job)
