@@ -117,7 +117,7 @@ def execute(job: Job) -> dict | None:
     try:
         leases = take_leases(job.output, job.report, job.store.path if updates else None,
                              job.run_id, detached)
-    except LeaseHeld as e:  # another run's: nothing of this run exists yet
+    except (LeaseHeld, OSError) as e:  # another run's, or none possible: nothing written yet
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
     handed_over = False

@@ -240,50 +240,68 @@ def test_gzip_tfrecord_in_gzip_out(tmp_path):
 
 
 def test_killed_run_leaves_nothing_that_looks_complete(tmp_path):
-    """SIGKILL at several moments of a run that replaces an older output: summary.json, when
-    present, always describes the clean shards next to it; otherwise nothing is marked done."""
+    """SIGKILL at well-defined points of a run that replaces an older output (its lease
+    taken, staging created, a shard staged, inside Publish, the new output swapped in):
+    summary.json, when present, always describes the clean shards next to it; otherwise
+    nothing is marked done; the dead run's lease does not block the next run. Each kill
+    waits for a file to appear, not for a time."""
     import signal
     import subprocess
     import sys
-    import time
+    import threading
 
     import pyarrow.parquet as pq
     import yaml
 
+    from pipeline.publish import HOLD_ENV
+
     rng = np.random.default_rng(10)
     for f in range(4):
-        x = rng.standard_normal((20000, 64)).astype(np.float32)
-        x[:2000] = x[2000:4000]
+        x = rng.standard_normal((5000, 16)).astype(np.float32)
+        x[:500] = x[500:1000]
         write_input("parquet", tmp_path / "in" / f"p{f}.parquet",
-                    [f"{f}-{i}" for i in range(20000)], x, np.zeros(20000, int),
-                    row_group_size=4096)
+                    [f"{f}-{i}" for i in range(5000)], x, np.zeros(5000, int),
+                    row_group_size=1024)
     glob = str(tmp_path / "in" / "*.parquet")
     stale = tmp_path / "stale"
-    write_input("parquet", stale / "p0.parquet", ["s"], np.zeros((1, 64), np.float32),
+    write_input("parquet", stale / "p0.parquet", ["s"], np.zeros((1, 16), np.float32),
                 np.zeros(1, int))
+    out = tmp_path / "out"
     cfg = {"input": {"format": "parquet", "path": glob, "tensor": "emb"},
-           "output": {"path": str(tmp_path / "out" / "clean")},
-           "report": str(tmp_path / "out" / "report"), "tuning": {"unit_rows": 4096}}
+           "output": {"path": str(out / "clean")},
+           "report": str(out / "report"), "tuning": {"unit_rows": 1024}}
     (tmp_path / "kill.yaml").write_text(yaml.safe_dump(cfg))
     root = __import__("pathlib").Path(__file__).resolve().parents[1]
-    summary = tmp_path / "out" / "report" / "summary.json"
-    for delay in (0.5, 2.0, 3.0, 3.5, 4.0, 30.0):
+    summary = out / "report" / "summary.json"
+    hold = tmp_path / "hold"
+    points = {"lease taken": lambda: (out / ".clean.lease.json").exists(),
+              "staging created": lambda: any(out.glob(".clean.staging-*")),
+              "a shard staged": lambda: any(out.glob(".clean.staging-*/*.parquet")),
+              "inside Publish": lambda: hold.with_name("hold.reached").exists(),
+              "output swapped": lambda: (out / "clean" / "p3.parquet").exists(),
+              "never (runs to the end)": lambda: False}
+    tick = threading.Event()
+    for point, reached in points.items():
         # an older, different output is in place before each run
         assert run_job(tmp_path, "parquet", str(stale / "*.parquet"), "output.overwrite=true",
                        input={"id": None}) == 0
+        hold.with_name("hold.reached").unlink(missing_ok=True)
+        env = {k: v for k, v in __import__("os").environ.items() if k != HOLD_ENV}
+        if point == "inside Publish":
+            env[HOLD_ENV] = str(hold)  # waits there for a file that never comes
         proc = subprocess.Popen([sys.executable, "-m", "pipeline.run", "--config",
                                  str(tmp_path / "kill.yaml"), "--quiet", "--overwrite"],
-                                cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            proc.wait(timeout=delay)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
+                                cwd=root, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        while proc.poll() is None and not reached():  # a poll on files, not a timed wait
+            tick.wait(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert point != "never (runs to the end)" or proc.returncode == 0
         if summary.exists():
             s = json.loads(summary.read_text())
             clean = sum(pq.ParquetFile(p).metadata.num_rows
-                        for p in (tmp_path / "out" / "clean").glob("*.parquet"))
-            assert s["kept"] == clean and s["read"] == s["kept"] + s["removed_exact"]
-            assert s["read"] in (1, 80000)
-        time.sleep(0.1)
-    assert json.loads(summary.read_text())["read"] == 80000  # the last run was not killed
+                        for p in (out / "clean").glob("*.parquet"))
+            assert s["kept"] == clean and s["read"] == s["kept"] + s["removed_exact"], point
+            assert s["read"] in (1, 20000), point
+    assert json.loads(summary.read_text())["read"] == 20000  # the last run was not killed

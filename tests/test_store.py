@@ -405,3 +405,34 @@ def test_vectors_roundtrip_bit_for_bit(root, monkeypatch, dtype):
             np.testing.assert_array_equal(words, sent[run_id][0])
             assert ids == sent[run_id][1]
             np.testing.assert_array_equal(bits, sent[run_id][2])
+
+
+@pytest.mark.parametrize("first", ["complete", "marker_only"])
+def test_commit_retried_ends_like_one_commit(root, monkeypatch, first):
+    """Dataflow may run Publish's commit twice, or again after the first died once its
+    marker was written: the store ends as after one commit (one marker, first commit
+    time and order kept, the replaced attempt gone), never with the run twice."""
+    rng = np.random.default_rng(9)
+    store, model = FingerprintStore(root), Model()
+    commit_run(store, "a", rand_words(rng, 300), ids_for("a", 300), model=model)
+    old = rand_words(rng, 200)
+    commit_run(store, "b", old, ids_for("old", 200), model=model)
+    new = rand_words(rng, 200)
+    attempt = store.begin("b")
+    stats = [attempt.write_exact(0, new, ids_for("new", 200))]
+    if first == "complete":
+        store.commit(attempt, stats, META)
+    else:
+        with monkeypatch.context() as m:  # killed after the marker, before the old attempt goes
+            m.setattr(FingerprintStore, "_prune", lambda *_a: (_ for _ in ()).throw(
+                RuntimeError("killed")))
+            with pytest.raises(RuntimeError, match="killed"):
+                store.commit(attempt, stats, META)
+    before = [(r.run_id, r.attempt, r.committed_ns) for r in store.runs()]
+    store.commit(attempt, stats, META)  # the retry
+    model.commit("b", new, ids_for("new", 200))
+    assert [(r.run_id, r.attempt, r.committed_ns) for r in store.runs()] == before
+    assert len(markers(root, "b")) == 1
+    assert {p.split("/")[-2] for p in attempt_files(root, "b")} == {attempt.name}
+    queries = np.concatenate([old, new])
+    assert answers(store, queries) == model.expect(queries)
