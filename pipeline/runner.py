@@ -215,7 +215,7 @@ def dask_runner(cfg: RunnerConfig):
                 logging.getLogger("distributed").setLevel(logging.WARNING)  # no INFO per worker
                 cluster = LocalCluster(n_workers=cfg.workers or available_cores(),
                                        threads_per_worker=1, processes=True,
-                                       dashboard_address=None)
+                                       dashboard_address=":0")
                 dask.address = cluster.scheduler_address
             try:
                 result = super().run_pipeline(pipeline, options)
@@ -243,9 +243,12 @@ class Plan:
     def facts(self, cfg: RunnerConfig) -> list[str]:
         head = f"steps: {len(self.steps)} ({', '.join(self.steps)}), {self.transforms} transforms"
         if self.job is None:
+            workers = cfg.workers or available_cores()
+            where = {"local": f" (Beam FnApiRunner in this process, {workers} worker(s))",
+                     "dask": f" (scheduler {cfg.address})" if cfg.address else
+                     f" (a local Dask cluster of {workers} processes)"}.get(self.runner, "")
             return ["dry run: graph built; nothing was run, written or published",
-                    f"runner: {self.runner} (Beam FnApiRunner, in this process)"
-                    if self.runner == "local" else f"runner: {self.runner}", head]
+                    f"runner: {self.runner}{where}", head]
         env = self.job.proto.environment
         pool = env.worker_pools[0]
         gpus = [o for o in env.service_options if o.startswith("worker_accelerator=")]
