@@ -134,6 +134,18 @@ def test_local_workers_default_to_the_cores_and_one_means_in_process():
     assert runner.local_options(RunnerConfig(workers=3))["direct_num_workers"] == 3
 
 
+def test_another_beam_release_gets_one_worker_and_the_reason(monkeypatch, capsys):
+    """The workaround is only applied to the data plane it was read from: on any other
+    Beam release (simulated: the one thing here that cannot run for real) the local
+    runner keeps one in-process worker and says why."""
+    import apache_beam
+
+    monkeypatch.setattr(apache_beam, "__version__", "2.78.0")
+    assert "2.78.0" in runner.flush_race_problem()
+    assert runner.local_options(RunnerConfig(workers=2)) == {}
+    assert "running 1 worker, not 2" in capsys.readouterr().err
+
+
 def test_runner_keys_are_checked(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("input: {format: parquet, path: x, tensor: t}\noutput: {path: o}\n"
