@@ -113,18 +113,19 @@ def local_options(cfg: RunnerConfig) -> dict[str, Any]:
     return {"direct_num_workers": workers, "direct_running_mode": LOCAL_MODE}
 
 
-def dask_options(cfg: RunnerConfig) -> dict[str, Any]:
+# Partitions per Create on Dask: one per element (read unit, input file) up to this many,
+# more elements share them evenly; bounded because a GroupByKey keeps its input's
+# partitions and Dask's shuffle grows faster than linearly with them.
+DASK_PARTITIONS = 256
+
+
+def dask_options() -> dict[str, Any]:
     """DaskRunner options. ``dask_npartitions``: Beam's Dask translation makes a Create
     into partitions of 128 elements and runs Reshuffle as nothing, so the read units
     (a few dozen) would all land in one partition and be read one after another; a
-    partition per element restores what the Reshuffle is there for. Later steps keep
-    their input's partitions (a GroupByKey too)."""
+    partition per element (up to DASK_PARTITIONS) restores what the Reshuffle is there
+    for. Later steps keep their input's partitions (a GroupByKey too)."""
     return {"dask_npartitions": DASK_PARTITIONS}
-
-
-# Above the element count of any Create in the graph (read units, input files), so each
-# element gets its own Dask partition.
-DASK_PARTITIONS = 1 << 20
 
 
 def pipeline_options(cfg: RunnerConfig, dry_run: bool = False):
@@ -147,7 +148,7 @@ def pipeline_options(cfg: RunnerConfig, dry_run: bool = False):
         except ImportError as e:
             raise RuntimeError(f"runner.name: dask needs dask and distributed ({e.name} is "
                                "missing): pip install -c constraints.txt -e '.[dask]'") from e
-        opts = {**dask_options(cfg), **opts}
+        opts = {**dask_options(), **opts}
     elif cfg.name == "dataflow":
         opts.update(dataflow_options(cfg))
         if dry_run:

@@ -243,6 +243,10 @@ def test_dask_runs_match_the_local_runner_byte_for_byte(tmp_path, job_input, das
         ("runner.name=dask", f"runner.address={dask_cluster}")] * 2
     for i, sets in enumerate(runs):
         summary = run_on(tmp_path / f"dask{i}", root, *sets)
+        clean = tmp_path / f"dask{i}" / "out" / "clean"
+        kept_rows = sum(pq.read_metadata(f).num_rows for f in clean.glob("*.parquet"))
+        assert kept_rows == summary["kept"] == (
+            summary["read"] - removed(summary) - summary["invalid"]), sets  # conservation
         assert comparable(summary) == comparable(local), sets
         got = outputs(tmp_path / f"dask{i}")
         assert got.keys() == expected.keys()
