@@ -89,7 +89,7 @@ def publish_run(taken: dict, store_parts: list[dict], pub: Publication) -> dict:
     moves = [(pub.out_stage, pub.output), (pub.report_stage, pub.report)]
     for stage, final in moves:  # before anything is deleted: refuse, leave the old run whole
         if not fs.exists(_journal(stage)) and not pub.replace and fs.exists_under(final):
-            raise FileExistsError(report._appeared(final))
+            raise FileExistsError(_appeared(final))
     fs.delete(fs.join(pub.report, "summary.json"))  # old run: no longer complete
     for stage, final in moves:
         _move_in(stage, final)
@@ -209,3 +209,8 @@ def _hold_for_tests() -> None:
     deadline = time.monotonic() + 600
     while not os.path.exists(hold) and time.monotonic() < deadline:
         wake.wait(0.02)
+
+
+def _appeared(final: str) -> str:
+    return (f"{final} appeared while the job ran: remove it or set output.overwrite: true, "
+            "and run again")

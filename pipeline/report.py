@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -142,40 +140,6 @@ def totals(files: list[dict]) -> dict:
     if out["read"] != out["kept"] + sum(out[k] for k in removed) + out["invalid"]:
         raise RuntimeError(f"records not accounted for: {out}")
     return out
-
-
-def publish(staging: str, final: str, overwrite: bool) -> None:
-    """Move a finished staging directory to its final path (replacing the old one if allowed).
-
-    Locally two directory renames: a reader sees the old directory or the new one. Object
-    stores have no directories and no atomic rename of many objects: the old final objects
-    are deleted, then the staged ones renamed (copied) in, so a reader can meet a partial
-    directory. The order is the same and summary.json covers the gap: the Publish step
-    deletes it first and writes it last, so only a complete run has one."""
-    if not fs.is_local(final):
-        if fs.exists_under(final):
-            if not overwrite:
-                raise FileExistsError(_appeared(final))
-            fs.delete_tree(final)
-        fs.rename_tree(staging, final)
-        fs.delete_tree(staging)
-        return
-    staging_dir, final_dir = Path(staging), Path(final)
-    if final_dir.exists():
-        if not overwrite:
-            raise FileExistsError(_appeared(final))
-        old = final_dir.with_name(f".{final_dir.name}.old-{staging_dir.name.rsplit('-', 1)[-1]}")
-        final_dir.rename(old)
-        staging_dir.rename(final_dir)
-        shutil.rmtree(old)
-    else:
-        final_dir.parent.mkdir(parents=True, exist_ok=True)
-        staging_dir.rename(final_dir)
-
-
-def _appeared(final: str) -> str:
-    return (f"{final} appeared while the job ran: remove it or set output.overwrite: true, "
-            "and run again")
 
 
 def write_summary(report_dir: str, summary: dict) -> None:

@@ -117,9 +117,8 @@ def execute(job: Job) -> dict | None:
     try:
         leases = take_leases(job.output, job.report, job.store.path if updates else None,
                              job.run_id, detached)
-    except (LeaseHeld, OSError) as e:  # another run's, or none possible: nothing written yet
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE) from None
+    except OSError as e:  # no create-if-absent on this filesystem: nothing written yet
+        raise LeaseHeld(str(e)) from None
     handed_over = False
     try:
         with keep_alive(leases):
@@ -291,6 +290,9 @@ def _main(argv: list[str] | None) -> int:
     try:
         with _beam_quiet(verbose):
             summary = execute(job)
+    except LeaseHeld as e:  # another run holds the output or store: nothing was touched
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except Exception as e:  # a worker error: one line (Beam's log: --verbose)
         print(_failure_line(e), file=sys.stderr)
         return EXIT_FAILED
