@@ -27,12 +27,6 @@ from pipeline.write import Write
 
 def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
     cfg = job.cfg
-    if job.near and cfg.runner.name == "dask":
-        raise ValueError(
-            "the near stage does not run on Dask (runner.name: dask): Beam 2.77's DaskRunner "
-            "computes a side input again inside every task that reads it, so the cell plan "
-            "each worker sees can differ: run near-duplicate jobs on runner.name: local or "
-            "dataflow (docs/pipeline.md#runners)")
     nonfinite_invalid = cfg.near is not None and cfg.near.nonfinite == "invalid"
     read = p | "Read" >> Read(cfg.input.format, job.files, job.spec, cfg.tuning.unit_rows,
                               cfg.tuning.chunk_rows, cfg.on_invalid == "fail",

@@ -369,13 +369,20 @@ def _check_paths(cfg: DedupeConfig, files: list[str], root: str, output: str, re
 
 
 def _check_runner(cfg: DedupeConfig) -> None:
-    """Beam 2.77's local runner in multi_threading mode lost digest batches in our 1 M-row
-    runs (24,896 records in one run of 8; the job's seen-count check caught it): refuse
-    it up front (docs/pipeline.md#performance)."""
+    """Runner settings that would lose records or cannot run this job: Beam 2.77's
+    multi_threading mode set by hand skips the flush-race workaround ``runner.workers``
+    applies (docs/beam-flush-race.md), and Beam 2.77's DaskRunner recomputes side inputs
+    per task, so the near stage's cell plan could differ between workers."""
     mode = cfg.runner.options.get("direct_running_mode")
     if cfg.runner.name == "local" and mode == "multi_threading":
         raise InputError("runner.options.direct_running_mode: multi_threading loses shuffle "
-                         "elements in Beam's local runner; leave it out (in_memory)")
+                         "elements in Beam 2.77's local runner; leave it out and set "
+                         "runner.workers: N (parallel, with the workaround)")
+    if cfg.runner.name == "dask" and cfg.near is not None:
+        raise InputError("near: the near stage does not run on Dask (runner.name: dask): Beam "
+                         "2.77's DaskRunner computes a side input again inside every task, so "
+                         "workers could see different cell plans; run near-duplicate jobs with "
+                         "runner.name: local or dataflow (docs/pipeline.md#runners)")
 
 
 def near_spec(cfg: DedupeConfig, dtype: str | None) -> NearSpec | None:

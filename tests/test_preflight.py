@@ -220,6 +220,21 @@ def test_tfrecord_id_that_is_not_utf8_is_an_invalid_record(tmp_path):
     assert len(invalid) == 1 and "id is not UTF-8" in invalid[0]["reason"]
 
 
+
+def test_hdf5_id_that_is_not_utf8_is_an_invalid_record(tmp_path):
+    path = tmp_path / "in" / "a.h5"
+    path.parent.mkdir()
+    with h5py.File(path, "w") as f:
+        f["emb"] = np.arange(6, dtype=np.float32).reshape(3, 2)
+        f["id"] = np.array([b"a", b"\xff\xfe", b"c"], dtype="S2")
+    assert run_job(tmp_path, "hdf5", str(path), "max_invalid_fraction=1") == 0
+    invalid = pq.read_table(tmp_path / "out" / "report" / "invalid.parquet").to_pylist()
+    assert len(invalid) == 1 and "id is not UTF-8" in invalid[0]["reason"]
+    assert invalid[0]["record_id"] == "\\xff\\xfe"
+    with h5py.File(tmp_path / "out" / "clean" / "a.h5") as f:
+        assert f["id"][:].tolist() == [b"a", b"c"]
+
+
 # --- a full disk and Ctrl-C, for real, in a child process ---------------------------------
 
 def _cli(tmp_path: Path, glob: str, *extra: str) -> list[str]:

@@ -263,9 +263,10 @@ def test_local_runner_on_two_workers_matches_one(tmp_path, job_input):
 
 
 def test_near_stage_is_refused_on_dask(tmp_path, parquet_in, capsys):
-    """Beam 2.77's DaskRunner recomputes side inputs per task (the near plan): refused."""
+    """Beam 2.77's DaskRunner recomputes side inputs per task (the near plan): refused
+    before any work, one line, exit 2."""
     assert run_job(tmp_path, "parquet", parquet_in, "runner.name=dask",
-                   near={"metric": "l2", "threshold": 0.1}) == 1
+                   near={"metric": "l2", "threshold": 0.1}) == 2
     assert "near stage does not run on Dask" in capsys.readouterr().err
     assert not (tmp_path / "out" / "clean").exists()
     assert not (tmp_path / "out" / "report").exists()

@@ -216,12 +216,22 @@ def _read_rows(ds: h5py.Dataset, a: int, b: int,
     return out, bad
 
 
-def _as_ids(values: np.ndarray) -> np.ndarray:
-    """Id dataset values -> object array of str (bytes decoded as UTF-8)."""
+def _as_ids(values: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """Id dataset values -> object array of str (bytes decoded as UTF-8), and the rows
+    whose bytes are not UTF-8: invalid records (as in TFRecord), named with their bytes
+    escaped so the report still shows which they were."""
     if values.dtype.kind in "iu":
-        return values.astype(str).astype(object)
-    return np.array([v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
-                     for v in values.tolist()], dtype=object)
+        return values.astype(str).astype(object), []
+    out, bad = [], []
+    for p, v in enumerate(values.tolist()):
+        if isinstance(v, bytes):
+            try:
+                v = v.decode("utf-8")
+            except UnicodeDecodeError:
+                bad.append(p)
+                v = v.decode("utf-8", "backslashreplace")
+        out.append(str(v))
+    return np.array(out, dtype=object), bad
 
 
 def _chunk(unit: Unit, a: int, b: int, ds: h5py.Dataset, id_ds: h5py.Dataset | None,
@@ -242,7 +252,9 @@ def _chunk(unit: Unit, a: int, b: int, ds: h5py.Dataset, id_ds: h5py.Dataset | N
         ids = default_ids(unit.path, positions)
     else:
         values, bad_ids = rows(id_ds)
-        ids = _as_ids(values)
+        ids, not_text = _as_ids(values)
+        for p in not_text:
+            reasons.setdefault(p, f"{id_ds.name}: id is not UTF-8")
         for lo, hi, _ in bad_ids:
             ids[lo - a:hi - a] = default_ids(unit.path, positions[lo - a:hi - a])
     rank = None if rank_ds is None else rows(rank_ds)[0].astype(np.float64)
