@@ -66,7 +66,7 @@ def _oracle(path: Path, column: str) -> tuple[list[int], dict[str, str], list[in
     ids = [f"{path}:{i}" for i in range(pq.ParquetFile(path).metadata.num_rows)]
     col = pq.read_table(path, columns=[column]).column(0)
     depth, leaf = _levels(col.type)
-    dtype = np.dtype(leaf.to_pandas_dtype())
+    dtype = pa.array([], leaf).to_numpy(zero_copy_only=False).dtype  # no pandas here
     tensors = [_tensor(v, depth, dtype) for v in col.to_pylist()]
     invalid = [i for i, t in enumerate(tensors) if t is None]
     removed = expected_removals([(ids[i], t, 0.0) for i, t in enumerate(tensors)
