@@ -25,14 +25,25 @@ def reset(show: bool = True) -> None:
         enabled = show
 
 
+def _due(state: list, final: bool) -> bool:
+    """Whether a stage's line is due (at most one per INTERVAL_S, and its last one); marks
+    the time it was shown. Called under ``_lock``."""
+    now = time.monotonic()
+    show = enabled and (now - state[2] >= INTERVAL_S or final)
+    if show:
+        state[2] = now
+    return show
+
+
 def tick(stage: str, total: int, records: int, unit: str) -> None:
     """Count one finished ``unit`` (chunk, file) of ``total`` (0: unknown) with ``records``
     records."""
     with _lock:
-        done, count, last = _stages.setdefault(stage, [0, 0, 0.0])
-        done, count, now = done + 1, count + records, time.monotonic()
-        show = enabled and (now - last >= INTERVAL_S or done == total)
-        _stages[stage] = [done, count, now if show else last]
+        state = _stages.setdefault(stage, [0, 0, 0.0])
+        state[0] += 1
+        state[1] += records
+        done, count = state[0], state[1]
+        show = _due(state, done == total)
     if show:
         of = f"/{total}" if total else ""
         print(f"[{stage}] {int(done)}{of} {unit} done, {int(count):,} records",
@@ -42,11 +53,7 @@ def tick(stage: str, total: int, records: int, unit: str) -> None:
 def step(stage: str, done: int, total: int) -> None:
     """A long single-worker step at ``done`` of ``total`` (k-means iterations, rows)."""
     with _lock:
-        last = _stages.setdefault(stage, [0, 0, 0.0])[2]
-        now = time.monotonic()
-        show = enabled and (now - last >= INTERVAL_S or done == total)
-        if show:
-            _stages[stage][2] = now
+        show = _due(_stages.setdefault(stage, [0, 0, 0.0]), done == total)
     if show:
         print(f"[{stage}] {done:,}/{total:,}", file=sys.stderr, flush=True)
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from pipeline import report
 from pipeline.store import StoreCommit
 from transforms import fs
-from transforms.lease import Lease, acquire_all, dir_lease_path, store_lease_path
+from transforms.lease import Lease, acquire_all, dir_lease_path, release_all, store_lease_path
 
 HOLD_ENV = "TENSORDEDUP_TEST_HOLD_PUBLISH"  # tests: see _hold_for_tests
 
@@ -122,8 +122,7 @@ def _finish(pub: Publication) -> None:
     for stage in (pub.out_stage, pub.report_stage):
         fs.delete(_journal(stage))
     if pub.release_leases:
-        for lease in reversed(pub.leases):
-            lease.release()
+        release_all(pub.leases)
 
 
 def _journal(stage: str) -> str:

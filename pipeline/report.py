@@ -83,12 +83,13 @@ def check_invalid_fraction(results: list[FileResult], limit: float) -> None:
     the input records are invalid: a wrong input.format or a broken export reads as
     "all records invalid", and publishing that would replace good output with nothing."""
     read = sum(r.decision.n_read for r in results)
-    bad = [(r.decision.path, i) for r in results for i in r.decision.invalid]
-    if limit >= 1 or not read or len(bad) <= limit * read:
+    n_bad = sum(len(r.decision.invalid) for r in results)
+    if limit >= 1 or not read or n_bad <= limit * read:
         return
-    path, first = bad[0]
+    path, first = next((r.decision.path, r.decision.invalid[0]) for r in results
+                       if r.decision.invalid)
     raise TooManyInvalidError(
-        f"{len(bad):,} of {read:,} input records are invalid ({len(bad) / read:.1%}), more "
+        f"{n_bad:,} of {read:,} input records are invalid ({n_bad / read:.1%}), more "
         f"than max_invalid_fraction {limit:g}; nothing was published. First: {first.record_id} "
         f"in {path}: {first.reason}. Fix the input or its config (input.format, "
         "input.tensor), or raise max_invalid_fraction (1.0: never fail)")
