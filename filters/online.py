@@ -251,25 +251,28 @@ class OnlineDedup:
         z = search_space(x, spec)
         z_norm = float(np.linalg.norm(z, axis=1).max(initial=0))
         near_old = np.zeros(len(rows), dtype=bool)
+        queries: dict[np.dtype, Vectors] = {}  # this batch's rows, per search precision
         for block in self._blocks:
             dtype = precision_for(max(z_norm, float(block.vectors.norm.max(initial=0))),
                                   x.shape[1], radius)
-            q, j, _ = pairs_within(search_vectors(x, spec, radius, dtype=dtype),
-                                block.at(dtype, spec, radius), radius, spec.device)
+            if dtype not in queries:
+                queries[dtype] = search_vectors(x, spec, radius, dtype=dtype)
+            q, j, _ = pairs_within(queries[dtype], block.at(dtype, spec, radius), radius,
+                                   spec.device)
             near_old[q[exact_distance(x[q], block.values[j], spec)[1]]] = True
         fresh = np.flatnonzero(~near_old)
-        drop_fresh = self._within_batch(x[fresh], radius)
+        drop_fresh = self._within_batch(x[fresh], z[fresh].mean(axis=0), radius)
         kept = np.setdiff1d(fresh, fresh[drop_fresh])
         self._remember(x[kept])
         return np.sort(np.concatenate([rows[near_old], rows[fresh[drop_fresh]]]))
 
-    def _within_batch(self, x: np.ndarray, radius: float) -> np.ndarray:
+    def _within_batch(self, x: np.ndarray, center: np.ndarray, radius: float) -> np.ndarray:
         """Greedy in batch order among new rows: the kernel's partition search (one
-        partition, every row at home) and its representative grouping."""
+        partition, every row at home, centred on ``center``, the rows' mean in the search
+        space) and its representative grouping."""
         if len(x) < 2:
             return np.empty(0, np.int64)
-        f = search_partition(x, np.ones(len(x), dtype=bool), self.near, radius,
-                             search_space(x, self.near).mean(axis=0))
+        f = search_partition(x, np.ones(len(x), dtype=bool), self.near, radius, center)
         edges, row = row_edges(f.a, f.b, np.arange(len(x)), f.dist, f.a_near_b, f.b_near_a)
         return row[group_representative(edges)[0]]
 

@@ -59,7 +59,7 @@ class Sample:
 
     def cap(self) -> int:
         dim = self.v[0].shape[1] if self.v else 1
-        return max(1, min(near.SAMPLE_ROWS, near.SAMPLE_BYTES // (4 * max(dim, 1))))
+        return near.sample_cap(dim)
 
     def compact(self) -> Sample:
         if not self.lo:

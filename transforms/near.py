@@ -399,10 +399,16 @@ class NearResult:
     capped: np.ndarray  # rows that met fewer cells than exact mode would (bounded mode)
 
 
+def sample_cap(dim: int) -> int:
+    """How many rows a planning sample holds: at most SAMPLE_ROWS, and SAMPLE_BYTES of
+    float32 values."""
+    return max(1, min(SAMPLE_ROWS, SAMPLE_BYTES // (4 * max(dim, 1))))
+
+
 def sample_for_plan(n: int, dim: int, seed: int = 0) -> np.ndarray:
-    """Rows to plan from: at most SAMPLE_ROWS, and SAMPLE_BYTES of float32 values."""
-    cap = max(1, min(SAMPLE_ROWS, SAMPLE_BYTES // (4 * max(dim, 1))))
-    return np.sort(np.random.default_rng(seed).choice(n, min(n, cap), replace=False))
+    """Rows to plan from (``sample_cap`` of them at most)."""
+    return np.sort(np.random.default_rng(seed).choice(n, min(n, sample_cap(dim)),
+                                                      replace=False))
 
 
 def _blocks(n: int) -> Iterator[slice]:
