@@ -139,7 +139,7 @@ def pipeline_options(cfg: RunnerConfig, dry_run: bool = False):
     opts = dict(cfg.options)
     if cfg.name == "local":
         opts = {**local_options(cfg), **opts}
-        mode = opts.get("direct_running_mode")
+        mode = cfg.options.get("direct_running_mode")  # set by hand: local_options did not see it
         if mode in ("multi_threading", "multi_processing") and (problem := avoid_flush_race()):
             print(f"warning: runner.options.direct_running_mode: {mode} may lose elements: "
                   f"{problem} (docs/beam-flush-race.md)", file=sys.stderr)
