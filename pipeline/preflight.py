@@ -27,7 +27,8 @@ from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.config import DedupeConfig, InputConfig, keep_policy
-from pipeline.store import StoreView, open_view, store_meta
+from pipeline.steps.elements import output_name
+from pipeline.steps.store import StoreView, open_view, store_meta
 from transforms import fs
 from transforms.formats import get_format
 from transforms.formats.base import InputError, TensorSpec, error_line
@@ -301,13 +302,6 @@ def _common_dir(files: list[str]) -> str:
     if fs.is_local(files[0]):
         return os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files])
     return "/".join(os.path.commonprefix([f.split("/")[:-1] for f in files]))
-
-
-def output_name(path: str, root: str) -> str:
-    """Where an input file's clean copy goes, relative to output.path."""
-    if fs.is_local(path):
-        return os.path.relpath(path, root)
-    return path[len(root):].lstrip("/")
 
 
 def _files(pattern: str, key: str, timeout: float) -> list[str]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import report
-from pipeline.store import StoreCommit
+from pipeline.steps.store import StoreCommit
 from transforms import fs
 from transforms.lease import Lease, acquire_all, dir_lease_path, release_all, store_lease_path
 

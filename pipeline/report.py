@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.elements import KINDS, FileResult, ReadFacts
 from pipeline.near_report import write_near_report
+from pipeline.steps.elements import KINDS, REFERENCE_FILES, FileResult, ReadFacts
 from transforms import fs
 from transforms.formats.base import InvalidRecord, InvalidRecordError
 
 if TYPE_CHECKING:
-    from pipeline.near import NearReport
+    from pipeline.steps.near import NearReport
     from transforms.near import NearSpec
 
 DUPLICATES_SCHEMA = pa.schema([("record_id", pa.string()), ("duplicate_of", pa.string()),
@@ -122,7 +122,7 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
         ref_stats = None
         if reference_files is not None:
             files, facts = reference_files, reference_facts or []
-            first = len(results)  # reference file indexes follow the input files
+            first = REFERENCE_FILES
             rows = sorted(((i, r.position, r) for i, f in facts for r in f.invalid),
                           key=lambda t: t[:2])
             bad = [(files[i - first], [r]) for i, _, r in rows]

@@ -25,7 +25,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Beam warns about optional GCP client libraries when imported: noise for users.
 logging.getLogger().addFilter(lambda r: "apitools not found" not in r.getMessage())
 
-from pipeline import progress  # noqa: E402
 from pipeline.config import ConfigError, describe_keys, load_config  # noqa: E402
 from pipeline.preflight import Job, prepare  # noqa: E402
 from pipeline.publish import (  # noqa: E402
@@ -34,6 +33,7 @@ from pipeline.publish import (  # noqa: E402
     own_stages,
     take_leases,
 )
+from pipeline.steps import progress  # noqa: E402
 from transforms.fingerprint import SCHEME  # noqa: E402
 from transforms.formats.base import InputError, InvalidRecordError  # noqa: E402
 from transforms.fs import delete_tree, join, read_bytes  # noqa: E402

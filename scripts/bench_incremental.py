@@ -37,7 +37,7 @@ SHARDS, DIM, RUNS = 16, 32, 16
 
 
 def shard_of(words: np.ndarray) -> np.ndarray:
-    from pipeline.fingerprint import shard_of as job_shard_of  # the job's range shards
+    from pipeline.steps.fingerprint import shard_of as job_shard_of  # the job's range shards
 
     return job_shard_of(words, SHARDS)
 

@@ -11,13 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.near_report import (
-    BORDERLINE_SCHEMA,
-    borderline_sample,
-    distance_histogram,
-    merge_borderline,
-    write_near_report,
-)
+from pipeline.near_report import distance_histogram, write_near_report
+from pipeline.steps.borderline import BORDERLINE_SCHEMA, borderline_sample, merge_borderline
 
 T = 0.05
 

@@ -213,7 +213,7 @@ def _tensor_groups(col: pa.Array, shape: tuple[int, ...] | None, depth: int
     return ok, groups
 
 
-def _chunks(file_index: int, path: str, table: pa.Table, first: int, spec: TensorSpec
+def table_chunks(file_index: int, path: str, table: pa.Table, first: int, spec: TensorSpec
             ) -> list[Chunk]:
     """Chunks (one per tensor shape) and the invalid records of a slice of a row group."""
     positions = np.arange(first, first + table.num_rows, dtype=np.int64)
@@ -270,7 +270,7 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
                     for p, i in zip(positions, default_ids(unit.path, positions), strict=True)])
             continue
         for a in range(0, n, batch_rows):
-            yield from _chunks(unit.file_index, unit.path, table.slice(a, batch_rows),
+            yield from table_chunks(unit.file_index, unit.path, table.slice(a, batch_rows),
                                first + a, spec)
 
 

@@ -1,5 +1,8 @@
 """Progress lines on stderr while the job runs (records read, chunks and files done).
 
+Off until ``enable()`` (the CLI calls it): inside a user's own pipeline the steps
+print nothing.
+
 Why module state: the local runner executes every DoFn in this process, so one
 tally per stage gives whole-job progress; on a distributed runner each worker
 logs its own share (and Beam counters carry the totals).
@@ -15,7 +18,12 @@ INTERVAL_S = 2.0
 
 _lock = threading.Lock()
 _stages: dict[str, list[float]] = {}
-enabled = True
+enabled = False
+
+
+def enable(show: bool = True) -> None:
+    """Start a new tally; print progress lines from now on when ``show``."""
+    reset(show)
 
 
 def reset(show: bool = True) -> None:

@@ -12,37 +12,12 @@ from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
 import numpy as np
-import pyarrow as pa
 
-from pipeline.elements import KeyBatch, Removed, VecBatch
-from pipeline.store import StoreView
-from pipeline.tagged import SplitOutputs
-from transforms.exact import NEW, REFERENCE, STORE, find_exact_duplicates
-
-SEEN = "seen"
-SURVIVORS = "survivors"
-TIER_PREFIX = {NEW: "", STORE: "store_", REFERENCE: "reference_"}
-
-
-def removed_by_file(batch: KeyBatch | VecBatch, removed: np.ndarray, kept: np.ndarray,
-                    kind: str, distance: np.ndarray, kept_tier: np.ndarray | None = None
-                    ) -> Iterator[tuple[int, Removed]]:
-    """Split removals (sorted by input order) into one ``Removed`` per input file and kind;
-    ``kept_tier`` (tier of each removal's survivor) names the kind: ``kind``,
-    ``store_<kind>`` or ``reference_<kind>``."""
-    if kept_tier is None:
-        kept_tier = np.zeros(len(removed), np.int8)
-    for tier in np.unique(kept_tier).tolist():
-        mine = np.flatnonzero(kept_tier == tier)
-        files = batch.file_index[removed[mine]]
-        cuts = np.flatnonzero(np.diff(files)) + 1
-        for part in np.split(mine, cuts):
-            if len(part):
-                r, k = pa.array(removed[part]), pa.array(kept[part])
-                yield int(batch.file_index[removed[part[0]]]), Removed(
-                    batch.position[removed[part]], batch.ids.take(r), batch.ids.take(k),
-                    TIER_PREFIX[tier] + kind, distance[part],
-                    None if batch.run is None else batch.run.take(k))
+from pipeline.steps.elements import REMOVED, SEEN, SURVIVORS, KeyBatch, Removed, removed_by_file
+from pipeline.steps.settings import Keep
+from pipeline.steps.store import StoreView
+from pipeline.steps.tagged import SplitOutputs
+from transforms.exact import NEW, find_exact_duplicates
 
 
 def exact_in_shard(shard_batches: tuple[int, Iterable[KeyBatch]], keep: str,
@@ -69,20 +44,27 @@ def exact_in_shard(shard_batches: tuple[int, Iterable[KeyBatch]], keep: str,
             np.flatnonzero(left))))
 
 
-class Exact(beam.PTransform):
-    """(shard, KeyBatch) -> {"removed": (file_index, Removed), SEEN: (file_index, rows),
+class DedupExact(beam.PTransform):
+    """(shard, KeyBatch) -> {REMOVED: (file_index, Removed), SEEN: (file_index, rows),
     SURVIVORS: (shard, KeyBatch of this run's rows exact dedup kept)}.
 
     SEEN counts the rows of each input file that reached the grouping, so Decide can
-    prove that no record skipped the duplicate check. SURVIVORS feed the store update."""
+    prove that no record skipped the duplicate check. SURVIVORS feed a store update.
 
-    def __init__(self, keep: str, store: StoreView | None = None, survivors: bool = False):
+    Args:
+      keep: the keep policy.
+      store: earlier runs' digests (a fingerprint store's view), looked up per shard.
+      survivors: emit SURVIVORS.
+    """
+
+    def __init__(self, *, keep: Keep | str = "first", store: StoreView | None = None,
+                 survivors: bool = False):
         super().__init__()
-        self.keep, self.store, self.survivors = keep, store, survivors
+        self.keep, self.store, self.survivors = Keep.of(keep).rule, store, survivors
 
     def expand(self, keyed):
         return (keyed
                 | "GroupByDigestShard" >> beam.GroupByKey()
                 | "FindExactDuplicates" >> SplitOutputs(exact_in_shard, self.keep, self.store,
-                                                        self.survivors, main="removed",
+                                                        self.survivors, main=REMOVED,
                                                         tags=(SEEN, SURVIVORS)))

@@ -15,15 +15,14 @@ from collections.abc import Iterator
 import apache_beam as beam
 import numpy as np
 
-from pipeline.elements import KeyBatch, VecBatch
-from pipeline.tagged import SplitOutputs
+from pipeline.steps.elements import KEYS, REFERENCE_FILES, VECTORS, KeyBatch, VecBatch
+from pipeline.steps.settings import Keep
+from pipeline.steps.tagged import SplitOutputs
 from transforms.digest_segment import range_part
 from transforms.exact import NEW, REFERENCE, digest_words, keep_order
 from transforms.fingerprint import fingerprint_batch
 from transforms.formats.base import Chunk, arrow_ids
 from transforms.near import finite_rows
-
-VECTORS = "vectors"
 
 
 def shard_of(words: np.ndarray, shards: int) -> np.ndarray:
@@ -32,16 +31,14 @@ def shard_of(words: np.ndarray, shards: int) -> np.ndarray:
     return range_part(words[:, 0], shards).astype(np.int64)
 
 
-def shard_keys(chunk: Chunk, shards: int, keep: str, near: str | None = None,
-               reference_from: int | None = None
+def shard_keys(chunk: Chunk, shards: int, keep: str, near: str | None = None
                ) -> Iterator[tuple[int, KeyBatch] | beam.pvalue.TaggedOutput]:
     """``near``: a folder; a VecBatch of the chunk's finite rows, its values spilled
-    there, also goes to the VECTORS output. ``reference_from``: file indexes from there
-    on are reference files (protected rows)."""
+    there, also goes to the VECTORS output. Reference files' rows are protected."""
     words = digest_words(fingerprint_batch(chunk.tensors))
     n = len(words)
-    file_index = np.full(n, chunk.file_index, dtype=np.int32)
-    is_ref = reference_from is not None and chunk.file_index >= reference_from
+    file_index = np.full(n, chunk.file_index, dtype=np.int32)  # < 2**23 (keep_order)
+    is_ref = chunk.file_index >= REFERENCE_FILES
     tier = np.full(n, REFERENCE if is_ref else NEW, np.int8)
     rank = chunk.rank
     if rank is None and keep in ("max", "min"):  # reference files need no keep-by column
@@ -62,16 +59,20 @@ def shard_keys(chunk: Chunk, shards: int, keep: str, near: str | None = None,
 
 
 class Fingerprint(beam.PTransform):
-    """Chunk -> {"keys": (shard, KeyBatch), VECTORS: VecBatch (only with ``near``, a folder
-    for the values: the VecBatches carry references to them)}."""
+    """Chunk -> {KEYS: (shard, KeyBatch), VECTORS: VecBatch (only with ``spill``)}.
 
-    def __init__(self, shards: int, keep: str, near: str | None = None,
-                 reference_from: int | None = None):
+    Args:
+      keep: the keep policy (it orders the near stage's rows).
+      shards: digest-range shards of the exact stage's group-by.
+      spill: a folder (any filesystem) for the near stage's values; the VecBatches
+        carry references to files there. None: no VECTORS output.
+    """
+
+    def __init__(self, *, keep: Keep | str = "first", shards: int = 16, spill: str | None = None):
         super().__init__()
-        self.shards, self.keep, self.near = shards, keep, near
-        self.reference_from = reference_from
+        self.shards, self.keep, self.spill = shards, Keep.of(keep).rule, spill
 
     def expand(self, chunks):
         return chunks | "DigestAndShard" >> SplitOutputs(
-            shard_keys, self.shards, self.keep, self.near, self.reference_from, main="keys",
+            shard_keys, self.shards, self.keep, self.spill, main=KEYS,
             tags=(VECTORS,))

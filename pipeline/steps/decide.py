@@ -10,8 +10,7 @@ from collections.abc import Iterable
 
 import apache_beam as beam
 
-from pipeline.elements import FileDecision, ReadFacts, Removed
-from pipeline.exact import SEEN
+from pipeline.steps.elements import FACTS, FILES, REMOVED, SEEN, FileDecision, ReadFacts, Removed
 
 
 def _merge(parts: list[Removed]) -> list[Removed]:
@@ -21,32 +20,27 @@ def _merge(parts: list[Removed]) -> list[Removed]:
 
 
 def decide(file_index: int, joined: dict[str, Iterable], checked: bool) -> FileDecision:
-    (path,) = list(joined["path"])
-    facts: list[ReadFacts] = list(joined["facts"])
+    (path,) = list(joined[FILES])
+    facts: list[ReadFacts] = list(joined[FACTS])
     invalid = sorted((r for f in facts for r in f.invalid), key=lambda r: r.position)
     n_read = sum(f.n_read for f in facts)
     if checked and sum(joined[SEEN]) != n_read - len(invalid):
         raise RuntimeError(f"{path}: {n_read - len(invalid)} valid records were read but "
                            f"{sum(joined[SEEN])} reached the duplicate check: refusing to "
                            "write a clean copy that was not fully checked")
-    return FileDecision(file_index, path, n_read, _merge(list(joined["removed"])), invalid)
+    return FileDecision(file_index, path, n_read, _merge(list(joined[REMOVED])), invalid)
 
 
 class Decide(beam.PTransform):
-    """{"facts": (i, ReadFacts), SEEN: (i, rows) (optional), removal streams: (i, Removed)...}
-    -> FileDecision."""
-
-    def __init__(self, files: list[str]):
-        super().__init__()
-        self.files = files
+    """{FILES: (i, path), FACTS: (i, ReadFacts), SEEN: (i, rows) (optional), removal
+    streams (any other key): (i, Removed)} -> FileDecision."""
 
     def expand(self, streams: dict):
-        pipeline = streams["facts"].pipeline
-        paths = pipeline | "ListFiles" >> beam.Create(list(enumerate(self.files)))
-        removals = [v for k, v in sorted(streams.items()) if k not in ("facts", SEEN)]
+        pipeline = streams[FACTS].pipeline
+        removals = [v for k, v in sorted(streams.items()) if k not in (FILES, FACTS, SEEN)]
         removed = (removals | "FlattenRemovals" >> beam.Flatten() if removals
                    else pipeline | "NoRemovals" >> beam.Create([]))
-        joined = {"path": paths, "facts": streams["facts"], "removed": removed}
+        joined = {FILES: streams[FILES], FACTS: streams[FACTS], REMOVED: removed}
         if SEEN in streams:
             joined[SEEN] = streams[SEEN]
         return (joined

@@ -1,20 +1,49 @@
-"""What flows between the job's Beam steps besides chunks of rows (``formats.base.Chunk``).
+"""What flows between the Beam steps: the element types and every output tag.
 
 Why explicit types: the shuffle moves only these small arrays (digests, order
 keys, ids), never tensors, and each step's input and output is visible here.
+Chunks of rows (``Chunk``) come from ``transforms.formats.base``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
 from transforms import fs
-from transforms.formats.base import InvalidRecord
+from transforms.exact import NEW, REFERENCE, STORE
+from transforms.formats.base import Chunk, InvalidRecord
+
+__all__ = ["Chunk", "FileDecision", "FileResult", "InvalidRecord", "KeyBatch", "ReadFacts",
+           "Removed", "VecBatch", "KINDS", "CHUNKS", "FACTS", "FILES", "KEYS", "VECTORS",
+           "REMOVED", "SEEN", "REFERENCE_FILES", "SURVIVORS", "NEAR_REPORT", "DECISIONS",
+           "KEPT", "INVALID"]
+
+# Output tags: the keys of the dicts of PCollections the steps return.
+CHUNKS = "chunks"  # ReadTensors: Chunk
+FACTS = "facts"  # ReadTensors: (file_index, ReadFacts)
+FILES = "files"  # ReadTensors: (file_index, path)
+KEYS = "keys"  # Fingerprint: (shard, KeyBatch)
+VECTORS = "vectors"  # Fingerprint: VecBatch (near stage on)
+REMOVED = "removed"  # DedupExact, DedupNear: (file_index, Removed); Dedup over records: dicts
+SEEN = "seen"  # DedupExact: (file_index, rows that reached the duplicate check)
+SURVIVORS = "survivors"  # DedupExact: (shard, KeyBatch) this run's rows exact dedup kept
+NEAR_REPORT = "near_report"  # DedupNear: one NearReport
+DECISIONS = "decisions"  # Dedup over ReadTensors: FileDecision
+KEPT = "kept"  # Dedup over records: the records kept
+INVALID = "invalid"  # Dedup over records: records that cannot be compared, with the reason
+
+# A reference set's files are numbered from here (keep_order fits file indexes < 2**23):
+# their records are protected, never removed.
+REFERENCE_FILES = 1 << 22
+
+TIER_PREFIX = {NEW: "", STORE: "store_", REFERENCE: "reference_"}
 
 
 def _take_opt(a: pa.Array | None, idx: np.ndarray) -> pa.Array | None:
@@ -161,7 +190,12 @@ KINDS = ("exact", "near", "reference_exact", "reference_near", "store_exact", "s
 
 @dataclass
 class Removed:
-    """Exact/Near -> Decide: records of one file to drop, what each duplicates, and how."""
+    """Exact/Near -> Decide: records of one file to drop, what each duplicates, and how.
+
+    Where the survivor lives travels along (a few ints per removed row): its file index
+    and position (-1 for a record of an earlier run, which only ``duplicate_of_run``
+    names), and its digest, from which the report derives the group id
+    (``group_ids``)."""
 
     position: np.ndarray  # (n,) int64
     record_id: pa.Array  # (n,) string
@@ -169,9 +203,23 @@ class Removed:
     kind: str  # one of KINDS
     distance: np.ndarray  # (n,) float64; 0.0 for exact kinds
     duplicate_of_run: pa.Array | None = None  # (n,) string: store kinds, the record's run
+    duplicate_of_file: np.ndarray | None = None  # (n,) int32: the survivor's file; -1: store
+    duplicate_of_position: np.ndarray | None = None  # (n,) int64: its position; -1: store
+    group: np.ndarray | None = None  # (n, 2) uint64: the survivor's digest (hi, lo)
 
     def __len__(self) -> int:
         return len(self.position)
+
+    def survivor_file(self) -> np.ndarray:
+        return (np.full(len(self), -1, np.int32) if self.duplicate_of_file is None
+                else self.duplicate_of_file)
+
+    def survivor_position(self) -> np.ndarray:
+        return (np.full(len(self), -1, np.int64) if self.duplicate_of_position is None
+                else self.duplicate_of_position)
+
+    def survivor_digest(self) -> np.ndarray:
+        return np.zeros((len(self), 2), np.uint64) if self.group is None else self.group
 
     @staticmethod
     def concat_sorted(parts: list[Removed]) -> Removed:
@@ -183,7 +231,54 @@ class Removed:
         return Removed(pos[order], pa.concat_arrays([p.record_id for p in parts]).take(take),
                        pa.concat_arrays([p.duplicate_of for p in parts]).take(take),
                        parts[0].kind, np.concatenate([p.distance for p in parts])[order],
-                       None if runs is None else runs.take(take))
+                       None if runs is None else runs.take(take),
+                       np.concatenate([p.survivor_file() for p in parts])[order],
+                       np.concatenate([p.survivor_position() for p in parts])[order],
+                       np.concatenate([p.survivor_digest() for p in parts])[order])
+
+
+def where_key(file_index: np.ndarray, position: np.ndarray) -> np.ndarray:
+    """(file, position) as one int64 (as ``keep_order`` packs it); -1 where file < 0."""
+    f = np.asarray(file_index, np.int64)
+    return np.where(f < 0, -1, (f << 40) | np.asarray(position, np.int64))
+
+
+def group_roots(removed_at: np.ndarray, survivor_at: np.ndarray, digest: np.ndarray
+                ) -> np.ndarray:
+    """Each removal's group: the digest of the record its whole group keeps.
+
+    ``removed_at`` / ``survivor_at``: ``where_key`` of each removed record and of the
+    record it names; ``digest``: (n, 2) the named record's digest. An exact copy of a
+    record that the near stage removed names that record; its group is the near
+    survivor's, so every member of a group (exact and near) carries one id. Chains are
+    followed to their end (at most one step in the job: near survivors are never
+    removed)."""
+    digest = np.array(digest, np.uint64, copy=True)
+    if not len(removed_at):
+        return digest
+    order = np.argsort(removed_at, kind="stable")
+    keys = removed_at[order]
+    at = survivor_at.copy()
+    for _ in range(64):
+        slot = np.minimum(np.searchsorted(keys, at), len(keys) - 1)
+        hit = (at >= 0) & (keys[slot] == at)
+        if not hit.any():
+            break
+        src = order[slot[hit]]
+        digest[hit] = digest[src]
+        at[hit] = survivor_at[src]
+    return digest
+
+
+_HEX = np.array([f"{i:02x}".encode() for i in range(256)], dtype="S2")
+
+
+def digest_hex(words: np.ndarray) -> pa.Array:
+    """(n, 2) uint64 digests -> Arrow strings of 32 hex digits (``bytes.hex()`` of the
+    16-byte fingerprint), without a Python loop."""
+    raw = np.ascontiguousarray(np.asarray(words, np.uint64).astype(">u8")).view(np.uint8)
+    hexed = _HEX[raw.reshape(-1, 16)].view("S32").ravel()
+    return pa.array(hexed, pa.binary(32)).cast(pa.string())
 
 
 @dataclass
@@ -219,3 +314,40 @@ class FileResult:
     output: str | None  # written file, relative to output.path; None if nothing was readable
     kept: int
     notes: list[str] = field(default_factory=list)  # what the copy could not keep as it was
+
+
+def removed_by_file(batch: KeyBatch | VecBatch, removed: np.ndarray, kept: np.ndarray,
+                    kind: str, distance: np.ndarray, kept_tier: np.ndarray | None = None
+                    ) -> Iterator[tuple[int, Removed]]:
+    """Split removals (sorted by input order) into one ``Removed`` per input file and kind;
+    ``kept_tier`` (tier of each removal's survivor) names the kind: ``kind``,
+    ``store_<kind>`` or ``reference_<kind>``. Each row carries where its survivor lives
+    (file index and position; -1 for a stored record of an earlier run) and its digest."""
+    if kept_tier is None:
+        kept_tier = np.zeros(len(removed), np.int8)
+    for tier in np.unique(kept_tier).tolist():
+        mine = np.flatnonzero(kept_tier == tier)
+        files = batch.file_index[removed[mine]]
+        cuts = np.flatnonzero(np.diff(files)) + 1
+        for part in np.split(mine, cuts):
+            if len(part):
+                r, k = pa.array(removed[part]), pa.array(kept[part])
+                at = kept[part]
+                k_file = batch.file_index[at].astype(np.int32)
+                k_pos = np.where(k_file < 0, -1, batch.position[at]).astype(np.int64)
+                yield int(batch.file_index[removed[part[0]]]), Removed(
+                    batch.position[removed[part]], batch.ids.take(r), batch.ids.take(k),
+                    TIER_PREFIX[tier] + kind, distance[part],
+                    None if batch.run is None else batch.run.take(k), k_file, k_pos,
+                    np.ascontiguousarray(batch.words[at], np.uint64))
+
+
+def output_name(path: str, root: str | None) -> str:
+    """Where an input file's clean copy goes, relative to the output directory: its path
+    below ``root`` (the inputs' common directory), or its name when ``root`` is None."""
+    if root is None:
+        return path.rstrip("/").rsplit("/", 1)[-1] if not fs.is_local(path) \
+            else os.path.basename(path)
+    if fs.is_local(path):
+        return os.path.relpath(path, root)
+    return path[len(root):].lstrip("/")

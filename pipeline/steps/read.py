@@ -1,4 +1,4 @@
-"""Read: input files -> units (row ranges) -> chunks of rows, plus what each chunk read.
+"""ReadTensors: input files -> units (row ranges) -> chunks of rows, plus what each read.
 
 Units are planned on the driver from file metadata and spread over workers with a
 Reshuffle, so a big HDF5 or Parquet file is read in parallel. Each chunk goes on
@@ -8,19 +8,19 @@ to Fingerprint; its record count and invalid records go to Decide.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from pipeline import progress
-from pipeline.elements import ReadFacts
-from pipeline.tagged import SplitOutputs
+from pipeline.steps import progress
+from pipeline.steps.elements import CHUNKS, FACTS, FILES, REFERENCE_FILES, ReadFacts
+from pipeline.steps.settings import Chunking
+from pipeline.steps.tagged import SplitOutputs
+from transforms import fs
 from transforms.formats import get_format
 from transforms.formats.base import Chunk, InvalidRecordError, TensorSpec, Unit
 from transforms.near import finite_rows
-
-FACTS = "facts"
 
 
 class ChunkCoder(beam.coders.Coder):
@@ -88,21 +88,42 @@ class ReadChunks(beam.DoFn):
         progress.tick("read", self.total_units, n, "units")
 
 
-class Read(beam.PTransform):
-    """PBegin -> {"chunks": Chunk, "facts": (file_index, ReadFacts)}; file indexes count
-    from ``first_index`` (reference files follow the input files)."""
+class ReadTensors(beam.PTransform):
+    """Tensors of TFRecord, Parquet or HDF5 files as chunks of rows.
 
-    def __init__(self, format_name: str, files: list[str], spec: TensorSpec, unit_rows: int,
-                 chunk_rows: int, fail_on_invalid: bool, nonfinite_invalid: bool = False,
-                 first_index: int = 0):
+    Args:
+      files: a glob pattern or a list of paths (any filesystem Beam knows); sorted, their
+        order is the "first" order of ``Keep.first()``.
+      format: "parquet" | "tfrecord" | "hdf5".
+      spec: what each record holds (tensor field, id field, shape, dtype...).
+      chunking: records per read task and per element.
+      on_invalid: "skip" reports a bad record (FACTS) and goes on; "fail" stops the job.
+      nonfinite_invalid: rows with NaN/inf count as invalid (distances can't compare them).
+      reference: these files are a reference set: their records are compared with the
+        input's but never removed (their file indexes start at REFERENCE_FILES).
+
+    Returns {CHUNKS: Chunk, FACTS: (file_index, ReadFacts), FILES: (file_index, path)}.
+    """
+
+    def __init__(self, files: str | Sequence[str], *, format: str, spec: TensorSpec,
+                 chunking: Chunking | None = None, on_invalid: str = "skip",
+                 nonfinite_invalid: bool = False, reference: bool = False):
         super().__init__()
-        self.units = plan_units(format_name, files, unit_rows, spec, first_index)
-        self.read = ReadChunks(format_name, spec, chunk_rows, fail_on_invalid, len(self.units),
-                               nonfinite_invalid)
+        if on_invalid not in ("skip", "fail"):
+            raise ValueError(f"on_invalid must be skip or fail, got {on_invalid!r}")
+        self.files = fs.glob(files) if isinstance(files, str) else list(files)
+        self.first_index = first_index = REFERENCE_FILES if reference else 0
+        chunking = chunking or Chunking()
+        self.units = plan_units(format, self.files, chunking.unit_rows, spec, first_index)
+        self.read = ReadChunks(format, spec, chunking.chunk_rows, on_invalid == "fail",
+                               len(self.units), nonfinite_invalid)
 
     def expand(self, pbegin):
-        return (pbegin
-                | "PlanUnits" >> beam.Create(self.units)
-                | "SpreadUnits" >> beam.Reshuffle()
-                | "ReadChunks" >> SplitOutputs(self.read, main="chunks", tags=(FACTS,),
-                                               types={"chunks": Chunk}))
+        out = (pbegin
+               | "PlanUnits" >> beam.Create(self.units)
+               | "SpreadUnits" >> beam.Reshuffle()
+               | "ReadChunks" >> SplitOutputs(self.read, main=CHUNKS, tags=(FACTS,),
+                                              types={CHUNKS: Chunk}))
+        files = pbegin | "ListFiles" >> beam.Create(list(enumerate(self.files,
+                                                                   self.first_index)))
+        return {CHUNKS: out[CHUNKS], FACTS: out[FACTS], FILES: files}

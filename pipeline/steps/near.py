@@ -29,17 +29,15 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from pipeline import progress
-from pipeline.elements import Removed, VecBatch
-from pipeline.exact import removed_by_file
-from pipeline.near_report import BORDERLINE_SCHEMA, borderline_sample, merge_borderline
-from pipeline.tagged import SplitOutputs
+from pipeline.steps import progress
+from pipeline.steps.borderline import BORDERLINE_SCHEMA, borderline_sample, merge_borderline
+from pipeline.steps.elements import NEAR_REPORT, REMOVED, Removed, VecBatch, removed_by_file
+from pipeline.steps.tagged import SplitOutputs
 from transforms import fs, near
 from transforms.exact import is_protected, tier_of
 from transforms.near_plan import Partitions, assign, plan
 from transforms.near_recall import estimate, in_sample
 
-NEAR_REPORT = "near_report"
 HISTOGRAM_ROWS = 20_000  # about this many records get a nearest-neighbour distance (kNN)
 
 
@@ -373,14 +371,19 @@ def _drop_spill(found: list[Found], spill: str) -> list[Found]:
     return found
 
 
-class Near(beam.PTransform):
-    """VecBatch -> {"removed": (file_index, Removed), NEAR_REPORT: NearReport}. ``spill``: a
-    directory (any filesystem) for the cells' vectors while they wait for their search;
-    it is deleted once every cell was searched."""
+class DedupNear(beam.PTransform):
+    """VecBatch -> {REMOVED: (file_index, Removed), NEAR_REPORT: NearReport}.
 
-    def __init__(self, spec: near.NearSpec, per_side: int, spill: str):
+    Args:
+      spec: the metric, tolerance and search settings.
+      spill: a directory (any filesystem) for the cells' vectors while they wait for
+        their search; deleted once every cell was searched.
+      borderline_pairs: pairs kept on each side of the tolerance for the report.
+    """
+
+    def __init__(self, spec: near.NearSpec, *, spill: str, borderline_pairs: int = 500):
         super().__init__()
-        self.spec, self.per_side, self.spill = spec, per_side, spill
+        self.spec, self.per_side, self.spill = spec, borderline_pairs, spill
 
     def expand(self, vecs):
         plan = beam.pvalue.AsSingleton(vecs | "SampleAndPlan" >> beam.CombineGlobally(
@@ -396,5 +399,5 @@ class Near(beam.PTransform):
                 | "GatherPairs" >> beam.combiners.ToList()
                 | "DropSpill" >> beam.Map(_drop_spill, self.spill)
                 | "MergePairs" >> SplitOutputs(merge_found, plan, self.spec, self.per_side,
-                                               samples, truth, main="removed",
+                                               samples, truth, main=REMOVED,
                                                tags=(NEAR_REPORT,)))

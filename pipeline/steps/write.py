@@ -1,4 +1,4 @@
-"""Write: FileDecision -> a clean copy of the input file (second pass) -> FileResult.
+"""WriteClean: FileDecision -> a clean copy of the input file (second pass) -> FileResult.
 
 Each input file is re-read and copied without its dropped records, in the same
 format, schema and compression, into the run's staging directory (moved into
@@ -11,16 +11,15 @@ from __future__ import annotations
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from pipeline import progress
-from pipeline.elements import FileDecision, FileResult
-from pipeline.preflight import output_name
+from pipeline.steps import progress
+from pipeline.steps.elements import FileDecision, FileResult, output_name
 from transforms import fs
 from transforms.formats import get_format
 from transforms.formats.base import TensorSpec
 
 
-class WriteClean(beam.DoFn):
-    def __init__(self, format_name: str, spec: TensorSpec, root: str, staging: str,
+class WriteFile(beam.DoFn):
+    def __init__(self, format_name: str, spec: TensorSpec, root: str | None, staging: str,
                  total_files: int):
         self.format_name, self.spec, self.root, self.staging = format_name, spec, root, staging
         self.total_files = total_files
@@ -46,13 +45,22 @@ class WriteClean(beam.DoFn):
         yield FileResult(decision, name if readable else None, kept, notes)
 
 
-class Write(beam.PTransform):
-    """FileDecision -> FileResult."""
+class WriteClean(beam.PTransform):
+    """FileDecision -> FileResult: each input file copied into ``output`` without the
+    records its decision drops, in the same format, schema and compression.
 
-    def __init__(self, format_name: str, spec: TensorSpec, root: str, staging: str,
-                 total_files: int):
+    Args:
+      output: a directory (any filesystem); the job passes its staging directory.
+      format, spec: how the inputs were read (``ReadTensors``'s).
+      root: the inputs' common directory: copies keep their paths below it (None: the
+        files' names, flat).
+      total_files: for progress lines only.
+    """
+
+    def __init__(self, output: str, *, format: str, spec: TensorSpec, root: str | None = None,
+                 total_files: int = 0):
         super().__init__()
-        self.fn = WriteClean(format_name, spec, root, staging, total_files)
+        self.fn = WriteFile(format, spec, root, output, total_files)
 
     def expand(self, decisions):
         return decisions | "WriteCleanFile" >> beam.ParDo(self.fn)

@@ -15,14 +15,21 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from pipeline.elements import FileDecision, KeyBatch, VecBatch
+from pipeline.steps.elements import (
+    DECISIONS,
+    REFERENCE_FILES,
+    SURVIVORS,
+    VECTORS,
+    FileDecision,
+    KeyBatch,
+    VecBatch,
+)
+from pipeline.steps.settings import Keep
 from transforms.exact import NEW, STORE, keep_order
 from transforms.fingerprint import SCHEME
 from transforms.formats.base import InputError, TensorSpec
 from transforms.near import NearSpec, finite_rows
 from transforms.store import FingerprintStore, LookupPlan, StoreError
-
-SURVIVORS, DECISIONS, VECTORS = "survivors", "decisions", "vectors"
 
 
 def store_meta(resolved: TensorSpec, near: NearSpec | None) -> dict:
@@ -117,9 +124,9 @@ def open_view(path: str, run_id: str, meta: dict) -> StoreView:
 class StoreVectors(beam.PTransform):
     """PBegin -> VecBatch of every stored value (protected rows for Near)."""
 
-    def __init__(self, view: StoreView, keep: str):
+    def __init__(self, view: StoreView, *, keep: Keep | str = "first"):
         super().__init__()
-        self.view, self.keep = view, keep
+        self.view, self.keep = view, Keep.of(keep).rule
 
     def expand(self, pbegin):
         return (pbegin
@@ -147,10 +154,9 @@ def write_digests(shard_batch: tuple[int, KeyBatch], drops: dict, commit: StoreC
         yield commit.attempt.write_exact(shard, b.words, b.ids)
 
 
-def write_values(batch: VecBatch, drops: dict, commit: StoreCommit, inputs: int
-                 ) -> Iterator[dict]:
+def write_values(batch: VecBatch, drops: dict, commit: StoreCommit) -> Iterator[dict]:
     batch = batch.loaded()
-    mine = (batch.file_index < inputs) & finite_rows(batch.x)
+    mine = (batch.file_index < REFERENCE_FILES) & finite_rows(batch.x)
     rows = np.flatnonzero(mine & _kept(batch.file_index, batch.position, drops))
     if len(rows):
         b = batch.take(rows)
@@ -163,9 +169,9 @@ class StoreUpdate(beam.PTransform):
     with the near stage)} -> part stats (dicts) of this run's store attempt, committed by
     Publish."""
 
-    def __init__(self, commit: StoreCommit, inputs: int):
+    def __init__(self, commit: StoreCommit):
         super().__init__()
-        self.commit, self.inputs = commit, inputs
+        self.commit = commit
 
     def expand(self, streams: dict):
         drops = beam.pvalue.AsDict(streams[DECISIONS] | "DroppedPositions" >> beam.Map(
@@ -174,5 +180,5 @@ class StoreUpdate(beam.PTransform):
                                                                       self.commit)]
         if VECTORS in streams:
             parts.append(streams[VECTORS] | "WriteValues" >> beam.FlatMap(
-                write_values, drops, self.commit, self.inputs))
+                write_values, drops, self.commit))
         return parts | "StoreParts" >> beam.Flatten()

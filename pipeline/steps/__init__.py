@@ -1,0 +1,56 @@
+"""Public Beam steps (PTransforms only) for tensor deduplication.
+
+Each step takes at most one essential argument, then keyword-only settings as small
+typed objects (``TensorSpec``, ``NearSpec``, ``Keep``, ``Chunking``). Steps import only
+their element types (``elements``) and the array kernels (``transforms``), never the
+job (``pipeline.config``, ``preflight``, ``run``...). Progress lines are off unless
+``progress.enable()`` is called (the CLI does).
+
+    records | Dedup(key="emb", keep="first", near=NearSpec("cosine", 0.02))
+    p | ReadTensors("data/*.parquet", format="parquet", spec=TensorSpec("emb")) | Dedup()
+"""
+
+from pipeline.steps.dedup import Dedup
+from pipeline.steps.elements import (
+    CHUNKS,
+    DECISIONS,
+    FACTS,
+    FILES,
+    INVALID,
+    KEPT,
+    KEYS,
+    KINDS,
+    NEAR_REPORT,
+    REFERENCE_FILES,
+    REMOVED,
+    SEEN,
+    SURVIVORS,
+    VECTORS,
+    Chunk,
+    FileDecision,
+    FileResult,
+    InvalidRecord,
+    KeyBatch,
+    ReadFacts,
+    Removed,
+    VecBatch,
+)
+from pipeline.steps.exact import DedupExact
+from pipeline.steps.fingerprint import Fingerprint
+from pipeline.steps.near import DedupNear, NearReport
+from pipeline.steps.read import ReadTensors
+from pipeline.steps.settings import Chunking, Keep
+from pipeline.steps.store import StoreUpdate, StoreVectors
+from pipeline.steps.write import WriteClean
+from transforms.formats.base import TensorSpec
+from transforms.near import NearSpec
+
+__all__ = [
+    "ReadTensors", "Fingerprint", "DedupExact", "DedupNear", "Dedup", "WriteClean",
+    "StoreVectors", "StoreUpdate",
+    "TensorSpec", "NearSpec", "Keep", "Chunking",
+    "Chunk", "KeyBatch", "VecBatch", "Removed", "ReadFacts", "FileDecision", "FileResult",
+    "InvalidRecord", "NearReport", "KINDS", "REFERENCE_FILES",
+    "CHUNKS", "FACTS", "FILES", "KEYS", "VECTORS", "REMOVED", "SEEN", "SURVIVORS",
+    "NEAR_REPORT", "DECISIONS", "KEPT", "INVALID",
+]

@@ -1,0 +1,128 @@
+"""Dedup: the whole removal in one step: Fingerprint -> DedupExact -> DedupNear -> Decide.
+
+Two inputs, one step. Over ``ReadTensors``' outputs it decides, per input file, which
+records a clean copy drops (``WriteClean`` writes it): that is the job's use. Over a
+PCollection of the user's own records (dicts, or Arrow record batches) it returns the
+records kept, the ones removed (with what each duplicates) and the invalid ones.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+
+import apache_beam as beam
+
+from pipeline.steps.decide import Decide
+from pipeline.steps.elements import (
+    CHUNKS,
+    DECISIONS,
+    FACTS,
+    FILES,
+    KEYS,
+    NEAR_REPORT,
+    REMOVED,
+    SEEN,
+    SURVIVORS,
+    VECTORS,
+)
+from pipeline.steps.exact import DedupExact
+from pipeline.steps.fingerprint import Fingerprint
+from pipeline.steps.near import DedupNear
+from pipeline.steps.records import FromDecisions, ToChunks
+from pipeline.steps.settings import Keep
+from pipeline.steps.store import StoreVectors, StoreView
+from transforms import fs
+from transforms.formats.base import TensorSpec
+from transforms.near import NearSpec
+
+
+class Dedup(beam.PTransform):
+    """Exact (and, with ``near``, near-duplicate) removal.
+
+    Over ``ReadTensors``' output dict: returns {DECISIONS: FileDecision per input file,
+    NEAR_REPORT (with ``near``), SURVIVORS and VECTORS (with ``survivors``)}.
+    Over records (``key`` names the tensor field): returns {KEPT: the records kept,
+    REMOVED: {"record_id", "duplicate_of", "kind", "distance", "record"} dicts,
+    INVALID: {"record_id", "reason", "record"} dicts, NEAR_REPORT (with ``near``)}.
+
+    Args:
+      key: records only: the field holding the tensor (anything ``to_numpy`` takes:
+        numpy, lists, torch, TensorFlow, JAX); records whose tensor is missing or not
+        numeric go to INVALID.
+      id: records only: the field holding a record id (default: "batch-<i>:<row>").
+      keep: "first" | "last" | ``Keep``. A PCollection has no order: over records, first
+        and last keep one copy, not a particular one; ``Keep.max(field)`` chooses.
+      near: near-duplicate search settings; None: exact duplicates only.
+      exact: False skips both (the job's ``exact: false``): nothing is removed.
+      reference: chunks of a reference set (``ReadTensors(..., reference=True)``): their
+        records are never removed; copies of them are.
+      store: a fingerprint store's view: earlier runs' records count as references.
+      survivors: also return SURVIVORS (and VECTORS) for ``StoreUpdate``.
+      spill: a folder every worker can reach for the near stage's vectors (default: a
+        new folder under the local temp directory, fine for local runners).
+      shards, borderline_pairs, chunk_rows: tuning (digest shards, report pairs, records
+        per element over records).
+    """
+
+    def __init__(self, *, key: str | None = None, id: str | None = None,
+                 keep: Keep | str = "first", near: NearSpec | None = None, exact: bool = True,
+                 reference: beam.PCollection | None = None, store: StoreView | None = None,
+                 survivors: bool = False, spill: str | None = None, shards: int = 16,
+                 borderline_pairs: int = 500, chunk_rows: int = 4096):
+        super().__init__()
+        self.key, self.id, self.keep, self.near = key, id, Keep.of(keep), near
+        self.exact, self.reference, self.store = exact, reference, store
+        self.survivors = survivors
+        self.spill = spill or os.path.join(tempfile.gettempdir(),
+                                           f"tensordedup-{uuid.uuid4().hex}")
+        self.shards, self.borderline_pairs, self.chunk_rows = shards, borderline_pairs, chunk_rows
+
+    def expand(self, pvalue):
+        if isinstance(pvalue, dict):
+            return self._decide(pvalue)
+        if self.key is None:
+            raise ValueError("Dedup over records needs key= (the field with the tensor)")
+        spec = TensorSpec(self.key, self.id, rank=self.keep.column)
+        read = pvalue | "ToChunks" >> ToChunks(spec, self.chunk_rows)
+        out = self._decide(read)
+        kept = ({"batches": read["batches"], DECISIONS: out[DECISIONS]}
+                | "FromDecisions" >> FromDecisions())
+        if NEAR_REPORT in out:
+            kept[NEAR_REPORT] = out[NEAR_REPORT] | "DropSpill" >> beam.Map(
+                lambda report, spill: (fs.delete_tree(spill), report)[1], self.spill)
+        return kept
+
+    def _decide(self, read: dict) -> dict:
+        chunks = read[CHUNKS]
+        if self.reference is not None:
+            chunks = (chunks, self.reference) | "WithReference" >> beam.Flatten()
+        streams = {FILES: read[FILES], FACTS: read[FACTS]}
+        out = {}
+        if not self.exact:
+            chunks | "DiscardChunks" >> beam.Filter(lambda _: False)
+            out[DECISIONS] = streams | "Decide" >> Decide()
+            return out
+        keys = chunks | "Fingerprint" >> Fingerprint(
+            keep=self.keep, shards=self.shards,
+            spill=fs.join(self.spill, "values") if self.near else None)
+        exact = keys[KEYS] | "DedupExact" >> DedupExact(
+            keep=self.keep, store=self.store, survivors=self.survivors)
+        streams.update({"exact": exact[REMOVED], SEEN: exact[SEEN]})
+        if self.survivors:
+            out[SURVIVORS] = exact[SURVIVORS]
+        if self.near is not None:
+            vectors = keys[VECTORS]
+            if self.survivors:
+                out[VECTORS] = vectors
+            if self.store is not None:
+                stored = vectors.pipeline | "ReadStore" >> StoreVectors(self.store, keep=self.keep)
+                vectors = (vectors, stored) | "WithStored" >> beam.Flatten()
+            near = vectors | "DedupNear" >> DedupNear(
+                self.near, spill=fs.join(self.spill, "cells"),
+                borderline_pairs=self.borderline_pairs)
+            streams["near"] = near[REMOVED]
+            out[NEAR_REPORT] = near[NEAR_REPORT]
+        out[DECISIONS] = streams | "Decide" >> Decide()
+        return out

@@ -1,0 +1,170 @@
+"""A user's records (dicts or Arrow record batches) <-> the chunks the dedup steps use.
+
+Why batches get small numbers: the keep order packs (file index, position) into one
+int64 (``transforms.exact.keep_order``), so each batch of records gets a dense index,
+as a file would, from the sorted random ids of all batches (a small side input).
+Records travel once more, to meet their batch's decision; tensors never do.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from pipeline.steps.elements import (
+    CHUNKS,
+    DECISIONS,
+    FACTS,
+    FILES,
+    INVALID,
+    KEPT,
+    REMOVED,
+    Chunk,
+    FileDecision,
+    ReadFacts,
+)
+from pipeline.steps.tagged import SplitOutputs
+from transforms.canonical import to_numpy
+from transforms.formats.base import InvalidRecord, TensorSpec, error_line
+from transforms.formats.parquet import table_chunks
+
+Records = list[Mapping[str, Any]] | pa.RecordBatch
+
+
+@dataclass
+class Batch:
+    """Some of the user's records, as they came: dicts, or one Arrow record batch."""
+
+    uid: int
+    records: Records
+
+    def __len__(self) -> int:
+        return self.records.num_rows if isinstance(self.records, pa.RecordBatch) \
+            else len(self.records)
+
+
+def batches_of(elements: list) -> Iterator[Batch]:
+    """BatchElements' lists -> Batches: dicts stay together, record batches stand alone."""
+    dicts = [e for e in elements if not isinstance(e, pa.RecordBatch)]
+    if dicts:
+        yield Batch(secrets.randbits(63), dicts)
+    for e in elements:
+        if isinstance(e, pa.RecordBatch) and e.num_rows:
+            yield Batch(secrets.randbits(63), e)
+
+
+def _path(index: int) -> str:
+    return f"batch-{index}"
+
+
+def dict_chunks(index: int, records: list[Mapping[str, Any]], spec: TensorSpec) -> list[Chunk]:
+    """Chunks (one per tensor shape and dtype) of a list of dicts, and the records that
+    hold no usable tensor (as invalid, with the reason)."""
+    groups: dict[tuple, list[tuple[int, str, np.ndarray]]] = {}
+    invalid, ranks = [], np.full(len(records), np.nan)
+    for i, r in enumerate(records):
+        rid = str(r[spec.id]) if spec.id is not None and spec.id in r else f"{_path(index)}:{i}"
+        try:
+            x, dtype = to_numpy(r[spec.tensor])
+            if spec.shape is not None and tuple(x.shape) != tuple(spec.shape):
+                raise ValueError(f"shape {list(x.shape)} != {list(spec.shape)}")
+            if spec.dtype is not None and dtype != spec.dtype:
+                raise ValueError(f"dtype {dtype} != {spec.dtype}")
+            if spec.rank is not None:
+                ranks[i] = float(r[spec.rank])
+        except (KeyError, TypeError, ValueError) as e:
+            invalid.append(InvalidRecord(i, rid, error_line(e)))
+            continue
+        groups.setdefault((x.shape, dtype), []).append((i, rid, x))
+    chunks = []
+    for rows in groups.values():
+        pos = np.array([i for i, _, _ in rows], dtype=np.int64)
+        chunks.append(Chunk(index, pos, pa.array([rid for _, rid, _ in rows], pa.string()),
+                            np.stack([x for _, _, x in rows]),
+                            None if spec.rank is None else ranks[pos]))
+    if invalid or not chunks:
+        chunks.append(Chunk.of_invalid(index, invalid))
+    return chunks
+
+
+def to_chunks(numbered: tuple[int, Batch], spec: TensorSpec
+              ) -> Iterator[Chunk | beam.pvalue.TaggedOutput]:
+    index, batch = numbered
+    recs = batch.records
+    chunks = (table_chunks(index, _path(index), pa.Table.from_batches([recs]), 0, spec)
+              if isinstance(recs, pa.RecordBatch) else dict_chunks(index, recs, spec))
+    for chunk in chunks:
+        yield beam.pvalue.TaggedOutput(FACTS, (index, ReadFacts(chunk.n_read, chunk.invalid)))
+        if len(chunk.positions):
+            yield chunk
+
+
+def _row(recs: Records, i: int) -> Any:
+    return recs.slice(i, 1).to_pylist()[0] if isinstance(recs, pa.RecordBatch) else recs[i]
+
+
+def split_batch(joined: tuple[int, dict[str, Iterable]]
+                ) -> Iterator[Any | beam.pvalue.TaggedOutput]:
+    """One batch and its decision -> kept records (main), REMOVED and INVALID dicts."""
+    _, parts = joined
+    (batch,), (decision,) = list(parts["batch"]), list(parts[DECISIONS])
+    decision: FileDecision
+    recs = batch.records
+    for r in decision.removed:
+        for j, pos in enumerate(r.position.tolist()):
+            yield beam.pvalue.TaggedOutput(REMOVED, {
+                "record_id": r.record_id[j].as_py(), "duplicate_of": r.duplicate_of[j].as_py(),
+                "kind": r.kind, "distance": float(r.distance[j]), "record": _row(recs, pos)})
+    for bad in decision.invalid:
+        yield beam.pvalue.TaggedOutput(INVALID, {"record_id": bad.record_id, "reason": bad.reason,
+                                                 "record": _row(recs, bad.position)})
+    keep = np.ones(len(batch), dtype=bool)
+    keep[decision.drop()] = False
+    if isinstance(recs, pa.RecordBatch):
+        if keep.any():
+            yield recs.filter(pa.array(keep))
+    else:
+        yield from (recs[i] for i in np.flatnonzero(keep).tolist())
+
+
+class ToChunks(beam.PTransform):
+    """Records -> {CHUNKS, FACTS, FILES} as ``ReadTensors`` gives them, plus "batches":
+    (index, Batch) for ``FromDecisions``."""
+
+    def __init__(self, spec: TensorSpec, chunk_rows: int):
+        super().__init__()
+        self.spec, self.chunk_rows = spec, chunk_rows
+
+    def expand(self, records):
+        batches = (records
+                   | "Batch" >> beam.BatchElements(min_batch_size=1,
+                                                   max_batch_size=self.chunk_rows)
+                   | "AsBatches" >> beam.FlatMap(batches_of))
+        index = beam.pvalue.AsSingleton(
+            batches
+            | "BatchIds" >> beam.Map(lambda b: b.uid)
+            | "AllIds" >> beam.combiners.ToList()
+            | "Number" >> beam.Map(lambda ids: {u: i for i, u in enumerate(sorted(ids))}))
+        numbered = batches | "Numbered" >> beam.Map(lambda b, ix: (ix[b.uid], b), index)
+        out = numbered | "ToChunks" >> SplitOutputs(to_chunks, self.spec, main=CHUNKS,
+                                                    tags=(FACTS,), types={CHUNKS: Chunk})
+        files = numbered | "Names" >> beam.Map(lambda kv: (kv[0], _path(kv[0])))
+        return {CHUNKS: out[CHUNKS], FACTS: out[FACTS], FILES: files, "batches": numbered}
+
+
+class FromDecisions(beam.PTransform):
+    """{"batches": (index, Batch), DECISIONS: FileDecision} -> {KEPT: records, REMOVED:
+    dicts, INVALID: dicts} (each removal and invalid record carries the record itself)."""
+
+    def expand(self, streams: dict):
+        decisions = streams[DECISIONS] | "ByBatch" >> beam.Map(lambda d: (d.file_index, d))
+        out = ({"batch": streams["batches"], DECISIONS: decisions}
+               | "JoinDecisions" >> beam.CoGroupByKey()
+               | "Split" >> SplitOutputs(split_batch, main=KEPT, tags=(REMOVED, INVALID)))
+        return {KEPT: out[KEPT], REMOVED: out[REMOVED], INVALID: out[INVALID]}

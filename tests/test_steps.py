@@ -1,0 +1,216 @@
+"""The public Beam steps (pipeline.steps) in a user's own pipeline: TestPipeline +
+assert_that on real files (pyarrow) and records, against brute-force oracles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from pipeline import steps
+from pipeline.steps import (
+    DECISIONS,
+    FACTS,
+    INVALID,
+    KEPT,
+    KEYS,
+    NEAR_REPORT,
+    REMOVED,
+    VECTORS,
+    Dedup,
+    DedupExact,
+    DedupNear,
+    Fingerprint,
+    Keep,
+    NearSpec,
+    ReadTensors,
+    TensorSpec,
+    WriteClean,
+)
+from tests.embeddings import embeddings, planted_copies
+from tests.jobkit import write_input
+from tests.oracle import expected_removals, near_oracle
+from transforms.fingerprint import fingerprint_batch
+
+
+def pipeline() -> BeamTestPipeline:
+    return BeamTestPipeline(runner=FnApiRunner(), blocking=True)
+
+
+def with_copies(seed: int, n: int, dim: int) -> np.ndarray:
+    """Clustered unit embeddings with near copies (cosine 0.001-0.02), decoys just
+    outside 0.02, and exact copies of 3% of the rows, shuffled."""
+    x, _ = planted_copies(embeddings(n, dim, clusters=max(n // 40, 2), seed=seed), seed=seed)
+    rng = np.random.default_rng(seed)
+    x = np.concatenate([x, x[rng.choice(len(x), len(x) * 3 // 100, replace=False)]])
+    return x[rng.permutation(len(x))]
+
+
+def oracle(x: np.ndarray, spec: NearSpec | None) -> dict[int, int]:
+    """{removed row: kept row}, keeping the earliest row: exact copies first, then near
+    duplicates among the exact survivors."""
+    exact = expected_removals([(str(i), t, 0.0) for i, t in enumerate(x)], "first")
+    out = {int(r): int(k) for r, k in exact.items()}
+    if spec is not None:
+        left = np.array([i for i in range(len(x)) if i not in out])
+        out.update({int(left[r]): int(left[k]) for r, k in near_oracle(x[left], spec).items()})
+    return out
+
+
+def check(fn):
+    """assert_that matcher from a function over the whole output list."""
+    def match(actual):
+        fn(list(actual))
+    return match
+
+
+@pytest.mark.parametrize("near", [None, NearSpec("cosine", 0.02)], ids=["exact", "near"])
+def test_dedup_over_dicts_matches_brute_force(near):
+    x = with_copies(0, 4000, 48)
+    records = [{"id": f"r{i}", "emb": x[i], "i": i} for i in range(len(x))]
+    want = oracle(x, near)
+    with pipeline() as p:
+        out = (p | beam.Create(records)
+               | Dedup(key="emb", id="id", keep=Keep.min("i"), near=near, chunk_rows=500))
+        assert_that(out[KEPT] | "KeptIds" >> beam.Map(lambda r: r["i"]),
+                    equal_to([i for i in range(len(x)) if i not in want]), label="kept")
+        assert_that(out[REMOVED] | "Pairs" >> beam.Map(
+            lambda r: (int(r["record_id"][1:]), int(r["duplicate_of"][1:]), r["record"]["i"])),
+            equal_to([(r, k, r) for r, k in want.items()]), label="removed")
+        assert_that(out[INVALID], equal_to([]), label="invalid")
+        if near is not None:
+            assert_that(out[NEAR_REPORT] | beam.Map(lambda r: r.stats["recall"]["recall"]),
+                        equal_to([1.0]), label="recall")
+    assert len(want) > 100
+
+
+def test_dedup_over_record_batches_keeps_batches():
+    x = with_copies(1, 3000, 16)
+    ids = [f"r{i}" for i in range(len(x))]
+    col = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1])
+    table = pa.table({"id": ids, "emb": col, "i": np.arange(len(x))})
+    want = oracle(x, None)
+    with pipeline() as p:
+        out = (p | beam.Create(table.to_batches(max_chunksize=700))
+               | Dedup(key="emb", id="id", keep=Keep.min("i")))
+        assert_that(out[KEPT] | beam.FlatMap(lambda rb: rb.column("i").to_pylist()),
+                    equal_to([i for i in range(len(x)) if i not in want]), label="kept")
+        assert_that(out[REMOVED] | "Ids" >> beam.Map(
+            lambda r: (r["record_id"], r["duplicate_of"])),
+                    equal_to([(f"r{r}", f"r{k}") for r, k in want.items()]), label="removed")
+
+
+def test_dedup_over_dicts_reports_unusable_records():
+    good = np.arange(12, dtype=np.float32).reshape(3, 4)
+    records = [{"id": "a", "emb": good[0]}, {"id": "b", "emb": good[0].copy()},
+               {"id": "c", "emb": "not a tensor"}, {"id": "d"},
+               {"id": "e", "emb": [[1.0, 2.0], [3.0]]}, {"id": "f", "emb": good[1]}]
+    with pipeline() as p:
+        out = p | beam.Create(records) | Dedup(key="emb", id="id")
+        assert_that(out[KEPT] | beam.Map(lambda r: r["id"]), equal_to(["a", "f"]),
+                    label="kept")
+        assert_that(out[REMOVED] | "R" >> beam.Map(lambda r: (r["record_id"], r["kind"])),
+                    equal_to([("b", "exact")]), label="removed")
+
+        def reasons(rows):
+            assert sorted(r["record_id"] for r in rows) == ["c", "d", "e"]
+            assert all(r["reason"] and r["record"]["id"] == r["record_id"] for r in rows)
+            assert any("emb" in r["reason"] for r in rows if r["record_id"] == "d")
+        assert_that(out[INVALID], check(reasons), label="invalid")
+
+
+def test_dedup_over_records_needs_a_key():
+    with pytest.raises(ValueError, match="key="), pipeline() as p:
+        _ = p | beam.Create([{"emb": [1.0]}]) | Dedup()
+
+
+@pytest.fixture
+def parquet_files(tmp_path: Path):
+    x = with_copies(2, 3000, 32)
+    parts = np.array_split(np.arange(len(x)), 3)
+    files = []
+    for n, rows in enumerate(parts):
+        path = tmp_path / "in" / f"part-{n}.parquet"
+        write_input("parquet", path, [f"r{i}" for i in rows], x[rows], rows % 7,
+                    row_group_size=256)
+        files.append(str(path))
+    return x, files
+
+
+def test_read_fingerprint_and_exact_steps(parquet_files):
+    x, files = parquet_files
+    spec = TensorSpec("emb", "id")
+    want = {f"r{r}": f"r{k}" for r, k in oracle(x, None).items()}
+    with pipeline() as p:
+        read = p | ReadTensors(str(Path(files[0]).parent / "*.parquet"), format="parquet",
+                               spec=spec)
+        assert_that(read[FACTS] | beam.Map(lambda kv: (kv[0], kv[1].n_read))
+                    | beam.CombinePerKey(sum),
+                    equal_to([(i, len(a)) for i, a in enumerate(np.array_split(x, 3))]),
+                    label="facts")
+        keys = read["chunks"] | Fingerprint(keep="first", shards=4)
+        assert_that(keys[KEYS] | beam.FlatMap(
+            lambda kv: [(i, bytes(w))
+                        for i, w in zip(kv[1].ids.to_pylist(), kv[1].words, strict=True)]),
+            equal_to([(f"r{i}", bytes(w)) for i, w in enumerate(_words(x))]), label="digests")
+        exact = keys[KEYS] | DedupExact(keep=Keep.first())
+        assert_that(exact[REMOVED] | beam.FlatMap(lambda kv: zip(
+            kv[1].record_id.to_pylist(), kv[1].duplicate_of.to_pylist(), strict=True)),
+            equal_to(sorted(want.items())), label="removed")
+
+
+def _words(x: np.ndarray) -> np.ndarray:
+    from transforms.exact import digest_words
+    return digest_words(fingerprint_batch(x))
+
+
+def test_near_step_over_fingerprint_vectors(parquet_files, tmp_path):
+    x, files = parquet_files
+    spec = NearSpec("cosine", 0.02)
+    uniq = oracle(x, None)
+    left = np.array([i for i in range(len(x)) if i not in uniq])
+    want = sorted((f"r{left[r]}", f"r{left[k]}") for r, k in near_oracle(x[left], spec).items())
+    with pipeline() as p:
+        read = p | ReadTensors(files, format="parquet", spec=TensorSpec("emb", "id"))
+        keys = read["chunks"] | Fingerprint(spill=str(tmp_path / "values"))
+        exact = keys[KEYS] | DedupExact()
+        near = keys[VECTORS] | DedupNear(spec, spill=str(tmp_path / "cells"))
+        assert_that(near[REMOVED] | beam.FlatMap(lambda kv: zip(
+            kv[1].record_id.to_pylist(), kv[1].duplicate_of.to_pylist(), strict=True)),
+            equal_to(want), label="near")
+        assert_that(exact[REMOVED] | beam.Map(lambda kv: len(kv[1]))
+                    | beam.CombineGlobally(sum), equal_to([len(uniq)]), label="exact")
+    assert len(want) > 50 and not (tmp_path / "cells").exists()
+
+
+def test_dedup_and_write_clean_files(parquet_files, tmp_path):
+    x, files = parquet_files
+    spec = TensorSpec("emb", "id")
+    removed = oracle(x, NearSpec("l2", 0.05))
+    out_dir = tmp_path / "clean"
+    with pipeline() as p:
+        read = p | ReadTensors(files, format="parquet", spec=spec)
+        dedup = read | Dedup(near=NearSpec("l2", 0.05), spill=str(tmp_path / "spill"))
+        results = dedup[DECISIONS] | WriteClean(str(out_dir), format="parquet", spec=spec)
+        assert_that(results | beam.Map(lambda r: (r.output, r.kept + sum(
+            len(d) for d in r.decision.removed), r.decision.n_read)),
+            equal_to([(Path(f).name, n, n) for f, n in
+                      zip(files, [len(a) for a in np.array_split(x, 3)], strict=True)]))
+    kept = pa.concat_tables([pq.read_table(out_dir / Path(f).name) for f in files])
+    assert kept.column("id").to_pylist() == [f"r{i}" for i in range(len(x)) if i not in removed]
+    got = np.stack(kept.column("emb").to_numpy(zero_copy_only=False))
+    np.testing.assert_array_equal(got, np.delete(x, sorted(removed), axis=0))
+
+
+def test_public_names():
+    assert {"ReadTensors", "Fingerprint", "DedupExact", "DedupNear", "Dedup",
+            "WriteClean"} <= set(steps.__all__)
+    for name in steps.__all__:
+        assert getattr(steps, name) is not None
