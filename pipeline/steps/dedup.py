@@ -61,7 +61,8 @@ class Dedup(beam.PTransform):
       store: a fingerprint store's view: earlier runs' records count as references.
       survivors: also return SURVIVORS (and VECTORS) for ``StoreUpdate``.
       spill: a folder every worker can reach for the near stage's vectors (default: a
-        new folder under the local temp directory, fine for local runners).
+        new folder under the local temp directory, fine for local runners); deleted
+        after the search unless ``survivors`` (a store update still reads them).
       shards, borderline_pairs, chunk_rows: tuning (digest shards, report pairs, records
         per element over records).
     """
@@ -90,8 +91,7 @@ class Dedup(beam.PTransform):
         kept = ({"batches": read["batches"], DECISIONS: out[DECISIONS]}
                 | "FromDecisions" >> FromDecisions())
         if NEAR_REPORT in out:
-            kept[NEAR_REPORT] = out[NEAR_REPORT] | "DropSpill" >> beam.Map(
-                lambda report, spill: (fs.delete_tree(spill), report)[1], self.spill)
+            kept[NEAR_REPORT] = out[NEAR_REPORT]
         return kept
 
     def _decide(self, read: dict) -> dict:
@@ -124,5 +124,8 @@ class Dedup(beam.PTransform):
                 borderline_pairs=self.borderline_pairs)
             streams["near"] = near[REMOVED]
             out[NEAR_REPORT] = near[NEAR_REPORT]
+            if not self.survivors:  # nothing reads the spilled values after the search
+                out[NEAR_REPORT] = out[NEAR_REPORT] | "DropSpill" >> beam.Map(
+                    lambda report, spill: (fs.delete_tree(spill), report)[1], self.spill)
         out[DECISIONS] = streams | "Decide" >> Decide()
         return out
