@@ -11,7 +11,7 @@ import apache_beam as beam
 
 from pipeline.preflight import Job
 from pipeline.publish import Publication, publish_run
-from pipeline.report import write_report
+from pipeline.report import TensorSource, write_report
 from pipeline.steps import (
     DECISIONS,
     FACTS,
@@ -59,5 +59,7 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
      | "Report" >> beam.Map(write_report, job.staging(job.report), job.near, near_report,
                             refs.files if refs else None,
                             beam.pvalue.AsList(ref[FACTS]) if ref else None,
-                            max_invalid_fraction=cfg.max_invalid_fraction)
+                            max_invalid_fraction=cfg.max_invalid_fraction,
+                            inputs=TensorSource(cfg.input.format, job.spec),
+                            reference=TensorSource(refs.format, refs.spec) if refs else None)
      | "Publish" >> beam.Map(publish_run, beam.pvalue.AsList(store_parts), pub))

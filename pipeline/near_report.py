@@ -1,9 +1,20 @@
-"""Near-duplicate report: nearest-neighbour distance histogram and borderline pairs.
+"""Near-duplicate report: the distance histogram and the borderline pairs.
 
 Picking a near-duplicate threshold is guesswork without seeing where the distances
-fall, so the report shows every record's nearest-neighbour distance on a log axis
-(near copies sit ~1000x below the bulk) with the threshold marked, and keeps the
-pairs just inside and just outside it for eyeballing. Plain functions, no Beam.
+fall. Two things are known, and the histogram keeps them apart:
+
+- **pairs within tolerance**: every verified pair the search found within the
+  tolerance, each pair once, counted exactly (on a fixed grid anchored at the
+  threshold: ``pipeline.steps.near.pair_histogram``). Each removal has one, so these
+  counts and ``removed_near`` speak the same language (a pair, not its two ends).
+- **nearest-neighbour distances** of a sample of records (1 in ``every``, by digest):
+  the bulk above the threshold, which no pair count covers (the search looks no
+  further than the tolerance). Counted per record.
+
+Counts are on a log scale (near copies are few next to the bulk), and the x axis spans
+only the decades that hold data. A second panel zooms to half a decade either side of
+the threshold, with the pairs just outside it that the borderline sample kept.
+Plain functions, no Beam.
 """
 
 from __future__ import annotations
@@ -14,79 +25,216 @@ import os
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.steps.borderline import BORDERLINE_SCHEMA, ORDER
+from pipeline.steps.near import (
+    PAIR_BINS_PER_DECADE,
+    PAIR_DECADES_BELOW,
+    grid_anchor,
+    pair_histogram,
+)
+
+BINS_PER_DECADE = 10  # main panel (divides PAIR_BINS_PER_DECADE: grid bins merge evenly)
+ZOOM_DECADES = 0.5  # the zoomed panel: threshold x 10^(+-0.5)
 
 
-def distance_histogram(nn_distance: np.ndarray, threshold: float, bins: int = 60) -> dict:
-    """JSON-able log-binned histogram of nearest-neighbour distances around ``threshold``.
+def _bin_of(d: np.ndarray, anchor: float, per_decade: int) -> np.ndarray:
+    """Index j of the bin (anchor 10^(j/p), anchor 10^((j+1)/p)] holding each d > 0."""
+    j = np.ceil(per_decade * np.log10(d / anchor)).astype(np.int64) - 1
+    # log10 rounding: move each value into the bin whose (lo, hi] really holds it
+    lo = anchor * 10.0 ** (j / per_decade)
+    j = np.where(d <= lo, j - 1, j)
+    hi = anchor * 10.0 ** ((j + 1) / per_decade)
+    return np.where(d > hi, j + 1, j)
 
-    Log bins keep near copies (~threshold/1000) and the bulk (10-100x threshold) both
-    visible; exact zeros (log bins can't hold 0) and +inf (no neighbour) are counted
-    apart. Negative values (round-off in L2 expansions) count as zeros.
+
+def _edges(anchor: float, j0: int, j1: int, per_decade: int) -> np.ndarray:
+    """Edges of bins j0..j1 (inclusive); the anchor is exact where it is an edge."""
+    j = np.arange(j0, j1 + 2)
+    e = anchor * 10.0 ** (j / per_decade)
+    e[j == 0] = anchor
+    return e
+
+
+def distance_histogram(nn_distance: np.ndarray, threshold: float, pairs: dict | None = None,
+                       outside: np.ndarray | None = None) -> dict:
+    """JSON-able histograms around ``threshold`` (allclose: atol).
+
+    ``nn_distance``: the sampled records' nearest-neighbour distances (+inf: no
+    neighbour; round-off negatives count as 0); ``pairs``: ``pair_histogram`` of every
+    verified pair within tolerance (None: none); ``outside``: distances of the pairs just
+    outside the tolerance that the borderline sample kept (for the zoomed panel).
+    Both series share the main panel's log bins (``BINS_PER_DECADE`` per decade, the
+    threshold an edge, bins (lo, hi]); the range covers the bins that hold data plus one
+    bin either side of the threshold, so no decade on the axis is empty at either end.
     """
-    if not threshold > 0 or not np.isfinite(threshold) or bins < 1:
-        raise ValueError(f"need a finite threshold > 0 and bins >= 1, got {threshold}, {bins}")
+    if not np.isfinite(threshold) or threshold < 0:
+        raise ValueError(f"need a finite threshold >= 0, got {threshold}")
+    anchor = grid_anchor(threshold)
     d = np.asarray(nn_distance, dtype=np.float64).ravel()
     finite, none = np.isfinite(d), np.isposinf(d)
     if not (finite | none).all():
         raise ValueError("nn_distance holds NaN or -inf")
     fin = np.where(d[finite] > 0, d[finite], 0.0)  # round-off negatives and -0.0 become 0
     pos = fin[fin > 0]
-    lo = min(threshold / 1000, float(pos.min())) if pos.size else threshold / 1000
-    hi = max(float(fin.max()), 2 * threshold) if fin.size else 2 * threshold
-    edges = np.geomspace(lo, hi, bins + 1)
-    edges[0], edges[-1] = lo, hi  # exact ends, so min and max land inside
-    counts, _ = np.histogram(pos, edges)
+    pairs = pairs or pair_histogram(np.empty(0), threshold)
+    grid = np.asarray(pairs["counts"], np.int64)
+    k0 = -PAIR_DECADES_BELOW * PAIR_BINS_PER_DECADE  # grid bin i: k = k0 + i
+    merge = PAIR_BINS_PER_DECADE // BINS_PER_DECADE
+    full = np.flatnonzero(grid)
+    grid_j = (k0 + full) // merge  # main-panel bin of each non-empty grid bin
+    nn_j = _bin_of(pos, anchor, BINS_PER_DECADE)
+    used = np.concatenate([nn_j, grid_j, [-1, 0]])
+    j0, j1 = int(used.min()), int(used.max())
+    edges = _edges(anchor, j0, j1, BINS_PER_DECADE)
+    nn_counts = np.bincount(nn_j - j0, minlength=j1 - j0 + 1)
+    pair_counts = np.bincount(grid_j - j0, weights=grid[full],
+                              minlength=j1 - j0 + 1).astype(np.int64)
+    # the zoomed panel: the fine grid itself, threshold x 10^(+-ZOOM_DECADES)
+    half = int(round(ZOOM_DECADES * PAIR_BINS_PER_DECADE))
+    zk = np.arange(-half, half)
+    z_edges = _edges(anchor, -half, half - 1, PAIR_BINS_PER_DECADE)
+    z_pairs = grid[zk - k0]
+
+    def zoomed(values: np.ndarray) -> list[int]:
+        v = values[values > 0]
+        k = _bin_of(v, anchor, PAIR_BINS_PER_DECADE)
+        k = k[(k >= -half) & (k < half)]
+        return np.bincount(k + half, minlength=2 * half).tolist()
+
+    out_d = np.asarray(outside if outside is not None else [], np.float64)
     q = np.quantile(fin, [0.01, 0.5, 0.99]).tolist() if fin.size else None
-    return {"metric_threshold": float(threshold), "edges": edges.tolist(),
-            "counts": counts.tolist(), "zero": int(fin.size - pos.size),
-            "no_neighbour": int(none.sum()), "n": int(d.size),
-            "below_threshold": int((fin <= threshold).sum()),
-            "quantiles": q and {"p01": q[0], "p50": q[1], "p99": q[2]}}
+    n_pairs = int(grid.sum() + pairs["zero"] + pairs["under"] + pairs["over"])
+    at_or_below = int(grid[:-k0].sum() + pairs["zero"] + pairs["under"])
+    return {
+        "metric_threshold": float(threshold), "bins_per_decade": BINS_PER_DECADE,
+        "edges": edges.tolist(),
+        "pairs": {"n": n_pairs, "at_or_below_threshold": at_or_below,
+                  "zero": int(pairs["zero"]), "below_range": int(pairs["under"]),
+                  "above_range": int(pairs["over"]), "counts": pair_counts.tolist()},
+        "nearest_neighbour": {"n": int(d.size), "zero": int(fin.size - pos.size),
+                              "no_neighbour": int(none.sum()),
+                              "below_threshold": int((fin <= threshold).sum()),
+                              "counts": nn_counts.astype(np.int64).tolist(),
+                              "quantiles": q and {"p01": q[0], "p50": q[1], "p99": q[2]}},
+        "zoom": {"edges": z_edges.tolist(), "pairs": z_pairs.astype(np.int64).tolist(),
+                 "outside_pairs": zoomed(out_d), "outside_pairs_n": int(out_d.size),
+                 "nearest_neighbour": zoomed(pos)},
+    }
 
 
-def _plot(path: str, hist: dict, metric: str, note: str) -> None:
-    """900x500 PNG; Figure + Agg canvas directly, so no pyplot global state or backend switch."""
+def _plot(path: str, hist: dict, metric: str, note: str, removed: int | None,
+          every: int) -> None:
+    """1100x600 PNG, two panels and one legend below them; Figure + Agg canvas directly
+    (no pyplot global state)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, NullFormatter
 
-    fig = Figure(figsize=(9, 5), dpi=100)
+    fig = Figure(figsize=(11, 6), dpi=100)
     FigureCanvasAgg(fig)
     try:
-        ax = fig.add_subplot()
-        edges = np.asarray(hist["edges"])
-        ax.bar(edges[:-1], hist["counts"], width=np.diff(edges), align="edge",
-               color="tab:blue", edgecolor="white", linewidth=0.3)
-        ax.set_xscale("log")
+        main, zoom = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.6, 1]})
         t = hist["metric_threshold"]
-        ax.axvline(t, color="red", linestyle="--", label=f"threshold = {t:g}")
-        ax.set_xlabel(f"nearest-neighbour distance ({metric})")
-        ax.set_ylabel("records")
-        ax.set_title(f"n = {hist['n']}, {hist['below_threshold']} at or below threshold "
-                     f"({hist['zero']} exact zeros, {hist['no_neighbour']} without neighbour)")
-        ax.legend(loc="best")
-        fig.subplots_adjust(bottom=0.2)
-        fig.text(0.01, 0.02, note, fontsize=8, wrap=True)
-        fig.savefig(path, dpi=100, format="png")
+        p, nn, z = hist["pairs"], hist["nearest_neighbour"], hist["zoom"]
+        who = "every record" if every == 1 else f"1 in {every} records, chosen by digest"
+        zero = f"; {p['zero']:,} at distance 0 not drawn" if p["zero"] else ""
+        labels = {"pairs": f"verified pairs within tolerance, each pair once: {p['n']:,} "
+                           f"(exact counts{zero})",
+                  "nn": f"nearest-neighbour distance of {nn['n']:,} records ({who}): the bulk",
+                  "out": f"pairs just outside the tolerance kept for borderline_pairs "
+                         f"({z['outside_pairs_n']:,}; a sample, not all)",
+                  "t": f"threshold = {t:g}"}
+        for ax, edges, pcounts, ncounts, extra in (
+                (main, hist["edges"], p["counts"], nn["counts"], None),
+                (zoom, z["edges"], z["pairs"], z["nearest_neighbour"], z["outside_pairs"])):
+            e = np.asarray(edges)
+            ax.bar(e[:-1], pcounts, width=np.diff(e), align="edge", color="tab:blue",
+                   edgecolor="white", linewidth=0.3, label=labels["pairs"])
+            if extra is not None:
+                ax.bar(e[:-1], extra, width=np.diff(e), align="edge", color="tab:orange",
+                       alpha=0.85, edgecolor="white", linewidth=0.3, label=labels["out"])
+            ax.stairs(ncounts, e, color="black", linewidth=1.2, label=labels["nn"])
+            ax.axvline(t, color="red", linestyle="--", label=labels["t"])
+            ax.set_xscale("log")
+            top = max([*pcounts, *ncounts, *(extra or [])], default=0)
+            if top > 0:  # a log axis needs a positive count
+                ax.set_yscale("log")
+            ax.set_xlim(e[0], e[-1])
+            ax.set_ylim(0.7 if top > 0 else 0, max(2.0, 1.6 * top))
+            ax.set_ylabel("count (log scale)")
+        for ax, ticks in ((main, _nice_ticks(hist["edges"][0], hist["edges"][-1])),
+                          (zoom, [t * f for f in (0.4, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8)])):
+            ax.xaxis.set_major_locator(FixedLocator(ticks))
+            ax.xaxis.set_major_formatter(lambda v, _: f"{v:.3g}")
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        main.set_xlabel(f"distance ({metric}), log scale")
+        zoom.set_xlabel(f"distance ({metric}), near the threshold")
+        what = f"{p['n']:,} pairs within tolerance"
+        if removed is not None:
+            what += f" -> {removed:,} records removed as near-duplicates"
+        main.set_title(what, fontsize=10)
+        zoom.set_title("around the threshold", fontsize=10)
+        handles, names = zoom.get_legend_handles_labels()
+        fig.legend(handles, names, loc="lower left", bbox_to_anchor=(0.06, 0.06), ncol=2,
+                   fontsize=8, frameon=False)
+        fig.subplots_adjust(bottom=0.3, top=0.93, left=0.07, right=0.98, wspace=0.22)
+        fig.text(0.01, 0.015, note, fontsize=8, wrap=True)
+        fig.savefig(path, dpi=100, format="png", metadata={"Software": None})
     finally:
         fig.clear()
 
 
+def _nice_ticks(lo: float, hi: float) -> list[float]:
+    """1, 2, 5 x 10^k inside [lo, hi]; only the powers of ten when that is too many."""
+    k = range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
+    for subs in ((1, 2, 5), (1,)):
+        ticks = [m * 10.0 ** e for e in k for m in subs if lo <= m * 10.0 ** e <= hi]
+        if len(ticks) <= 8:
+            break
+    return ticks if len(ticks) >= 2 else [lo, hi]
+
+
+def _nulls_for_unknown(table: pa.Table) -> pa.Table:
+    """-1 file/row (a stored record of an earlier run) -> null in the report."""
+    for name in ("record_file", "record_row", "neighbour_file", "neighbour_row"):
+        col = table.column(name)
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, name, pc.if_else(pc.less(col, 0), pa.scalar(None, col.type),
+                                                     col))
+    return table
+
+
 def write_near_report(report_dir: str, nn_distance: np.ndarray, threshold: float, metric: str,
-                      borderline: pa.Table, note: str) -> dict:
-    """Write near_distances.{json,csv,png} and borderline_pairs.parquet; return the json dict."""
-    out = {**distance_histogram(nn_distance, threshold), "metric": metric, "note": note}
+                      borderline: pa.Table, note: str, pairs: dict | None = None,
+                      removed: int | None = None, every: int = 1) -> dict:
+    """Write near_distances.{json,csv,png} and borderline_pairs.parquet; return the json
+    dict. ``pairs``: ``pair_histogram`` of the verified pairs within tolerance;
+    ``removed``: the near removals (for the plot's title); ``every``: 1 in how many
+    records got a nearest-neighbour distance."""
+    table = borderline.select(BORDERLINE_SCHEMA.names).cast(BORDERLINE_SCHEMA).sort_by(ORDER)
+    outside = table.filter(pc.invert(table.column("within"))).column("distance").to_numpy()
+    out = {**distance_histogram(nn_distance, threshold, pairs, outside), "metric": metric,
+           "note": note, "nearest_neighbour_every": int(every),
+           "removed": None if removed is None else int(removed)}
     with open(os.path.join(report_dir, "near_distances.json"), "w") as f:
         json.dump(out, f, indent=2, allow_nan=False)
     with open(os.path.join(report_dir, "near_distances.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["bin_lo", "bin_hi", "count"])
-        w.writerow([0, 0, out["zero"]])
+        w.writerow(["series", "bin_lo", "bin_hi", "count"])
+        w.writerow(["pairs", 0, 0, out["pairs"]["zero"]])
         e = out["edges"]
-        w.writerows(zip(e[:-1], e[1:], out["counts"], strict=True))
-    _plot(os.path.join(report_dir, "near_distances.png"), out, metric, note)
-    table = borderline.select(BORDERLINE_SCHEMA.names).cast(BORDERLINE_SCHEMA)
-    pq.write_table(table.sort_by(ORDER), os.path.join(report_dir, "borderline_pairs.parquet"))
+        w.writerows(("pairs", lo, hi, c) for lo, hi, c in
+                    zip(e[:-1], e[1:], out["pairs"]["counts"], strict=True))
+        w.writerow(["nearest_neighbour", 0, 0, out["nearest_neighbour"]["zero"]])
+        w.writerows(("nearest_neighbour", lo, hi, c) for lo, hi, c in
+                    zip(e[:-1], e[1:], out["nearest_neighbour"]["counts"], strict=True))
+        z = out["zoom"]["edges"]
+        for series in ("pairs", "outside_pairs", "nearest_neighbour"):
+            w.writerows((f"zoom_{series}", lo, hi, c) for lo, hi, c in
+                        zip(z[:-1], z[1:], out["zoom"][series], strict=True))
+    _plot(os.path.join(report_dir, "near_distances.png"), out, metric, note, removed, every)
+    pq.write_table(_nulls_for_unknown(table), os.path.join(report_dir, "borderline_pairs.parquet"))
     return out

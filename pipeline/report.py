@@ -1,25 +1,39 @@
-"""Report: duplicates.parquet, invalid.parquet and (last) summary.json; atomic publishing.
+"""Report: duplicates.parquet, files.parquet, invalid.parquet, index.html and (last)
+summary.json; atomic publishing.
 
 Rows are ordered by input order (file, position), so the same input and config
-give byte-identical Parquet reports on every run and runner. Outputs are built
-in hidden staging directories and moved into place only after the job
-succeeded; summary.json is written last, so its presence marks a complete run.
-Directories may be local or on any Beam filesystem (gs://, s3://, ...).
+give byte-identical reports on every run and runner. Each removed record says where it
+lives and where the record it duplicates lives (file index and row; files.parquet
+names the files) and which group it belongs to. Outputs are built in hidden staging
+directories and moved into place only after the job succeeded; summary.json is
+written last, so its presence marks a complete run. Directories may be local or on
+any Beam filesystem (gs://, s3://, ...).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline import report_html
 from pipeline.near_report import write_near_report
-from pipeline.steps.elements import KINDS, REFERENCE_FILES, FileResult, ReadFacts
+from pipeline.steps.elements import (
+    KINDS,
+    REFERENCE_FILES,
+    FileResult,
+    ReadFacts,
+    digest_hex,
+    group_roots,
+    where_key,
+)
 from transforms import fs
-from transforms.formats.base import InvalidRecord, InvalidRecordError
+from transforms.formats.base import InvalidRecord, InvalidRecordError, TensorSpec, error_line
 
 if TYPE_CHECKING:
     from pipeline.steps.near import NearReport
@@ -27,24 +41,64 @@ if TYPE_CHECKING:
 
 DUPLICATES_SCHEMA = pa.schema([("record_id", pa.string()), ("duplicate_of", pa.string()),
                                ("kind", pa.string()), ("distance", pa.float64()),
-                               ("duplicate_of_run", pa.string())])
+                               ("duplicate_of_run", pa.string()),
+                               ("file", pa.int32()), ("row", pa.int64()),
+                               ("duplicate_of_file", pa.int32()),
+                               ("duplicate_of_row", pa.int64()), ("group", pa.string())])
+FILES_SCHEMA = pa.schema([("file", pa.int32()), ("path", pa.string()), ("role", pa.string())])
 INVALID_SCHEMA = pa.schema([("record_id", pa.string()), ("source", pa.string()),
                             ("reason", pa.string())])
 
 
+@dataclass(frozen=True)
+class TensorSource:
+    """How to read a set of files back (the report's page shows a few of their tensors)."""
+
+    format: str  # parquet | tfrecord | hdf5
+    spec: TensorSpec
+
+
 def _duplicates_table(results: list[FileResult]) -> pa.Table:
-    """One row per removed record, by input order (file, then position)."""
-    per_file = []
-    for res in results:
-        kinds = [pa.table({"record_id": r.record_id, "duplicate_of": r.duplicate_of,
-                           "kind": pa.array([r.kind] * len(r), pa.string()),
-                           "distance": pa.array(r.distance, pa.float64()),
-                           "duplicate_of_run": pa.nulls(len(r), pa.string())
-                           if r.duplicate_of_run is None else r.duplicate_of_run,
-                           "position": r.position}) for r in res.decision.removed]
-        if kinds:
-            per_file.append(pa.concat_tables(kinds).sort_by("position").drop_columns("position"))
-    return pa.concat_tables(per_file) if per_file else DUPLICATES_SCHEMA.empty_table()
+    """One row per removed record, by input order (file, then position), with where it
+    and its survivor live and its group: the fingerprint of the record the whole group
+    keeps (``group_roots``: an exact copy of a near-removed record joins the near
+    survivor's group)."""
+    parts = [(res.decision.file_index, r) for res in results for r in res.decision.removed
+             if len(r)]
+    if not parts:
+        return DUPLICATES_SCHEMA.empty_table()
+    file = np.concatenate([np.full(len(r), f, np.int32) for f, r in parts])
+    row = np.concatenate([r.position for _, r in parts]).astype(np.int64)
+    s_file = np.concatenate([r.survivor_file() for _, r in parts]).astype(np.int32)
+    s_row = np.concatenate([r.survivor_position() for _, r in parts]).astype(np.int64)
+    at = where_key(file, row)
+    group = group_roots(at, where_key(s_file, s_row),
+                        np.concatenate([r.survivor_digest() for _, r in parts]))
+    order = pa.array(np.argsort(at, kind="stable"))
+    stored = s_file < 0  # a record of an earlier run (store kinds): no file or row here
+    cols = {"record_id": pa.concat_arrays([r.record_id for _, r in parts]),
+            "duplicate_of": pa.concat_arrays([r.duplicate_of for _, r in parts]),
+            "kind": pa.array([r.kind for _, r in parts for _ in range(len(r))], pa.string()),
+            "distance": pa.array(np.concatenate([r.distance for _, r in parts]), pa.float64()),
+            "duplicate_of_run": pa.concat_arrays([
+                pa.nulls(len(r), pa.string()) if r.duplicate_of_run is None
+                else r.duplicate_of_run.cast(pa.string()) for _, r in parts]),
+            "file": pa.array(file), "row": pa.array(row),
+            "duplicate_of_file": pa.array(s_file, mask=stored),
+            "duplicate_of_row": pa.array(s_row, mask=stored),
+            "group": digest_hex(group)}
+    return pa.table(cols, schema=DUPLICATES_SCHEMA).take(order)
+
+
+def _files_table(results: list[FileResult], reference_files: list[str] | None) -> pa.Table:
+    """file index -> path: the input files, then the reference files (numbered from
+    REFERENCE_FILES)."""
+    rows = [(r.decision.file_index, r.decision.path, "input") for r in results]
+    rows += [(REFERENCE_FILES + i, path, "reference")
+             for i, path in enumerate(reference_files or [])]
+    return pa.table({"file": pa.array([r[0] for r in rows], pa.int32()),
+                     "path": pa.array([r[1] for r in rows], pa.string()),
+                     "role": pa.array([r[2] for r in rows], pa.string())}, schema=FILES_SCHEMA)
 
 
 def _invalid_table(per_file: list[tuple[str, list[InvalidRecord]]]) -> pa.Table:
@@ -62,16 +116,20 @@ def file_summary(res: FileResult) -> dict:
 
 
 def _near_note(spec: NearSpec, stats: dict) -> str:
-    what = ("max |a_i - b_i| to the L2-nearest neighbours" if spec.metric == "allclose"
-            else f"{spec.metric} distance")
+    """What the histogram's two series are, and how exact each is."""
+    what = ("max |a_i - b_i| to the L2-nearest neighbour" if spec.metric == "allclose"
+            else f"{spec.metric} distance to the nearest neighbour")
     every = stats["histogram_every"]
     who = "every record" if every == 1 else f"about 1 in {every} records (chosen by digest)"
     how = ("exact" if stats["partitions"] == 1 else
            f"exact up to the search radius (L2 {stats['search_radius_l2']:.4g} in search "
-           "space), an upper bound above it (searched within the record's partition)")
+           "space), an upper bound above it (searched within the record's cell)")
     if spec.index in ("ivf", "hnsw"):
         how = f"from the approximate {spec.index} index (may overstate)"
-    return f"{what} to the nearest neighbour, for {who}; {how}"
+    found = ("all of them (exact mode)" if stats.get("mode") == "exact"
+             else "those the search found (recall is measured in summary.json)")
+    return (f"Pairs within tolerance: {found}, each pair once. Nearest-neighbour "
+            f"distances: {what}, for {who}; {how}.")
 
 
 class TooManyInvalidError(InvalidRecordError):
@@ -98,40 +156,80 @@ def check_invalid_fraction(results: list[FileResult], limit: float) -> None:
 def write_report(results: list[FileResult], staging: str, near: NearSpec | None = None,
                  near_report: NearReport | None = None, reference_files: list[str] | None = None,
                  reference_facts: list[tuple[int, ReadFacts]] | None = None,
-                 max_invalid_fraction: float = 1.0) -> dict:
-    """The Report step: the Parquet reports (and the near stage's histogram and borderline
-    pairs); returns the per-file counts and the stages' figures for summary.json. Raises
-    TooManyInvalidError first when more than ``max_invalid_fraction`` of the input
-    records are invalid (Publish then never runs).
+                 max_invalid_fraction: float = 1.0, inputs: TensorSource | None = None,
+                 reference: TensorSource | None = None) -> dict:
+    """The Report step: the Parquet reports, the near stage's histogram and borderline
+    pairs, and index.html; returns the per-file counts and the stages' figures for
+    summary.json. Raises TooManyInvalidError first when more than
+    ``max_invalid_fraction`` of the input records are invalid (Publish then never runs).
 
     ``reference_*``: the reference files and what was read from them (reference records
-    are never removed; unreadable ones go to reference_invalid.parquet)."""
+    are never removed; unreadable ones go to reference_invalid.parquet). ``inputs`` /
+    ``reference``: how to read their files back, so the page shows a few tensors (None:
+    the page shows ids only)."""
     results = sorted(results, key=lambda r: r.decision.file_index)
     check_invalid_fraction(results, max_invalid_fraction)
+    duplicates = _duplicates_table(results)
+    files = _files_table(results, reference_files)
     with fs.local_dir_for(staging) as folder:  # a temporary directory for gs:// & co.
-        pq.write_table(_duplicates_table(results), os.path.join(folder, "duplicates.parquet"))
+        pq.write_table(duplicates, os.path.join(folder, "duplicates.parquet"))
+        pq.write_table(files, os.path.join(folder, "files.parquet"))
         pq.write_table(_invalid_table([(r.decision.path, r.decision.invalid) for r in results]),
                        os.path.join(folder, "invalid.parquet"))
-        near_stats = None
+        near_stats = hist = None
         if near is not None and near_report is not None:
+            stats = near_report.stats
             hist = write_near_report(folder, near_report.nn, near.marker, near.metric,
-                                     near_report.borderline, _near_note(near, near_report.stats))
-            near_stats = {**near_report.stats, "histogram_records": hist["n"],
-                          "histogram_below_threshold": hist["below_threshold"],
+                                     near_report.borderline, _near_note(near, stats),
+                                     near_report.pairs, stats.get("removed"),
+                                     stats.get("histogram_every", 1))
+            near_stats = {**stats, "histogram_records": hist["nearest_neighbour"]["n"],
                           "borderline_pairs": near_report.borderline.num_rows}
         ref_stats = None
         if reference_files is not None:
-            files, facts = reference_files, reference_facts or []
+            ref_files, facts = reference_files, reference_facts or []
             first = REFERENCE_FILES
             rows = sorted(((i, r.position, r) for i, f in facts for r in f.invalid),
                           key=lambda t: t[:2])
-            bad = [(files[i - first], [r]) for i, _, r in rows]
+            bad = [(ref_files[i - first], [r]) for i, _, r in rows]
             pq.write_table(_invalid_table(bad),
                            os.path.join(folder, "reference_invalid.parquet"))
-            ref_stats = {"files": len(files), "read": sum(f.n_read for _, f in facts),
+            ref_stats = {"files": len(ref_files), "read": sum(f.n_read for _, f in facts),
                          "invalid": sum(len(f.invalid) for _, f in facts)}
-    return {"files": [file_summary(r) for r in results], "near": near_stats,
-            "reference": ref_stats}
+        per_file = [file_summary(r) for r in results]
+        sources = {"input": inputs, "reference": reference}
+        where = dict(zip(files.column("file").to_pylist(), zip(
+            files.column("path").to_pylist(), files.column("role").to_pylist(), strict=True),
+            strict=True))
+        try:
+            report_html.write_page(
+                folder, counts=_counts(per_file), duplicates=duplicates, files=files,
+                near=None if near is None else {"metric": near.metric, "threshold": near.marker,
+                                                "stats": near_stats, "histogram": hist},
+                borderline=None if near_report is None else near_report.borderline,
+                read_rows=lambda f, rows: _read_back(where.get(f), sources, rows),
+                reference=ref_stats)
+        except Exception as e:  # noqa: BLE001  (the page is a view: it never fails the run)
+            report_html.write_fallback(folder, _counts(per_file), error_line(e))
+    return {"files": per_file, "near": near_stats, "reference": ref_stats}
+
+
+def _counts(files: list[dict]) -> dict:
+    """The whole run's counts, as summary.json will have them (not checked here)."""
+    keys = ("read", "kept", *[f"removed_{kind}" for kind in KINDS], "invalid")
+    return {k: sum(f[k] for f in files) for k in keys}
+
+
+def _read_back(file: tuple[str, str] | None, sources: dict[str, TensorSource | None],
+               rows: list[int]) -> dict[int, np.ndarray]:
+    """{row: tensor} of some rows of one input or reference file ((path, role)); empty
+    when the file is unknown or its set has no TensorSource."""
+    from transforms.formats import get_format
+
+    source = None if file is None else sources.get(file[1])
+    if source is None:
+        return {}
+    return get_format(source.format).read_rows(file[0], source.spec, rows)
 
 
 def totals(files: list[dict]) -> dict:

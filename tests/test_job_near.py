@@ -10,7 +10,7 @@ import pytest
 
 from tests.embeddings import embeddings, planted_copies
 from tests.jobkit import EXT, read_output, report, run_job, write_input
-from tests.oracle import expected_removals, near_oracle
+from tests.oracle import expected_removals, near_oracle, near_pairs
 from tests.test_near import planted as planted_vectors
 from transforms.near import NearSpec, exact_distance
 
@@ -161,10 +161,17 @@ def test_near_report_files(tmp_path):
     hist = json.loads((rep / "near_distances.json").read_text())
     exact = expected(parts, spec)[0]
     survivors = [i for i, t in values(parts).items() if i not in exact and np.isfinite(t).all()]
-    assert hist["n"] == len(survivors)  # small input: every record gets its NN distance
+    nn = hist["nearest_neighbour"]
+    assert nn["n"] == len(survivors)  # small input: every record gets its NN distance
     assert hist["metric_threshold"] == spec.threshold
     # records with a near duplicate have a nearest neighbour within the threshold
-    assert hist["below_threshold"] >= len(expected(parts, spec)[1])
+    assert nn["below_threshold"] >= len(expected(parts, spec)[1])
+    # pairs: every pair within tolerance among the exact survivors, each once (all-pairs)
+    v = values(parts)
+    pairs = near_pairs(np.array([v[i] for i in survivors]), spec)
+    assert hist["pairs"]["n"] == hist["pairs"]["at_or_below_threshold"] == sum(
+        len(p) for p in pairs.values())
+    assert hist["removed"] == len(expected(parts, spec)[1]) <= hist["pairs"]["n"]
     border = pq.read_table(rep / "borderline_pairs.parquet").to_pylist()
     inside = [r for r in border if r["within"]]
     outside = [r for r in border if not r["within"]]

@@ -11,7 +11,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 BORDERLINE_SCHEMA = pa.schema([("record_id", pa.string()), ("neighbour_id", pa.string()),
-                               ("distance", pa.float64()), ("within", pa.bool_())])
+                               ("distance", pa.float64()), ("within", pa.bool_()),
+                               ("record_file", pa.int32()), ("record_row", pa.int64()),
+                               ("neighbour_file", pa.int32()), ("neighbour_row", pa.int64())])
+# Where each end lives (file index, position; -1 (null in the report) for a stored record
+# of an earlier run): part of a pair's identity, so two records that share an id stay two.
+_WHERE = ["record_file", "record_row", "neighbour_file", "neighbour_row"]
 # Ties on distance are broken by ids so that every run and every split picks the same rows.
 ORDER = [("distance", "ascending"), ("record_id", "ascending"), ("neighbour_id", "ascending")]
 
@@ -28,22 +33,34 @@ def _select(table: pa.Table, per_side: int) -> pa.Table:
     """Largest-distance ``within`` pairs and smallest-distance others, ``per_side`` each."""
     k = max(per_side, 0)
     if table.num_rows:  # a pair met twice (two partitions, or search and kNN) counts once
-        table = table.group_by(["record_id", "neighbour_id"], use_threads=False).aggregate(
-            [("distance", "min"), ("within", "max")]).rename_columns(BORDERLINE_SCHEMA.names)
+        keys = ["record_id", "neighbour_id", *_WHERE]
+        table = table.group_by(keys, use_threads=False).aggregate(
+            [("distance", "min"), ("within", "max")])
+        table = table.rename_columns([{"distance_min": "distance", "within_max": "within"}
+                                      .get(n, n) for n in table.column_names])
+        table = table.select(BORDERLINE_SCHEMA.names)
     inside = _top(table.filter(pc.field("within")), k, [("distance", "descending")] + ORDER[1:])
     outside = _top(table.filter(~pc.field("within")), k, ORDER)
     return pa.concat_tables([inside, outside]).sort_by(ORDER)
 
 
 def borderline_sample(later_ids: pa.Array, earlier_ids: pa.Array, distance: np.ndarray,
-                      within: np.ndarray, per_side: int) -> pa.Table:
-    """Pairs nearest the threshold on each side, where a wrong threshold shows first."""
+                      within: np.ndarray, per_side: int,
+                      later_at: tuple[np.ndarray, np.ndarray] | None = None,
+                      earlier_at: tuple[np.ndarray, np.ndarray] | None = None) -> pa.Table:
+    """Pairs nearest the threshold on each side, where a wrong threshold shows first.
+    ``*_at``: (file index, position) of each end (default -1: unknown)."""
     distance = np.asarray(distance, dtype=np.float64)
     if np.isnan(distance).any():
         raise ValueError("distance holds NaN")
+    n = len(distance)
+    where = []
+    for at in (later_at, earlier_at):
+        f, p = (np.full(n, -1), np.full(n, -1)) if at is None else at
+        where += [pa.array(np.asarray(f, np.int32)), pa.array(np.asarray(p, np.int64))]
     table = pa.table([pa.array(later_ids).cast(pa.string()),
                       pa.array(earlier_ids).cast(pa.string()),
-                      pa.array(distance), pa.array(np.asarray(within, dtype=bool))],
+                      pa.array(distance), pa.array(np.asarray(within, dtype=bool)), *where],
                      schema=BORDERLINE_SCHEMA)
     return _select(table, per_side)
 

@@ -195,7 +195,7 @@ class Removed:
     Where the survivor lives travels along (a few ints per removed row): its file index
     and position (-1 for a record of an earlier run, which only ``duplicate_of_run``
     names), and its digest, from which the report derives the group id
-    (``group_ids``)."""
+    (``group_roots``)."""
 
     position: np.ndarray  # (n,) int64
     record_id: pa.Array  # (n,) string

@@ -282,21 +282,68 @@ def _recall(found: list[Found], samples: list[VecBatch], truth: list[np.ndarray]
 
 def _borderline(batch: VecBatch, a: np.ndarray, b: np.ndarray, dist: np.ndarray,
                 within: np.ndarray, per_side: int) -> pa.Table:
-    """Pairs named (later, earlier) in keep order, so each pair has one spelling."""
+    """Pairs named (later, earlier) in keep order, so each pair has one spelling; each end
+    with its file and position (-1 for a stored record of an earlier run)."""
     a_later = (batch.prio[a] > batch.prio[b]) | (
         (batch.prio[a] == batch.prio[b]) & (batch.order[a] > batch.order[b]))
     later, earlier = np.where(a_later, a, b), np.where(a_later, b, a)
+
+    def at(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        f = batch.file_index[rows]
+        return f, np.where(f < 0, -1, batch.position[rows])
+
     return borderline_sample(batch.ids.take(pa.array(later)), batch.ids.take(pa.array(earlier)),
-                             dist, within, per_side)
+                             dist, within, per_side, at(later), at(earlier))
+
+
+# Verified pair distances are counted on a fixed grid anchored at the threshold, so the
+# merge sends counts (a few hundred ints), not one float per pair, to the report:
+# PAIR_BINS_PER_DECADE bins per decade from PAIR_DECADES_BELOW decades below the
+# threshold to PAIR_DECADES_ABOVE above it (allclose distances may exceed atol when
+# rtol > 0); bins are (lo, hi], so a pair at the threshold counts at or below it.
+PAIR_BINS_PER_DECADE = 40
+PAIR_DECADES_BELOW = 12
+PAIR_DECADES_ABOVE = 2
+
+
+def grid_anchor(marker: float) -> float:
+    """The grid's anchor: the threshold (allclose: atol), or 1.0 when that is 0."""
+    return float(marker) if marker > 0 and np.isfinite(marker) else 1.0
+
+
+def pair_grid_edges(marker: float) -> np.ndarray:
+    """The fixed grid's edges (float64, increasing; the threshold is one of them)."""
+    k = np.arange(-PAIR_DECADES_BELOW * PAIR_BINS_PER_DECADE,
+                  PAIR_DECADES_ABOVE * PAIR_BINS_PER_DECADE + 1)
+    edges = grid_anchor(marker) * 10.0 ** (k / PAIR_BINS_PER_DECADE)
+    edges[k == 0] = grid_anchor(marker)
+    return edges
+
+
+def pair_histogram(dist: np.ndarray, marker: float) -> dict:
+    """Counts of pair distances on the fixed grid: {"zero", "under" (above 0, below the
+    grid), "counts" (per bin), "over" (above the grid)}."""
+    d = np.asarray(dist, np.float64)
+    edges = pair_grid_edges(marker)
+    pos = d[d > 0]
+    idx = np.searchsorted(edges, pos, side="left") - 1  # bin i holds (edges[i], edges[i+1]]
+    counts = np.bincount(idx[(idx >= 0) & (idx < len(edges) - 1)], minlength=len(edges) - 1)
+    return {"zero": int((d <= 0).sum()), "under": int((idx < 0).sum()),
+            "counts": counts.astype(np.int64), "over": int((idx >= len(edges) - 1).sum())}
 
 
 @dataclass
 class NearReport:
-    """Merge -> Report: what the histogram, the borderline sample and summary.json need."""
+    """Merge -> Report: what the histogram, the borderline sample and summary.json need.
+
+    ``nn``: nearest-neighbour distances of a sample of records (1 in
+    ``stats["histogram_every"]``, by digest); ``pairs``: every verified pair within
+    tolerance, each once, counted on the fixed grid (``pair_histogram``)."""
 
     nn: np.ndarray
     borderline: pa.Table
     stats: dict
+    pairs: dict | None = None
 
 
 def merge_found(found: list[Found], plan: Plan, spec: near.NearSpec, per_side: int,
@@ -313,10 +360,12 @@ def merge_found(found: list[Found], plan: Plan, spec: near.NearSpec, per_side: i
     ends = VecBatch.concat([f.a for f in found] + [f.b for f in found]) if found else None
     dist = np.concatenate([f.dist for f in found]) if found else np.empty(0)
     removed = np.empty(0, np.int64)
+    pair_dist = np.empty(0)
     if ends is not None and len(dist):
         edges = near.merge_pairs(ends.words, ends.prio, ends.order, dist,
                                  np.concatenate([f.a_near_b for f in found]),
                                  np.concatenate([f.b_near_a for f in found]))
+        pair_dist = edges.dist  # each pair within tolerance once
         safe = is_protected(ends.prio[edges.node])
         if spec.grouping == "representative":
             removed, kept, d = near.group_representative(edges, safe)
@@ -332,13 +381,14 @@ def merge_found(found: list[Found], plan: Plan, spec: near.NearSpec, per_side: i
              "partitions": len(plan.parts), **plan.parts.describe(),
              "capped_records": int(sum(f.capped for f in found)),
              "rows_searched_against": int(sum(f.members for f in found)),
-             "pairs_within_tolerance": int(len(dist)), "removed": int(len(removed)),
+             "pairs_within_tolerance": int(len(pair_dist)), "removed": int(len(removed)),
              "search_radius_l2": float(plan.radius), "histogram_every": plan.nn_mod,
              "recall": _recall(found, samples, truth) if spec.recall_sample else None}
     nn = np.concatenate([f.nn for f in found]) if found else np.empty(0)
     border = merge_borderline([f.borderline for f in found], per_side) if found else (
         BORDERLINE_SCHEMA.empty_table())
-    yield beam.pvalue.TaggedOutput(NEAR_REPORT, NearReport(nn, border, stats))
+    yield beam.pvalue.TaggedOutput(NEAR_REPORT, NearReport(
+        nn, border, stats, pair_histogram(pair_dist, spec.marker)))
 
 
 def _component_distances(found: list[Found], ends: VecBatch, rec: np.ndarray, ref: np.ndarray,

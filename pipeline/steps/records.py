@@ -28,6 +28,9 @@ from pipeline.steps.elements import (
     Chunk,
     FileDecision,
     ReadFacts,
+    digest_hex,
+    group_roots,
+    where_key,
 )
 from pipeline.steps.tagged import SplitOutputs
 from transforms.canonical import to_numpy
@@ -109,18 +112,61 @@ def _row(recs: Records, i: int) -> Any:
     return recs.slice(i, 1).to_pylist()[0] if isinstance(recs, pa.RecordBatch) else recs[i]
 
 
-def split_batch(joined: tuple[int, dict[str, Iterable]]
+@dataclass
+class Removals:
+    """Every removal of the run, a few ints each (where it is, where its survivor is, the
+    survivor's digest): what ``split_batch`` needs to name each removal's group."""
+
+    at: np.ndarray  # (n,) where_key of the removed record
+    survivor_at: np.ndarray  # (n,) where_key of the record it names (-1: earlier run)
+    digest: np.ndarray  # (n, 2) uint64 the named record's digest
+
+
+def removals_of(decision: FileDecision) -> Iterator[Removals]:
+    for r in decision.removed:
+        yield Removals(where_key(np.full(len(r), decision.file_index), r.position),
+                       where_key(r.survivor_file(), r.survivor_position()), r.survivor_digest())
+
+
+def all_removals(parts: Iterable[Removals]) -> Removals:
+    parts = list(parts)
+    if not parts:
+        return Removals(np.empty(0, np.int64), np.empty(0, np.int64), np.empty((0, 2), np.uint64))
+    return Removals(*(np.concatenate([getattr(p, f) for p in parts])
+                      for f in ("at", "survivor_at", "digest")))
+
+
+def resolved(r: Removals) -> Removals:
+    """Sorted by ``at``, with ``digest`` replaced by each removal's group root."""
+    order = np.argsort(r.at, kind="stable")
+    roots = group_roots(r.at, r.survivor_at, r.digest)
+    return Removals(r.at[order], r.survivor_at[order], roots[order])
+
+
+def split_batch(joined: tuple[int, dict[str, Iterable]], removals: Removals | None = None
                 ) -> Iterator[Any | beam.pvalue.TaggedOutput]:
-    """One batch and its decision -> kept records (main), REMOVED and INVALID dicts."""
+    """One batch and its decision -> kept records (main), REMOVED and INVALID dicts.
+
+    A removal's ``group`` is the fingerprint (32 hex digits) of the record its whole group
+    keeps: the same for exact and near members (an exact copy of a near-removed record
+    belongs to the near survivor's group). ``removals`` (every removal of the run, sorted,
+    groups resolved: ``resolved``) is how that is followed across batches."""
     _, parts = joined
     (batch,), (decision,) = list(parts["batch"]), list(parts[DECISIONS])
     decision: FileDecision
     recs = batch.records
     for r in decision.removed:
+        digest = r.survivor_digest()
+        if removals is not None and len(removals.at):  # sorted by at, digests resolved
+            slot = np.searchsorted(removals.at, where_key(np.full(len(r), decision.file_index),
+                                                          r.position))
+            digest = removals.digest[np.minimum(slot, len(removals.at) - 1)]
+        groups = digest_hex(digest).to_pylist()
         for j, pos in enumerate(r.position.tolist()):
             yield beam.pvalue.TaggedOutput(REMOVED, {
                 "record_id": r.record_id[j].as_py(), "duplicate_of": r.duplicate_of[j].as_py(),
-                "kind": r.kind, "distance": float(r.distance[j]), "record": _row(recs, pos)})
+                "kind": r.kind, "distance": float(r.distance[j]), "group": groups[j],
+                "record": _row(recs, pos)})
     for bad in decision.invalid:
         yield beam.pvalue.TaggedOutput(INVALID, {"record_id": bad.record_id, "reason": bad.reason,
                                                  "record": _row(recs, bad.position)})
@@ -164,7 +210,13 @@ class FromDecisions(beam.PTransform):
 
     def expand(self, streams: dict):
         decisions = streams[DECISIONS] | "ByBatch" >> beam.Map(lambda d: (d.file_index, d))
+        removals = beam.pvalue.AsSingleton(
+            streams[DECISIONS]
+            | "Removals" >> beam.FlatMap(removals_of)
+            | "AllRemovals" >> beam.CombineGlobally(all_removals)
+            | "Groups" >> beam.Map(resolved))
         out = ({"batch": streams["batches"], DECISIONS: decisions}
                | "JoinDecisions" >> beam.CoGroupByKey()
-               | "Split" >> SplitOutputs(split_batch, main=KEPT, tags=(REMOVED, INVALID)))
+               | "Split" >> SplitOutputs(split_batch, removals, main=KEPT,
+                                         tags=(REMOVED, INVALID)))
         return {KEPT: out[KEPT], REMOVED: out[REMOVED], INVALID: out[INVALID]}

@@ -148,3 +148,8 @@ class Format(Protocol):
         ``drop`` (and without unreadable records); same schema, dtypes, compression and
         record order. Return the number of records written. A ``src`` that cannot be
         opened at all gives no ``dst`` file and returns 0."""
+
+    def read_rows(self, path: str, spec: TensorSpec, positions: list[int]
+                  ) -> dict[int, np.ndarray]:
+        """{position: tensor} for the given positions of one file (a few records, e.g. for
+        the report's page); invalid or unreadable positions are left out."""

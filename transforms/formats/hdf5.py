@@ -407,3 +407,24 @@ def _new_rows_dataset(src: h5py.Dataset, group: h5py.Group, name: str,
                                        else tid, space, dcpl=dcpl, lcpl=lcpl))
     _copy_attrs(src, out)
     return out
+
+
+def read_rows(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, np.ndarray]:
+    """The tensors at ``positions`` of one file, for showing a few records (the report's
+    page): one read per row, so only their chunks are decoded. Unreadable rows are left
+    out."""
+    out: dict[int, np.ndarray] = {}
+    with _opened(path) as f:
+        if isinstance(f, Exception):
+            return out
+        try:
+            ds = f[spec.tensor]
+        except _H5_ERRORS:
+            return out
+        for p in sorted(set(int(p) for p in positions)):
+            if 0 <= p < len(ds):
+                try:
+                    out[p] = ds[p]
+                except _H5_ERRORS:
+                    pass
+    return out

@@ -380,3 +380,30 @@ def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) 
             out.write_table(table, row_group_size=max(table.num_rows, 1))
             written += table.num_rows
     return written
+
+
+def read_rows(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, np.ndarray]:
+    """The tensors at ``positions`` (as ``read`` numbers them) of one file, for showing a
+    few records (the report's page): only the row groups holding them are read, only the
+    tensor column. Positions that are invalid or out of range are left out."""
+    pf = _open(path)
+    want = sorted(set(int(p) for p in positions))
+    if isinstance(pf, Exception) or not want:
+        return {}
+    out: dict[int, np.ndarray] = {}
+    offset = 0
+    for rg in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(rg).num_rows
+        local = [p - offset for p in want if offset <= p < offset + n]
+        if local:
+            try:
+                table = pf.read_row_group(rg, columns=[spec.tensor])
+            except (OSError, pa.ArrowException):
+                table = None
+            if table is not None:
+                part = table.take(pa.array(local, pa.int64()))
+                for chunk in table_chunks(0, path, part, 0, replace(spec, id=None, rank=None)):
+                    for i, p in enumerate(chunk.positions.tolist()):
+                        out[offset + local[p]] = chunk.tensors[i]
+        offset += n
+    return out

@@ -683,3 +683,19 @@ def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) 
                     out.write(item)
                     written += 1
     return written
+
+
+def read_rows(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, np.ndarray]:
+    """The tensors at ``positions`` of one file, for showing a few records (the report's
+    page). TFRecord has no index: the file is read up to the last position wanted, with
+    the job's own reader, so positions mean what they meant to the job. Invalid
+    positions are left out."""
+    want = set(int(p) for p in positions)
+    if not want:
+        return {}
+    out: dict[int, np.ndarray] = {}
+    for chunk in read(Unit(0, path, 0, max(want) + 1), spec, 4096):
+        for i, p in enumerate(chunk.positions.tolist()):
+            if p in want:
+                out[p] = chunk.tensors[i]
+    return out
