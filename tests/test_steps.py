@@ -112,8 +112,10 @@ def test_dedup_over_dicts_reports_unusable_records():
     records = [{"id": "a", "emb": good[0]}, {"id": "b", "emb": good[0].copy()},
                {"id": "c", "emb": "not a tensor"}, {"id": "d"},
                {"id": "e", "emb": [[1.0, 2.0], [3.0]]}, {"id": "f", "emb": good[1]}]
+    for i, r in enumerate(records):
+        r["i"] = i
     with pipeline() as p:
-        out = p | beam.Create(records) | Dedup(key="emb", id="id")
+        out = p | beam.Create(records) | Dedup(key="emb", id="id", keep=Keep.min("i"))
         assert_that(out[KEPT] | beam.Map(lambda r: r["id"]), equal_to(["a", "f"]),
                     label="kept")
         assert_that(out[REMOVED] | "R" >> beam.Map(lambda r: (r["record_id"], r["kind"])),
