@@ -18,15 +18,37 @@ from pathlib import Path
 import tomllib
 from packaging.requirements import Requirement
 
-# The job's own dependencies (from pyproject.toml: the installed metadata can be stale)
-# and the Dataflow client it launches with.
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
-ROOTS = [*tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"],
-         "google-cloud-dataflow-client", "google-cloud-storage", "google-auth"]
+PROJECT = tomllib.loads(PYPROJECT.read_text())["project"]
 
 
 def _name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirements(extra: str) -> list[str]:
+    """The package's requirements with ``extra`` installed: the base dependencies and the
+    extra's, with extras that name other extras (``tensordedup[job,tf]``) expanded."""
+    optional = PROJECT["optional-dependencies"]
+    out, todo, seen = list(PROJECT["dependencies"]), [extra], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for line in optional[name]:
+            req = Requirement(line)
+            if _name(req.name) == "tensordedup":
+                todo += sorted(req.extras)
+            else:
+                out.append(line)
+    return out
+
+
+# What the images install (the dataflow extra, from pyproject.toml: the installed metadata
+# can be stale) and the Dataflow client the launcher uses (apache-beam[gcp]'s part of it).
+ROOTS = [*requirements("dataflow"), "google-cloud-dataflow-client", "google-cloud-storage",
+         "google-auth"]
 
 
 def closure(roots: list[str]) -> dict[str, str]:

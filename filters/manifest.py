@@ -9,6 +9,10 @@ kept indices of a dataset laid out like the job's input files.
 Record ids are the job's: the ``input.id`` field when the config set one, else
 ``"<path>:<position>"`` with the input path exactly as the job's glob matched it
 (``job_path`` maps a path as your loader spells it to that form).
+
+Reports are read with ``pyarrow.fs`` (local paths and gs://, s3://, hdfs://, file://
+URIs), so the filters need neither Beam nor the job's other dependencies; a scheme only
+a Beam filesystem knows is read through Beam when it is installed.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from transforms import fs
+from transforms import fs  # Beam-free at import: only the Beam fallback below uses Beam
 from transforms.formats.base import default_ids_arrow
 
 
@@ -44,6 +49,48 @@ class ManifestError(ValueError):
     """The report cannot serve as a manifest (missing files, unknown input path)."""
 
 
+class _Report:
+    """The files of a report directory: read with ``pyarrow.fs`` (local paths, gs://,
+    s3://, hdfs://, file://); a scheme pyarrow does not know but a Beam filesystem does
+    (one you registered) through Beam's ``FileSystems``, when Beam is installed."""
+
+    def __init__(self, report: str) -> None:
+        self.shown = report.rstrip("/") or report  # the directory as the caller spelled it
+        self.beam = False
+        if fs.is_local(report):
+            self.filesystem, self.root = pafs.LocalFileSystem(), os.path.abspath(report)
+            return
+        try:
+            self.filesystem, path = pafs.FileSystem.from_uri(report)
+            self.root = path.rstrip("/")
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            try:
+                from apache_beam.io.filesystems import FileSystems
+            except ImportError:
+                raise ManifestError(f"{report}: pyarrow.fs cannot open this location ({e}); "
+                                    "Beam, whose filesystems might, is not installed") from e
+            try:
+                FileSystems.get_filesystem(report)
+            except ValueError:
+                raise ManifestError(f"{report}: neither pyarrow.fs ({e}) nor Beam's "
+                                    "filesystems can open this location") from e
+            self.beam = True
+
+    def name(self, file: str) -> str:
+        return os.path.join(self.shown, file) if fs.is_local(self.shown) else f"{self.shown}/{file}"
+
+    def is_file(self, file: str) -> bool:
+        if self.beam:
+            return fs.exists(fs.join(self.shown, file))
+        return self.filesystem.get_file_info(f"{self.root}/{file}").type == pafs.FileType.File
+
+    def open(self, file: str):
+        """A seekable binary reader."""
+        if self.beam:
+            return fs.open_read(fs.join(self.shown, file))
+        return self.filesystem.open_input_file(f"{self.root}/{file}")
+
+
 @dataclass(frozen=True)
 class Manifest:
     removed_ids: pa.Array  # string ids of every record the job did not keep
@@ -55,19 +102,20 @@ class Manifest:
     def load(cls, report_dir: str | os.PathLike, *, drop_invalid: bool = True) -> Manifest:
         """Read a finished run's report directory.
 
-        ``report_dir``: a local path or any Beam filesystem's (gs://...).
+        ``report_dir``: a local path or a URI ``pyarrow.fs`` reads (gs://, s3://, ...);
+        another scheme through Beam's filesystems, if Beam is installed.
         ``drop_invalid``: also skip the records the job reported invalid (they are not in
         its clean output either); False keeps them in the training input."""
-        report = os.fspath(report_dir)
-        summary_path = fs.join(report, "summary.json")
-        if not fs.exists(summary_path):
-            raise ManifestError(f"{summary_path} not found: point at the report directory of "
-                                "a finished run (summary.json is written last)")
-        summary = json.loads(fs.read_bytes(summary_path))
+        report = _Report(os.fspath(report_dir))
+        if not report.is_file("summary.json"):
+            raise ManifestError(f"{report.name('summary.json')} not found: point at the report "
+                                "directory of a finished run (summary.json is written last)")
+        with report.open("summary.json") as f:
+            summary = json.loads(f.read())
         tables = ["duplicates.parquet"] + (["invalid.parquet"] if drop_invalid else [])
         ids = []
         for t in tables:
-            with fs.open_read(fs.join(report, t)) as f:
+            with report.open(t) as f:
                 ids.append(pq.read_table(f, columns=["record_id"])["record_id"])
         removed = pa.chunked_array([c for col in ids for c in col.chunks], pa.string())
         return cls(removed.combine_chunks() if removed.num_chunks else pa.array([], pa.string()),

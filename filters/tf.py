@@ -171,7 +171,8 @@ def tfrecord_dataset_with_ids(manifest: Manifest, paths: Sequence[str | os.PathL
 
 
 def online_filter(dedup: OnlineDedup, tensor_key: Key = None, id_key: Key = None,
-                  batch_size: int = 1024) -> Callable[[tf.data.Dataset], tf.data.Dataset]:
+                  batch_size: int = 1024, batched: bool = False
+                  ) -> Callable[[tf.data.Dataset], tf.data.Dataset]:
     """For ``ds.apply``: drop each element whose tensor duplicates one kept earlier.
 
     ``tensor_key`` / ``id_key`` locate the tensor and the record id in the element
@@ -179,11 +180,19 @@ def online_filter(dedup: OnlineDedup, tensor_key: Key = None, id_key: Key = None
     ``id_key``: no ids). Elements are batched, so every component needs a fixed shape.
     Cost: one ``tf.numpy_function`` call (GIL held) per ``batch_size`` elements, run in
     order on one thread; a larger batch amortises it. The elements, their structure and
-    their order are kept. Every new pass over the returned dataset starts with
-    ``dedup.new_epoch()`` (its first batch has index 0): without ids each pass is
-    deduplicated on its own, so a state restored by ``OnlineDedup.load`` carries over
-    to a new pass only with ids. Save the state when no decided batch is still buffered
-    downstream (e.g. at the end of a pass): it already counts what a prefetch holds."""
+    their order are kept.
+
+    ``batched=True``: the elements already are batches, e.g. after your ``ds.batch`` or
+    after ``skip_removed(..., batched=True)`` (whose batches vary in size, so they
+    cannot be batched again). Each batch is one call (``batch_size`` is not used) and
+    comes out without its duplicate rows: batches may shrink or come out empty
+    (``ds.rebatch(n)`` restores the size).
+
+    Every new pass over the returned dataset starts with ``dedup.new_epoch()`` (its first
+    batch has index 0): without ids each pass is deduplicated on its own, so a state
+    restored by ``OnlineDedup.load`` carries over to a new pass only with ids. Save the
+    state when no decided batch is still buffered downstream (e.g. at the end of a pass):
+    it already counts what a prefetch holds."""
 
     def decide(index: Any, values: Any, *ids: Any) -> Any:
         if index == 0:
@@ -199,6 +208,8 @@ def online_filter(dedup: OnlineDedup, tensor_key: Key = None, id_key: Key = None
         return tf.nest.map_structure(lambda t: tf.boolean_mask(t, keep), batch)
 
     def apply(ds: tf.data.Dataset) -> tf.data.Dataset:
+        if batched:
+            return ds.enumerate().map(keep_rows)
         return ds.batch(batch_size).enumerate().map(keep_rows).unbatch()
 
     return apply

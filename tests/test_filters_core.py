@@ -208,6 +208,8 @@ def test_manifest_keeps_exactly_the_clean_output(tmp_path):
                              "near.nonfinite=invalid")
     m = Manifest.load(tmp_path / "out" / "report")
     assert m.id_field == "id"
+    via_uri = Manifest.load((tmp_path / "out" / "report").as_uri())  # pyarrow.fs, file://
+    assert via_uri.removed_ids.equals(m.removed_ids) and via_uri.files == m.files
     kept = np.array(ids)[m.kept_indices(ids)].tolist()
     assert kept == clean_ids(tmp_path)
     assert len(m) == 400 - len(kept)
@@ -233,6 +235,10 @@ def test_manifest_default_ids_follow_the_job_paths(tmp_path, monkeypatch):
 def test_manifest_needs_a_finished_run(tmp_path):
     with pytest.raises(ManifestError, match="summary.json"):
         Manifest.load(tmp_path)
+    with pytest.raises(ManifestError, match="summary.json"):  # read with pyarrow.fs
+        Manifest.load(tmp_path.as_uri())
+    with pytest.raises(ManifestError, match="can(not)? open this location"):
+        Manifest.load("nosuchscheme://bucket/report")
 
 
 def test_a_bloom_state_pickles_for_spawned_workers():

@@ -375,3 +375,35 @@ def test_online_tuple_elements_keep_structure_and_order(stream_files):
     for i, x, lab in got:
         np.testing.assert_array_equal(x, by_id[i][0])
         assert lab == by_id[i][1]
+
+
+@pytest.mark.parametrize("spec", NEAR[:2], ids=lambda s: s.metric if s else "exact")
+def test_online_after_batched_skip_removed(stream_files, spec):
+    """skip_removed(batched=True) leaves batches of varying size; online_filter(batched=True)
+    decides them as they are (batching them again fails) and keeps the oracle's records."""
+    src = epoch(stream(stream_files[0], None).as_numpy_iterator())
+    removed = [rid for k, (rid, _) in enumerate(src) if k % 7 == 3]
+    manifest = Manifest(pa.array(removed), "id", (), None)
+    batches = stream(stream_files[0], None).batch(10).apply(
+        skip_removed(manifest, "id", batched=True))
+    with pytest.raises(tf.errors.InvalidArgumentError):  # what batched=False does here
+        list(batches.apply(online_filter(OnlineDedup(near=spec), "emb", "id")))
+
+    dedup = OnlineDedup(near=spec)
+    filtered = batches.apply(online_filter(dedup, "emb", "id", batched=True))
+    assert filtered.element_spec == batches.element_spec
+    oracle = StreamOracle(spec, with_ids=True)
+    want = oracle.run([(rid, x) for rid, x in src if rid not in set(removed)])
+    assert len(want) < len(src) - len(removed) - 20  # the online filter removed rows too
+    for _ in range(2):  # a second pass (new_epoch) keeps the same records, with ids
+        out = list(filtered.as_numpy_iterator())
+        assert [i.decode() for b in out for i in b["id"]] == want
+        assert max(len(b["id"]) for b in out) <= 10 and min(len(b["id"]) for b in out) < 10
+        by_id = dict(src)
+        for b in out:  # rows come out whole, components aligned
+            for i, x in zip(b["id"], b["emb"], strict=True):
+                np.testing.assert_array_equal(x, by_id[i.decode()])
+    # the same records as the element-wise chain
+    one_by_one = stream(stream_files[0], None).apply(skip_removed(manifest, "id")).apply(
+        online_filter(OnlineDedup(near=spec), "emb", "id", 16))
+    assert [r["id"].decode() for r in one_by_one.as_numpy_iterator()] == want

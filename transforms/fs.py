@@ -1,6 +1,12 @@
 """Small file helpers over Beam's ``FileSystems``: one code path for local paths and any
 scheme Beam knows (gs://, s3://, hdfs://, ...).
 
+Beam is imported on first use by a helper that needs it (any non-local path, and
+``match``/``rename_tree``/``upload``, which keep Beam's own semantics everywhere), not at
+import: ``is_local``, ``join``, ``exists``, ``open_read`` and the other helpers on local
+paths work without apache-beam installed, so the kernels and the TFRecord reader import
+in a lean install (training filters without the ``job`` extra).
+
 Why not ``FileSystems`` directly: its calls take lists, fail on a missing path, treat
 directories differently per scheme (object stores have none), and its local rename is
 not an atomic replace everywhere. These helpers give the few operations the job needs
@@ -17,33 +23,47 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
+if TYPE_CHECKING:
+    from apache_beam.io.filesystems import FileSystems as _FileSystems
 
-RAW = CompressionTypes.UNCOMPRESSED
+RAW = "uncompressed"  # Beam's CompressionTypes.UNCOMPRESSED
 _COPY_BLOCK = 16 << 20  # bytes per read/write when uploading a local file
+_SCHEME = re.compile(r"[a-zA-Z][-a-zA-Z0-9+.]*://")  # Beam's FileSystems.URI_SCHEMA_PATTERN
+
+
+def _beam() -> type[_FileSystems]:
+    """Beam's ``FileSystems``, imported when first needed (see the module docstring)."""
+    try:
+        from apache_beam.io.filesystems import FileSystems
+    except ImportError as e:
+        raise ImportError(f"{e}: paths with a scheme (gs://, ...) and the dedup job need "
+                          "apache-beam: pip install -c constraints.txt "
+                          "'tensordedup[job]'") from e
+    return FileSystems
 
 
 def is_local(path: str) -> bool:
     """True for a plain path (no ``scheme://``): handled with ``os`` directly."""
-    return FileSystems.get_scheme(path) is None
+    return _SCHEME.match(path.strip()) is None
 
 
 def join(*parts: str) -> str:
     """Join path components with the separator of the first component's filesystem."""
-    return FileSystems.join(parts[0], *parts[1:])
+    if is_local(parts[0]):
+        return os.path.join(*parts)
+    return _beam().join(parts[0], *parts[1:])
 
 
 def exists(path: str) -> bool:
-    return FileSystems.exists(path)
+    return os.path.exists(path) if is_local(path) else _beam().exists(path)
 
 
 def match(pattern: str) -> list[str]:
     """Sorted paths of the files matching a glob (``*`` stays within a path component,
     ``**`` crosses them); [] when nothing matches or the directory does not exist."""
-    return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+    return sorted(m.path for m in _beam().match([pattern])[0].metadata_list)
 
 
 def glob(pattern: str) -> list[str]:
@@ -56,7 +76,7 @@ def glob(pattern: str) -> list[str]:
         return sorted(p for p in _glob.glob(pattern, recursive=True) if os.path.isfile(p))
     prefix = re.match(r"[^[*?]*", pattern).group(0)
     if prefix == pattern:
-        return [pattern] if FileSystems.exists(pattern) else []
+        return [pattern] if _beam().exists(pattern) else []
     wanted = _glob_regex(pattern)
     return [p for p in match(prefix + "**") if wanted.fullmatch(p)]
 
@@ -86,14 +106,14 @@ def exists_under(path: str) -> bool:
     directories) some object's name starts with ``path/``."""
     if is_local(path):
         return os.path.exists(path)
-    if FileSystems.exists(path):
+    if _beam().exists(path):
         return True
-    return bool(FileSystems.match([path.rstrip("/") + "/**"], limits=[1])[0].metadata_list)
+    return bool(_beam().match([path.rstrip("/") + "/**"], limits=[1])[0].metadata_list)
 
 
 def open_read(path: str) -> BinaryIO:
     """A seekable binary reader (what ``pyarrow.parquet.ParquetFile`` needs)."""
-    return open(path, "rb") if is_local(path) else FileSystems.open(path, compression_type=RAW)
+    return open(path, "rb") if is_local(path) else _beam().open(path, compression_type=RAW)
 
 
 def read_bytes(path: str) -> bytes:
@@ -106,8 +126,8 @@ def makedirs(path: str) -> None:
     stores, which have no directories)."""
     if is_local(path):
         os.makedirs(path, exist_ok=True)
-    elif not FileSystems.exists(path):
-        FileSystems.mkdirs(path)
+    elif not _beam().exists(path):
+        _beam().mkdirs(path)
 
 
 def write_bytes_atomic(path: str, data: bytes | memoryview) -> None:
@@ -120,19 +140,19 @@ def write_bytes_atomic(path: str, data: bytes | memoryview) -> None:
     head, _, tail = path.rpartition("/")
     tmp = f"{head}/.{tail}.tmp-{secrets.token_hex(8)}"
     try:
-        with FileSystems.create(tmp, compression_type=RAW) as f:
+        with _beam().create(tmp, compression_type=RAW) as f:
             f.write(data)
-        FileSystems.rename([tmp], [path])
+        _beam().rename([tmp], [path])
     except BaseException:
-        if FileSystems.exists(tmp):
-            FileSystems.delete([tmp])
+        if _beam().exists(tmp):
+            _beam().delete([tmp])
         raise
 
 
 def upload(local_path: str, path: str) -> None:
     """Copy a local file to ``path`` on any filesystem, streamed (an object store shows the
     object only once it is complete)."""
-    with open(local_path, "rb") as src, FileSystems.create(path, compression_type=RAW) as dst:
+    with open(local_path, "rb") as src, _beam().create(path, compression_type=RAW) as dst:
         shutil.copyfileobj(src, dst, _COPY_BLOCK)
 
 
@@ -190,22 +210,22 @@ def delete(path: str) -> None:
     """Delete one file; no error if it is missing."""
     if is_local(path):
         _remove_quietly(path)
-    elif FileSystems.exists(path):
-        FileSystems.delete([path])
+    elif _beam().exists(path):
+        _beam().delete([path])
 
 
 def rename_tree(src: str, dst: str) -> None:
     """Move the files below ``src`` to the same names below ``dst``: one directory rename
     where the filesystem has directories (local, HDFS); on an object store a copy and a
     delete per object, so other readers can see the move half done."""
-    if FileSystems.get_filesystem(src).has_dirs():
-        if FileSystems.exists(src):
-            FileSystems.rename([src], [dst])
+    if _beam().get_filesystem(src).has_dirs():
+        if _beam().exists(src):
+            _beam().rename([src], [dst])
         return
     src, dst = src.rstrip("/"), dst.rstrip("/")
     files = match(src + "/**")
     if files:
-        FileSystems.rename(files, [dst + f[len(src):] for f in files])
+        _beam().rename(files, [dst + f[len(src):] for f in files])
 
 
 def delete_tree(path: str) -> None:
@@ -218,15 +238,15 @@ def delete_tree(path: str) -> None:
         except FileNotFoundError:
             pass
         return
-    if FileSystems.get_filesystem(path).has_dirs():  # e.g. HDFS: delete is recursive
-        if FileSystems.exists(path):
-            FileSystems.delete([path])
+    if _beam().get_filesystem(path).has_dirs():  # e.g. HDFS: delete is recursive
+        if _beam().exists(path):
+            _beam().delete([path])
         return
     files = match(path.rstrip("/") + "/**")  # object store: a "directory" is a prefix
-    if FileSystems.exists(path):
+    if _beam().exists(path):
         files.append(path)
     if files:
-        FileSystems.delete(files)
+        _beam().delete(files)
 
 
 def _remove_quietly(path: str) -> None:
@@ -352,10 +372,10 @@ class _GcsConditional:
 def _conditional(path: str):
     if is_local(path):
         return _LocalConditional
-    own = FileSystems.get_filesystem(path)
+    own = _beam().get_filesystem(path)
     if hasattr(own, "create_exclusive") and hasattr(own, "replace_if_unchanged"):
         return own
-    scheme = FileSystems.get_scheme(path)
+    scheme = _beam().get_scheme(path)
     if scheme == "gs":
         return _GcsConditional
     raise OSError(f"{scheme}:// offers no create-if-absent write, which the one-writer lease "

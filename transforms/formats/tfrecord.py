@@ -54,9 +54,14 @@ _RANK_KINDS = ("float_list", "int64_list")
 
 
 def _tf() -> Any:
+    """TensorFlow, for parsing tf.train.Example and serialized tensors (framing and
+    CRCs need none: this module imports without it)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow as tf
-
+    try:
+        import tensorflow as tf
+    except ImportError as e:
+        raise ImportError(f"{e}: reading TFRecord features needs TensorFlow: pip install "
+                          "-c constraints.txt 'tensordedup[tf]'") from e
     return tf
 
 
