@@ -6,9 +6,12 @@ and the fix (exit code 2, no traceback). YAML is read with ``yaml.safe_load`` on
 
 from __future__ import annotations
 
+import copy
+import difflib
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -470,11 +473,61 @@ def _set_path(data: dict, dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
+def _sub_model(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds: ``X``, ``X | None``, ``list[X]``, ``Literal[...] | X``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        if (found := _sub_model(arg)) is not None:
+            return found
+    return None
+
+
+def _dotted(parts: Sequence[str | int]) -> str:
+    """("reference", 0, "tensor") -> "reference[0].tensor"."""
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else f"{'.' if out else ''}{p}"
+    return out
+
+
+def _unknown_key(loc: tuple) -> str:
+    """One line for a key the schema does not have, with the nearest known key at the
+    same level (difflib) when there is one close enough, else the keys of that level."""
+    model: type[BaseModel] | None = DedupeConfig
+    parts: list[str | int] = []
+    for part in loc[:-1]:
+        if part == "KeyColumn":  # pydantic's tag for keep's mapping form
+            model = KeyColumn
+        elif isinstance(part, int):
+            parts.append(part)
+        else:
+            parts.append(part)
+            field = model.model_fields.get(part) if model is not None else None
+            model = None if field is None else _sub_model(field.annotation)
+    name = str(loc[-1])
+    where = _dotted([*parts, name])
+    known = list(model.model_fields) if model is not None else []
+    match = difflib.get_close_matches(name, known, n=1, cutoff=0.6) or difflib.get_close_matches(
+        name.lower(), [k.lower() for k in known], n=1, cutoff=0.6)
+    if match:
+        nearest = next(k for k in known if k.lower() == match[0].lower())
+        return f"unknown key {where}: did you mean {_dotted([*parts, nearest])}?"
+    level = f"keys under {_dotted(parts)}" if parts else "top-level keys"
+    return (f"unknown key {where}: remove or rename it ({level}: {', '.join(known)}; see "
+            "--help)")
+
+
 def _describe(err: ValidationError) -> str:
-    first = err.errors()[0]
+    errors = err.errors()
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    if unknown:  # a misspelt key also makes the right one "missing": name the cause
+        return _unknown_key(tuple(p for p in unknown[0]["loc"]
+                                  if not str(p).startswith("function-")))
+    first = errors[0]
     parts = [str(p) for p in first["loc"] if not str(p).startswith("function-")]
     kind, msg = first["type"], first["msg"]
-    if parts[:1] == ["keep"] and kind not in ("value_error", "extra_forbidden"):
+    if parts[:1] == ["keep"] and kind != "value_error":
         # keep is a union: name the choices, not pydantic's member tag
         field = DedupeConfig.model_fields["keep"]
         return f"config key 'keep': use {field.description.split(': ', 1)[1]}"
@@ -483,9 +536,6 @@ def _describe(err: ValidationError) -> str:
         return msg.removeprefix("Value error, ")
     if kind == "missing":
         return f"config key '{key}' is missing: add it (see --help)"
-    if kind == "extra_forbidden":
-        key = ".".join(p for p in parts if "[" not in p and p != "KeyColumn")
-        return f"config key '{key}' is not a known key: remove or rename it (see --help)"
     if kind == "finite_number":
         return f"config key '{key}': {first['input']!r} is not a finite number: give a number"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
@@ -494,11 +544,93 @@ def _describe(err: ValidationError) -> str:
     return f"config key '{key}': {msg.removeprefix('Value error, ')}"
 
 
-def load_config(path: str | Path, overrides: list[str] = ()) -> DedupeConfig:
-    """Read a YAML config, apply ``key.path=value`` overrides, validate.
+def beam_flags(args: Sequence[str]) -> dict[str, list[str]]:
+    """Beam pipeline flags (``--name=value``, ``--name value``, a bare ``--flag``) ->
+    {name: [value, ...]} in order; a bare flag is "true"."""
+    given: dict[str, list[str]] = {}
+    for arg in args:
+        if arg.startswith("--"):
+            name, eq, value = arg[2:].partition("=")
+            given.setdefault(name, []).append(value if eq else "true")
+        elif given:
+            given[list(given)[-1]][-1] = arg
+        else:
+            raise ConfigError(f"Beam flag {arg!r}: write Beam's pipeline options as --name=value "
+                              "after --")
+    return given
 
-    Raises ``ConfigError`` with one line naming the key or file and the fix.
-    """
+
+def runner_key(flag: str, dataflow: bool) -> str:
+    """The config key a Beam flag sets: ``--runner`` is runner.name; on Dataflow a flag
+    with a typed key (``--project``, ``--sdk_container_image``...) sets that key; any other
+    flag is runner.options.<flag>."""
+    if flag == "runner":
+        return "runner.name"
+    if dataflow:
+        for key, names in DATAFLOW_KEYS.items():
+            if key != "accelerator" and flag in names:
+                return f"runner.{key}"
+    return f"runner.options.{flag}"
+
+
+def _flag_value(raw: str) -> Any:
+    """A flag's text as YAML reads it (2 -> int, true -> bool), else the text itself."""
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+    return value if isinstance(value, str | int | float | bool) else raw
+
+
+def _is_dataflow(name: Any) -> bool:
+    return isinstance(name, str) and name.lower() in ("dataflow", "dataflowrunner")
+
+
+def _apply_overrides(data: dict, overrides: Sequence[str]) -> None:
+    for item in overrides:
+        dotted, sep, raw = item.partition("=")
+        if not sep or not dotted:
+            raise ConfigError(f"--set {item!r}: write it as key.path=value")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as e:  # a tag (!!python/...), an unclosed bracket, ...
+            what = " ".join(str(getattr(e, "problem", None) or e).split())
+            raise ConfigError(f"--set {dotted}: {raw!r} is not a YAML value ({what}): write a "
+                              f"plain value, or quote it as a string: --set '{dotted}=\"...\"'"
+                              ) from None
+        _set_path(data, dotted, value)
+
+
+def _apply_beam_flags(data: dict, args: Sequence[str]) -> None:
+    """Beam flags passed through (after ``--`` on the command line) as runner keys: they
+    win over the config's runner.options, and are checked like them."""
+    given = beam_flags(args)
+    runner = data.get("runner") if isinstance(data.get("runner"), dict) else {}
+    name = given["runner"][-1] if "runner" in given else runner.get("name")
+    for flag, values in given.items():
+        value = ([_flag_value(v) for v in values] if len(values) > 1
+                 else _flag_value(values[0]))
+        _set_path(data, runner_key(flag, _is_dataflow(name)), value)
+
+
+def parse_config(data: Mapping[str, Any], overrides: Sequence[str] = (),
+                 beam_args: Sequence[str] = ()) -> DedupeConfig:
+    """A config from a mapping shaped like the YAML file, with ``key.path=value``
+    overrides and Beam flags (``["--direct_num_workers=2"]``) applied; ``data`` is not
+    changed. Raises ``ConfigError`` with one line naming the key and the fix."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"a config must be a mapping of keys, not {type(data).__name__}")
+    data = copy.deepcopy(dict(data))
+    _apply_overrides(data, overrides)
+    _apply_beam_flags(data, beam_args)
+    try:
+        return DedupeConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_describe(e)) from None
+
+
+def read_config_file(path: str | Path) -> dict:
+    """The YAML file's mapping (``yaml.safe_load``); one-line ``ConfigError`` otherwise."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -512,19 +644,13 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> DedupeConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of keys, not "
                           f"{type(data).__name__}")
-    for item in overrides:
-        dotted, sep, raw = item.partition("=")
-        if not sep or not dotted:
-            raise ConfigError(f"--set {item!r}: write it as key.path=value")
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError as e:  # a tag (!!python/...), an unclosed bracket, ...
-            what = " ".join(str(getattr(e, "problem", None) or e).split())
-            raise ConfigError(f"--set {dotted}: {raw!r} is not a YAML value ({what}): write a "
-                              f"plain value, or quote it as a string: --set '{dotted}=\"...\"'"
-                              ) from None
-        _set_path(data, dotted, value)
-    try:
-        return DedupeConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(_describe(e)) from None
+    return data
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = (),
+                beam_args: Sequence[str] = ()) -> DedupeConfig:
+    """Read a YAML config, apply ``key.path=value`` overrides and Beam flags, validate.
+
+    Raises ``ConfigError`` with one line naming the key or file and the fix.
+    """
+    return parse_config(read_config_file(path), overrides, beam_args)

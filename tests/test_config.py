@@ -47,7 +47,7 @@ def test_set_overrides_any_key(tmp_path):
     ({"input": {**GOOD["input"], "shape": [-1]}}, "input.shape"),
     ({"keep": {"max": "a", "min": "b"}}, "exactly one"),
     ({"on_invalid": "ignore"}, "on_invalid"),
-    ({"outptu": {"path": "x"}}, "'outptu' is not a known key"),
+    ({"outptu": {"path": "x"}}, "unknown key outptu: did you mean output?"),
 ])
 def test_bad_config_names_the_key(tmp_path, change, words):
     data = {**GOOD, **change}
@@ -105,3 +105,46 @@ def test_every_float_key_refuses_non_finite_and_absurd_values(tmp_path, value):
         with pytest.raises(ConfigError) as e:
             load_config(_write(tmp_path, GOOD), [*sets, f"{key}={value}"])
         assert f"config key '{key}'" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("change,line", [
+    ({"input": {**GOOD["input"], "tensr": "e"}}, "unknown key input.tensr: did you mean "
+                                                 "input.tensor?"),
+    ({"Keep": "last"}, "unknown key Keep: did you mean keep?"),
+    ({"near": {"metric": "l2", "threshold": 1, "probe": 2}},
+     "unknown key near.probe: did you mean near.probes?"),
+    ({"runner": {"name": "dataflow", "accelerator": {"typ": "nvidia-l4"}}},
+     "unknown key runner.accelerator.typ: did you mean runner.accelerator.type?"),
+    ({"reference": [{**GOOD["input"], "formt": "parquet"}]},
+     "unknown key reference[0].formt: did you mean reference[0].format?"),
+    ({"keep": {"mx": "score"}}, "unknown key keep.mx: did you mean keep.max?"),
+    ({"tuning": {"shard": 8}}, "unknown key tuning.shard: did you mean tuning.shards?"),
+    ({"store": {"path": "s", "updat": True}}, "unknown key store.updat: did you mean "
+                                              "store.update?"),
+    ({"output": {"path": "o", "colour": "red"}},
+     "unknown key output.colour: remove or rename it (keys under output: path, overwrite; "
+     "see --help)"),
+])
+def test_unknown_keys_suggest_the_nearest_known_key(tmp_path, change, line):
+    """At every level of the schema, one line; the misspelt key is named, not the key it
+    leaves missing."""
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, {**GOOD, **change}))
+    assert str(e.value) == line
+
+
+def test_unknown_key_from_set_suggests_too(tmp_path):
+    with pytest.raises(ConfigError, match=r"^unknown key near\.treshold: did you mean "
+                                          r"near\.threshold\?$"):
+        load_config(_write(tmp_path, GOOD), ["near.metric=l2", "near.treshold=0.5"])
+
+
+def test_config_from_a_mapping(tmp_path):
+    from pipeline.config import parse_config
+
+    data = {**GOOD, "input": dict(GOOD["input"])}
+    cfg = parse_config(data, ["keep=last"], ["--direct_num_workers=2"])
+    assert cfg.keep == "last" and cfg.runner.options == {"direct_num_workers": 2}
+    assert data == {**GOOD, "input": GOOD["input"]}  # the mapping given is not changed
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        parse_config(["input"])

@@ -82,7 +82,7 @@ def write_config(tmp_path: Path, glob: str, runner_cfg: dict) -> str:
      "nvidia-l4 GPUs attach to g2-* machine types, not n1-standard-8: set "
      "runner.machine_type, e.g. g2-standard-8"),
     ({"accelerator": {"type": "nvidia-tesla-t4", "driver": True}},
-     "'runner.accelerator.driver' is not a known key"),
+     "unknown key runner.accelerator.driver: did you mean runner.accelerator.install_driver?"),
     ({"project": "123456789"}, "is a project number: use the project ID"),
     ({"region": "us-central1-a"}, "is not a region"),
     ({"job_name": "Nightly_Run"}, "config key 'runner.job_name'"),

@@ -62,13 +62,17 @@ def train(sample: np.ndarray, partitions: int, seed: int = 0,
     if len(z) > TRAIN_PER_CELL * k:  # taken here so every iteration sees one set
         z = z[np.sort(rng.choice(len(z), TRAIN_PER_CELL * k, replace=False))]
     centroids = None
+    steps = KMEANS_ITERATIONS + 1  # the iterations, then splitting oversized cells
     for it in range(KMEANS_ITERATIONS):
         km = faiss.Kmeans(d, k, niter=1, seed=seed + it, max_points_per_centroid=len(z))
         km.train(z, init_centroids=centroids)
         centroids = km.centroids
         if progress is not None:
-            progress("k-means", it + 1, KMEANS_ITERATIONS)
-    return mean, _split_large(z, centroids, seed).astype(np.float64)
+            progress("k-means", it + 1, steps)
+    centroids = _split_large(z, centroids, seed).astype(np.float64)
+    if progress is not None:
+        progress("k-means", steps, steps)
+    return mean, centroids
 
 
 def _split_large(z: np.ndarray, centroids: np.ndarray, seed: int) -> np.ndarray:
@@ -160,9 +164,10 @@ class Assignment:
     capped: np.ndarray
 
 
-def assign(z: Vectors, parts: Partitions, probes: int | None = -1) -> Assignment:
+def assign(z: Vectors, parts: Partitions, probes: int | None = -1,
+           progress: Progress | None = None) -> Assignment:
     """Cells each row (``z``: centred on ``parts.mean``) joins; ``probes``: the cap (-1:
-    the plan's, None: exact).
+    the plan's, None: exact); ``progress("assign", rows done, rows)`` after each block.
 
     One matrix product gives f_p = |c_p|^2 - 2 z.c_p (|z - c_p|^2 less |z|^2) for every
     cell; the rule is then f_p - 2 r' |c_p - c_home| <= f_home + e, one pass. The
@@ -212,6 +217,8 @@ def assign(z: Vectors, parts: Partitions, probes: int | None = -1) -> Assignment
         rows.append(a + rr)
         cells.append(pp)
         wanted.append(want)
+        if progress is not None:
+            progress("assign", a + len(f), n)
     rows_a, cells_a = np.concatenate(rows).astype(np.int64), np.concatenate(cells)
     want_a = np.concatenate(wanted)
     joined = np.bincount(rows_a, minlength=n)
@@ -219,13 +226,16 @@ def assign(z: Vectors, parts: Partitions, probes: int | None = -1) -> Assignment
                       cells_a.astype(np.int64), want_a, joined < want_a)
 
 
-def predict(held: Vectors, parts: Partitions, rows: int, probes: int) -> Prediction:
+def predict(held: Vectors, parts: Partitions, rows: int, probes: int,
+            progress: Progress | None = None) -> Prediction:
     """Both modes' joins, capped share, work and largest cell on held-out rows."""
     k, s = len(parts), max(len(held.v), 1)
     scale = rows / s
     figures = []
-    for cap in (None, probes):
+    for step, cap in enumerate((None, probes), 1):
         a = assign(held, parts, cap)
+        if progress is not None:
+            progress("cost prediction", step, 2)
         home = np.bincount(a.home, minlength=k) * scale
         members = np.bincount(a.cells, minlength=k) * scale
         figures.append((len(a.rows) / s, float((home * members).sum()),
@@ -248,7 +258,7 @@ def plan(sample: np.ndarray, rows: int, radius: float, mode: str, probes: int, c
     held = np.arange(len(sample)) % 5 == 4  # one row in five predicts, the others train
     mean, centroids = train(sample[~held], cells, seed, progress)
     parts = Partitions(mean, centroids, radius)
-    p = predict(centred(sample[held], mean, np.float32), parts, rows, probes)
+    p = predict(centred(sample[held], mean, np.float32), parts, rows, probes, progress)
     exact = mode == "exact" or (mode == "auto" and p.joins_exact <= probes)
     why = (f"exact cells would join each record to {p.joins_exact:.1f} of {len(parts)} cells; "
            f"bounded to {p.joins_bounded:.1f} ({probes} probes, {p.capped:.0%} of records "

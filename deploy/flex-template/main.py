@@ -19,11 +19,7 @@ import tempfile
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline import run
-from pipeline.config import DATAFLOW_KEYS
-
-# Beam option names (and aliases) -> the config's typed runner keys.
-TYPED = {name: key for key, names in DATAFLOW_KEYS.items() if key != "accelerator"
-         for name in names}
+from pipeline.config import beam_flags, runner_key
 
 
 def fetch(path: str) -> str:
@@ -45,16 +41,9 @@ def job_argv(argv: list[str]) -> list[str]:
     ap.add_argument("--run_id", help="the run's id (default: today's UTC date)")
     ap.add_argument("--set", default="", help="overrides, key.path=value;key.path=value")
     ours, beam_args = ap.parse_known_args(argv)
-    given: dict[str, list[str]] = {}
-    for arg in beam_args:  # --name=value, --name value or a bare --flag
-        if arg.startswith("--"):
-            name, eq, value = arg[2:].partition("=")
-            given.setdefault(name, []).append(value if eq else "true")
-        elif given:
-            given[list(given)[-1]][-1] = arg
     sets = ["runner.name=dataflow"]  # a template only ever launches Dataflow jobs
-    for name, values in given.items():
-        key = f"runner.{TYPED[name]}" if name in TYPED else f"runner.options.{name}"
+    for name, values in beam_flags(beam_args).items():  # as the CLI reads flags after --
+        key = runner_key(name, dataflow=True)
         sets.append(f"{key}={values[0] if len(values) == 1 else json.dumps(values)}")
     sets += [s.strip() for s in ours.set.split(";") if s.strip()]
     return (["--config", fetch(ours.config)]

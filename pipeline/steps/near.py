@@ -39,6 +39,7 @@ from transforms.near_plan import Partitions, assign, plan
 from transforms.near_recall import estimate, in_sample
 
 HISTOGRAM_ROWS = 20_000  # about this many records get a nearest-neighbour distance (kNN)
+RECALL_BLOCK_ROWS = 16_384  # a chunk's rows per brute-force call (progress between them)
 
 
 @dataclass
@@ -110,6 +111,11 @@ class SampleForPlan(beam.CombineFn):
             acc.compact()
         return acc
 
+    def compact(self, acc: Sample) -> Sample:
+        """Before Beam moves a worker's partial sample to the merge: cut to the cap (it
+        may hold twice as many rows: hundreds of MB at 384 dimensions)."""
+        return acc.compact()
+
     def merge_accumulators(self, accs: Iterable[Sample]) -> Sample:
         accs = list(accs)
         out = Sample([p for a in accs for p in a.lo], [p for a in accs for p in a.v],
@@ -126,7 +132,8 @@ class SampleForPlan(beam.CombineFn):
         cells = self.spec.cells(acc.n)
         if cells > 1:
             progress.note(f"near: planning about {cells:,} cells from {len(sample):,} "
-                          f"sampled records of {acc.n:,}")
+                          f"sampled records of {acc.n:,} (k-means, then the cost of each "
+                          "mode)")
         parts = plan(sample.astype(np.float64), acc.n, radius, self.spec.mode,
                      self.spec.probes, cells, progress=_say)
         progress.note(f"near: {parts.mode} search in {len(parts):,} cell(s)"
@@ -159,9 +166,18 @@ def assign_batch(batch: VecBatch, plan: Plan, spec: near.NearSpec, spill: str
     """A chunk's rows -> the cells they join, written as one spill file (a record batch
     per cell, flags: ``home`` there, and ``capped``: had more cells to meet than the
     bounded mode lets it)."""
+    progress.tick("near assign", 0, 0, "chunks", units=0, total_records=plan.n)
     batch = batch.loaded()
+    said = [0]
+
+    def rows_done(_: str, done: int, total: int) -> None:
+        progress.tick("near assign", 0, done - said[0], "chunks", units=0,
+                      total_records=plan.n)
+        said[0] = done
+
     a = assign(near.search_vectors(batch.x, spec, plan.radius, plan.parts.mean, np.float32),
-               plan.parts)
+               plan.parts, progress=rows_done)
+    rows_done("assign", len(batch), len(batch))  # one cell: assign() had nothing to do
     order = np.argsort(a.cells, kind="stable")
     rows, cells = a.rows[order], a.cells[order]
     home = a.home[rows] == cells
@@ -175,7 +191,7 @@ def assign_batch(batch: VecBatch, plan: Plan, spec: near.NearSpec, spill: str
             writer.write_batch(rb.slice(s, e - s))
     for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
         yield int(cells[s]), CellSlice(path, i, e - s)
-    progress.tick("near assign", 0, len(batch), "chunks")
+    progress.tick("near assign", 0, 0, "chunks")
 
 
 def read_cell(slices: Iterable[CellSlice]) -> tuple[VecBatch, np.ndarray, np.ndarray]:
@@ -224,6 +240,7 @@ def search_one(kv: tuple[int, Iterable[CellSlice]], plan: Plan, spec: near.NearS
                per_side: int) -> Found:
     """One cell on one worker: read its rows, collapse exact copies, search, verify,
     sample."""
+    progress.tick("near search", len(plan.parts), 0, "cells", units=0)  # starts its clock
     cell = kv[0]
     batch, home, capped_rows = read_cell(kv[1])
     arrived, capped = int(home.sum()), int(capped_rows.sum())
@@ -256,14 +273,22 @@ def recall_rows(batch: VecBatch, plan: Plan, spec: near.NearSpec) -> Iterator[Ve
 def true_pairs(batch: VecBatch, plan: Plan, spec: near.NearSpec, samples: list[VecBatch]
                ) -> Iterator[np.ndarray]:
     """Brute force of the recall sample against one chunk: (m, 4) uint64 rows (sampled
-    digest, partner digest) within tolerance, other records only."""
-    if samples:
-        batch, sample = batch.loaded(), VecBatch.concat(samples)
-        si, dj = near.true_pairs(sample.x, batch.x, spec, plan.radius, plan.parts.mean)
+    digest, partner digest) within tolerance, other records only. The chunk is compared
+    in blocks of RECALL_BLOCK_ROWS rows (the same pairs: each is verified in float64)."""
+    progress.tick("near recall", 0, 0, "chunks", units=0, total_records=plan.n)
+    if not samples:
+        progress.tick("near recall", 0, len(batch), "chunks", total_records=plan.n)
+        return
+    batch, sample = batch.loaded(), VecBatch.concat(samples)
+    for a in range(0, len(batch), RECALL_BLOCK_ROWS):
+        b = min(a + RECALL_BLOCK_ROWS, len(batch))
+        si, dj = near.true_pairs(sample.x, batch.x[a:b], spec, plan.radius, plan.parts.mean)
+        dj = dj + a
         other = (sample.words[si] != batch.words[dj]).any(axis=1)
         if other.any():
             yield np.concatenate([sample.words[si[other]], batch.words[dj[other]]], axis=1)
-    progress.tick("near recall", 0, len(batch), "chunks")
+        progress.tick("near recall", 0, b - a, "chunks", units=0, total_records=plan.n)
+    progress.tick("near recall", 0, 0, "chunks")
 
 
 def _recall(found: list[Found], samples: list[VecBatch], truth: list[np.ndarray]) -> dict:

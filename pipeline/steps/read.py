@@ -55,10 +55,12 @@ class ReadChunks(beam.DoFn):
     """Unit -> chunks (main output) and (file_index, ReadFacts) (``FACTS`` output)."""
 
     def __init__(self, format_name: str, spec: TensorSpec, chunk_rows: int, fail_on_invalid: bool,
-                 total_units: int, nonfinite_invalid: bool = False):
+                 total_units: int, nonfinite_invalid: bool = False, total_records: int = 0,
+                 stage: str = "read"):
         self.format_name, self.spec, self.chunk_rows = format_name, spec, chunk_rows
         self.fail_on_invalid, self.total_units = fail_on_invalid, total_units
         self.nonfinite_invalid = nonfinite_invalid
+        self.total_records, self.stage = total_records, stage  # for progress only
         self.records = Metrics.counter("tensordedup", "records_read")
         self.invalid = Metrics.counter("tensordedup", "records_invalid")
 
@@ -66,7 +68,8 @@ class ReadChunks(beam.DoFn):
         self.fmt = get_format(self.format_name)
 
     def process(self, unit: Unit) -> Iterator[Chunk | beam.pvalue.TaggedOutput]:
-        n = 0
+        progress.tick(self.stage, self.total_units, 0, "units", units=0,
+                      total_records=self.total_records)
         for chunk in self.fmt.read(unit, self.spec, self.chunk_rows):
             if self.nonfinite_invalid:
                 chunk = chunk.reported_invalid(
@@ -78,14 +81,15 @@ class ReadChunks(beam.DoFn):
                 raise InvalidRecordError(f"invalid record {bad.record_id} in {unit.path}: "
                                          f"{bad.reason} (on_invalid: fail; set on_invalid: "
                                          "skip to report such records and go on)")
-            n += chunk.n_read
             self.records.inc(chunk.n_read)
             self.invalid.inc(len(chunk.invalid))
             yield beam.pvalue.TaggedOutput(FACTS, (chunk.file_index,
                                                    ReadFacts(chunk.n_read, chunk.invalid)))
             if len(chunk.positions):
-                yield chunk
-        progress.tick("read", self.total_units, n, "units")
+                yield chunk  # hashed (and sampled) by the fused steps before this returns
+            progress.tick(self.stage, self.total_units, chunk.n_read, "units", units=0,
+                          total_records=self.total_records)
+        progress.tick(self.stage, self.total_units, 0, "units")
 
 
 class ReadTensors(beam.PTransform):
@@ -115,8 +119,11 @@ class ReadTensors(beam.PTransform):
         self.first_index = first_index = REFERENCE_FILES if reference else 0
         chunking = chunking or Chunking()
         self.units = plan_units(format, self.files, chunking.unit_rows, spec, first_index)
+        known = all(u.stop is not None for u in self.units)  # TFRecord files: not before reading
         self.read = ReadChunks(format, spec, chunking.chunk_rows, on_invalid == "fail",
-                               len(self.units), nonfinite_invalid)
+                               len(self.units), nonfinite_invalid,
+                               sum(u.stop - u.start for u in self.units) if known else 0,
+                               "read reference" if reference else "read")
 
     def expand(self, pbegin):
         out = (pbegin

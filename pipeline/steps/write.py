@@ -29,6 +29,7 @@ class WriteFile(beam.DoFn):
         self.fmt = get_format(self.format_name)
 
     def process(self, decision: FileDecision):
+        progress.tick("write", self.total_files, 0, "files", units=0)  # its clock starts
         name = output_name(decision.path, self.root)
         dst = fs.join(self.staging, name)
         drop = decision.drop()

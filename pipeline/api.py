@@ -1,0 +1,465 @@
+"""``run_job``: the dedup job from Python (notebooks, schedulers), the CLI's code path.
+
+    from pipeline import run_job
+    s = run_job("configs/dedupe.yaml")                      # or a dict, or a DedupeConfig
+    s.kept, s.removed["exact"], s.removals().num_rows
+
+Same steps as ``python -m pipeline.run`` / ``tensordedup`` (which call the functions
+here): the checks before any work (``preflight.prepare``), the Beam job whose last step
+publishes the outputs and writes summary.json (``execute``), and the leases around it.
+Problems raise instead of exiting: ``ConfigError`` and ``InputError`` (one line, before
+any work; the CLI's exit 2), ``LeaseHeld`` (another run holds the output or store; exit
+2), ``JobFailed`` (the job failed while running and published nothing; exit 1; the
+original error is its ``__cause__``), ``KeyboardInterrupt`` (nothing published).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+import logging
+import os
+import re
+import sys
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# Beam warns about optional GCP client libraries when imported: noise for users.
+logging.getLogger().addFilter(lambda r: "apitools not found" not in r.getMessage())
+
+from pipeline.config import ConfigError, DedupeConfig, load_config, parse_config  # noqa: E402
+from pipeline.preflight import Job, prepare  # noqa: E402
+from pipeline.publish import (  # noqa: E402
+    Publication,
+    clear_leftovers,
+    own_stages,
+    take_leases,
+)
+from pipeline.steps import progress  # noqa: E402
+from transforms.fingerprint import SCHEME  # noqa: E402
+from transforms.formats.base import InputError, InvalidRecordError  # noqa: E402
+from transforms.fs import delete_tree, exists, join, open_read, read_bytes  # noqa: E402
+from transforms.lease import LeaseHeld, keep_alive, release_all  # noqa: E402
+from transforms.near_recall import recall_line  # noqa: E402
+
+__all__ = ["run_job", "RunSummary", "JobFailed", "ConfigError", "InputError", "LeaseHeld",
+           "to_config"]
+
+VERBOSE_ENV = "TENSORDEDUP_VERBOSE"
+# errno values of a write that ran out of room: ENOSPC, EDQUOT, EFBIG (a file size limit)
+_NO_ROOM = re.compile(r"\[Errno (28|122|27)\]|No space left|Disk quota exceeded|File too large",
+                      re.I)
+
+
+class JobFailed(RuntimeError):
+    """The job failed while running; nothing was published (earlier outputs are as they
+    were). The message is one line; ``__cause__`` is the original error."""
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class RunSummary:
+    """What a run did: summary.json's counts and paths, and its report files on demand.
+
+    ``removed`` maps each kind (exact, near, reference_exact, reference_near,
+    store_exact, store_near) to its count. ``near``: summary.json's near section (the
+    settings, mode, cells, recall...) when the near stage ran; ``recall`` its measured
+    recall. ``summary``: summary.json as a dict. A run handed to a runner that does not
+    wait (Dataflow) has ``submitted`` True and no counts yet: its report appears when the
+    job succeeds (``RunSummary.load(report)`` reads it then)."""
+
+    run_id: str
+    output: str
+    report: str
+    read: int | None = None
+    kept: int | None = None
+    removed: dict[str, int] = dataclasses.field(default_factory=dict)
+    invalid_count: int | None = None
+    wall_time_s: float | None = None
+    near: dict | None = None
+    recall: float | None = None
+    submitted: bool = False
+    job_id: str | None = None
+    summary: dict | None = None
+
+    @classmethod
+    def of(cls, summary: dict) -> RunSummary:
+        """From summary.json's contents."""
+        near = summary.get("near")
+        recall = (near or {}).get("recall") or {}
+        return cls(run_id=summary["run_id"], output=summary["output"], report=summary["report"],
+                   read=summary["read"], kept=summary["kept"],
+                   removed={k.removeprefix("removed_"): v for k, v in summary.items()
+                            if k.startswith("removed_")},
+                   invalid_count=summary["invalid"], wall_time_s=summary.get("wall_time_s"),
+                   near=near, recall=recall.get("recall"), summary=summary)
+
+    @classmethod
+    def load(cls, report: str | os.PathLike) -> RunSummary:
+        """A finished run's summary from its report directory (local or gs:// & co.)."""
+        return cls.of(json.loads(read_bytes(join(os.fspath(report), "summary.json"))))
+
+    @property
+    def removed_total(self) -> int:
+        return sum(self.removed.values())
+
+    @property
+    def near_settings(self) -> dict | None:
+        """The near stage's settings as used (metric, threshold, mode...), or None."""
+        return None if self.near is None else self.near.get("settings")
+
+    def _table(self, name: str):
+        import pyarrow.parquet as pq
+
+        path = join(self.report, name)
+        if not exists(join(self.report, "summary.json")) or not exists(path):
+            what = ("the job was submitted and has not finished" if self.submitted
+                    else "the run is not complete")
+            raise FileNotFoundError(f"{path}: no such report ({what}: {self.report}/summary.json "
+                                    "marks a complete run)")
+        with open_read(path) as f:
+            return pq.read_table(f)
+
+    def removals(self):
+        """report/duplicates.parquet as a ``pyarrow.Table``: record_id, duplicate_of,
+        kind, distance, duplicate_of_run; one row per removed record, in input order."""
+        return self._table("duplicates.parquet")
+
+    def invalid(self):
+        """report/invalid.parquet as a ``pyarrow.Table``: record_id, source, reason."""
+        return self._table("invalid.parquet")
+
+    def removals_df(self):
+        """``removals()`` as a pandas DataFrame (needs pandas)."""
+        return _to_pandas(self.removals(), "removals_df")
+
+    def invalid_df(self):
+        """``invalid()`` as a pandas DataFrame (needs pandas)."""
+        return _to_pandas(self.invalid(), "invalid_df")
+
+    def _counts(self) -> str:
+        kinds = ", ".join(f"{k} {v:,}" for k, v in self.removed.items() if v) or "none"
+        return (f"read {self.read:,}, kept {self.kept:,}, removed {self.removed_total:,} "
+                f"({kinds}), invalid {self.invalid_count:,}")
+
+    def __repr__(self) -> str:
+        if self.summary is None:
+            return (f"RunSummary(run_id={self.run_id!r}, submitted=True, job_id={self.job_id!r},"
+                    f" report={self.report!r})")
+        near = (f", near {self.near['mode']} recall {self.recall:.4f}"
+                if self.near and self.recall is not None else "")
+        return (f"RunSummary(run {self.run_id}: {self._counts()}{near}; output {self.output}, "
+                f"report {self.report})")
+
+    def __str__(self) -> str:
+        """The lines the CLI prints at the end."""
+        if self.summary is None:
+            job = f" job {self.job_id}" if self.job_id else ""
+            return (f"submitted{job}: the job publishes its outputs and writes {self.report}"
+                    "/summary.json when it succeeds (it holds the output's lease until then)")
+        return human_summary(self.summary)
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        if self.summary is None:
+            return f"<p>{e(str(self))}</p>"
+        rows = [("run", self.run_id), ("read", f"{self.read:,}"), ("kept", f"{self.kept:,}")]
+        rows += [(f"removed ({k})", f"{v:,}") for k, v in self.removed.items() if v]
+        rows += [("invalid", f"{self.invalid_count:,}")]
+        if self.near:
+            rows.append(("near", f"{self.near.get('mode')} search in {self.near.get('cells'):,} "
+                                 f"cell(s); {recall_line(self.near['recall'])}"
+                         if self.near.get("recall") else str(self.near.get("mode"))))
+        rows += [("output", self.output), ("report", self.report)]
+        if self.wall_time_s is not None:
+            rows.append(("time", f"{self.wall_time_s:.1f} s"))
+        body = "".join(f"<tr><th style='text-align:left'>{e(k)}</th><td>{e(v)}</td></tr>"
+                       for k, v in rows)
+        return f"<table><caption>RunSummary</caption>{body}</table>"
+
+
+def _to_pandas(table, method: str):
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        raise ImportError(f"RunSummary.{method}() needs pandas, which is not installed: pip "
+                          "install pandas, or use the pyarrow Table that "
+                          f"{method.removesuffix('_df')}() returns") from None
+    return table.to_pandas()
+
+
+def human_summary(s: dict) -> str:
+    """A finished run in a few lines: counts, where the outputs are, near and store."""
+    removed = {k.removeprefix("removed_"): v for k, v in s.items()
+               if k.startswith("removed_") and v}
+    how = ", ".join(f"{k} {v:,}" for k, v in removed.items()) or "none"
+    lines = [f"run {s['run_id']}: read {s['read']:,} records: kept {s['kept']:,}, removed "
+             f"{sum(removed.values()):,} ({how}), invalid {s['invalid']:,} in "
+             f"{s['wall_time_s']:.1f} s",
+             f"clean shards: {s['output']}/ "
+             f"({sum(f['output'] is not None for f in s['files'])} files)",
+             f"report: {s['report']}/ (duplicates.parquet, invalid.parquet, summary.json"
+             + (", near_distances.png/.json/.csv, borderline_pairs.parquet" if s.get("near")
+                else "") + (", reference_invalid.parquet" if s.get("reference") else "") + ")"]
+    if s.get("near"):
+        n = s["near"]
+        how = f", at most {n['probes']} per record" if n["mode"] == "bounded" else ""
+        lines.append(f"near: {n['mode']} search in {n['cells']:,} cell(s){how}; "
+                     f"{recall_line(n['recall'])}")
+    if s.get("reference"):
+        r = s["reference"]
+        lines.append(f"reference: {r['read']:,} records in {r['files']} file(s) ({r['invalid']:,}"
+                     " unreadable); removed as leaks: "
+                     f"{s['removed_reference_exact'] + s['removed_reference_near']:,}")
+    if s.get("store"):
+        st = s["store"]
+        line = f"store: {st['path']}: checked against {st['earlier_runs']} earlier run(s); "
+        if not st.get("committed"):
+            line += "not updated (store.update: false)"
+        else:
+            line += f"{st['appended']:,} records appended"
+            if st.get("compaction_merges"):
+                line += f"; {st['compaction_merges']} compaction merge(s)"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------- the job
+
+
+def beam_pipeline(job: Job):
+    from pipeline.runner import make_pipeline
+
+    return make_pipeline(job.cfg.runner)
+
+
+def publication(job: Job) -> Publication:
+    """What the Publish step needs: final and staging paths, and summary.json's header."""
+    cfg = job.cfg
+    store = None
+    if job.store is not None and cfg.store.update:
+        store = job.store.begin()
+    resolved = {"shape": None if job.resolved.shape is None else list(job.resolved.shape),
+                "dtype": job.resolved.dtype, "inputs": len(job.files)}
+    return Publication(
+        job.output, job.report, job.staging(job.output), job.staging(job.report), job.replace,
+        time.time(),
+        header={"run_id": job.run_id, "attempt": job.attempt, "fingerprint_scheme": SCHEME,
+                "working_dir": os.getcwd(),  # resolves relative input paths in record ids
+                "config": cfg.model_dump(mode="json"), "resolved": resolved,
+                "store": None if job.store is None else job.store.describe()},
+        near_settings=None if cfg.near is None else cfg.near.model_dump(mode="json"),
+        store=store, spill=job.spill if job.near else None)
+
+
+def execute(job: Job) -> RunSummary:
+    """Run the graph; its last step publishes outputs, commits the store and writes
+    summary.json. First the run takes its one-writer leases (output, report, store it
+    updates), so a rival run is refused (``LeaseHeld``) before anything is deleted or
+    written; under them the store's view is taken again and what dead runs left is
+    cleared. The leases are renewed while the job runs and released when it ends, however
+    it ends; a runner that does not block (Dataflow) hands them to its Publish step, which
+    releases them, and the summary says the job was submitted."""
+    from pipeline.graph import build
+    from pipeline.runner import blocks
+
+    detached = not blocks(job.cfg.runner)
+    updates = job.store is not None and job.cfg.store.update
+    try:
+        leases = take_leases(job.output, job.report, job.store.path if updates else None,
+                             job.run_id, detached)
+    except OSError as e:  # no create-if-absent on this filesystem: nothing written yet
+        raise LeaseHeld(str(e)) from None
+    handed_over = False
+    try:
+        with keep_alive(leases):
+            if updates:
+                job = dataclasses.replace(job, store=job.store.refreshed())
+                job.store.clear_attempts()
+            for final, lease in zip((job.output, job.report), leases, strict=False):
+                clear_leftovers(final, lease)
+            pub = dataclasses.replace(publication(job), leases=tuple(leases),
+                                      release_leases=detached)
+            p = beam_pipeline(job)
+            build(p, job, pub)
+            if detached:
+                result = p.run()
+                handed_over = True
+                return RunSummary(job.run_id, job.output, job.report, submitted=True,
+                                  job_id=getattr(result, "job_id", lambda: None)())
+            try:
+                p.run().wait_until_finish()
+            finally:
+                for stage in own_stages(pub):
+                    delete_tree(stage)
+            return RunSummary.load(pub.report)
+    finally:
+        if not handed_over:
+            release_all(leases)
+
+
+def _innermost(e: BaseException) -> BaseException:
+    """The original error: Beam wraps worker errors in its own exceptions and text."""
+    while e.__cause__ is not None or e.__context__ is not None:
+        e = e.__cause__ or e.__context__
+    return e
+
+
+def _first_line(e: BaseException) -> str:
+    """The error's own line; a worker error re-raised by Beam carries the remote traceback
+    as text, so take its last "XxxError: message" line, without Beam's step suffix."""
+    lines = str(e).strip().splitlines()
+    raised = [ln for ln in lines if re.match(r"^[A-Za-z_.]*(Error|Exception): ", ln)]
+    line = raised[-1] if raised else lines[0] if lines else type(e).__name__
+    return re.sub(r" \[while running '[^']*'\]$", "", line)
+
+
+def failure_line(e: BaseException) -> str:
+    """One line for a job that failed while running: the original error, and the fix
+    where it is a known one (a full disk or a file size limit)."""
+    cause = _innermost(e)
+    what = re.sub(r"^[a-z_.]+\.(\w+: )", r"\1", _first_line(cause))  # a.b.XError: -> XError:
+    ours = re.match(r"(InvalidRecordError|TooManyInvalidError): ", what)
+    if ours:  # the job's own errors are phrased for the user already
+        what = what[ours.end():]
+    elif not isinstance(cause, InvalidRecordError) and not re.match(
+            r"\w+(Error|Exception): ", what):
+        what = f"{type(cause).__name__}: {what}"
+    if _NO_ROOM.search(what):
+        what += (" (the disk of output.path / report is full, or a file size limit was hit: "
+                 "free space or write the outputs elsewhere, then run again)")
+    return f"the job failed, the run is not complete (no summary.json): {what}"
+
+
+class _NoTracebacks:
+    """sys.stderr without the tracebacks Beam's SDK harness prints there itself (not
+    through logging) for a failed bundle; every other write goes through."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream, self._dropping = stream, False
+
+    def write(self, text: str) -> int:
+        if text.startswith("Traceback (most recent call last):"):
+            self._dropping = True  # print() writes the end of line separately
+            return len(text)
+        if self._dropping and text == "\n":
+            return len(text)
+        self._dropping = False
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def beam_quiet(verbose: bool, quiet: bool = False) -> Iterator[None]:
+    """While the job runs: Beam logs a worker error with its traceback (and its harness
+    prints it) before raising; the CLI prints one line instead. ``verbose`` (or
+    TENSORDEDUP_VERBOSE=1) keeps Beam's output. ``quiet``: no log record below ERROR and
+    no Python warning from any library either."""
+    with warnings.catch_warnings():
+        disabled = logging.root.manager.disable
+        if quiet:
+            warnings.simplefilter("ignore")
+            logging.disable(logging.WARNING)
+        try:
+            if verbose:
+                yield
+                return
+            beam_log = logging.getLogger("apache_beam")
+            level, stderr = beam_log.level, sys.stderr
+            beam_log.setLevel(logging.CRITICAL)
+            sys.stderr = _NoTracebacks(stderr)
+            try:
+                yield
+            finally:
+                beam_log.setLevel(level)
+                sys.stderr = stderr
+        finally:
+            logging.disable(disabled)
+
+
+def is_verbose(verbose: bool | None = None) -> bool:
+    """``verbose``, or when None the TENSORDEDUP_VERBOSE environment variable."""
+    if verbose is not None:
+        return verbose
+    return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+
+
+def to_config(config: str | os.PathLike | Mapping[str, Any] | DedupeConfig, *,
+              overrides: Sequence[str] = (), overwrite: bool = False, run_id: str | None = None,
+              beam_args: Sequence[str] = ()) -> DedupeConfig:
+    """A checked config from a YAML path, a mapping shaped like the YAML, or a
+    ``DedupeConfig``, with ``key.path=value`` overrides, ``overwrite`` (output.overwrite),
+    ``run_id`` and Beam flags (``["--direct_num_workers=2"]``: runner options) applied.
+    Raises ``ConfigError`` (one line naming the key)."""
+    sets = [*overrides, *(["output.overwrite=true"] if overwrite else []),
+            *([f"run_id={run_id}"] if run_id else [])]
+    if isinstance(config, DedupeConfig):
+        if not sets and not beam_args:
+            return config
+        config = config.model_dump(mode="json")
+    if isinstance(config, Mapping):
+        return parse_config(config, sets, beam_args)
+    if isinstance(config, str | os.PathLike):
+        return load_config(config, sets, beam_args)
+    raise ConfigError(f"config: give a YAML file path, a dict or a DedupeConfig, not "
+                      f"{type(config).__name__}")
+
+
+def run_prepared(job: Job, *, quiet: bool = False, verbose: bool = False) -> RunSummary:
+    """Run a checked job (``preflight.prepare``): progress on stderr unless ``quiet``
+    (bars on a terminal, lines otherwise; never bars with ``verbose``)."""
+    was = progress.enabled
+    progress.enable(not quiet, bars=False if verbose else None)
+    try:
+        progress.note(f"deduplicating {len(job.files)} {job.cfg.input.format} file(s) "
+                      f"({job.cfg.runner.name} runner)")  # the start line (not when quiet)
+        with beam_quiet(verbose, quiet):
+            return execute(job)
+    except LeaseHeld:  # another run holds the output or store: nothing was touched
+        raise
+    except Exception as e:  # a worker error (Beam's log: verbose)
+        raise JobFailed(failure_line(e)) from e
+    finally:
+        progress.close()
+        progress.enable(was)
+
+
+def run_job(config: str | os.PathLike | Mapping[str, Any] | DedupeConfig, *,
+            overrides: Sequence[str] = (), overwrite: bool = False, run_id: str | None = None,
+            beam_args: Sequence[str] = (), quiet: bool = False, verbose: bool | None = None
+            ) -> RunSummary:
+    """Run the dedup job as ``tensordedup --config ...`` does and return its summary.
+
+    Args:
+      config: a YAML file's path, a dict shaped like the YAML, or a
+        ``pipeline.config.DedupeConfig``. Relative paths in it are relative to the
+        current directory.
+      overrides: ``key.path=value`` strings, as ``--set`` (values read as YAML).
+      overwrite: replace an existing output and report (``--overwrite``).
+      run_id: this run's id (``--run-id``; default: today's UTC date).
+      beam_args: Beam pipeline flags for the runner (``["--direct_num_workers=2"]``), as
+        after ``--`` on the command line.
+      quiet: no progress and no start line on stderr, library warnings and log records
+        below ERROR silenced (``--quiet``).
+      verbose: keep Beam's log output (worker tracebacks); None: TENSORDEDUP_VERBOSE.
+
+    Raises ``ConfigError`` / ``InputError`` (bad config or input, before any work),
+    ``LeaseHeld`` (another run holds the output, report or store), ``JobFailed`` (the job
+    failed while running; nothing published). On a runner that does not wait
+    (Dataflow) it returns once the job is submitted: ``submitted`` is True.
+    """
+    verbose = is_verbose(verbose)
+    cfg = to_config(config, overrides=overrides, overwrite=overwrite, run_id=run_id,
+                    beam_args=beam_args)
+    with beam_quiet(verbose, quiet):  # e.g. gcsio's warnings about credentials
+        job = prepare(cfg)
+    return run_prepared(job, quiet=quiet, verbose=verbose)
