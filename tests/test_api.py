@@ -101,6 +101,21 @@ def test_near_run_reports_settings_and_recall(tmp_path):
     assert "recall 1.0" in repr(s)
 
 
+def test_a_runner_that_does_not_wait_gives_a_submitted_summary(tmp_path, monkeypatch):
+    """As on Dataflow (simulated: the local runner, which the launcher does not wait
+    for): the summary says submitted, without counts; the report, once the job has
+    published it, loads as a RunSummary."""
+    from pipeline import runner
+
+    monkeypatch.setattr(runner, "blocks", lambda cfg: False)
+    write_files("parquet", tmp_path / "in", planted(8, files=1))
+    s = run_job(config(tmp_path), quiet=True)
+    assert s.submitted and s.summary is None and s.read is None and s.removed == {}
+    assert "submitted=True" in repr(s) and str(s).startswith("submitted: the job publishes")
+    done = RunSummary.load(s.report)
+    assert not done.submitted and done.read == 150
+
+
 def test_dataframes_need_pandas_only_when_asked(tmp_path, monkeypatch):
     write_files("parquet", tmp_path / "in", planted(3, files=1))
     s = run_job(config(tmp_path), quiet=True)
