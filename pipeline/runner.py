@@ -276,6 +276,9 @@ def _graph_facts(proto) -> tuple[list[str], int]:
     if len(top) == 1 and transforms[top[0]].unique_name == top[0]:  # the unnamed root
         top = list(transforms[top[0]].subtransforms)
     leaves = sum(1 for t in transforms.values() if not t.subtransforms)
+    # the Dedup composite is shown by its parts (Dedup/Fingerprint, Dedup/DedupExact, ...)
+    top = [c for i in top for c in (transforms[i].subtransforms
+                                    if transforms[i].unique_name == "Dedup" else [i])]
     return [transforms[i].unique_name for i in top], leaves
 
 

@@ -216,7 +216,8 @@ def test_dataflow_dry_run_builds_the_job_offline(tmp_path, parquet_in, capsys, m
               for e in plan.job.proto_pipeline.components.environments.values()}
     assert images == {IMAGE}
     steps = plan.steps
-    expected = ["Read", "Fingerprint", "Exact", "Decide", "Write", "Report"]
+    expected = ["Read", "Dedup/Fingerprint", "Dedup/DedupExact", "Dedup/Decide", "Write",
+                "Report"]
     assert [s for s in steps if s in expected] == expected, steps
     assert plan.transforms > len(steps)
     assert f"steps: {len(steps)} ({', '.join(steps)}), {plan.transforms} transforms" in out
@@ -243,7 +244,7 @@ def test_shipped_dataflow_config_dry_runs(tmp_path, capsys, monkeypatch, no_netw
                  "--set", f"output.path={tmp_path / 'clean'}",
                  "--set", f"report={tmp_path / 'report'}"]) == 0
     assert "accelerator: " + T4 in capsys.readouterr().out
-    assert "Near" in seen["plan"].steps and list(tmp_path.iterdir()) == []
+    assert "Dedup/DedupNear" in seen["plan"].steps and list(tmp_path.iterdir()) == []
 
 
 # --- the Flex Template launcher entry --------------------------------------------------
