@@ -12,7 +12,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import publish, report, store, write
+from pipeline import publish, report
+from pipeline.steps import store, write
 from tests.jobkit import EXT, read_output, run_job, write_input
 from tests.oracle import canonical_key
 from transforms import store as store_mod
@@ -185,7 +186,7 @@ def test_a_run_that_failed_half_way_finishes_correctly_when_started_again(
     d1 = write_day(tmp_path, "d1", day(7, 300))
     d2 = write_day(tmp_path, "d2", day(8, 300, [x for _, x in d1]))
     assert run_day(tmp_path, "d1", "day1") == 0
-    target = {"write": (write.WriteClean, "process"), "store_commit": (store.StoreCommit,
+    target = {"write": (write.WriteFile, "process"), "store_commit": (store.StoreCommit,
               "commit"), "summary": (report, "write_summary")}[where]
     with monkeypatch.context() as m:
         m.setattr(*target, _fail)
