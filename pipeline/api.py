@@ -205,7 +205,8 @@ def human_summary(s: dict) -> str:
              f"{s['wall_time_s']:.1f} s",
              f"clean shards: {s['output']}/ "
              f"({sum(f['output'] is not None for f in s['files'])} files)",
-             f"report: {s['report']}/ (duplicates.parquet, invalid.parquet, summary.json"
+             f"report: {s['report']}/ (index.html, duplicates.parquet, files.parquet, "
+             "invalid.parquet, summary.json"
              + (", near_distances.png/.json/.csv, borderline_pairs.parquet" if s.get("near")
                 else "") + (", reference_invalid.parquet" if s.get("reference") else "") + ")"]
     if s.get("near"):
