@@ -108,8 +108,12 @@ def to_chunks(numbered: tuple[int, Batch], spec: TensorSpec
             yield chunk
 
 
-def _row(recs: Records, i: int) -> Any:
-    return recs.slice(i, 1).to_pylist()[0] if isinstance(recs, pa.RecordBatch) else recs[i]
+def _rows(recs: Records, positions: list[int]) -> dict[int, Any]:
+    """The records at ``positions`` (a record batch's rows as dicts, in one take)."""
+    if isinstance(recs, pa.RecordBatch):
+        return dict(zip(positions, recs.take(pa.array(positions, pa.int64())).to_pylist(),
+                        strict=True))
+    return {i: recs[i] for i in positions}
 
 
 @dataclass
@@ -155,6 +159,8 @@ def split_batch(joined: tuple[int, dict[str, Iterable]], removals: Removals | No
     (batch,), (decision,) = list(parts["batch"]), list(parts[DECISIONS])
     decision: FileDecision
     recs = batch.records
+    rows = _rows(recs, [p for r in decision.removed for p in r.position.tolist()]
+                 + [bad.position for bad in decision.invalid])
     for r in decision.removed:
         digest = r.survivor_digest()
         if removals is not None and len(removals.at):  # sorted by at, digests resolved
@@ -166,10 +172,10 @@ def split_batch(joined: tuple[int, dict[str, Iterable]], removals: Removals | No
             yield beam.pvalue.TaggedOutput(REMOVED, {
                 "record_id": r.record_id[j].as_py(), "duplicate_of": r.duplicate_of[j].as_py(),
                 "kind": r.kind, "distance": float(r.distance[j]), "group": groups[j],
-                "record": _row(recs, pos)})
+                "record": rows[pos]})
     for bad in decision.invalid:
         yield beam.pvalue.TaggedOutput(INVALID, {"record_id": bad.record_id, "reason": bad.reason,
-                                                 "record": _row(recs, bad.position)})
+                                                 "record": rows[bad.position]})
     keep = np.ones(len(batch), dtype=bool)
     keep[decision.drop()] = False
     if isinstance(recs, pa.RecordBatch):
