@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from transforms.near_greedy import KEPT, OPEN, REMOVED, Decisions, component_labels, decide
 from transforms.near_plan import MODES, Partitions, Progress, assign, partition_count, plan
-from transforms.near_recall import Recall, estimate, in_sample
+from transforms.near_recall import Recall, Truth, in_sample, judge
 from transforms.near_search import (
     NO_NEAREST,
     Vectors,
@@ -394,7 +395,8 @@ class NearResult:
     kept: np.ndarray
     distance: np.ndarray
     partitions: Partitions
-    pairs: np.ndarray  # (m, 2) rows of every verified pair within tolerance found
+    pairs: float  # pairs within tolerance (each once; an estimate when ``estimated``)
+    estimated: bool  # inside crowds, pairs with removed rows were counted on a sample
     recall: Recall | None
     capped: np.ndarray  # rows that met fewer cells than exact mode would (bounded mode)
 
@@ -417,15 +419,48 @@ def _blocks(n: int) -> Iterator[slice]:
 
 
 def true_pairs(sample_x: np.ndarray, data_x: np.ndarray, spec: NearSpec, radius: float,
-               center: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Brute force: (sample row, data row) pairs within tolerance (either direction)."""
+               center: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Brute force: (sample row, data row, distance, sample within data row as the
+    reference) for the pairs within tolerance in either direction."""
     norm = max(largest_norm(sample_x, spec, center), largest_norm(data_x, spec, center))
     dtype = precision_for(norm, sample_x.reshape(len(sample_x), -1).shape[1], radius)
     si, dj, _ = pairs_within(search_vectors(sample_x, spec, radius, center, dtype),
                              search_vectors(data_x, spec, radius, center, dtype), radius,
                              spec.device)
-    _, ab, ba = verify(sample_x[si], data_x[dj], spec)
-    return si[ab | ba], dj[ab | ba]
+    d, ab, ba = verify(sample_x[si], data_x[dj], spec)
+    keep = ab | ba
+    return si[keep], dj[keep], d[keep], ab[keep]
+
+
+def decide_cell(x: np.ndarray, home: np.ndarray, spec: NearSpec, radius: float,
+                center: np.ndarray | None, *, exact: bool = True, **kw) -> Decisions:
+    """``near_greedy.decide`` over rows of ``x`` in keep order (see there), with this
+    spec's metric, search space and device."""
+    return decide(x, search_vectors(x, spec, radius, center),
+                  lambda a, b: verify(a, b, spec), radius, home=home,
+                  components=spec.grouping == "components", exact=exact,
+                  device=spec.device, **kw)
+
+
+def resolve_open(x: np.ndarray, pos: np.ndarray, home: np.ndarray, best_dist: np.ndarray,
+                 best_pos: np.ndarray, spec: NearSpec, radius: float
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The records cells left open or in doubt (``home``), with the records they
+    depend on that were kept (``home`` False), settled together in keep order (``pos``:
+    their places, any numbers that sort as keep order). ``best_dist``/``best_pos``: a
+    kept candidate a cell found for a doubtful record (inf: none). Returns (removed,
+    dup, distance) over the rows of ``x``: dup -1 means the cell's candidate stands."""
+    order = np.argsort(pos, kind="stable")
+    sp = pos[order]
+    ext = np.searchsorted(sp, best_pos[order]) - 0.5  # the candidate's place among them
+    z = search_space(x[order], spec)
+    d = decide_cell(x[order], home[order], spec, radius, z.mean(axis=0) if len(z) else None,
+                    kept=~home[order], best_dist=best_dist[order],
+                    best_rank=np.where(np.isfinite(best_dist[order]), ext, np.inf),
+                    census=False)
+    gone = np.flatnonzero(d.state == REMOVED)
+    dup = np.where(d.dup[gone] >= 0, order[np.maximum(d.dup[gone], 0)], -1)
+    return order[gone], dup, d.dist[gone]
 
 
 def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int | None = None,
@@ -442,6 +477,8 @@ def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int |
     xs = x if len(ok) == len(x) else x[ok]  # no copy of the (maybe large) input when it can
     rs = np.asarray(rank)[ok].astype(np.int64)
     n, dim = xs.shape
+    pos = np.empty(n, np.int64)
+    pos[np.argsort(rs, kind="stable")] = np.arange(n)
     radius = search_radius(spec, dim, value_scale(xs, spec))
     cells = spec.cells(n) if partitions is None else partitions
     parts = plan(search_space(xs[sample_for_plan(n, dim)], spec), n, radius, spec.mode,
@@ -458,44 +495,94 @@ def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int |
     home = np.concatenate(homes) if homes else np.empty(0, np.int64)
     rows_a = np.concatenate(rows) if rows else np.empty(0, np.int64)
     cells_a = np.concatenate(joined) if joined else np.empty(0, np.int64)
-    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("a", "b", "dist", "ab", "ba")}
-    order = np.argsort(cells_a, kind="stable")
+    order = np.lexsort((pos[rows_a], cells_a))
     bounds = np.searchsorted(cells_a[order], np.arange(len(parts) + 1))
+    state = np.zeros(n, np.int8)
+    dup, dist = np.full(n, -1, np.int64), np.full(n, np.nan)
+    doubt, refs = np.zeros(n, bool), np.zeros(n, bool)
+    links, pairs, estimated = [], 0.0, False
     for p in range(len(parts)):
         members = rows_a[order[bounds[p]:bounds[p + 1]]]
-        if len(members) >= 2:
-            f = search_partition(xs[members], home[members] == p, spec, radius,
-                                 parts.mean + parts.centroids[p])
-            for k, val in (("a", members[f.a]), ("b", members[f.b]), ("dist", f.dist),
-                           ("ab", f.a_near_b), ("ba", f.b_near_a)):
-                cols[k].append(val)
+        mine = home[members] == p
+        if len(members):
+            d = decide_cell(xs[members], mine, spec, radius, parts.mean + parts.centroids[p],
+                            exact=parts.mode == "exact")
+            h = members[mine]
+            state[h], doubt[h], dist[h] = d.state[mine], d.doubt[mine], d.dist[mine]
+            dup[h] = np.where(d.dup[mine] >= 0, members[np.maximum(d.dup[mine], 0)], -1)
+            refs[members[d.open_refs]] = True
+            exact_d, sampled_d = d.census.distances()
+            pairs += len(exact_d) + len(sampled_d) * d.census.weight
+            estimated |= d.census.estimated
+            if d.label is not None:
+                links.append((members, members[d.label]))
         if progress is not None:
             progress("search", p + 1, len(parts))
-    a, b, dist, ab, ba = (np.concatenate(cols[k]) if cols[k] else np.empty(0, t) for k, t in
-                          (("a", np.int64), ("b", np.int64), ("dist", float), ("ab", bool),
-                           ("ba", bool)))
+    if spec.grouping == "representative":
+        unsure = (state == OPEN) | doubt
+        s = np.flatnonzero(unsure | (refs & (state == KEPT)))
+        if len(s):
+            bd = np.where(doubt[s], dist[s], np.inf)
+            bp = np.where(doubt[s], pos[np.maximum(dup[s], 0)], 0)
+            gone, by, dd = resolve_open(xs[s], pos[s], unsure[s], bd, bp, spec, radius)
+            g = s[gone]
+            state[g] = REMOVED
+            dup[g] = np.where(by >= 0, s[np.maximum(by, 0)], dup[g])
+            dist[g] = dd
+            state[s[unsure[s] & (state[s] != REMOVED)]] = KEPT
+        removed = np.flatnonzero(state == REMOVED)
+        kept, dist_r = dup[removed], dist[removed]
+    else:
+        removed, kept = _component_keepers(n, links, pos)
+        dist_r, _ = exact_distance(xs[removed], xs[kept], spec)
+    by_rank = np.argsort(pos[removed], kind="stable")
+    removed, kept, dist_r = removed[by_rank], kept[by_rank], dist_r[by_rank]
     recall = None
     if spec.recall_sample > 0 and n:
-        keys = np.stack([np.zeros(n, np.uint64), np.arange(n, dtype=np.uint64)], axis=1)
-        sample = np.flatnonzero(in_sample(keys, n, spec.recall_sample))
-        si, dj = [], []
-        for blk in _blocks(n):
-            i, j = true_pairs(xs[sample], xs[blk], spec, radius, parts.mean)
-            si.append(sample[i])
-            dj.append(j + blk.start)
-        s_all, d_all = np.concatenate(si), np.concatenate(dj)
-        other = s_all != d_all
-        recall = estimate(set(sample.tolist()), set(zip(s_all[other].tolist(),
-                                                        d_all[other].tolist(), strict=True)),
-                          set(zip(a.tolist(), b.tolist(), strict=True)))
-    edges, row = row_edges(a, b, rs, dist, ab, ba)
-    if spec.grouping == "representative":
-        removed, kept, dist = group_representative(edges)
-    else:
-        removed, kept = group_components(edges)
-        dist, _ = exact_distance(xs[row[removed]], xs[row[kept]], spec)
-    return NearResult(ok[row[removed]], ok[row[kept]], dist, parts,
-                      np.stack([ok[a], ok[b]], axis=1), recall, capped)
+        recall = measure_recall(xs, pos, spec, removed, kept, dist_r)
+    return NearResult(ok[removed], ok[kept], dist_r, parts, pairs, estimated, recall, capped)
+
+
+def _component_keepers(n: int, links: list[tuple[np.ndarray, np.ndarray]], pos: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Components of all cells' links (row, its cell's label row); each keeps its first
+    row in keep order. Returns (removed, kept)."""
+    a = np.concatenate([lk[0] for lk in links]) if links else np.empty(0, np.int64)
+    b = np.concatenate([lk[1] for lk in links]) if links else np.empty(0, np.int64)
+    label = component_labels(n, a, b)
+    first = np.full(n, n, np.int64)
+    np.minimum.at(first, label, pos)
+    kept = np.argsort(pos)[first[label]]  # the row at each component's first position
+    removed = np.flatnonzero(kept != np.arange(n))
+    return removed, kept[removed]
+
+
+def measure_recall(xs: np.ndarray, rank: np.ndarray, spec: NearSpec, removed: np.ndarray,
+                   kept: np.ndarray, dist: np.ndarray, sample: int | None = None) -> Recall:
+    """Judge the decisions (rows ``removed`` in favour of ``kept``) on a seeded sample of
+    about ``sample`` rows (default ``spec.recall_sample``; ``len(xs)``: every row) by
+    brute force (``near_recall``). Rows must be finite."""
+    xs = xs.reshape(len(xs), -1)
+    n, pos = len(xs), np.asarray(rank)
+    radius = search_radius(spec, xs.shape[1], value_scale(xs, spec))
+    center = np.mean([z.mean(axis=0) for _, z in _centred_blocks(xs, spec, None)], axis=0)
+    keys = np.stack([np.zeros(n, np.uint64), np.arange(n, dtype=np.uint64)], axis=1)
+    size = spec.recall_sample if sample is None else sample
+    sample = np.flatnonzero(in_sample(keys, n, size))
+    truth = Truth.empty()
+    for blk in _blocks(n):
+        si, dj, d, ab = true_pairs(xs[sample], xs[blk], spec, radius, center)
+        dj = dj + blk.start
+        s = sample[si]
+        earlier = ab & (pos[dj] < pos[s])
+        s, dj, d = s[earlier], dj[earlier], d[earlier]
+        counts = dict(zip(*np.unique(s, return_counts=True), strict=True))
+        truth = truth.add(Truth(keys[s], keys[dj], d, pos[dj].astype(np.float64),
+                                {(0, int(k)): int(c) for k, c in counts.items()}))
+    gone = {(0, int(r)): ((0, int(k)), float(d)) for r, k, d in
+            zip(removed.tolist(), kept.tolist(), dist.tolist(), strict=True)}
+    return judge(truth, {(0, int(r)) for r in sample.tolist()}, gone,
+                 spec.grouping == "components")
 
 
 def near_duplicates(x: np.ndarray, rank: np.ndarray, spec: NearSpec,

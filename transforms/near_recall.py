@@ -3,11 +3,16 @@
 Why: bounded mode and IVF/HNSW cells may lose pairs, and a user deciding whether to
 trust a cleaned dataset needs a number, not an argument. A sample of distinct records
 (chosen by a seeded hash of their key, so it does not depend on chunking or worker
-order) is compared with every record, verified in float64 with the metric itself. A
-sampled record with at least one partner within tolerance counts as *recalled* when
-the search found every such partner; recall is the recalled share, with a Wilson 95%
-interval (an honest lower bound even when every one was found). Pair recall (partners
-found / partners) is given too.
+order) is compared with every record, verified in float64 with the metric itself.
+
+Each sampled record that has an earlier partner within tolerance (one its decision
+depends on) is judged by its decision: right when it was kept and no earlier partner
+was kept, or removed in favour of the nearest kept earlier partner (ties by keep
+order). Recall is the share judged right, with a Wilson 95% interval (an honest lower
+bound even when every one was right). The search never lists its pairs (a crowd of
+copies has millions), so records are judged, not pairs; inside a crowd a sampled
+record keeps only its ``PARTNERS`` nearest earlier partners, and the judgement looks
+at those (``truncated`` counts the records where more existed).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 Z95 = 1.959963984540054
+PARTNERS = 32  # nearest earlier partners kept per sampled record
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -53,21 +59,82 @@ def wilson(k: int, m: int, z: float = Z95) -> tuple[float, float]:
 @dataclass
 class Recall:
     sampled: int  # distinct records in the sample
-    with_partners: int  # of them, records with a partner within tolerance
-    recalled: int  # of those, records whose every partner was found
-    pairs: int  # (sampled record, partner) pairs within tolerance
-    pairs_found: int
-    recall: float | None  # recalled / with_partners (None: no sampled record had a partner)
+    with_partners: int  # of them, records with an earlier partner within tolerance
+    recalled: int  # of those, records whose decision was right
+    pairs: int  # (sampled record, earlier partner) pairs within tolerance
+    truncated: int  # records judged on their PARTNERS nearest earlier partners only
+    recall: float | None  # recalled / with_partners (None: no sampled record had one)
     low: float
     high: float
 
-    @property
-    def pair_recall(self) -> float | None:
-        return self.pairs_found / self.pairs if self.pairs else None
-
     def as_dict(self) -> dict:
-        return {**self.__dict__, "pair_recall": self.pair_recall, "interval": 0.95}
+        return {**self.__dict__, "interval": 0.95, "judged": "decisions"}
 
+
+@dataclass
+class Truth:
+    """Brute-force partners of sampled records: for each, its nearest earlier partners
+    within tolerance (the sampled record within tolerance of the partner as the
+    reference), cut to PARTNERS, and how many there are in all. Records are (n, 2)
+    uint64 keys; ``rank`` orders partners as keep order does (smaller first)."""
+
+    sample: np.ndarray  # (m, 2) uint64
+    partner: np.ndarray  # (m, 2) uint64
+    dist: np.ndarray  # (m,) float64
+    rank: np.ndarray  # (m,) float64 or int64: the partner's place in keep order
+    counts: dict  # sampled key -> partners in all
+
+    @classmethod
+    def empty(cls) -> Truth:
+        e = np.empty((0, 2), np.uint64)
+        return cls(e, e, np.empty(0), np.empty(0), {})
+
+    def add(self, other: Truth) -> Truth:
+        counts = dict(self.counts)
+        for k, c in other.counts.items():
+            counts[k] = counts.get(k, 0) + c
+        cat = Truth(np.concatenate([self.sample, other.sample]),
+                    np.concatenate([self.partner, other.partner]),
+                    np.concatenate([self.dist, other.dist]),
+                    np.concatenate([self.rank, other.rank]), counts)
+        return cat.cut()
+
+    def cut(self) -> Truth:
+        """Each sampled record's PARTNERS nearest partners (distance, then keep order)."""
+        if not len(self.dist):
+            return self
+        o = np.lexsort((self.rank, self.dist, self.sample[:, 1], self.sample[:, 0]))
+        s = self.sample[o]
+        start = np.r_[True, (s[1:] != s[:-1]).any(axis=1)]
+        first = np.maximum.accumulate(np.where(start, np.arange(len(o)), 0))
+        keep = o[np.arange(len(o)) - first < PARTNERS]
+        return Truth(self.sample[keep], self.partner[keep], self.dist[keep], self.rank[keep],
+                     self.counts)
+
+
+def judge(truth: Truth, sampled: set, removed: dict, components: bool = False) -> Recall:
+    """``sampled``: keys of sampled records; ``removed``: key -> (key it duplicates,
+    distance) for every removed record (others were kept). ``components``: a record
+    with an earlier partner is right when removed (its component keeps an earlier
+    record; which one, the brute force cannot tell from a sample)."""
+    by: dict = {}
+    for s, p, d, r in zip(map(tuple, truth.sample.tolist()), map(tuple, truth.partner.tolist()),
+                          truth.dist.tolist(), truth.rank.tolist(), strict=True):
+        by.setdefault(s, []).append((d, r, p))
+    right = 0
+    for s, partners in by.items():
+        kept = [(d, r, p) for d, r, p in sorted(partners) if p not in removed]
+        if components:
+            right += s in removed
+        elif s in removed:
+            right += bool(kept) and kept[0][2] == removed[s][0]
+        else:
+            right += not kept
+    m = len(by)
+    low, high = wilson(right, m)
+    truncated = sum(truth.counts.get(s, 0) > PARTNERS for s in by)
+    return Recall(len(sampled), m, right, int(sum(truth.counts.get(s, 0) for s in by)),
+                  truncated, right / m if m else None, low, high)
 
 
 def recall_line(r: dict | None) -> str:
@@ -78,23 +145,5 @@ def recall_line(r: dict | None) -> str:
         return (f"recall not measured: none of {r['sampled']:,} sampled records has a near "
                 "duplicate")
     return (f"recall {r['recall']:.4f} (95% interval {r['low']:.4f}-{r['high']:.4f}; "
-            f"{r['with_partners']:,} of {r['sampled']:,} sampled records have near duplicates,"
-            " checked by brute force)")
-
-
-def estimate(sampled: set, true_pairs: set, found_pairs: set) -> Recall:
-    """``sampled``: keys of sampled records; ``true_pairs``: (sampled key, partner key)
-    within tolerance by brute force; ``found_pairs``: unordered pairs the search found
-    within tolerance, as (key, key) in either order."""
-    found = {(a, b) for a, b in found_pairs if a in sampled} | {
-        (b, a) for a, b in found_pairs if b in sampled}
-    partners: dict = {}
-    for s, p in true_pairs:
-        partners.setdefault(s, set()).add(p)
-    hits = {s: sum((s, p) in found for p in ps) for s, ps in partners.items()}
-    recalled = sum(hits[s] == len(ps) for s, ps in partners.items())
-    pairs = sum(len(ps) for ps in partners.values())
-    m = len(partners)
-    low, high = wilson(recalled, m)
-    return Recall(len(sampled), m, recalled, pairs, sum(hits.values()),
-                  recalled / m if m else None, low, high)
+            f"{r['with_partners']:,} of {r['sampled']:,} sampled records have an earlier near "
+            "duplicate, their decisions checked by brute force)")
