@@ -5,7 +5,7 @@ fall. Two things are known, and the histogram keeps them apart:
 
 - **pairs within tolerance**: every verified pair the search found within the
   tolerance, each pair once, counted exactly (on a fixed grid anchored at the
-  threshold: ``pipeline.steps.near.pair_histogram``). Each removal has one, so these
+  threshold: ``pipeline.steps.near_grid.pair_histogram``). Each removal has one, so these
   counts and ``removed_near`` speak the same language (a pair, not its two ends).
 - **nearest-neighbour distances** of a sample of records (1 in ``every``, by digest):
   the bulk above the threshold, which no pair count covers (the search looks no
@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.steps.borderline import BORDERLINE_SCHEMA, ORDER
-from pipeline.steps.near import (
+from pipeline.steps.near_grid import (
     PAIR_BINS_PER_DECADE,
     PAIR_DECADES_BELOW,
     grid_anchor,

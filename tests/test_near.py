@@ -440,7 +440,7 @@ def test_torch_backend_finds_the_same_pairs():
         qa, ya, _ = search.augmented(v, v, 1e-2)  # the copies are 6.9e-3 away
         want = own = np.arange(0, 3000, 3)
         i, j, _, top, _ = search._signs(qa, ya, 700, want, own)
-        ti, tj, _, ttop, _ = search._signs_torch(qa, ya, 700, want, own, torch.device("cpu"))
+        ti, tj, _, ttop, _ = search._signs_torch(qa, ya, 700, want, own, dev=torch.device("cpu"))
         assert sorted(zip(i, j, strict=True)) == sorted(zip(ti, tj, strict=True))
         assert len(i) >= 3000 + 200
         assert (top == ttop).mean() > 0.99  # exact ties may break differently
@@ -488,7 +488,7 @@ def test_recall_judges_each_sampled_decision():
         return np.array([[0, i] for i in k], np.uint64).reshape(-1, 2)
 
     truth = recall.Truth(keys(1, 1, 2, 3), keys(10, 11, 12, 13), np.array([0.1, 0.2, 0.1, 0.3]),
-                         np.array([10.0, 11.0, 12.0, 13.0]),
+                         np.zeros(4), np.array([10, 11, 12, 13]),
                          {(0, 1): 2, (0, 2): 1, (0, 3): 1})
     removed = {(0, 1): ((0, 11), 0.2), (0, 12): ((0, 99), 0.0)}
     r = recall.judge(truth, {(0, i) for i in (1, 2, 3, 4)}, removed)
@@ -500,7 +500,7 @@ def test_recall_judges_each_sampled_decision():
     assert comp.recalled == 1  # components: removed is right; 2 and 3 were kept
     # only the PARTNERS nearest partners are kept per record, and counted as cut
     many = recall.Truth(keys(*[5] * 40), keys(*range(100, 140)), np.arange(40.0),
-                        np.arange(40.0), {(0, 5): 40}).cut()
+                        np.zeros(40), np.arange(40), {(0, 5): 40}).cut()
     assert len(many.dist) == recall.PARTNERS and many.dist.max() == recall.PARTNERS - 1
     assert recall.judge(many, {(0, 5)}, {}).truncated == 1
 

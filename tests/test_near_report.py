@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.near_report import distance_histogram, write_near_report
 from pipeline.steps.borderline import BORDERLINE_SCHEMA, borderline_sample, merge_borderline
-from pipeline.steps.near import pair_grid_edges, pair_histogram
+from pipeline.steps.near_grid import pair_grid_edges, pair_histogram
 
 T = 0.05
 

@@ -577,7 +577,7 @@ def measure_recall(xs: np.ndarray, rank: np.ndarray, spec: NearSpec, removed: np
         earlier = ab & (pos[dj] < pos[s])
         s, dj, d = s[earlier], dj[earlier], d[earlier]
         counts = dict(zip(*np.unique(s, return_counts=True), strict=True))
-        truth = truth.add(Truth(keys[s], keys[dj], d, pos[dj].astype(np.float64),
+        truth = truth.add(Truth(keys[s], keys[dj], d, np.zeros(len(d)), pos[dj],
                                 {(0, int(k)): int(c) for k, c in counts.items()}))
     gone = {(0, int(r)): ((0, int(k)), float(d)) for r, k, d in
             zip(removed.tolist(), kept.tolist(), dist.tolist(), strict=True)}
@@ -590,3 +590,22 @@ def near_duplicates(x: np.ndarray, rank: np.ndarray, spec: NearSpec,
     """``find_near``'s (removed, kept, distance): row indices and float64 distances."""
     r = find_near(x, rank, spec, partitions)
     return r.removed, r.kept, r.distance
+
+
+def nearest_distances(x: np.ndarray, z: Vectors, rows: np.ndarray, spec: NearSpec,
+                      radius: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For ``rows`` of ``x`` (search vectors ``z``): the nearest other row by the
+    search's products (no pair listed, so a crowd costs no more), its verified distance
+    (inf: no other row) and whether the two are within tolerance either way. Returns
+    (neighbour, distance, within)."""
+    rows = np.asarray(rows, np.int64)
+    best = np.full(len(rows), -1, np.int64)
+    dist, within = np.full(len(rows), np.inf), np.zeros(len(rows), bool)
+    if not len(rows) or len(x) < 2:
+        return best, dist, within
+    _, _, best = pairs_within(z.take(rows), z, radius, spec.device, own=rows, pairs=False)
+    has = best >= 0
+    d, ab, ba = verify(x[rows[has]], x[best[has]], spec)
+    dist[has] = np.where(np.isnan(d), np.inf, d)
+    within[has] = ab | ba
+    return best, dist, within

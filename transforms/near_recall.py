@@ -76,40 +76,39 @@ class Truth:
     """Brute-force partners of sampled records: for each, its nearest earlier partners
     within tolerance (the sampled record within tolerance of the partner as the
     reference), cut to PARTNERS, and how many there are in all. Records are (n, 2)
-    uint64 keys; ``rank`` orders partners as keep order does (smaller first)."""
+    uint64 keys; (``prio``, ``order``) orders partners as keep order does."""
 
     sample: np.ndarray  # (m, 2) uint64
     partner: np.ndarray  # (m, 2) uint64
     dist: np.ndarray  # (m,) float64
-    rank: np.ndarray  # (m,) float64 or int64: the partner's place in keep order
+    prio: np.ndarray  # (m,) float64: the partner's place in keep order (first key) ...
+    order: np.ndarray  # (m,) int64: ... and (second key)
     counts: dict  # sampled key -> partners in all
 
     @classmethod
     def empty(cls) -> Truth:
         e = np.empty((0, 2), np.uint64)
-        return cls(e, e, np.empty(0), np.empty(0), {})
+        return cls(e, e, np.empty(0), np.empty(0), np.empty(0, np.int64), {})
 
     def add(self, other: Truth) -> Truth:
         counts = dict(self.counts)
         for k, c in other.counts.items():
             counts[k] = counts.get(k, 0) + c
-        cat = Truth(np.concatenate([self.sample, other.sample]),
-                    np.concatenate([self.partner, other.partner]),
-                    np.concatenate([self.dist, other.dist]),
-                    np.concatenate([self.rank, other.rank]), counts)
+        cat = Truth(*(np.concatenate([getattr(self, f), getattr(other, f)])
+                      for f in ("sample", "partner", "dist", "prio", "order")), counts)
         return cat.cut()
 
     def cut(self) -> Truth:
         """Each sampled record's PARTNERS nearest partners (distance, then keep order)."""
         if not len(self.dist):
             return self
-        o = np.lexsort((self.rank, self.dist, self.sample[:, 1], self.sample[:, 0]))
+        o = np.lexsort((self.order, self.prio, self.dist, self.sample[:, 1], self.sample[:, 0]))
         s = self.sample[o]
         start = np.r_[True, (s[1:] != s[:-1]).any(axis=1)]
         first = np.maximum.accumulate(np.where(start, np.arange(len(o)), 0))
         keep = o[np.arange(len(o)) - first < PARTNERS]
-        return Truth(self.sample[keep], self.partner[keep], self.dist[keep], self.rank[keep],
-                     self.counts)
+        return Truth(self.sample[keep], self.partner[keep], self.dist[keep], self.prio[keep],
+                     self.order[keep], self.counts)
 
 
 def judge(truth: Truth, sampled: set, removed: dict, components: bool = False) -> Recall:
@@ -118,16 +117,18 @@ def judge(truth: Truth, sampled: set, removed: dict, components: bool = False) -
     with an earlier partner is right when removed (its component keeps an earlier
     record; which one, the brute force cannot tell from a sample)."""
     by: dict = {}
-    for s, p, d, r in zip(map(tuple, truth.sample.tolist()), map(tuple, truth.partner.tolist()),
-                          truth.dist.tolist(), truth.rank.tolist(), strict=True):
-        by.setdefault(s, []).append((d, r, p))
+    for s, p, d, r, o in zip(map(tuple, truth.sample.tolist()),
+                             map(tuple, truth.partner.tolist()), truth.dist.tolist(),
+                             truth.prio.tolist(), truth.order.tolist(), strict=True):
+        if s in sampled:
+            by.setdefault(s, []).append((d, r, o, p))
     right = 0
     for s, partners in by.items():
-        kept = [(d, r, p) for d, r, p in sorted(partners) if p not in removed]
+        kept = [p for *_, p in sorted(partners) if p not in removed]
         if components:
             right += s in removed
         elif s in removed:
-            right += bool(kept) and kept[0][2] == removed[s][0]
+            right += bool(kept) and kept[0] == removed[s][0]
         else:
             right += not kept
     m = len(by)

@@ -111,13 +111,14 @@ NO_NEAREST = -2  # ``own`` value: this query needs no nearest neighbour
 
 
 def pairs_within(q: Vectors, y: Vectors, radius: float, device: str = "cpu",
-                 own: np.ndarray | None = None
+                 own: np.ndarray | None = None, pairs: bool = True
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(query row, data row) for every pair whose distance may be within ``radius`` (a
     superset of the true pairs; same-row pairs included when q and y share rows), and
     the nearest data row of each query (by float32 distance, from the same products) for
     queries whose ``own`` entry is not NO_NEAREST: ``own[i]`` is the data row that is
-    query i itself (skipped), or -1. -1 where no nearest is wanted or there is none."""
+    query i itself (skipped), or -1. -1 where no nearest is wanted or there is none.
+    ``pairs`` False: the nearest rows only (no pair is listed: a crowd has millions)."""
     nq = len(q.v)
     best = np.full(nq, -1, np.int64)
     if not nq or not len(y.v):
@@ -133,7 +134,7 @@ def pairs_within(q: Vectors, y: Vectors, radius: float, device: str = "cpu",
     qs, ys = [], []
     for c in range(0, len(y.v), cols):
         qa, ya, limit = augmented(q, y.take(np.arange(c, min(c + cols, len(y.v)))), radius)
-        i, j, w, top, score = signs(qa, ya, rows, want, own[want] - c)
+        i, j, w, top, score = signs(qa, ya, rows, want, own[want] - c, pairs)
         qs.append(i)
         ys.append(j + c)
         d = limit[w] - 2 * score  # the computed squared distance of each one's best
@@ -142,15 +143,16 @@ def pairs_within(q: Vectors, y: Vectors, radius: float, device: str = "cpu",
     return np.concatenate(qs).astype(np.int64), np.concatenate(ys).astype(np.int64), best
 
 
-def _signs(qa: np.ndarray, ya: np.ndarray, rows: int, want: np.ndarray, own: np.ndarray
-           ) -> tuple[np.ndarray, ...]:
+def _signs(qa: np.ndarray, ya: np.ndarray, rows: int, want: np.ndarray, own: np.ndarray,
+           pairs: bool = True) -> tuple[np.ndarray, ...]:
     """(i, j) where qa_i . ya_j >= 0, in blocks of ``rows`` queries; and for the query
     rows ``want`` (sorted) the column with the largest product other than ``own``:
     (those rows, their columns, the products)."""
     out, tops, scores = [], [], []
     for r in range(0, len(qa), rows):
         m = qa[r:r + rows] @ ya.T
-        out.append(np.flatnonzero(m >= 0) + r * len(ya))  # 1-d: ~10x faster than 2-d
+        if pairs:
+            out.append(np.flatnonzero(m >= 0) + r * len(ya))  # 1-d: ~10x faster than 2-d
         lo, hi = np.searchsorted(want, [r, r + rows])
         if hi > lo:
             sub = m[want[lo:hi] - r]
@@ -159,14 +161,19 @@ def _signs(qa: np.ndarray, ya: np.ndarray, rows: int, want: np.ndarray, own: np.
             top = sub.argmax(axis=1)
             tops.append(top)
             scores.append(sub[np.arange(len(sub)), top])
-    i, j = np.divmod(np.concatenate(out), len(ya))
+    return _found(out, len(ya), want, tops, scores)
+
+
+def _found(out: list, cols: int, want: np.ndarray, tops: list, scores: list
+           ) -> tuple[np.ndarray, ...]:
+    i, j = np.divmod(np.concatenate(out) if out else np.empty(0, np.int64), cols)
     top = np.concatenate(tops) if tops else np.empty(0, np.int64)
     score = np.concatenate(scores).astype(np.float64) if scores else np.empty(0)
     return i, j, want, np.where(np.isfinite(score), top, -1), score
 
 
 def _signs_torch(qa: np.ndarray, ya: np.ndarray, rows: int, want: np.ndarray,
-                 own: np.ndarray, dev=None) -> tuple[np.ndarray, ...]:
+                 own: np.ndarray, pairs: bool = True, dev=None) -> tuple[np.ndarray, ...]:
     """``_signs`` with torch on ``dev`` (default: the GPU; full float32 products, no TF32)."""
     import torch
 
@@ -176,7 +183,9 @@ def _signs_torch(qa: np.ndarray, ya: np.ndarray, rows: int, want: np.ndarray,
     out, tops, scores = [], [], []
     for r in range(0, len(qa), rows):
         m = qt[r:r + rows] @ yt.T
-        out.append(torch.nonzero((m >= 0).reshape(-1)).reshape(-1).cpu().numpy() + r * len(ya))
+        if pairs:
+            out.append(torch.nonzero((m >= 0).reshape(-1)).reshape(-1).cpu().numpy()
+                       + r * len(ya))
         lo, hi = np.searchsorted(want, [r, r + rows])
         if hi > lo:
             sub = m[torch.from_numpy(want[lo:hi] - r).to(dev)]
@@ -186,7 +195,4 @@ def _signs_torch(qa: np.ndarray, ya: np.ndarray, rows: int, want: np.ndarray,
             score, top = sub.max(dim=1)
             tops.append(top.cpu().numpy())
             scores.append(score.cpu().numpy())
-    i, j = np.divmod(np.concatenate(out), len(ya))
-    top = np.concatenate(tops) if tops else np.empty(0, np.int64)
-    score = np.concatenate(scores).astype(np.float64) if scores else np.empty(0)
-    return i, j, want, np.where(np.isfinite(score), top, -1), score
+    return _found(out, len(ya), want, tops, scores)

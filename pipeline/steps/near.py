@@ -20,23 +20,22 @@ is removed as ``reference_near`` / ``store_near``.
 
 from __future__ import annotations
 
-import itertools
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import apache_beam as beam
 import numpy as np
-import pyarrow as pa
 
 from pipeline.steps import progress
-from pipeline.steps.borderline import BORDERLINE_SCHEMA, borderline_sample, merge_borderline
-from pipeline.steps.elements import NEAR_REPORT, REMOVED, Removed, VecBatch, removed_by_file
+from pipeline.steps.elements import NEAR_REPORT, REMOVED, VecBatch
+from pipeline.steps.near_cells import assign_batch, collapse, decide_one
+from pipeline.steps.near_merge import NearReport, merge_cells
 from pipeline.steps.tagged import SplitOutputs
 from transforms import fs, near
-from transforms.exact import is_protected, tier_of
-from transforms.near_plan import Partitions, assign, plan
-from transforms.near_recall import estimate, in_sample
+from transforms.near_plan import Partitions, plan
+from transforms.near_recall import Truth, in_sample
+
+__all__ = ["DedupNear", "NearReport"]
 
 HISTOGRAM_ROWS = 20_000  # about this many records get a nearest-neighbour distance (kNN)
 RECALL_BLOCK_ROWS = 16_384  # a chunk's rows per brute-force call (progress between them)
@@ -150,119 +149,6 @@ def _cost_line(parts: Partitions) -> str:
             " rows")
 
 
-@dataclass
-class CellSlice:
-    """AssignCells -> SearchCells: one chunk's rows of one cell, spilled to a file (record
-    batch ``batch`` of the Arrow IPC file ``path``), so the shuffle moves references and
-    no runner holds the vectors of every cell in memory at once."""
-
-    path: str
-    batch: int
-    rows: int
-
-
-def assign_batch(batch: VecBatch, plan: Plan, spec: near.NearSpec, spill: str
-                 ) -> Iterator[tuple[int, CellSlice]]:
-    """A chunk's rows -> the cells they join, written as one spill file (a record batch
-    per cell, flags: ``home`` there, and ``capped``: had more cells to meet than the
-    bounded mode lets it)."""
-    progress.tick("near assign", 0, 0, "chunks", units=0, total_records=plan.n)
-    batch = batch.loaded()
-    said = [0]
-
-    def rows_done(_: str, done: int, total: int) -> None:
-        progress.tick("near assign", 0, done - said[0], "chunks", units=0,
-                      total_records=plan.n)
-        said[0] = done
-
-    a = assign(near.search_vectors(batch.x, spec, plan.radius, plan.parts.mean, np.float32),
-               plan.parts, progress=rows_done)
-    rows_done("assign", len(batch), len(batch))  # one cell: assign() had nothing to do
-    order = np.argsort(a.cells, kind="stable")
-    rows, cells = a.rows[order], a.cells[order]
-    home = a.home[rows] == cells
-    rb = batch.take(rows).to_arrow(home=home, capped=home & a.capped[rows])
-    starts = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]]) if len(cells) else cells
-    ends = np.r_[starts[1:], len(cells)]
-    path = fs.join(spill, f"{uuid.uuid4().hex}.arrow")
-    with fs.local_file_for(path) as local, pa.OSFile(local, "wb") as sink, \
-            pa.ipc.new_file(sink, rb.schema) as writer:
-        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-            writer.write_batch(rb.slice(s, e - s))
-    for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
-        yield int(cells[s]), CellSlice(path, i, e - s)
-    progress.tick("near assign", 0, 0, "chunks")
-
-
-def read_cell(slices: Iterable[CellSlice]) -> tuple[VecBatch, np.ndarray, np.ndarray]:
-    """A cell's spilled rows: (rows, home flags, capped flags)."""
-    parts = []
-    for path, group in itertools.groupby(sorted(slices, key=lambda c: (c.path, c.batch)),
-                                         key=lambda c: c.path):
-        with fs.open_read(path) as f:
-            reader = pa.ipc.open_file(f)
-            parts += [VecBatch.from_arrow(reader.get_batch(c.batch)) for c in group]
-    batch = VecBatch.concat([b for b, _ in parts])
-    # one order whatever the files' names and the shuffle's order: reports are reproducible
-    rows = np.lexsort((batch.position, batch.file_index, batch.words[:, 1], batch.words[:, 0]))
-    return (batch.take(rows), np.concatenate([f["home"] for _, f in parts])[rows],
-            np.concatenate([f["capped"] for _, f in parts])[rows])
-
-
-@dataclass
-class Found:
-    """Search -> Merge: one cell's verified pairs (two mentions each) and samples."""
-
-    a: VecBatch  # first ends (values dropped)
-    b: VecBatch  # second ends
-    dist: np.ndarray
-    a_near_b: np.ndarray
-    b_near_a: np.ndarray
-    nn: np.ndarray  # nearest-neighbour distances of sampled home records
-    borderline: pa.Table
-    values: VecBatch | None  # components: home records that have a pair, with values
-    searched: int  # home records after collapsing exact copies
-    arrived: int  # home records before collapsing (each record is home in one cell)
-    capped: int  # home records that joined fewer cells than exact mode would
-    members: int  # rows searched against (home and joined, after collapsing)
-
-
-def _collapse(batch: VecBatch) -> np.ndarray:
-    """Rows that stand for their digest: the best in keep order (= exact dedup's survivor)."""
-    order = np.lexsort((batch.order, batch.prio, batch.words[:, 1], batch.words[:, 0]))
-    w = batch.words[order]
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = (w[1:] != w[:-1]).any(axis=1)
-    return np.sort(order[first])
-
-
-def search_one(kv: tuple[int, Iterable[CellSlice]], plan: Plan, spec: near.NearSpec,
-               per_side: int) -> Found:
-    """One cell on one worker: read its rows, collapse exact copies, search, verify,
-    sample."""
-    progress.tick("near search", len(plan.parts), 0, "cells", units=0)  # starts its clock
-    cell = kv[0]
-    batch, home, capped_rows = read_cell(kv[1])
-    arrived, capped = int(home.sum()), int(capped_rows.sum())
-    rows = _collapse(batch)
-    batch, home = batch.take(rows), home[rows]
-    nn_rows = np.flatnonzero(home & (batch.words[:, 1] % np.uint64(plan.nn_mod) == 0))
-    f = near.search_partition(batch.x, home, spec, plan.radius,
-                              plan.parts.mean + plan.parts.centroids[cell], nn_rows)
-    border = merge_borderline([_borderline(batch, f.a, f.b, f.dist, f.a_near_b | f.b_near_a,
-                                           per_side),
-                               _borderline(batch, f.near_a, f.near_b, f.near_dist,
-                                           f.near_within, per_side)], per_side)
-    values = None
-    if spec.grouping == "components":
-        paired = np.unique(np.concatenate([f.a, f.b]))
-        values = batch.take(paired[home[paired]])
-    progress.tick("near search", len(plan.parts), arrived, "cells")
-    return Found(batch.take(f.a, values=False), batch.take(f.b, values=False), f.dist,
-                 f.a_near_b, f.b_near_a, f.nn, border, values, int(home.sum()), arrived,
-                 capped, len(batch))
-
-
 def recall_rows(batch: VecBatch, plan: Plan, spec: near.NearSpec) -> Iterator[VecBatch]:
     """The chunk's rows that are in the recall sample (a seeded hash of the digest)."""
     pick = np.flatnonzero(in_sample(batch.words, plan.n, spec.recall_sample))
@@ -270,180 +156,63 @@ def recall_rows(batch: VecBatch, plan: Plan, spec: near.NearSpec) -> Iterator[Ve
         yield batch.loaded().take(pick)
 
 
-def true_pairs(batch: VecBatch, plan: Plan, spec: near.NearSpec, samples: list[VecBatch]
-               ) -> Iterator[np.ndarray]:
-    """Brute force of the recall sample against one chunk: (m, 4) uint64 rows (sampled
-    digest, partner digest) within tolerance, other records only. The chunk is compared
-    in blocks of RECALL_BLOCK_ROWS rows (the same pairs: each is verified in float64)."""
+def _earlier(prio_a, order_a, prio_b, order_b) -> np.ndarray:
+    return (prio_b < prio_a) | ((prio_b == prio_a) & (order_b < order_a))
+
+
+def true_partners(batch: VecBatch, plan: Plan, spec: near.NearSpec, samples: list[VecBatch]
+                  ) -> Iterator[Truth]:
+    """Brute force of the recall sample against one chunk: each sampled record's earlier
+    partners within tolerance (it within them, as the reference), other records only,
+    cut to the nearest few. The chunk is compared in blocks of RECALL_BLOCK_ROWS rows."""
     progress.tick("near recall", 0, 0, "chunks", units=0, total_records=plan.n)
     if not samples:
         progress.tick("near recall", 0, len(batch), "chunks", total_records=plan.n)
         return
     batch, sample = batch.loaded(), VecBatch.concat(samples)
+    sample = sample.take(np.lexsort((sample.order, sample.prio)))
+    sample = sample.take(collapse(sample))  # a digest's best row stands for it
     for a in range(0, len(batch), RECALL_BLOCK_ROWS):
         b = min(a + RECALL_BLOCK_ROWS, len(batch))
-        si, dj = near.true_pairs(sample.x, batch.x[a:b], spec, plan.radius, plan.parts.mean)
+        si, dj, d, ab = near.true_pairs(sample.x, batch.x[a:b], spec, plan.radius,
+                                        plan.parts.mean)
         dj = dj + a
-        other = (sample.words[si] != batch.words[dj]).any(axis=1)
-        if other.any():
-            yield np.concatenate([sample.words[si[other]], batch.words[dj[other]]], axis=1)
+        keep = ab & (sample.words[si] != batch.words[dj]).any(axis=1) & _earlier(
+            sample.prio[si], sample.order[si], batch.prio[dj], batch.order[dj])
+        if keep.any():
+            si, dj, d = si[keep], dj[keep], d[keep]
+            counts = {}
+            for w in map(tuple, sample.words[si].tolist()):
+                counts[w] = counts.get(w, 0) + 1
+            yield Truth(sample.words[si], batch.words[dj], d, batch.prio[dj], batch.order[dj],
+                        counts).cut()
         progress.tick("near recall", 0, b - a, "chunks", units=0, total_records=plan.n)
     progress.tick("near recall", 0, 0, "chunks")
 
 
-def _recall(found: list[Found], samples: list[VecBatch], truth: list[np.ndarray]) -> dict:
-    """Recall of the search on the sampled records (digests as keys)."""
-    sampled = {tuple(w) for s in samples for w in s.words.tolist()}
-    pairs = np.concatenate(truth) if truth else np.empty((0, 4), np.uint64)
-    true = {(tuple(r[:2]), tuple(r[2:])) for r in pairs.tolist()}
-    lo = np.array(sorted({w[1] for w in sampled}), dtype=np.uint64)
-    got = set()
-    for f in found:
-        hit = np.isin(f.a.words[:, 1], lo) | np.isin(f.b.words[:, 1], lo)
-        got |= set(zip(map(tuple, f.a.words[hit].tolist()), map(tuple, f.b.words[hit].tolist()),
-                       strict=True))
-    return estimate(sampled, true, got).as_dict()
+class GatherTruth(beam.CombineFn):
+    """Every chunk's partners, cut to the nearest few per sampled record as they come."""
+
+    def create_accumulator(self) -> Truth:
+        return Truth.empty()
+
+    def add_input(self, acc: Truth, t: Truth) -> Truth:
+        return acc.add(t)
+
+    def merge_accumulators(self, accs) -> Truth:
+        out = Truth.empty()
+        for a in accs:
+            out = out.add(a)
+        return out
+
+    def extract_output(self, acc: Truth) -> Truth:
+        return acc
 
 
-def _borderline(batch: VecBatch, a: np.ndarray, b: np.ndarray, dist: np.ndarray,
-                within: np.ndarray, per_side: int) -> pa.Table:
-    """Pairs named (later, earlier) in keep order, so each pair has one spelling; each end
-    with its file and position (-1 for a stored record of an earlier run)."""
-    a_later = (batch.prio[a] > batch.prio[b]) | (
-        (batch.prio[a] == batch.prio[b]) & (batch.order[a] > batch.order[b]))
-    later, earlier = np.where(a_later, a, b), np.where(a_later, b, a)
-
-    def at(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        f = batch.file_index[rows]
-        return f, np.where(f < 0, -1, batch.position[rows])
-
-    return borderline_sample(batch.ids.take(pa.array(later)), batch.ids.take(pa.array(earlier)),
-                             dist, within, per_side, at(later), at(earlier))
-
-
-# Verified pair distances are counted on a fixed grid anchored at the threshold, so the
-# merge sends counts (a few hundred ints), not one float per pair, to the report:
-# PAIR_BINS_PER_DECADE bins per decade from PAIR_DECADES_BELOW decades below the
-# threshold to PAIR_DECADES_ABOVE above it (allclose distances may exceed atol when
-# rtol > 0); bins are (lo, hi], so a pair at the threshold counts at or below it.
-PAIR_BINS_PER_DECADE = 40
-PAIR_DECADES_BELOW = 12
-PAIR_DECADES_ABOVE = 2
-
-
-def grid_anchor(marker: float) -> float:
-    """The grid's anchor: the threshold (allclose: atol), or 1.0 when that is 0."""
-    return float(marker) if marker > 0 and np.isfinite(marker) else 1.0
-
-
-def pair_grid_edges(marker: float) -> np.ndarray:
-    """The fixed grid's edges (float64, increasing; the threshold is one of them)."""
-    k = np.arange(-PAIR_DECADES_BELOW * PAIR_BINS_PER_DECADE,
-                  PAIR_DECADES_ABOVE * PAIR_BINS_PER_DECADE + 1)
-    edges = grid_anchor(marker) * 10.0 ** (k / PAIR_BINS_PER_DECADE)
-    edges[k == 0] = grid_anchor(marker)
-    return edges
-
-
-def pair_histogram(dist: np.ndarray, marker: float) -> dict:
-    """Counts of pair distances on the fixed grid: {"zero", "under" (above 0, below the
-    grid), "counts" (per bin), "over" (above the grid)}."""
-    d = np.asarray(dist, np.float64)
-    edges = pair_grid_edges(marker)
-    pos = d[d > 0]
-    idx = np.searchsorted(edges, pos, side="left") - 1  # bin i holds (edges[i], edges[i+1]]
-    counts = np.bincount(idx[(idx >= 0) & (idx < len(edges) - 1)], minlength=len(edges) - 1)
-    return {"zero": int((d <= 0).sum()), "under": int((idx < 0).sum()),
-            "counts": counts.astype(np.int64), "over": int((idx >= len(edges) - 1).sum())}
-
-
-@dataclass
-class NearReport:
-    """Merge -> Report: what the histogram, the borderline sample and summary.json need.
-
-    ``nn``: nearest-neighbour distances of a sample of records (1 in
-    ``stats["histogram_every"]``, by digest); ``pairs``: every verified pair within
-    tolerance, each once, counted on the fixed grid (``pair_histogram``)."""
-
-    nn: np.ndarray
-    borderline: pa.Table
-    stats: dict
-    pairs: dict | None = None
-
-
-def merge_found(found: list[Found], plan: Plan, spec: near.NearSpec, per_side: int,
-                samples: list[VecBatch], truth: list[np.ndarray]
-                ) -> Iterator[tuple[int, Removed] | beam.pvalue.TaggedOutput]:
-    """All partitions' pairs -> removals per file (kind near) and the NearReport.
-
-    Refuses to go on unless every record that entered the stage reached a search (as
-    Decide does for the exact stage): a record lost in the shuffle would be kept unchecked."""
-    arrived = sum(f.arrived for f in found)
-    if arrived != plan.n:
-        raise RuntimeError(f"near: {plan.n} records entered the near stage but {arrived} "
-                           "reached a partition search: refusing to publish unchecked output")
-    ends = VecBatch.concat([f.a for f in found] + [f.b for f in found]) if found else None
-    dist = np.concatenate([f.dist for f in found]) if found else np.empty(0)
-    removed = np.empty(0, np.int64)
-    pair_dist = np.empty(0)
-    if ends is not None and len(dist):
-        edges = near.merge_pairs(ends.words, ends.prio, ends.order, dist,
-                                 np.concatenate([f.a_near_b for f in found]),
-                                 np.concatenate([f.b_near_a for f in found]))
-        pair_dist = edges.dist  # each pair within tolerance once
-        safe = is_protected(ends.prio[edges.node])
-        if spec.grouping == "representative":
-            removed, kept, d = near.group_representative(edges, safe)
-        else:
-            removed, kept = near.group_components(edges, safe)
-            d = _component_distances(found, ends, edges.node[removed], edges.node[kept], spec)
-        rec, ref = edges.node[removed], edges.node[kept]
-        by_input = np.lexsort((ends.position[rec], ends.file_index[rec]))
-        rec, ref, d = rec[by_input], ref[by_input], d[by_input]
-        yield from removed_by_file(ends, rec, ref, "near", d,
-                                   tier_of(ends.prio[ref], ends.order[ref]))
-    stats = {"records_searched": int(sum(f.searched for f in found)),
-             "partitions": len(plan.parts), **plan.parts.describe(),
-             "capped_records": int(sum(f.capped for f in found)),
-             "rows_searched_against": int(sum(f.members for f in found)),
-             "pairs_within_tolerance": int(len(pair_dist)), "removed": int(len(removed)),
-             "search_radius_l2": float(plan.radius), "histogram_every": plan.nn_mod,
-             "recall": _recall(found, samples, truth) if spec.recall_sample else None}
-    nn = np.concatenate([f.nn for f in found]) if found else np.empty(0)
-    border = merge_borderline([f.borderline for f in found], per_side) if found else (
-        BORDERLINE_SCHEMA.empty_table())
-    yield beam.pvalue.TaggedOutput(NEAR_REPORT, NearReport(
-        nn, border, stats, pair_histogram(pair_dist, spec.marker)))
-
-
-def _component_distances(found: list[Found], ends: VecBatch, rec: np.ndarray, ref: np.ndarray,
-                         spec: near.NearSpec) -> np.ndarray:
-    """Distance from each removed record to its component's keeper (values by digest)."""
-    if not len(rec):
-        return np.empty(0)
-    values = VecBatch.concat([f.values for f in found if f.values is not None])
-    keys = _digest_keys(values.words)
-    order = np.argsort(keys, kind="stable")
-
-    def lookup(mention: np.ndarray) -> np.ndarray:
-        at = order[np.minimum(np.searchsorted(keys[order], _digest_keys(ends.words[mention])),
-                              len(order) - 1)]
-        if not (values.words[at] == ends.words[mention]).all():
-            raise RuntimeError("near: a paired record's values did not reach the merge")
-        return values.x[at]
-
-    return near.exact_distance(lookup(rec), lookup(ref), spec)[0]
-
-
-def _digest_keys(words: np.ndarray) -> np.ndarray:
-    """(n, 2) uint64 digests as one sortable structured array."""
-    return np.ascontiguousarray(words).view([("hi", "<u8"), ("lo", "<u8")]).ravel()
-
-
-def _drop_spill(found: list[Found], spill: str) -> list[Found]:
-    """Every cell was searched: the spilled vectors are no longer needed."""
+def _drop_spill(cells: list, spill: str) -> list:
+    """Every cell was decided: the spilled vectors are no longer needed."""
     fs.delete_tree(spill)
-    return found
+    return cells
 
 
 class DedupNear(beam.PTransform):
@@ -465,14 +234,15 @@ class DedupNear(beam.PTransform):
             SampleForPlan(self.spec)))
         samples = beam.pvalue.AsList(
             vecs | "RecallSample" >> beam.FlatMap(recall_rows, plan, self.spec))
-        truth = beam.pvalue.AsList(
-            vecs | "RecallBruteForce" >> beam.FlatMap(true_pairs, plan, self.spec, samples))
+        truth = beam.pvalue.AsSingleton(
+            vecs | "RecallBruteForce" >> beam.FlatMap(true_partners, plan, self.spec, samples)
+            | "GatherTruth" >> beam.CombineGlobally(GatherTruth()))
         return (vecs
                 | "AssignCells" >> beam.FlatMap(assign_batch, plan, self.spec, self.spill)
                 | "GroupByCell" >> beam.GroupByKey()
-                | "SearchCells" >> beam.Map(search_one, plan, self.spec, self.per_side)
-                | "GatherPairs" >> beam.combiners.ToList()
+                | "DecideCells" >> beam.Map(decide_one, plan, self.spec, self.per_side)
+                | "GatherCells" >> beam.combiners.ToList()
                 | "DropSpill" >> beam.Map(_drop_spill, self.spill)
-                | "MergePairs" >> SplitOutputs(merge_found, plan, self.spec, self.per_side,
+                | "MergeCells" >> SplitOutputs(merge_cells, plan, self.spec, self.per_side,
                                                samples, truth, main=REMOVED,
                                                tags=(NEAR_REPORT,)))

@@ -1,0 +1,187 @@
+"""Near, per cell: a chunk's rows -> the cells they join (spilled) -> each cell decided.
+
+``assign_batch`` writes a chunk's rows once, a record batch per cell, so the shuffle
+moves references and no runner holds every cell's vectors at once. ``decide_one``
+reads one cell, collapses exact copies, and decides its home records in keep order
+(``transforms.near_greedy``): what travels on to the merge is one line per removed
+record, the few records whose fate depends on another cell (with their values), the
+count of pairs within tolerance on a fixed grid, and samples for the report; never
+the pairs themselves, which a crowd of copies has by the million.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.steps import progress
+from pipeline.steps.borderline import borderline_sample, merge_borderline
+from pipeline.steps.elements import VecBatch
+from pipeline.steps.near_grid import pair_histogram
+from transforms import fs, near
+from transforms.exact import is_protected
+from transforms.near_greedy import KEPT, OPEN, REMOVED, decide
+from transforms.near_plan import assign
+
+
+@dataclass
+class CellSlice:
+    """AssignCells -> DecideCells: one chunk's rows of one cell, spilled to a file (record
+    batch ``batch`` of the Arrow IPC file ``path``)."""
+
+    path: str
+    batch: int
+    rows: int
+
+
+def assign_batch(batch: VecBatch, plan, spec: near.NearSpec, spill: str
+                 ) -> Iterator[tuple[int, CellSlice]]:
+    """A chunk's rows -> the cells they join, written as one spill file (a record batch
+    per cell, flags: ``home`` there, and ``capped``: had more cells to meet than the
+    bounded mode lets it)."""
+    progress.tick("near assign", 0, 0, "chunks", units=0, total_records=plan.n)
+    batch = batch.loaded()
+    said = [0]
+
+    def rows_done(_: str, done: int, total: int) -> None:
+        progress.tick("near assign", 0, done - said[0], "chunks", units=0,
+                      total_records=plan.n)
+        said[0] = done
+
+    a = assign(near.search_vectors(batch.x, spec, plan.radius, plan.parts.mean, np.float32),
+               plan.parts, progress=rows_done)
+    rows_done("assign", len(batch), len(batch))  # one cell: assign() had nothing to do
+    order = np.argsort(a.cells, kind="stable")
+    rows, cells = a.rows[order], a.cells[order]
+    home = a.home[rows] == cells
+    rb = batch.take(rows).to_arrow(home=home, capped=home & a.capped[rows])
+    starts = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]]) if len(cells) else cells
+    ends = np.r_[starts[1:], len(cells)]
+    path = fs.join(spill, f"{uuid.uuid4().hex}.arrow")
+    with fs.local_file_for(path) as local, pa.OSFile(local, "wb") as sink, \
+            pa.ipc.new_file(sink, rb.schema) as writer:
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+            writer.write_batch(rb.slice(s, e - s))
+    for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        yield int(cells[s]), CellSlice(path, i, e - s)
+    progress.tick("near assign", 0, 0, "chunks")
+
+
+def read_cell(slices: Iterable[CellSlice]) -> tuple[VecBatch, np.ndarray, np.ndarray]:
+    """A cell's spilled rows in keep order (ties by digest and place: one order whatever
+    the files' names and the shuffle's order, so reports are reproducible): (rows, home
+    flags, capped flags)."""
+    parts = []
+    for path, group in itertools.groupby(sorted(slices, key=lambda c: (c.path, c.batch)),
+                                         key=lambda c: c.path):
+        with fs.open_read(path) as f:
+            reader = pa.ipc.open_file(f)
+            parts += [VecBatch.from_arrow(reader.get_batch(c.batch)) for c in group]
+    batch = VecBatch.concat([b for b, _ in parts])
+    rows = np.lexsort((batch.position, batch.file_index, batch.words[:, 1], batch.words[:, 0],
+                       batch.order, batch.prio))
+    return (batch.take(rows), np.concatenate([f["home"] for _, f in parts])[rows],
+            np.concatenate([f["capped"] for _, f in parts])[rows])
+
+
+def collapse(batch: VecBatch) -> np.ndarray:
+    """Rows that stand for their digest: the best in keep order (= exact dedup's
+    survivor; the rows are in keep order, so the first of each digest), in order."""
+    w = np.ascontiguousarray(batch.words).view([("hi", "<u8"), ("lo", "<u8")]).ravel()
+    _, first = np.unique(w, return_index=True)
+    return np.sort(first)
+
+
+@dataclass
+class CellOut:
+    """DecideCells -> Merge: what one cell settled.
+
+    ``gone``/``dup``/``dist``: removed home records (no values), the kept record each
+    duplicates, the distance. ``unsure``: records the merge settles, with values: home
+    records left open (``role`` OPEN) or removed with a nearer open neighbour possible
+    (``role`` REMOVED; ``best``/``best_dist``: the cell's kept candidate), and records
+    of other cells they depend on (``role`` KEPT: their fate comes from their own
+    cell). Components: ``links`` (member, its component's first row in this cell) and
+    the linked home records' ``values``."""
+
+    gone: VecBatch
+    dup: VecBatch
+    dist: np.ndarray
+    unsure: VecBatch
+    role: np.ndarray
+    best: VecBatch
+    best_dist: np.ndarray
+    links: tuple[VecBatch, VecBatch] | None
+    values: VecBatch | None
+    pairs: dict  # the census on the fixed grid (pair_histogram), exact part
+    pairs_sampled: dict | None  # the sampled part (each pair counts ``weight``)
+    weight: float
+    nn: np.ndarray
+    borderline: pa.Table
+    searched: int
+    arrived: int
+    capped: int
+    members: int
+
+
+def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
+               per_side: int) -> CellOut:
+    """One cell on one worker: read its rows, collapse exact copies, decide in keep
+    order, sample nearest-neighbour distances and borderline pairs."""
+    progress.tick("near search", len(plan.parts), 0, "cells", units=0)  # starts its clock
+    cell = kv[0]
+    batch, home, capped_rows = read_cell(kv[1])
+    arrived, capped = int(home.sum()), int(capped_rows.sum())
+    rows = collapse(batch)
+    batch, home = batch.take(rows), home[rows]
+    z = near.search_vectors(batch.x, spec, plan.radius,
+                            plan.parts.mean + plan.parts.centroids[cell])
+    d = decide(batch.x, z, lambda a, b: near.verify(a, b, spec), plan.radius, home=home,
+               kept=is_protected(batch.prio), components=spec.grouping == "components",
+               exact=plan.parts.mode == "exact", keys=batch.words, device=spec.device)
+    nn_rows = np.flatnonzero(home & (batch.words[:, 1] % np.uint64(plan.nn_mod) == 0))
+    nb, nn, nn_within = near.nearest_distances(batch.x, z, nn_rows, spec, plan.radius)
+    later, earlier, bdist, within = d.border
+    has = nb >= 0
+    border = merge_borderline([
+        _borderline(batch, later, earlier, bdist, within, per_side),
+        _borderline(batch, nn_rows[has], nb[has], nn[has], nn_within[has], per_side)],
+        per_side)
+    mine = home & (d.state == REMOVED)
+    sure = np.flatnonzero(mine & ~d.doubt)
+    unsure = np.flatnonzero((home & ((d.state == OPEN) | d.doubt)) | d.open_refs)
+    role = np.where(home[unsure], np.where(d.state[unsure] == OPEN, OPEN, REMOVED), KEPT)
+    best = np.where(role == REMOVED, d.dup[unsure], unsure)
+    links = values = None
+    if d.label is not None:
+        linked = np.flatnonzero(d.label != np.arange(len(batch)))
+        links = (batch.take(linked, values=False), batch.take(d.label[linked], values=False))
+        paired = np.unique(np.concatenate([linked, d.label[linked]]))
+        values = batch.take(paired[home[paired]])
+    exact_d, sampled_d = d.census.distances()
+    progress.tick("near search", len(plan.parts), arrived, "cells")
+    return CellOut(batch.take(sure, values=False), batch.take(d.dup[sure], values=False),
+                   d.dist[sure], batch.take(unsure), role, batch.take(best, values=False),
+                   np.where(role == REMOVED, d.dist[unsure], np.inf), links, values,
+                   pair_histogram(exact_d, spec.marker),
+                   pair_histogram(sampled_d, spec.marker) if d.census.estimated else None,
+                   d.census.weight, nn, border, int(home.sum()), arrived, capped, len(batch))
+
+
+def _borderline(batch: VecBatch, later: np.ndarray, earlier: np.ndarray, dist: np.ndarray,
+                within: np.ndarray, per_side: int) -> pa.Table:
+    """Pairs named (later, earlier) in keep order (rows are in keep order), so each pair
+    has one spelling; each end with its file and position (-1 for a stored record)."""
+    a, b = np.maximum(later, earlier), np.minimum(later, earlier)
+
+    def at(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        f = batch.file_index[rows]
+        return f, np.where(f < 0, -1, batch.position[rows])
+
+    return borderline_sample(batch.ids.take(pa.array(a)), batch.ids.take(pa.array(b)),
+                             dist, within, per_side, at(a), at(b))

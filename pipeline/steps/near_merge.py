@@ -1,0 +1,193 @@
+"""Near, merged: every cell's decisions -> removals per file and the NearReport.
+
+Cells decide almost every record themselves (``near_cells``). What reaches this one
+worker is a line per removed record, the few records whose fate hung on another cell
+(with their values, settled here in keep order by the same kernel:
+``transforms.near.resolve_open``), counts on a fixed grid and small samples: nothing
+that grows with the pairs within tolerance. Components grouping joins each cell's
+components (a link per linked record) by digest.
+
+Recall is judged here too: each sampled record's decision against its brute-force
+partners (``transforms.near_recall``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from pipeline.steps.borderline import BORDERLINE_SCHEMA, merge_borderline
+from pipeline.steps.elements import NEAR_REPORT, VecBatch, removed_by_file
+from pipeline.steps.near_grid import weighted_sum
+from transforms import near
+from transforms.exact import is_protected, tier_of
+from transforms.near_greedy import KEPT, component_labels
+from transforms.near_recall import Truth, judge
+
+
+@dataclass
+class NearReport:
+    """Merge -> Report: what the histogram, the borderline sample and summary.json need.
+
+    ``nn``: nearest-neighbour distances of a sample of records (1 in
+    ``stats["histogram_every"]``, by digest); ``pairs``: the pairs within tolerance,
+    each once, counted on the fixed grid (``near_grid``; inside crowds partly a scaled
+    sample: ``stats["pairs_estimated"]``)."""
+
+    nn: np.ndarray
+    borderline: pa.Table
+    stats: dict
+    pairs: dict | None = None
+
+
+def digest_keys(words: np.ndarray) -> np.ndarray:
+    """(n, 2) uint64 digests as one sortable structured array."""
+    return np.ascontiguousarray(words, np.uint64).view([("hi", "<u8"), ("lo", "<u8")]).ravel()
+
+
+def _cat(batches: list[VecBatch], values: bool = True) -> VecBatch | None:
+    batches = [b for b in batches if len(b)]
+    if not batches:
+        return None
+    out = VecBatch.concat(batches)
+    return out if values else out.take(np.arange(len(out)), values=False)
+
+
+def settle_unsure(cells: list, spec: near.NearSpec, radius: float
+                  ) -> tuple[VecBatch, VecBatch, np.ndarray] | None:
+    """The records cells left open or in doubt, settled together in keep order with the
+    kept records they depend on. Returns (removed, the record each duplicates, distance)
+    or None when every cell decided all its records."""
+    live = [c for c in cells if len(c.unsure)]
+    if not live:
+        return None
+    unsure = VecBatch.concat([c.unsure for c in live])
+    role = np.concatenate([c.role for c in live])
+    best = VecBatch.concat([c.best for c in live])
+    best_dist = np.concatenate([c.best_dist for c in live])
+    key = digest_keys(unsure.words)
+    gone = digest_keys(np.concatenate([c.gone.words for c in cells]))
+    home = role != KEPT  # decided by this cell: open, or removed with a doubt
+    ref_ok = ~home & ~np.isin(key, gone) & ~np.isin(key, key[home])
+    refs = np.flatnonzero(ref_ok)
+    _, first = np.unique(key[refs], return_index=True)  # a ref named by several cells
+    rows = np.sort(np.concatenate([np.flatnonzero(home), refs[first]]))
+    s, h = unsure.take(rows), home[rows]
+    b, bd = best.take(rows, values=False), best_dist[rows]
+    prio, order = np.concatenate([s.prio, b.prio]), np.concatenate([s.order, b.order])
+    rank = np.empty(len(prio))
+    rank[np.lexsort((order, prio))] = np.arange(len(prio))
+    r, d, dist = near.resolve_open(s.x, rank[:len(s)], h, bd, rank[len(s):], spec, radius)
+    local = d >= 0
+    dup = VecBatch.concat([s.take(d[local], values=False), b.take(r[~local], values=False)])
+    dup = dup.take(np.argsort(np.r_[np.flatnonzero(local), np.flatnonzero(~local)],
+                              kind="stable"), values=False)
+    return s.take(r, values=False), dup, dist
+
+
+def component_removals(cells: list, spec: near.NearSpec
+                       ) -> tuple[VecBatch, VecBatch, np.ndarray] | None:
+    """Components grouping: the cells' links joined by digest; each component keeps its
+    first record in keep order (and its protected records); the others are removed, with
+    their distance to that record (which may exceed the threshold: chains)."""
+    links = [c.links for c in cells if c.links is not None and len(c.links[0])]
+    if not links:
+        return None
+    ends = VecBatch.concat([lk[0] for lk in links] + [lk[1] for lk in links])
+    key = digest_keys(ends.words)
+    uniq, inv = np.unique(key, return_inverse=True)
+    m = len(ends) // 2
+    label = component_labels(len(uniq), inv[:m], inv[m:])
+    node = np.empty(len(uniq), np.int64)  # one mention per record
+    node[inv] = np.arange(len(ends))
+    by_rank = np.lexsort((ends.order[node], ends.prio[node]))
+    first = np.full(len(uniq), -1, np.int64)
+    for r in by_rank[::-1].tolist():  # the last write per label is the best-ranked record
+        first[label[r]] = r
+    keeper = first[label]
+    removed = np.flatnonzero((keeper != np.arange(len(uniq))) & ~is_protected(ends.prio[node]))
+    rec, ref = ends.take(node[removed], values=False), ends.take(node[keeper[removed]],
+                                                                 values=False)
+    values = VecBatch.concat([c.values for c in cells if c.values is not None])
+    vkey = digest_keys(values.words)
+    at = np.argsort(vkey, kind="stable")
+
+    def lookup(words: np.ndarray) -> np.ndarray:
+        slot = at[np.minimum(np.searchsorted(vkey[at], digest_keys(words)), len(at) - 1)]
+        if not (values.words[slot] == words).all():
+            raise RuntimeError("near: a linked record's values did not reach the merge")
+        return values.x[slot]
+
+    return rec, ref, near.exact_distance(lookup(rec.words), lookup(ref.words), spec)[0]
+
+
+def merge_cells(cells: list, plan, spec: near.NearSpec, per_side: int,
+                samples: list[VecBatch], truth: Truth
+                ) -> Iterator[tuple[int, object] | beam.pvalue.TaggedOutput]:
+    """All cells' decisions -> removals per file (kind near) and the NearReport.
+
+    Refuses to go on unless every record that entered the stage reached a cell (as
+    Decide does for the exact stage): a record lost in the shuffle would be kept
+    unchecked."""
+    arrived = sum(c.arrived for c in cells)
+    if arrived != plan.n:
+        raise RuntimeError(f"near: {plan.n} records entered the near stage but {arrived} "
+                           "reached a partition search: refusing to publish unchecked output")
+    parts = []
+    if spec.grouping == "representative":
+        parts = [(c.gone, c.dup, c.dist) for c in cells if len(c.gone)]
+        late = settle_unsure(cells, spec, plan.radius)
+        unsure = 0 if late is None else len(late[0])
+    else:
+        late, unsure = component_removals(cells, spec), 0
+    if late is not None and len(late[0]):
+        parts.append(late)
+    removed = 0
+    if parts:
+        rec = VecBatch.concat([p[0] for p in parts])
+        ref = VecBatch.concat([p[1] for p in parts])
+        dist = np.concatenate([p[2] for p in parts])
+        ends = VecBatch.concat([rec, ref])
+        m = len(rec)
+        by_input = np.lexsort((rec.position, rec.file_index))
+        removed = m
+        yield from removed_by_file(ends, by_input, m + by_input, "near", dist[by_input],
+                                   tier_of(ref.prio[by_input], ref.order[by_input]))
+        judged = _judge(samples, truth, rec, ref, dist, spec)
+    else:
+        judged = _judge(samples, truth, None, None, np.empty(0), spec)
+    pairs = weighted_sum([(c.pairs, 1.0) for c in cells]
+                         + [(c.pairs_sampled, c.weight) for c in cells
+                            if c.pairs_sampled is not None], spec.marker)
+    n_pairs = int(pairs["counts"].sum() + pairs["zero"] + pairs["under"] + pairs["over"])
+    estimated = any(c.pairs_sampled is not None for c in cells)
+    stats = {"records_searched": int(sum(c.searched for c in cells)),
+             "partitions": len(plan.parts), **plan.parts.describe(),
+             "capped_records": int(sum(c.capped for c in cells)),
+             "rows_searched_against": int(sum(c.members for c in cells)),
+             "pairs_within_tolerance": n_pairs, "pairs_estimated": estimated,
+             "cells_with_sampled_pairs": int(sum(c.pairs_sampled is not None for c in cells)),
+             "settled_after_search": int(unsure), "removed": int(removed),
+             "search_radius_l2": float(plan.radius), "histogram_every": plan.nn_mod,
+             "recall": judged}
+    nn = np.concatenate([c.nn for c in cells]) if cells else np.empty(0)
+    border = merge_borderline([c.borderline for c in cells], per_side) if cells else (
+        BORDERLINE_SCHEMA.empty_table())
+    yield beam.pvalue.TaggedOutput(NEAR_REPORT, NearReport(nn, border, stats, pairs))
+
+
+def _judge(samples: list[VecBatch], truth: Truth, rec: VecBatch | None, ref: VecBatch | None,
+           dist: np.ndarray, spec: near.NearSpec) -> dict | None:
+    """Recall: each sampled record's decision against its brute-force partners."""
+    if not spec.recall_sample:
+        return None
+    sampled = {tuple(w) for s in samples for w, p in zip(s.words.tolist(), s.prio.tolist(),
+                                                        strict=True) if p != -np.inf}
+    gone = {} if rec is None else {
+        tuple(a): (tuple(b), d) for a, b, d in zip(rec.words.tolist(), ref.words.tolist(),
+                                                    dist.tolist(), strict=True)}
+    return judge(truth, sampled, gone, spec.grouping == "components").as_dict()
