@@ -170,3 +170,25 @@ def planted_stream(seed: int, n: int, d: int, copies: int, nans: int, zeros: int
         x[rng.choice(len(x), zeros, replace=False)] = -0.0
         x[rng.choice(len(x), zeros, replace=False)] = 0.0
     return x[rng.permutation(len(x))]
+
+
+def kept_set_oracle(x: np.ndarray, spec: NearSpec) -> dict[int, int]:
+    """{removed row: kept row} for representative grouping without listing pairs: rows in
+    order, each compared (float64, ``exact_distance``) with every row kept so far; within
+    tolerance of one -> removed in favour of the nearest (ties: the earlier). Cheap where
+    many rows are copies of few (crowds: the kept rows are few), so it checks crowds of
+    thousands that ``near_oracle`` would list millions of pairs for."""
+    flat = x.reshape(len(x), -1).astype(np.float64)
+    kept: list[int] = []
+    out: dict[int, int] = {}
+    for r in np.flatnonzero(np.isfinite(flat).all(axis=1)).tolist():
+        if kept:
+            k = np.array(kept)
+            d, ok = exact_distance(np.broadcast_to(flat[r], (len(k), flat.shape[1])),
+                                   flat[k], spec)
+            if ok.any():
+                hit = np.flatnonzero(ok)
+                out[r] = int(k[hit[np.lexsort((k[hit], d[hit]))[0]]])
+                continue
+        kept.append(r)
+    return out

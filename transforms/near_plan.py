@@ -46,9 +46,12 @@ def partition_count(n: int, single_index_rows: int, partition_rows: int) -> int:
 
 
 def train(sample: np.ndarray, partitions: int, seed: int = 0,
-          progress: Progress | None = None) -> tuple[np.ndarray, np.ndarray]:
+          progress: Progress | None = None, merge_within: float = 0.0
+          ) -> tuple[np.ndarray, np.ndarray]:
     """(mean, centroids relative to it), float64, from sample rows of the search space.
-    Recall in exact mode never depends on the centroids, only the cost does."""
+    Recall in exact mode never depends on the centroids, only the cost does.
+    ``merge_within``: centroids closer than this to a larger cell's are dropped
+    (``_merge_close``)."""
     import faiss
 
     sample = np.asarray(sample, dtype=np.float64)
@@ -69,7 +72,8 @@ def train(sample: np.ndarray, partitions: int, seed: int = 0,
         centroids = km.centroids
         if progress is not None:
             progress("k-means", it + 1, steps)
-    centroids = _split_large(z, centroids, seed).astype(np.float64)
+    centroids = _merge_close(z, _split_large(z, centroids, seed), merge_within)
+    centroids = centroids.astype(np.float64)
     if progress is not None:
         progress("k-means", steps, steps)
     return mean, centroids
@@ -98,6 +102,26 @@ def _split_large(z: np.ndarray, centroids: np.ndarray, seed: int) -> np.ndarray:
         km.train(rows)
         out.append(km.centroids)
     return np.concatenate(out)
+
+
+def _merge_close(z: np.ndarray, centroids: np.ndarray, within: float) -> np.ndarray:
+    """A crowd (thousands of copies of one record, blank records) draws many k-means
+    centroids into a region smaller than the tolerance. Each of its records would then
+    join every one of those cells (the bisector rule cannot separate points closer than
+    the radius), and each cell would hold the crowd again. Centroids within ``within``
+    of a larger cell's centroid are dropped, largest cells first, so a crowd lives in
+    one cell (any set of centroids keeps the join rule exact)."""
+    import faiss
+
+    if within <= 0 or len(centroids) < 2:
+        return centroids
+    c = np.ascontiguousarray(centroids, np.float32)
+    sizes = np.bincount(faiss.knn(z, c, 1)[1][:, 0], minlength=len(c))
+    kept: list[int] = []
+    for i in np.argsort(-sizes, kind="stable").tolist():
+        if not kept or np.min(np.linalg.norm(c[kept] - c[i], axis=1)) > within:
+            kept.append(i)
+    return centroids[np.sort(kept)]
 
 
 @dataclass
@@ -256,7 +280,7 @@ def plan(sample: np.ndarray, rows: int, radius: float, mode: str, probes: int, c
         return Partitions(mean, centroids, radius, None, "exact",
                           "one cell: every row is compared with every other")
     held = np.arange(len(sample)) % 5 == 4  # one row in five predicts, the others train
-    mean, centroids = train(sample[~held], cells, seed, progress)
+    mean, centroids = train(sample[~held], cells, seed, progress, merge_within=2 * radius)
     parts = Partitions(mean, centroids, radius)
     p = predict(centred(sample[held], mean, np.float32), parts, rows, probes, progress)
     exact = mode == "exact" or (mode == "auto" and p.joins_exact <= probes)

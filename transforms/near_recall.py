@@ -124,11 +124,14 @@ def judge(truth: Truth, sampled: set, removed: dict, components: bool = False) -
             by.setdefault(s, []).append((d, r, o, p))
     right = 0
     for s, partners in by.items():
-        kept = [p for *_, p in sorted(partners) if p not in removed]
+        partners.sort()
+        kept = [p for *_, p in partners if p not in removed]
+        cut = truth.counts.get(s, 0) > len(partners)  # farther partners exist, not listed
         if components:
             right += s in removed
-        elif s in removed:
-            right += bool(kept) and kept[0] == removed[s][0]
+        elif s in removed:  # the nearest kept earlier partner, or one beyond the list
+            right += kept[0] == removed[s][0] if kept else (
+                cut and removed[s][1] >= partners[-1][0])
         else:
             right += not kept
     m = len(by)
