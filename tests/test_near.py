@@ -495,8 +495,9 @@ def test_recall_judges_each_sampled_decision():
     assert (r.sampled, r.with_partners, r.recalled, r.pairs) == (4, 3, 1, 4)
     assert r.recall == pytest.approx(1 / 3) and r.low < 1 / 3 < r.high
     removed[(0, 1)] = ((0, 10), 0.1)
-    assert recall.judge(truth, {(0, 1)}, removed).recalled == 2  # 1 now right
-    comp = recall.judge(truth, {(0, 1)}, removed, components=True)
+    three = {(0, 1), (0, 2), (0, 3)}
+    assert recall.judge(truth, three, removed).recalled == 2  # 1 now right
+    comp = recall.judge(truth, three, removed, components=True)
     assert comp.recalled == 1  # components: removed is right; 2 and 3 were kept
     # only the PARTNERS nearest partners are kept per record, and counted as cut
     many = recall.Truth(keys(*[5] * 40), keys(*range(100, 140)), np.arange(40.0),

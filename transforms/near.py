@@ -25,10 +25,11 @@ import numpy as np
 
 from transforms.near_greedy import KEPT, OPEN, REMOVED, Decisions, component_labels, decide
 from transforms.near_plan import MODES, Partitions, Progress, assign, partition_count, plan
-from transforms.near_recall import Recall, Truth, in_sample, judge
+from transforms.near_recall import PARTNERS, Recall, Truth, in_sample, judge
 from transforms.near_search import (
     NO_NEAREST,
     Vectors,
+    earlier_candidates,
     pairs_within,
     precision_for,
     thresholds,
@@ -418,18 +419,20 @@ def _blocks(n: int) -> Iterator[slice]:
         yield slice(a, min(n, a + BLOCK_ROWS))
 
 
-def true_pairs(sample_x: np.ndarray, data_x: np.ndarray, spec: NearSpec, radius: float,
-               center: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Brute force: (sample row, data row, distance, sample within data row as the
-    reference) for the pairs within tolerance in either direction."""
+def true_partners(sample_x: np.ndarray, sample_rank: tuple, data_x: np.ndarray,
+                  data_rank: tuple, spec: NearSpec, radius: float, center: np.ndarray,
+                  k: int) -> tuple[np.ndarray, ...]:
+    """Brute force for the recall check: each sampled row's earlier data rows (by
+    ``*_rank``: (prio, order)) within tolerance, it within them as the reference; only
+    the ``k`` nearest candidates by the products are verified (inside a crowd a record
+    has thousands). Returns (sample row, data row, distance, candidates per sample row)."""
     norm = max(largest_norm(sample_x, spec, center), largest_norm(data_x, spec, center))
     dtype = precision_for(norm, sample_x.reshape(len(sample_x), -1).shape[1], radius)
-    si, dj, _ = pairs_within(search_vectors(sample_x, spec, radius, center, dtype),
-                             search_vectors(data_x, spec, radius, center, dtype), radius,
-                             spec.device)
-    d, ab, ba = verify(sample_x[si], data_x[dj], spec)
-    keep = ab | ba
-    return si[keep], dj[keep], d[keep], ab[keep]
+    si, dj, count = earlier_candidates(search_vectors(sample_x, spec, radius, center, dtype),
+                                       search_vectors(data_x, spec, radius, center, dtype),
+                                       radius, sample_rank, data_rank, k)
+    d, ab, _ = verify(sample_x[si], data_x[dj], spec)
+    return si[ab], dj[ab], d[ab], count
 
 
 def decide_cell(x: np.ndarray, home: np.ndarray, spec: NearSpec, radius: float,
@@ -570,15 +573,15 @@ def measure_recall(xs: np.ndarray, rank: np.ndarray, spec: NearSpec, removed: np
     size = spec.recall_sample if sample is None else sample
     sample = np.flatnonzero(in_sample(keys, n, size))
     truth = Truth.empty()
+    zero = np.zeros(n)
     for blk in _blocks(n):
-        si, dj, d, ab = true_pairs(xs[sample], xs[blk], spec, radius, center)
-        dj = dj + blk.start
-        s = sample[si]
-        earlier = ab & (pos[dj] < pos[s])
-        s, dj, d = s[earlier], dj[earlier], d[earlier]
-        counts = dict(zip(*np.unique(s, return_counts=True), strict=True))
-        truth = truth.add(Truth(keys[s], keys[dj], d, np.zeros(len(d)), pos[dj],
-                                {(0, int(k)): int(c) for k, c in counts.items()}))
+        si, dj, d, count = true_partners(xs[sample], (zero[sample], pos[sample]), xs[blk],
+                                         (zero[blk], pos[blk]), spec, radius, center,
+                                         PARTNERS)
+        s, dj = sample[si], dj + blk.start
+        truth = truth.add(Truth(keys[s], keys[dj], d, zero[dj], pos[dj],
+                                {(0, int(r)): int(c) for r, c in
+                                 zip(sample.tolist(), count.tolist(), strict=True) if c}))
     gone = {(0, int(r)): ((0, int(k)), float(d)) for r, k, d in
             zip(removed.tolist(), kept.tolist(), dist.tolist(), strict=True)}
     return judge(truth, {(0, int(r)) for r in sample.tolist()}, gone,

@@ -45,8 +45,8 @@ from transforms.near_search import Vectors, pairs_within
 KEPT, REMOVED, OPEN = 1, 2, 3
 BLOCK = 512  # rows settled together (their own pairs: BLOCK^2 / 2 at most)
 COLUMNS = 8192  # data rows per product call: BLOCK x COLUMNS candidates at most
-CENSUS_EXACT_PAIRS = 250_000  # pairs with removed rows counted one by one, per cell ...
-CENSUS_SAMPLED_PAIRS = 250_000  # ... then about this many more, on a sample of rows
+CENSUS_EXACT_PAIRS = 65_536  # pairs with removed rows counted one by one, per cell ...
+CENSUS_SAMPLED_PAIRS = 65_536  # ... then about this many more, on a sample of rows
 BORDER = 64  # pairs nearest the threshold kept on each side, per cell
 
 

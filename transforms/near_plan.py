@@ -280,7 +280,7 @@ def plan(sample: np.ndarray, rows: int, radius: float, mode: str, probes: int, c
         return Partitions(mean, centroids, radius, None, "exact",
                           "one cell: every row is compared with every other")
     held = np.arange(len(sample)) % 5 == 4  # one row in five predicts, the others train
-    mean, centroids = train(sample[~held], cells, seed, progress, merge_within=2 * radius)
+    mean, centroids = train(sample[~held], cells, seed, progress, merge_within=radius)
     parts = Partitions(mean, centroids, radius)
     p = predict(centred(sample[held], mean, np.float32), parts, rows, probes, progress)
     exact = mode == "exact" or (mode == "auto" and p.joins_exact <= probes)

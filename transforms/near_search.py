@@ -196,3 +196,37 @@ def _signs_torch(qa: np.ndarray, ya: np.ndarray, rows: int, want: np.ndarray,
             tops.append(top.cpu().numpy())
             scores.append(score.cpu().numpy())
     return _found(out, len(ya), want, tops, scores)
+
+
+def earlier_candidates(q: Vectors, y: Vectors, radius: float, q_rank: tuple, y_rank: tuple,
+                       k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each query row: the data rows earlier in keep order (``*_rank``: (prio,
+    order) arrays, compared in that order) that may be within ``radius``, the ``k``
+    nearest of them by the products (a crowd record has thousands; the caller verifies
+    these), and how many there were. Returns (query row, data row, candidates per
+    query)."""
+    nq = len(q.v)
+    count = np.zeros(nq, np.int64)
+    if not nq or not len(y.v):
+        return np.empty(0, np.int64), np.empty(0, np.int64), count
+    qi, yj = [], []
+    cols = max(1, min(len(y.v), BLOCK_ELEMENTS // 256))
+    rows = max(1, BLOCK_ELEMENTS // cols)
+    for c in range(0, len(y.v), cols):
+        sl = slice(c, min(c + cols, len(y.v)))
+        qa, ya, _ = augmented(q, y.take(np.arange(sl.start, sl.stop)), radius)
+        for r in range(0, nq, rows):
+            m = qa[r:r + rows] @ ya.T
+            qp, qo = q_rank[0][r:r + rows, None], q_rank[1][r:r + rows, None]
+            yp, yo = y_rank[0][None, sl], y_rank[1][None, sl]
+            m[~((yp < qp) | ((yp == qp) & (yo < qo)))] = -np.inf
+            ok = m >= 0
+            count[r:r + rows] += ok.sum(axis=1)
+            kk = min(k, m.shape[1])
+            top = np.argpartition(-m, kk - 1, axis=1)[:, :kk]
+            i = np.repeat(np.arange(len(m)), kk)
+            j = top.reshape(-1)
+            hit = ok[i, j]
+            qi.append(i[hit] + r)
+            yj.append(j[hit] + c)
+    return np.concatenate(qi), np.concatenate(yj), count

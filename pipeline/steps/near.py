@@ -33,7 +33,7 @@ from pipeline.steps.near_merge import NearReport, merge_cells
 from pipeline.steps.tagged import SplitOutputs
 from transforms import fs, near
 from transforms.near_plan import Partitions, plan
-from transforms.near_recall import Truth, in_sample
+from transforms.near_recall import PARTNERS, Truth, in_sample
 
 __all__ = ["DedupNear", "NearReport"]
 
@@ -156,15 +156,12 @@ def recall_rows(batch: VecBatch, plan: Plan, spec: near.NearSpec) -> Iterator[Ve
         yield batch.loaded().take(pick)
 
 
-def _earlier(prio_a, order_a, prio_b, order_b) -> np.ndarray:
-    return (prio_b < prio_a) | ((prio_b == prio_a) & (order_b < order_a))
-
-
 def true_partners(batch: VecBatch, plan: Plan, spec: near.NearSpec, samples: list[VecBatch]
                   ) -> Iterator[Truth]:
-    """Brute force of the recall sample against one chunk: each sampled record's earlier
-    partners within tolerance (it within them, as the reference), other records only,
-    cut to the nearest few. The chunk is compared in blocks of RECALL_BLOCK_ROWS rows."""
+    """Brute force of the recall sample against one chunk: each sampled record's nearest
+    earlier partners within tolerance (it within them, as the reference), other records
+    only, and how many candidates there were. The chunk is compared in blocks of
+    RECALL_BLOCK_ROWS rows."""
     progress.tick("near recall", 0, 0, "chunks", units=0, total_records=plan.n)
     if not samples:
         progress.tick("near recall", 0, len(batch), "chunks", total_records=plan.n)
@@ -174,17 +171,16 @@ def true_partners(batch: VecBatch, plan: Plan, spec: near.NearSpec, samples: lis
     sample = sample.take(collapse(sample))  # a digest's best row stands for it
     for a in range(0, len(batch), RECALL_BLOCK_ROWS):
         b = min(a + RECALL_BLOCK_ROWS, len(batch))
-        si, dj, d, ab = near.true_pairs(sample.x, batch.x[a:b], spec, plan.radius,
-                                        plan.parts.mean)
-        dj = dj + a
-        keep = ab & (sample.words[si] != batch.words[dj]).any(axis=1) & _earlier(
-            sample.prio[si], sample.order[si], batch.prio[dj], batch.order[dj])
-        if keep.any():
-            si, dj, d = si[keep], dj[keep], d[keep]
-            counts = {}
-            for w in map(tuple, sample.words[si].tolist()):
-                counts[w] = counts.get(w, 0) + 1
-            yield Truth(sample.words[si], batch.words[dj], d, batch.prio[dj], batch.order[dj],
+        part = batch.take(np.arange(a, b))
+        si, dj, d, count = near.true_partners(
+            sample.x, (sample.prio, sample.order), part.x, (part.prio, part.order), spec,
+            plan.radius, plan.parts.mean, PARTNERS)
+        other = (sample.words[si] != part.words[dj]).any(axis=1)
+        si, dj, d = si[other], dj[other], d[other]
+        counts = {tuple(w): int(c) for w, c in zip(sample.words.tolist(), count.tolist(),
+                                                    strict=True) if c}
+        if counts:
+            yield Truth(sample.words[si], part.words[dj], d, part.prio[dj], part.order[dj],
                         counts).cut()
         progress.tick("near recall", 0, b - a, "chunks", units=0, total_records=plan.n)
     progress.tick("near recall", 0, 0, "chunks")
