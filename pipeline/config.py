@@ -52,6 +52,17 @@ class InputConfig(_Strict):
     dtype: str | None = Field(None, description="record dtype, likewise (e.g. float32)")
     compression: Literal["auto", "none", "gzip", "zlib"] = Field(
         "auto", description="TFRecord compression: auto (detected per file) | none | gzip | zlib")
+    decode: Literal["none", "image", "bytes", "text"] = Field(
+        "none", description="none (the field holds numbers) | image (JPEG/PNG/GIF/BMP/WebP "
+        "bytes decoded to uint8 [h, w, c]) | bytes (the stored bytes as a uint8 vector) | "
+        "text (UTF-8 text; distances only after embed)")
+    resize: list[int] | None = Field(None, description="decode image: [height, width] the "
+                                     "near stage compares (antialiased bilinear); exact dedup "
+                                     "stays on full-resolution pixels")
+    channels: Literal[1, 3] | None = Field(None, description="decode image: 1 (grey) | 3 "
+                                           "(RGB); unset: as stored (RGB with resize)")
+    max_pixels: int = Field(50_000_000, gt=0, description="decode image: larger images are "
+                            "invalid records (decompression bombs)")
 
     @field_validator("dtype")
     @classmethod
@@ -59,6 +70,21 @@ class InputConfig(_Strict):
         if v is not None and v not in DTYPE_CODES:
             raise ValueError(f"unknown dtype {v!r}; use one of {', '.join(DTYPE_CODES)}")
         return v
+
+    @field_validator("resize")
+    @classmethod
+    def _height_width(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (len(v) != 2 or min(v) < 1):
+            raise ValueError(f"{v} is not [height, width] of two sizes >= 1, e.g. [64, 64]")
+        return v
+
+    @model_validator(mode="after")
+    def _image_keys(self) -> InputConfig:
+        for key in ("resize", "channels"):
+            if getattr(self, key) is not None and self.decode != "image":
+                raise ValueError(f"input.{key} applies to decoded images: set input.decode: "
+                                 f"image or remove input.{key}")
+        return self
 
     @field_validator("shape")
     @classmethod
@@ -86,6 +112,9 @@ class TuningConfig(_Strict):
                            "file read by one worker, split into chunks); units are what runs "
                            "in parallel")
     shards: int = Field(16, gt=0, description="shuffle shards of the digest group-by")
+    decoded_chunk_bytes: int = Field(64 << 20, gt=0, description="input.decode: a chunk "
+                                     "holds at most this many decoded (and encoded) bytes, "
+                                     "whatever its rows")
     remote_timeout_s: float = Field(10.0, gt=0, le=3600, allow_inf_nan=False,
                                     description="checks before the run: seconds to wait for "
                                     "one answer from a remote filesystem (gs://, s3://) before "
