@@ -159,6 +159,11 @@ def test_near_on_resized_reencodes_with_a_pillow_oracle(tmp_path):
     # no distinct crop is within the threshold of another: nothing else removed
     distinct = dist[:40, :40] + np.eye(40) * 1e9
     assert distinct.min() > threshold and set(got) == set(edits) and not invalid
+    # the report's page shows the pictures as stored (full resolution), not the 32 x 32
+    # pixels the near stage compared; the resized copy at its own size
+    page = (tmp_path / "out" / "report" / "index.html").read_text()
+    assert page.count('alt="tensor 64x64"') >= 7 and 'alt="tensor 65x66"' in page
+    assert 'alt="tensor 32x32"' not in page
 
 
 def test_hdf5_vlen_images_and_bytes_mode(tmp_path):
