@@ -384,6 +384,22 @@ def _as_list(value: Any) -> list:
     return value if isinstance(value, list) else [value]
 
 
+class EmbedConfig(_Strict):
+    model: Literal["sentence-transformers", "torchscript"] = Field(
+        description="sentence-transformers (a model folder or Hub name: texts, or images "
+        "for CLIP-like models) | torchscript (a torch.jit.save file called on a stacked "
+        "batch of the records' tensors)")
+    path: str = Field(description="the model: a local folder, a Hub name "
+                      "(sentence-transformers) or a .pt file (torchscript)")
+    batch_size: int = Field(64, gt=0, le=65536, description="records per model call")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto (a CUDA GPU where torch sees one) | cpu | cuda")
+    normalize: bool = Field(True, description="sentence-transformers: unit-length "
+                            "embeddings (cosine distance = 1 - dot product)")
+    write: bool = Field(True, description="write every embedding to "
+                        "report/embeddings/*.parquet (record_id, file, row, embedding)")
+
+
 class StoreConfig(_Strict):
     path: str = Field(description="fingerprint store: a directory (local or any Beam "
                       "filesystem, e.g. gs://) holding the digests (and, with near, the values) "
@@ -415,6 +431,9 @@ class DedupeConfig(_Strict):
     report: str = Field(description="directory for duplicates.parquet, invalid.parquet, "
                         "summary.json")
     near: NearConfig | None = Field(None, description="near-duplicate stage (off when absent)")
+    embed: EmbedConfig | None = Field(None, description="embed each record with your model on "
+                                      "the workers before the near stage; exact dedup stays "
+                                      "on the raw values (off when absent)")
     on_invalid: Literal["skip", "fail"] = Field(
         "skip", description="skip (record goes to the report) | fail (stop with an error)")
     max_invalid_fraction: float = Field(

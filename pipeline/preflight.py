@@ -27,6 +27,7 @@ from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.config import DedupeConfig, InputConfig, keep_policy
+from pipeline.embedding import Embedding, embedding
 from pipeline.steps.elements import output_name
 from pipeline.steps.store import StoreView, open_view, store_meta
 from transforms import fs
@@ -66,6 +67,7 @@ class Job:
     near: NearSpec | None = None  # the near stage's settings, when it is on
     references: References | None = None
     store: StoreView | None = None  # earlier runs' records, as of this run's start
+    embed: Embedding | None = None  # the user's model, before the near stage
 
     def staging(self, final: str) -> str:
         """The hidden sibling the run writes ``final``'s files into before publishing."""
@@ -415,7 +417,7 @@ def _check_decode(cfg: DedupeConfig) -> None:
         raise InputError("near: decoded images of different sizes cannot be compared by "
                          "distance: set input.resize: [height, width] (or input.shape: "
                          "[h, w, c] when every image has that shape)")
-    if src.decode in ("bytes", "text") and getattr(cfg, "embed", None) is None:
+    if src.decode in ("bytes", "text") and cfg.embed is None:
         raise InputError(f"near: input.decode: {src.decode} values have no distance until "
                          "they are embedded: add an embed section, or remove near (exact "
                          "dedup of the stored values needs none)")
@@ -495,11 +497,24 @@ def prepare(cfg: DedupeConfig) -> Job:
     _check_paths(cfg, files, root, output, report, refs.files if refs else [], replace)
     for key, target in (("output.path", output), ("report", report)):
         _check_writable(key, target, timeout)
-    near = near_spec(cfg, resolved[0].dtype)
+    embed = embedding(cfg.embed)
+    near = near_spec(cfg, "float32" if embed else resolved[0].dtype)
     store = None
     if cfg.store is not None:
-        meta = store_meta(resolved[0], near)
+        meta = store_meta(resolved[0], near, _settings(resolved[0], embed))
         store = _bounded(cfg.store.path, lambda path: open_view(path, run_id, meta),
                          "store.path", "reading the store", timeout)
     return Job(cfg, files, root, spec, resolved[0], keep, output, report, run_id,
-               f"{os.getpid()}-{time.time_ns()}", replace, near, refs, store)
+               f"{os.getpid()}-{time.time_ns()}", replace, near, refs, store, embed)
+
+
+def _settings(resolved: TensorSpec, embed: Embedding | None) -> dict:
+    """Decode and model settings a store records: values decoded or embedded otherwise
+    are other values, so a run with other ones is refused."""
+    out: dict = {}
+    if resolved.decode is not None:
+        d = resolved.decode
+        out["decode"] = {"kind": d.kind, "resize": d.resize, "channels": d.channels}
+    if embed is not None:
+        out["embed"] = embed.meta()
+    return out
