@@ -52,6 +52,17 @@ class InputConfig(_Strict):
     dtype: str | None = Field(None, description="record dtype, likewise (e.g. float32)")
     compression: Literal["auto", "none", "gzip", "zlib"] = Field(
         "auto", description="TFRecord compression: auto (detected per file) | none | gzip | zlib")
+    decode: Literal["none", "image", "bytes", "text"] = Field(
+        "none", description="none (the field holds numbers) | image (JPEG/PNG/GIF/BMP/WebP "
+        "bytes decoded to uint8 [h, w, c]) | bytes (the stored bytes as a uint8 vector) | "
+        "text (UTF-8 text; distances only after embed)")
+    resize: list[int] | None = Field(None, description="decode image: [height, width] the "
+                                     "near stage compares (antialiased bilinear); exact dedup "
+                                     "stays on full-resolution pixels")
+    channels: Literal[1, 3] | None = Field(None, description="decode image: 1 (grey) | 3 "
+                                           "(RGB); unset: as stored (RGB with resize)")
+    max_pixels: int = Field(50_000_000, gt=0, description="decode image: larger images are "
+                            "invalid records (decompression bombs)")
 
     @field_validator("dtype")
     @classmethod
@@ -59,6 +70,21 @@ class InputConfig(_Strict):
         if v is not None and v not in DTYPE_CODES:
             raise ValueError(f"unknown dtype {v!r}; use one of {', '.join(DTYPE_CODES)}")
         return v
+
+    @field_validator("resize")
+    @classmethod
+    def _height_width(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (len(v) != 2 or min(v) < 1):
+            raise ValueError(f"{v} is not [height, width] of two sizes >= 1, e.g. [64, 64]")
+        return v
+
+    @model_validator(mode="after")
+    def _image_keys(self) -> InputConfig:
+        for key in ("resize", "channels"):
+            if getattr(self, key) is not None and self.decode != "image":
+                raise ValueError(f"input.{key} applies to decoded images: set input.decode: "
+                                 f"image or remove input.{key}")
+        return self
 
     @field_validator("shape")
     @classmethod
@@ -86,6 +112,9 @@ class TuningConfig(_Strict):
                            "file read by one worker, split into chunks); units are what runs "
                            "in parallel")
     shards: int = Field(16, gt=0, description="shuffle shards of the digest group-by")
+    decoded_chunk_bytes: int = Field(64 << 20, gt=0, description="input.decode: a chunk "
+                                     "holds at most this many decoded (and encoded) bytes, "
+                                     "whatever its rows")
     remote_timeout_s: float = Field(10.0, gt=0, le=3600, allow_inf_nan=False,
                                     description="checks before the run: seconds to wait for "
                                     "one answer from a remote filesystem (gs://, s3://) before "
@@ -355,6 +384,22 @@ def _as_list(value: Any) -> list:
     return value if isinstance(value, list) else [value]
 
 
+class EmbedConfig(_Strict):
+    model: Literal["sentence-transformers", "torchscript"] = Field(
+        description="sentence-transformers (a model folder or Hub name: texts, or images "
+        "for CLIP-like models) | torchscript (a torch.jit.save file called on a stacked "
+        "batch of the records' tensors)")
+    path: str = Field(description="the model: a local folder, a Hub name "
+                      "(sentence-transformers) or a .pt file (torchscript)")
+    batch_size: int = Field(64, gt=0, le=65536, description="records per model call")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto (a CUDA GPU where torch sees one) | cpu | cuda")
+    normalize: bool = Field(True, description="sentence-transformers: unit-length "
+                            "embeddings (cosine distance = 1 - dot product)")
+    write: bool = Field(True, description="write every embedding to "
+                        "report/embeddings/*.parquet (record_id, file, row, embedding)")
+
+
 class StoreConfig(_Strict):
     path: str = Field(description="fingerprint store: a directory (local or any Beam "
                       "filesystem, e.g. gs://) holding the digests (and, with near, the values) "
@@ -386,6 +431,9 @@ class DedupeConfig(_Strict):
     report: str = Field(description="directory for duplicates.parquet, invalid.parquet, "
                         "summary.json")
     near: NearConfig | None = Field(None, description="near-duplicate stage (off when absent)")
+    embed: EmbedConfig | None = Field(None, description="embed each record with your model on "
+                                      "the workers before the near stage; exact dedup stays "
+                                      "on the raw values (off when absent)")
     on_invalid: Literal["skip", "fail"] = Field(
         "skip", description="skip (record goes to the report) | fail (stop with an error)")
     max_invalid_fraction: float = Field(

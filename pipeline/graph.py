@@ -20,17 +20,20 @@ from pipeline.steps import (
     VECTORS,
     Chunking,
     Dedup,
+    Embed,
     Keep,
     ReadTensors,
     StoreUpdate,
     WriteClean,
 )
+from transforms import fs
 
 
 def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
     cfg = job.cfg
     chunking = Chunking(cfg.tuning.unit_rows, cfg.tuning.chunk_rows)
-    nonfinite_invalid = cfg.near is not None and cfg.near.nonfinite == "invalid"
+    nonfinite_invalid = (cfg.near is not None and cfg.near.nonfinite == "invalid"
+                         and job.spec.decode is None)  # decoded values are finite
     read = p | "Read" >> ReadTensors(job.files, format=cfg.input.format, spec=job.spec,
                                      chunking=chunking, on_invalid=cfg.on_invalid,
                                      nonfinite_invalid=nonfinite_invalid)
@@ -40,6 +43,14 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
         ref = p | "ReadReference" >> ReadTensors(refs.files, format=refs.format, spec=refs.spec,
                                                  chunking=chunking, reference=True,
                                                  nonfinite_invalid=nonfinite_invalid)
+    if job.embed is not None:  # exact dedup stays on the raw values (the chunks' digests)
+        e = job.embed
+        write_to = fs.join(job.staging(job.report), "embeddings") if e.cfg.write else None
+        read = read | "Embed" >> Embed(e.handler, batch_size=e.cfg.batch_size,
+                                       prepare=e.prepare, write_to=write_to)
+        if ref is not None:
+            ref = ref | "EmbedReference" >> Embed(e.handler, batch_size=e.cfg.batch_size,
+                                                  prepare=e.prepare)
     updates = pub.store is not None
     dedup = read | "Dedup" >> Dedup(
         keep=Keep(*job.keep), near=job.near, exact=cfg.exact,

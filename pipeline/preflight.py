@@ -27,11 +27,12 @@ from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.config import DedupeConfig, InputConfig, keep_policy
+from pipeline.embedding import Embedding, embedding
 from pipeline.steps.elements import output_name
 from pipeline.steps.store import StoreView, open_view, store_meta
 from transforms import fs
 from transforms.formats import get_format
-from transforms.formats.base import InputError, TensorSpec, error_line
+from transforms.formats.base import Decode, InputError, TensorSpec, error_line
 from transforms.formats.tfrecord import record_start
 from transforms.near import NearSpec
 
@@ -66,6 +67,7 @@ class Job:
     near: NearSpec | None = None  # the near stage's settings, when it is on
     references: References | None = None
     store: StoreView | None = None  # earlier runs' records, as of this run's start
+    embed: Embedding | None = None  # the user's model, before the near stage
 
     def staging(self, final: str) -> str:
         """The hidden sibling the run writes ``final``'s files into before publishing."""
@@ -239,7 +241,7 @@ def _inspect(files: list[str], source: InputConfig, spec: TensorSpec, key: str,
              timeout: float) -> list[TensorSpec]:
     """Each file's first bytes against ``source.format``, then the format's own check
     (schema / first record); remote files in parallel, each bounded by ``timeout``."""
-    fmt = get_format(source.format)
+    fmt = get_format(source.format, spec)
 
     def one(path: str) -> tuple[Sniffed | None, TensorSpec | None]:
         found = sniff(_head(path))
@@ -395,9 +397,30 @@ def near_spec(cfg: DedupeConfig, dtype: str | None) -> NearSpec | None:
                     recall_sample=n.recall_sample, device=n.device)
 
 
-def _spec(source: InputConfig, rank: str | None) -> TensorSpec:
+def _spec(source: InputConfig, rank: str | None, chunk_bytes: int) -> TensorSpec:
     shape = None if source.shape is None else tuple(source.shape)
-    return TensorSpec(source.tensor, source.id, shape, source.dtype, rank, source.compression)
+    decode = None
+    if source.decode != "none":
+        decode = Decode(source.decode, None if source.resize is None else tuple(source.resize),
+                        source.channels, source.max_pixels, chunk_bytes)
+    return TensorSpec(source.tensor, source.id, shape, source.dtype, rank, source.compression,
+                      decode)
+
+
+def _check_decode(cfg: DedupeConfig) -> None:
+    """Distances need one shape and numbers that mean something: refuse a near stage on
+    images of many sizes, and on stored bytes or text (those need an embedding)."""
+    src = cfg.input
+    if cfg.near is None or src.decode == "none":
+        return
+    if src.decode == "image" and src.resize is None and src.shape is None:
+        raise InputError("near: decoded images of different sizes cannot be compared by "
+                         "distance: set input.resize: [height, width] (or input.shape: "
+                         "[h, w, c] when every image has that shape)")
+    if src.decode in ("bytes", "text") and cfg.embed is None:
+        raise InputError(f"near: input.decode: {src.decode} values have no distance until "
+                         "they are embedded: add an embed section, or remove near (exact "
+                         "dedup of the stored values needs none)")
 
 
 def _references(cfg: DedupeConfig, resolved: TensorSpec) -> References | None:
@@ -417,7 +440,7 @@ def _references(cfg: DedupeConfig, resolved: TensorSpec) -> References | None:
     timeout = cfg.tuning.remote_timeout_s
     files = sorted({f for r in cfg.reference
                     for f in _files(r.path, "reference.path", timeout)})
-    spec = _spec(src, None)
+    spec = _spec(src, None, cfg.tuning.decoded_chunk_bytes)
     for path, got in zip(files, _inspect(files, src, spec, "reference.path", timeout),
                          strict=True):
         if got.dtype != resolved.dtype or _size(got.shape) != _size(resolved.shape):
@@ -458,6 +481,7 @@ def resolve_run_id(cfg: DedupeConfig) -> str:
 def prepare(cfg: DedupeConfig) -> Job:
     """Check the config against the files and resolve it into a Job. Raises InputError."""
     _check_runner(cfg)
+    _check_decode(cfg)
     run_id = resolve_run_id(cfg)
     cfg = _with_run_id(cfg, run_id)
     output = _target(cfg.output.path.replace(RUN_ID_FIELD, run_id))
@@ -467,17 +491,30 @@ def prepare(cfg: DedupeConfig) -> Job:
     files = _files(cfg.input.path, "input.path", timeout)
     root = _common_dir(files)
     keep = keep_policy(cfg.keep)
-    spec = _spec(cfg.input, keep[1])
+    spec = _spec(cfg.input, keep[1], cfg.tuning.decoded_chunk_bytes)
     resolved = _inspect(files, cfg.input, spec, "input.path", timeout)
     refs = _references(cfg, resolved[0])
     _check_paths(cfg, files, root, output, report, refs.files if refs else [], replace)
     for key, target in (("output.path", output), ("report", report)):
         _check_writable(key, target, timeout)
-    near = near_spec(cfg, resolved[0].dtype)
+    embed = embedding(cfg.embed)
+    near = near_spec(cfg, "float32" if embed else resolved[0].dtype)
     store = None
     if cfg.store is not None:
-        meta = store_meta(resolved[0], near)
+        meta = store_meta(resolved[0], near, _settings(resolved[0], embed))
         store = _bounded(cfg.store.path, lambda path: open_view(path, run_id, meta),
                          "store.path", "reading the store", timeout)
     return Job(cfg, files, root, spec, resolved[0], keep, output, report, run_id,
-               f"{os.getpid()}-{time.time_ns()}", replace, near, refs, store)
+               f"{os.getpid()}-{time.time_ns()}", replace, near, refs, store, embed)
+
+
+def _settings(resolved: TensorSpec, embed: Embedding | None) -> dict:
+    """Decode and model settings a store records: values decoded or embedded otherwise
+    are other values, so a run with other ones is refused."""
+    out: dict = {}
+    if resolved.decode is not None:
+        d = resolved.decode
+        out["decode"] = {"kind": d.kind, "resize": d.resize, "channels": d.channels}
+    if embed is not None:
+        out["embed"] = embed.meta()
+    return out

@@ -229,7 +229,7 @@ def _read_back(file: tuple[str, str] | None, sources: dict[str, TensorSource | N
     source = None if file is None else sources.get(file[1])
     if source is None:
         return {}
-    return get_format(source.format).read_rows(file[0], source.spec, rows)
+    return get_format(source.format, source.spec).read_rows(file[0], source.spec, rows)
 
 
 def totals(files: list[dict]) -> dict:

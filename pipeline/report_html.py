@@ -38,6 +38,7 @@ MAX_ROWS = 160  # tensors read back at most (groups first, then pairs)
 THUMB_PX = 72  # thumbnails' longer side on the page
 MAX_IMAGE_PX = 128  # images larger than this are subsampled before encoding
 SPARK_POINTS = 240  # values drawn per sparkline at most
+TEXT_CHARS = 280  # characters of a text record shown
 
 READ_ROWS = Callable[[int, list[int]], dict[int, np.ndarray]]
 
@@ -214,7 +215,7 @@ def _as_image(t: np.ndarray, layout: str, lo: float, hi: float) -> np.ndarray:
 
 def _range(tensors: list[np.ndarray]) -> tuple[float, float]:
     """One value range for a group or pair, so differences between its members show."""
-    vals = [v for v in (_real(t) for t in tensors) if v.size]
+    vals = [v for v in (_real(t) for t in tensors if not _is_text(t)) if v.size]
     finite = [v[np.isfinite(v)] for v in vals]
     finite = [v for v in finite if v.size]
     if not finite:
@@ -245,10 +246,21 @@ def _preview(t: np.ndarray) -> str:
     return f"[{head}{more}] {tuple(np.asarray(t).shape)} {np.asarray(t).dtype}"
 
 
+def _is_text(t: np.ndarray) -> bool:
+    return np.asarray(t).dtype.kind in "US" or (
+        np.asarray(t).dtype == object and np.asarray(t).ndim == 0)
+
+
 def tensor_html(t: np.ndarray | None, lo: float, hi: float) -> str:
-    """A thumbnail (image-like tensors) or a sparkline and the first values (others)."""
+    """A thumbnail (image-like tensors), the text (text records, ``input.decode: text``)
+    or a sparkline and the first values (others). Decoded images come at full resolution:
+    the picture as stored, not the resized pixels the near stage compared."""
     if t is None:
         return '<div class="none">not read back</div>'
+    if _is_text(t):
+        text = str(np.asarray(t).item())
+        more = "..." if len(text) > TEXT_CHARS else ""
+        return f'<div class="text">{html.escape(text[:TEXT_CHARS])}{more}</div>'
     layout = image_layout(tuple(np.shape(t)))
     if layout is not None:
         img = _as_image(t, layout, lo, hi)
@@ -366,6 +378,7 @@ figcaption .note{color:#a33}figure.kept .note{color:#2e8b57}
 img.t{image-rendering:pixelated;background:#000;cursor:zoom-in;display:block}
 img.t.big{width:216px;height:auto;cursor:zoom-out}
 .vals{font-family:ui-monospace,monospace;font-size:10px;color:#444}
+.text{font-size:12px;white-space:pre-wrap;max-height:180px;overflow:auto}
 .none{color:#999;font-style:italic}.more{align-self:center;color:#666}
 .pairs{display:grid;grid-template-columns:1fr 1fr;gap:16px}
 .pair{display:flex;gap:6px;align-items:center;border-top:1px solid #eee;padding:6px 0}

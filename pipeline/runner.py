@@ -325,4 +325,6 @@ def dry_run(job, build_graph: Callable[[Any], None]) -> int:
         print(f"error: the dry run failed: {type(e).__name__}: {line}", file=sys.stderr)
         return EXIT_FAILED
     print("\n".join(built.facts(cfg)))
+    if job.embed is not None:  # the model was loaded once by the checks
+        print(job.embed.describe())
     return 0

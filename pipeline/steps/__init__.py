@@ -35,6 +35,7 @@ from pipeline.steps.elements import (
     Removed,
     VecBatch,
 )
+from pipeline.steps.embed import Embed
 from pipeline.steps.exact import DedupExact
 from pipeline.steps.fingerprint import Fingerprint
 from pipeline.steps.near import DedupNear, NearReport
@@ -46,7 +47,7 @@ from transforms.formats.base import TensorSpec
 from transforms.near import NearSpec
 
 __all__ = [
-    "ReadTensors", "Fingerprint", "DedupExact", "DedupNear", "Dedup", "WriteClean",
+    "ReadTensors", "Embed", "Fingerprint", "DedupExact", "DedupNear", "Dedup", "WriteClean",
     "StoreVectors", "StoreUpdate",
     "TensorSpec", "NearSpec", "Keep", "Chunking",
     "Chunk", "KeyBatch", "VecBatch", "Removed", "ReadFacts", "FileDecision", "FileResult",

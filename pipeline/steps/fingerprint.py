@@ -35,7 +35,8 @@ def shard_keys(chunk: Chunk, shards: int, keep: str, near: str | None = None
                ) -> Iterator[tuple[int, KeyBatch] | beam.pvalue.TaggedOutput]:
     """``near``: a folder; a VecBatch of the chunk's finite rows, its values spilled
     there, also goes to the VECTORS output. Reference files' rows are protected."""
-    words = digest_words(fingerprint_batch(chunk.tensors))
+    digests = chunk.digests  # given for decoded values (full-resolution pixels, raw bytes)
+    words = digest_words(fingerprint_batch(chunk.tensors) if digests is None else digests)
     n = len(words)
     file_index = np.full(n, chunk.file_index, dtype=np.int32)  # < 2**23 (keep_order)
     is_ref = chunk.file_index >= REFERENCE_FILES

@@ -65,7 +65,7 @@ class ReadChunks(beam.DoFn):
         self.invalid = Metrics.counter("tensordedup", "records_invalid")
 
     def setup(self) -> None:
-        self.fmt = get_format(self.format_name)
+        self.fmt = get_format(self.format_name, self.spec)  # decodes when spec.decode is set
 
     def process(self, unit: Unit) -> Iterator[Chunk | beam.pvalue.TaggedOutput]:
         progress.tick(self.stage, self.total_units, 0, "units", units=0,

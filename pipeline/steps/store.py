@@ -32,11 +32,13 @@ from transforms.near import NearSpec, finite_rows
 from transforms.store import FingerprintStore, LookupPlan, StoreError
 
 
-def store_meta(resolved: TensorSpec, near: NearSpec | None) -> dict:
-    """What every run appending to one store must share."""
+def store_meta(resolved: TensorSpec, near: NearSpec | None, settings: dict | None = None
+               ) -> dict:
+    """What every run appending to one store must share (``settings``: how values were
+    made, e.g. decode and embedding model)."""
     return {"fingerprint_scheme": SCHEME, "dtype": resolved.dtype,
             "shape": None if resolved.shape is None else list(resolved.shape),
-            "values": near is not None}
+            "values": near is not None, **(settings or {})}
 
 
 @dataclass(frozen=True)

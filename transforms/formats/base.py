@@ -30,6 +30,37 @@ class InvalidRecordError(ValueError):
     """A record that cannot be used while ``on_invalid: fail`` is set."""
 
 
+DECODE_KINDS = ("image", "bytes", "text")
+
+
+@dataclass(frozen=True)
+class Decode:
+    """How a field of encoded values (image files, bytes, text) becomes tensors on workers.
+
+    Why a setting of its own: the value as stored is not the tensor to compare. ``image``
+    decodes JPEG/PNG/GIF/BMP/WebP to uint8 (h, w, c) pixels (``transforms.images``);
+    ``bytes`` takes the stored bytes as a uint8 vector; ``text`` takes UTF-8 text (exact
+    dedup on its bytes; distances only after an embedding).
+    """
+
+    kind: str = "image"  # image | bytes | text
+    resize: tuple[int, int] | None = None  # image: (height, width) the near stage compares
+    channels: int | None = None  # image: 1 (grey) | 3 (RGB); None: as stored (RGB if resize)
+    max_pixels: int = 50_000_000  # image: larger images are invalid (decompression bombs)
+    chunk_bytes: int = 64 << 20  # decoded (and encoded) bytes per chunk at most
+
+    def __post_init__(self) -> None:
+        if self.kind not in DECODE_KINDS:
+            raise ValueError(f"decode must be one of {', '.join(DECODE_KINDS)}, got "
+                             f"{self.kind!r}")
+        if self.kind != "image" and (self.resize is not None or self.channels is not None):
+            raise ValueError("resize and channels apply to decode 'image' only")
+        if self.channels not in (None, 1, 3):
+            raise ValueError(f"channels must be 1 or 3, got {self.channels!r}")
+        if self.resize is not None and (len(self.resize) != 2 or min(self.resize) < 1):
+            raise ValueError(f"resize must be (height, width) >= 1, got {self.resize!r}")
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """What to read from each record (from the config's ``input`` section and ``keep``)."""
@@ -40,6 +71,7 @@ class TensorSpec:
     dtype: str | None = None  # numpy dtype name (incl. "bfloat16"); None = from the file
     rank: str | None = None  # scalar column/feature/dataset for keep {max|min: column}
     compression: str = "auto"  # TFRecord only: auto | none | gzip | zlib
+    decode: Decode | None = None  # encoded values (images, bytes, text); None: numbers
 
 
 @dataclass(frozen=True)
@@ -69,6 +101,9 @@ class Chunk:
     tensors: np.ndarray  # (n, *shape) the tensors of the valid rows
     rank: np.ndarray | None = None  # (n,) keep-by values, when TensorSpec.rank is set
     invalid: list[InvalidRecord] = field(default_factory=list)
+    # (n,) V16 exact digests when not those of ``tensors``: decoded images are compared at
+    # full resolution while ``tensors`` holds them resized; ragged values (object arrays)
+    digests: np.ndarray | None = None
 
     @property
     def n_read(self) -> int:
@@ -85,13 +120,26 @@ class Chunk:
             self.positions[out].tolist(), ids.take(pa.array(out)).to_pylist(), strict=True)]
         return Chunk(self.file_index, self.positions[~bad], ids.take(keep), self.tensors[~bad],
                      None if self.rank is None else self.rank[~bad],
-                     sorted(self.invalid + moved, key=lambda r: r.position))
+                     sorted(self.invalid + moved, key=lambda r: r.position),
+                     None if self.digests is None else self.digests[~bad])
 
     @staticmethod
     def of_invalid(file_index: int, invalid: list[InvalidRecord]) -> Chunk:
         """A chunk with no usable rows, only invalid records (an unreadable file or range)."""
         return Chunk(file_index, np.empty(0, np.int64), np.empty(0, object), np.empty((0,)),
                      None, invalid)
+
+
+@dataclass
+class Values:
+    """Encoded values of some records of one unit, before decoding (``Decode``)."""
+
+    file_index: int
+    positions: np.ndarray  # int64 (n,) positions of the readable rows
+    ids: np.ndarray | pa.Array  # (n,) record ids
+    values: list[bytes | str]  # (n,) the encoded value of each row
+    rank: np.ndarray | None = None
+    invalid: list[InvalidRecord] = field(default_factory=list)
 
 
 def error_line(e: BaseException) -> str:

@@ -82,6 +82,11 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
                              f"{', '.join(schema.names)}")
     sizes, leaf = _layout(schema.field(spec.tensor).type)
     dtype = _leaf_dtype(leaf)
+    if dtype is None and (pa.types.is_struct(leaf) or pa.types.is_binary(leaf)
+                          or pa.types.is_large_binary(leaf) or pa.types.is_string(leaf)):
+        raise InputError(f"{path}: input.tensor: column {spec.tensor!r} holds {leaf}, not "
+                         "numbers: to decode it set input.decode: image (encoded images, e.g. "
+                         "Hugging Face Image()), text or bytes")
     if dtype is None:
         raise InputError(f"{path}: input.tensor: column {spec.tensor!r} holds {leaf}, not "
                          "numbers: point input.tensor at a numeric (list) column")

@@ -637,6 +637,13 @@ def _check_serialized(path: str, spec: TensorSpec, values: Any) -> tuple[str, tu
     try:
         _, dtype, shape = _tensor_header(values[0])
     except _Bad as e:
+        from transforms.images import sniff
+
+        kind = sniff(values[0])
+        if kind is not None:  # encoded images (image/encoded): decode them on the workers
+            raise InputError(f"{path}: input.decode: feature {name!r} holds {kind} image "
+                             "bytes, not a serialized tensor: set input.decode: image (or "
+                             "bytes to compare the files as stored)") from None
         raise InputError(f"{path}: input.tensor: feature {name!r}: {e}") from None
     if spec.dtype is not None and spec.dtype != dtype.name:
         raise InputError(f"{path}: input.dtype: feature {name!r} holds {dtype.name} tensors, "

@@ -1,0 +1,221 @@
+"""Images: recall and precision of near dedup per kind of edit, and decode throughput.
+
+1. Quality: distinct pictures are non-overlapping textured 96 x 128 tiles of the photos
+   scikit-image and scikit-learn ship (decoys: every other tile; tiles of one photo are
+   correlated, some show similar texture). Each tile gets real edits (Pillow JPEG q95..q60,
+   a PNG round trip, resizes by 1-2 pixels, brightness +4/+8, and edits pixel distance
+   cannot catch: a 10% crop, a horizontal flip, letterboxing). Distances are those the
+   job's near stage computes: ``transforms.images.decode_image`` with ``resize`` 32 x 32,
+   RGB, l2 in 0..255 units (also as RMS per value = l2 / sqrt(3072)). Per edit kind:
+   recall at each threshold; precision over the edited pairs plus every distinct pair.
+2. Throughput, whole processes on all cores, one TFRecord of JPEGs (``image/encoded``):
+   the job (``decode: image``, ``resize``, exact + fingerprints), a tf.data pipeline
+   (``decode_jpeg`` + ``resize`` with antialias + ``tf.fingerprint``, parallel calls), a
+   Pillow process pool (full decode + resize + xxh3 of the pixels), and Pillow with
+   ``draft()`` (JPEG decoded at a reduced scale: less work, no full-resolution identity).
+
+Writes a table and ``bench-images.json``. ``--quick`` for a small run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+SIZE = (32, 32)
+
+
+def tiles(h: int = 96, w: int = 128) -> list[np.ndarray]:
+    import skimage.data
+    from sklearn.datasets import load_sample_images
+
+    photos = [getattr(skimage.data, n)() for n in ("astronaut", "chelsea", "coffee", "rocket",
+                                                   "immunohistochemistry", "hubble_deep_field",
+                                                   "retina")]
+    photos += list(load_sample_images().images)
+    return [np.ascontiguousarray(t) for p in photos
+            for y in range(0, p.shape[0] - h + 1, h) for x in range(0, p.shape[1] - w + 1, w)
+            if (t := p[y:y + h, x:x + w]).std() > 20]
+
+
+def enc(img: np.ndarray, fmt: str = "PNG", **kw) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def edits(im: np.ndarray) -> dict[str, bytes]:
+    h, w = im.shape[:2]
+    pil = Image.fromarray(im)
+    crop = im[h // 20:h - h // 20, w // 20:w - w // 20]
+    box = np.zeros((h + 24, w, 3), np.uint8)
+    box[12:12 + h] = im
+    out = {f"jpeg q{q}": enc(im, "JPEG", quality=q) for q in (95, 80, 70, 60)}
+    out["png round trip"] = enc(im, "PNG", compress_level=1)
+    for d in (1, 2):
+        out[f"resize +{d}px"] = enc(np.asarray(pil.resize((w + d, h + d),
+                                                          Image.Resampling.BILINEAR)))
+    for b in (4, 8):
+        out[f"brightness +{b}"] = enc(np.clip(im.astype(int) + b, 0, 255).astype(np.uint8))
+    out["crop 10% (not caught)"] = enc(crop)
+    out["flip (not caught)"] = enc(im[:, ::-1])
+    out["letterbox (not caught)"] = enc(box)
+    return out
+
+
+def quality(n_tiles: int) -> dict:
+    from transforms.images import decode_image
+
+    pics = tiles()[:n_tiles]
+
+    def vec(data: bytes) -> np.ndarray:
+        return decode_image(data, resize=SIZE, channels=3)[1].astype(np.float64).ravel()
+
+    base = np.stack([vec(enc(p)) for p in pics])
+    kinds: dict[str, list[float]] = {}
+    for i, p in enumerate(pics):
+        for kind, data in edits(p).items():
+            kinds.setdefault(kind, []).append(float(np.linalg.norm(vec(data) - base[i])))
+    sq = (base ** 2).sum(1)
+    d2 = np.maximum(sq[:, None] + sq[None] - 2 * base @ base.T, 0)
+    distinct = np.sqrt(d2[np.triu_indices(len(pics), 1)])
+    thresholds = [100, 150, 200, 250, 300, 400, 500]
+    caught = [k for k in kinds if "not caught" not in k]
+    rows = []
+    for t in thresholds:
+        tp = sum(int((np.array(kinds[k]) <= t).sum()) for k in caught)
+        fp = int((distinct <= t).sum())
+        rows.append({"threshold": t, "rms": t / np.sqrt(np.prod(SIZE) * 3),
+                     "recall": {k: float(np.mean(np.array(v) <= t)) for k, v in kinds.items()},
+                     "precision": tp / (tp + fp) if tp + fp else 1.0, "decoy_pairs_within": fp})
+    return {"tiles": len(pics), "distinct_pairs": int(len(distinct)),
+            "nearest_distinct": np.percentile(np.sort(np.sqrt(
+                d2 + np.eye(len(pics)) * 1e18).min(1)), [0, 1, 5, 50]).tolist(),
+            "edit_distance_p50_p95_max": {k: np.percentile(v, [50, 95, 100]).tolist()
+                                          for k, v in kinds.items()}, "thresholds": rows}
+
+
+TFDATA = """
+import os, sys, time
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import tensorflow as tf
+t = time.perf_counter()
+f = {"image/encoded": tf.io.FixedLenFeature([], tf.string)}
+def go(r):
+    x = tf.io.decode_jpeg(tf.io.parse_single_example(r, f)["image/encoded"], channels=3,
+                          dct_method="INTEGER_ACCURATE")
+    return tf.fingerprint(tf.reshape(x, [1, -1])), tf.image.resize(x, [32, 32], antialias=True)
+ds = tf.data.TFRecordDataset(sys.argv[1]).map(go, num_parallel_calls=tf.data.AUTOTUNE)
+n = sum(1 for _ in ds.prefetch(tf.data.AUTOTUNE))
+print(n)
+"""
+
+PILLOW = """
+import io, os, sys
+from multiprocessing import Pool
+import numpy as np, xxhash
+from PIL import Image
+sys.path.insert(0, sys.argv[3])
+from transforms.formats.encoded_tfrecord import read_values
+from transforms.formats.base import TensorSpec, Unit
+def one(data):
+    im = Image.open(io.BytesIO(data))
+    if sys.argv[2] == "draft":
+        im.draft("RGB", (32, 32))
+    im = im.convert("RGB")
+    h = xxhash.xxh3_128_digest(np.asarray(im).tobytes())
+    return h, np.asarray(im.resize((32, 32), Image.Resampling.BILINEAR)).sum()
+values = [v for vals in read_values(Unit(0, sys.argv[1]), TensorSpec("image/encoded"), 4096,
+                                    1 << 30) for v in vals.values]
+with Pool(len(os.sched_getaffinity(0))) as pool:
+    print(len(pool.map(one, values, chunksize=64)))
+"""
+
+
+def throughput(n: int, size: tuple[int, int]) -> list[dict]:
+    import tensorflow as tf
+
+    from tests.imagekit import write_tfrecord
+
+    pics = tiles(*size)
+    work = Path(tempfile.mkdtemp(prefix="bench-images-"))
+    values = [tf.io.encode_jpeg(pics[i % len(pics)][:, ::(1 if i // len(pics) % 2 else -1)],
+                                quality=90).numpy() for i in range(n)]
+    path = work / "train.tfrecord"
+    write_tfrecord(path, values)
+    cfg = work / "job.yaml"
+    cfg.write_text(json.dumps({"input": {"format": "tfrecord", "path": str(path),
+                                         "tensor": "image/encoded", "decode": "image",
+                                         "resize": [32, 32], "channels": 3},
+                               "output": {"path": str(work / "out")},
+                               "report": str(work / "report")}))
+    runs = {"tensordedup job (decode: image, resize, exact)":
+            [sys.executable, "-m", "pipeline.run", "--config", str(cfg), "--quiet",
+             "--overwrite"],
+            "tf.data (decode_jpeg + resize + fingerprint, AUTOTUNE)":
+            [sys.executable, "-c", TFDATA, str(path)],
+            "Pillow pool (full decode + resize + xxh3)":
+            [sys.executable, "-c", PILLOW, str(path), "full", str(ROOT)],
+            "Pillow pool with draft() (reduced decode)":
+            [sys.executable, "-c", PILLOW, str(path), "draft", str(ROOT)]}
+    out = []
+    for name, cmd in runs.items():
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+            times.append(time.perf_counter() - t)
+        s = float(np.median(times))
+        out.append({"contender": name, "seconds": s, "images_per_s": n / s})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--part", choices=("all", "quality", "throughput"), default="all")
+    args = ap.parse_args()
+    q: dict = {}
+    t: list = []
+    if args.part in ("all", "quality"):
+        q = quality(60 if args.quick else 400)
+        print_quality(q)
+    if args.part in ("all", "throughput"):
+        n = 600 if args.quick else 4000
+        t = throughput(n, (240, 320))
+        print(f"\n{n} JPEGs of 240 x 320 (q90), whole processes, {os.cpu_count()} cores")
+        print("| contender | s | images/s |\n|---|---:|---:|")
+        for r in t:
+            print(f"| {r['contender']} | {r['seconds']:.2f} | {r['images_per_s']:.0f} |")
+    Path("bench-images.json").write_text(json.dumps({"quality": q, "throughput": t},
+                                                    indent=2) + "\n")
+
+
+def print_quality(q: dict) -> None:
+    print(f"{q['tiles']} distinct tiles, {q['distinct_pairs']:,} decoy pairs; nearest "
+          f"distinct tile (l2, p0/p1/p5/p50): {[round(v) for v in q['nearest_distinct']]}")
+    kinds = list(q["thresholds"][0]["recall"])
+    print("| threshold (l2 / RMS) | " + " | ".join(kinds) + " | precision |")
+    print("|" + "---|" * (len(kinds) + 2))
+    for r in q["thresholds"]:
+        print(f"| {r['threshold']} / {r['rms']:.1f} | "
+              + " | ".join(f"{r['recall'][k]:.2f}" for k in kinds)
+              + f" | {r['precision']:.3f} ({r['decoy_pairs_within']} decoy pairs) |")
+
+
+if __name__ == "__main__":
+    main()

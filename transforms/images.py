@@ -1,0 +1,124 @@
+"""Encoded images -> uint8 pixels, the same way on every worker (``input.decode: image``).
+
+Why one kernel: exact dedup compares decoded pixels, so two copies of a picture must
+decode to the same array whatever container or metadata they carry, and every worker
+must produce the same bytes. Pillow decodes (JPEG through libjpeg-turbo, PNG, GIF's
+first frame, BMP, WebP); then, in this order: EXIF orientation is applied, 16-bit
+samples are scaled to 8 bits, alpha is composited on white, ``channels`` converts to
+grey (1) or RGB (3). The result is (h, w, c) uint8. ``resize`` then stretches it with
+Pillow's antialiased bilinear filter (rounded to uint8), so the near stage compares
+copies stored at other sizes. Images over ``max_pixels`` are refused from their header,
+before their pixels are allocated (decompression bombs).
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+from PIL import Image, ImageOps
+
+# Formats decoded; anything else Pillow can open (TIFF, ICO, PSD...) is refused so that a
+# run's results do not depend on optional Pillow plugins.
+FORMATS = ("JPEG", "PNG", "GIF", "BMP", "WEBP")
+_GREY = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F")
+# Leading bytes of the formats decoded (for error messages about wrong decode settings).
+MAGIC = {b"\xff\xd8\xff": "JPEG", b"\x89PNG\r\n\x1a\n": "PNG", b"GIF87a": "GIF",
+         b"GIF89a": "GIF", b"BM": "BMP"}
+
+
+class BadImage(ValueError):
+    """An image that cannot be used; the message is the one-line reason."""
+
+
+def sniff(data: bytes) -> str | None:
+    """The image format ``data`` starts like (JPEG, PNG, GIF, BMP, WEBP), or None."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    return next((name for magic, name in MAGIC.items() if data.startswith(magic)), None)
+
+
+def _eight_bit(im: Image.Image) -> Image.Image:
+    """16-bit and 32-bit grey samples scaled to 0..255 (PNG's 16-bit grey is 0..65535)."""
+    if im.mode in ("I", "F") or im.mode.startswith("I;16"):
+        x = np.asarray(im, dtype=np.float64)
+        x = x * (255.0 / 65535.0) if im.mode != "F" else x * 255.0 if x.max() <= 1 else x
+        return Image.fromarray(np.clip(np.rint(x), 0, 255).astype(np.uint8), "L")
+    if im.mode == "1":
+        return im.convert("L")
+    return im
+
+
+def _flatten_alpha(im: Image.Image) -> Image.Image:
+    """Transparent pixels composited on white; grey stays grey."""
+    has_alpha = im.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (
+        im.mode == "P" and "transparency" in im.info)
+    if not has_alpha:
+        return im if im.mode in ("L", "RGB") else im.convert("RGB")
+    grey = im.mode in ("LA", "La")
+    rgba = im.convert("RGBA")
+    out = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
+    return out.convert("L" if grey else "RGB")
+
+
+def open_image(data: bytes, max_pixels: int) -> Image.Image:
+    """The first frame of ``data`` as an 8-bit L or RGB image, oriented and flattened."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            im = Image.open(io.BytesIO(data), formats=FORMATS)
+        except Image.DecompressionBombError as e:
+            raise BadImage(f"image over Pillow's size limit: {e}") from None
+        except Exception:  # noqa: BLE001 - Pillow raises many kinds for bad input
+            kind = sniff(data)
+            if kind is not None:
+                raise BadImage(f"corrupt or truncated {kind} image (its header cannot be "
+                               f"read; {len(data):,} bytes)") from None
+            raise BadImage(f"not a JPEG, PNG, GIF, BMP or WebP image (it starts with "
+                           f"{bytes(data[:8])!r})") from None
+        w, h = im.size
+        if w * h > max_pixels:
+            raise BadImage(f"image of {w} x {h} = {w * h:,} pixels is over the limit of "
+                           f"{max_pixels:,} (a decompression bomb?): raise input.max_pixels "
+                           "to accept it")
+        try:
+            im.seek(0)
+            im.load()
+            if im.getexif().get(0x0112, 1) != 1:  # EXIF orientation: rotate/flip as shown
+                im = ImageOps.exif_transpose(im)
+        except Exception as e:  # noqa: BLE001 - truncated data, bad chunks, bad EXIF
+            raise BadImage(f"corrupt or truncated {im.format} image ({type(e).__name__}: "
+                           f"{' '.join(str(e).split())})") from None
+    return _flatten_alpha(_eight_bit(im))
+
+
+def to_channels(im: Image.Image, channels: int | None) -> Image.Image:
+    if channels == 1 and im.mode != "L":
+        return im.convert("L")
+    if channels == 3 and im.mode != "RGB":
+        return im.convert("RGB")
+    return im
+
+
+def pixels(im: Image.Image) -> np.ndarray:
+    """(h, w, c) uint8 array of an L or RGB image."""
+    x = np.asarray(im, dtype=np.uint8)
+    return x[:, :, None] if x.ndim == 2 else x
+
+
+def decode_image(data: bytes, *, channels: int | None = None,
+                 resize: tuple[int, int] | None = None,
+                 max_pixels: int = 50_000_000) -> tuple[np.ndarray, np.ndarray]:
+    """(full-resolution pixels, pixels resized to ``resize`` or the same array).
+
+    ``channels`` None keeps grey images grey and makes every other one RGB; with
+    ``resize`` and no ``channels`` images become RGB (one shape for all). Raises
+    BadImage with the reason for data that is not a usable image.
+    """
+    im = to_channels(open_image(data, max_pixels), channels or (3 if resize else None))
+    full = pixels(im)
+    if resize is None or (im.height, im.width) == tuple(resize):
+        return full, full
+    small = im.resize((resize[1], resize[0]), Image.Resampling.BILINEAR)
+    return full, pixels(small)
