@@ -29,7 +29,7 @@ from pipeline.steps import (
 
 def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
     cfg = job.cfg
-    chunking = Chunking(cfg.tuning.unit_rows, cfg.tuning.chunk_rows)
+    chunking = Chunking(cfg.tuning.unit_rows, cfg.tuning.chunk_rows, cfg.tuning.chunk_bytes)
     nonfinite_invalid = cfg.near is not None and cfg.near.nonfinite == "invalid"
     read = p | "Read" >> ReadTensors(job.files, format=cfg.input.format, spec=job.spec,
                                      chunking=chunking, on_invalid=cfg.on_invalid,
