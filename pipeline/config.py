@@ -108,9 +108,13 @@ class OutputConfig(_Strict):
 class TuningConfig(_Strict):
     chunk_rows: int = Field(65536, gt=0, description="records per Beam element (a chunk of "
                             "rows); bigger = less per-element overhead, more memory")
+    chunk_bytes: int = Field(64 << 20, gt=0, description="tensor bytes per Beam element at "
+                             "most: a chunk holds min(chunk_rows, chunk_bytes / record bytes) "
+                             "records (at least 1), so wide tensors (images) stay small")
     unit_rows: int = Field(262144, gt=0, description="records per read unit (a range of a "
                            "file read by one worker, split into chunks); units are what runs "
-                           "in parallel")
+                           "in parallel; wide records get units of as many chunks as "
+                           "unit_rows / chunk_rows")
     shards: int = Field(16, gt=0, description="shuffle shards of the digest group-by")
     decoded_chunk_bytes: int = Field(64 << 20, gt=0, description="input.decode: a chunk "
                                      "holds at most this many decoded (and encoded) bytes, "

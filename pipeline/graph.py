@@ -31,7 +31,7 @@ from transforms import fs
 
 def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
     cfg = job.cfg
-    chunking = Chunking(cfg.tuning.unit_rows, cfg.tuning.chunk_rows)
+    chunking = Chunking(cfg.tuning.unit_rows, cfg.tuning.chunk_rows, cfg.tuning.chunk_bytes)
     nonfinite_invalid = (cfg.near is not None and cfg.near.nonfinite == "invalid"
                          and job.spec.decode is None)  # decoded values are finite
     read = p | "Read" >> ReadTensors(job.files, format=cfg.input.format, spec=job.spec,

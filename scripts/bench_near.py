@@ -31,8 +31,16 @@ recall. Precision: removals within tolerance of the record they name. Each conte
 its own fresh process; seconds time the work (the job: the whole CLI process), peak
 RSS is that process's VmHWM. Prints a table per data set and threshold; writes JSON.
 
+Issue 21's shapes (``--data identical | crowds | magnitudes | blank | blank-l2 | wide |
+wide-128 | wide-u8 | wide-f32 | crowd-1m | crowds-of-20 | distinct-1m``, scripts/benchshapes.py):
+the job alone, as a whole CLI process, with the peak memory of its process tree against
+max(3 GB, 3 x tensor bytes), killed above 16 GB; ``--scale`` shrinks the rows,
+``--code DIR`` runs the job from another checkout (e.g. main, for before/after).
+
 Usage: python scripts/bench_near.py [--data embeddings] [--rows 1000000]
          [--threshold 0.01 ...] [--only NAME ...] [--growth 250000] [--json bench-near.json]
+       python scripts/bench_near.py --data crowds --data wide [--scale 0.5] [--code DIR]
+         [--timeout 900] [--json bench-shapes.json]
 """
 
 from __future__ import annotations
@@ -419,19 +427,47 @@ def table(b: dict) -> str:
     return "\n".join(lines)
 
 
+def shapes_main(names: list[str], args: argparse.Namespace) -> None:
+    """Issue 21's cases, one fresh work folder each; the table and JSON after each."""
+    import benchshapes
+
+    out: list[dict] = []
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
+            out.append(benchshapes.run_case(name, args.scale, Path(tmp),
+                                            Path(args.code).resolve(), args.timeout))
+        Path(args.json).write_text(json.dumps(out, indent=2, default=float))
+    print(benchshapes.table(out), flush=True)
+
+
 def main() -> None:
+    import benchshapes
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", action="append", choices=["embeddings", "sentences", "blobs"])
+    ap.add_argument("--data", action="append", choices=[
+        "embeddings", "sentences", "blobs", *benchshapes.CASES, *benchshapes.GROUPS])
     ap.add_argument("--rows", type=int, default=None, help="embeddings: 1,000,000; blobs: "
                     "200,000")
     ap.add_argument("--threshold", type=float, action="append", help="default: per data set")
     ap.add_argument("--only", action="append", default=[], metavar="NAME_SUBSTRING")
     ap.add_argument("--growth", type=int, default=None, metavar="ROWS",
                     help="also time the job on the first ROWS rows (time growth)")
-    ap.add_argument("--json", default="bench-near.json")
+    ap.add_argument("--json", default=None, help="default bench-near.json (bench-shapes.json "
+                    "for issue 21's shapes)")
+    ap.add_argument("--scale", type=float, default=1.0, help="shapes: rows x this")
+    ap.add_argument("--code", default=str(ROOT), help="shapes: the checkout the job runs from")
+    ap.add_argument("--timeout", type=float, default=900, help="shapes: seconds per job")
     args = ap.parse_args()
+    names = [c for n in args.data or ["embeddings"] for c in benchshapes.GROUPS.get(n, [n])]
+    shaped = [n for n in names if n in benchshapes.CASES]
+    if shaped:
+        if len(shaped) != len(names):
+            sys.exit("--data: run issue 21's shapes and the contender data sets separately")
+        args.json = args.json or "bench-shapes.json"
+        return shapes_main(shaped, args)
+    args.json = args.json or "bench-near.json"
     out = []
-    for name in args.data or ["embeddings"]:
+    for name in names:
         rows = args.rows or {"embeddings": 1_000_000, "blobs": 200_000}.get(name, 0)
         x, metric, thresholds, planted = dataset(name, rows)
         with tempfile.TemporaryDirectory(prefix="bench-near-") as tmp:

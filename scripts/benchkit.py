@@ -26,3 +26,62 @@ def run_python(source: str) -> tuple[dict, float]:
     if r.returncode != 0:
         raise RuntimeError(f"contender failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1]), wall
+
+
+def tree_rss(proc) -> int:
+    """Resident bytes of a psutil process and all its descendants (0 for those gone)."""
+    import psutil
+
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total
+
+
+def kill_tree(proc) -> None:
+    """Kill a process we started and its descendants, by pid, children first."""
+    import psutil
+
+    try:
+        family = proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    for p in [*reversed(family), proc]:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def run_watched(cmd: list[str], *, cwd: str | Path, log: str | Path, env: dict | None = None,
+                limit_bytes: int = 16 << 30, timeout_s: float = 900, poll_s: float = 0.1
+                ) -> dict:
+    """Run ``cmd`` as a whole process as a user would, polling the resident memory of its
+    whole process tree; kill the tree above ``limit_bytes`` (the shared machine must never
+    meet the OOM killer) or after ``timeout_s``; stderr goes to the file ``log``. Returns
+    rc, wall_s, peak_rss_bytes, killed (None | "memory" | "timeout") and stderr's tail."""
+    import psutil
+
+    start = time.perf_counter()
+    with open(log, "w+b") as err:
+        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        proc, peak, killed = psutil.Process(p.pid), 0, None
+        while p.poll() is None:
+            try:
+                peak = max(peak, tree_rss(proc))
+            except psutil.NoSuchProcess:
+                break
+            if peak > limit_bytes or time.perf_counter() - start > timeout_s:
+                killed = "memory" if peak > limit_bytes else "timeout"
+                kill_tree(proc)
+                break
+            time.sleep(poll_s)
+        rc = p.wait()
+        wall = time.perf_counter() - start
+        err.seek(0)
+        tail = err.read()[-4000:].decode(errors="replace")
+    return {"rc": rc, "wall_s": wall, "peak_rss_bytes": peak, "killed": killed,
+            "stderr_tail": tail}

@@ -48,9 +48,11 @@ def shard_keys(chunk: Chunk, shards: int, keep: str, near: str | None = None
     if near:
         x = chunk.tensors.reshape(n, -1)
         prio, order = keep_order(file_index, chunk.positions, keep, rank, tier)
-        ok = np.flatnonzero(finite_rows(x))
-        yield beam.pvalue.TaggedOutput(VECTORS, VecBatch(
-            words, prio, order, file_index, chunk.positions, batch.ids, x).take(ok).spill(near))
+        vec = VecBatch(words, prio, order, file_index, chunk.positions, batch.ids, x)
+        finite = finite_rows(x)
+        if not finite.all():  # a copy of the chunk's values: only when rows must go
+            vec = vec.take(np.flatnonzero(finite))
+        yield beam.pvalue.TaggedOutput(VECTORS, vec.spill(near))
     shard = shard_of(words, shards)
     order = np.argsort(shard, kind="stable")
     bounds = np.searchsorted(shard[order], np.arange(shards + 1))

@@ -19,7 +19,7 @@ from pipeline.steps.settings import Chunking
 from pipeline.steps.tagged import SplitOutputs
 from transforms import fs
 from transforms.formats import get_format
-from transforms.formats.base import Chunk, InvalidRecordError, TensorSpec, Unit
+from transforms.formats.base import Chunk, InvalidRecordError, TensorSpec, Unit, record_nbytes
 from transforms.near import finite_rows
 
 
@@ -56,8 +56,9 @@ class ReadChunks(beam.DoFn):
 
     def __init__(self, format_name: str, spec: TensorSpec, chunk_rows: int, fail_on_invalid: bool,
                  total_units: int, nonfinite_invalid: bool = False, total_records: int = 0,
-                 stage: str = "read"):
+                 stage: str = "read", chunk_bytes: int | None = None):
         self.format_name, self.spec, self.chunk_rows = format_name, spec, chunk_rows
+        self.chunk_bytes = chunk_bytes
         self.fail_on_invalid, self.total_units = fail_on_invalid, total_units
         self.nonfinite_invalid = nonfinite_invalid
         self.total_records, self.stage = total_records, stage  # for progress only
@@ -70,7 +71,7 @@ class ReadChunks(beam.DoFn):
     def process(self, unit: Unit) -> Iterator[Chunk | beam.pvalue.TaggedOutput]:
         progress.tick(self.stage, self.total_units, 0, "units", units=0,
                       total_records=self.total_records)
-        for chunk in self.fmt.read(unit, self.spec, self.chunk_rows):
+        for chunk in self.fmt.read(unit, self.spec, self.chunk_rows, self.chunk_bytes):
             if self.nonfinite_invalid:
                 chunk = chunk.reported_invalid(
                     ~finite_rows(chunk.tensors.reshape(len(chunk.positions), -1)),
@@ -100,7 +101,7 @@ class ReadTensors(beam.PTransform):
         order is the "first" order of ``Keep.first()``.
       format: "parquet" | "tfrecord" | "hdf5".
       spec: what each record holds (tensor field, id field, shape, dtype...).
-      chunking: records per read task and per element.
+      chunking: records per read task and per element, and tensor bytes per element.
       on_invalid: "skip" reports a bad record (FACTS) and goes on; "fail" stops the job.
       nonfinite_invalid: rows with NaN/inf count as invalid (distances can't compare them).
       reference: these files are a reference set: their records are compared with the
@@ -118,12 +119,14 @@ class ReadTensors(beam.PTransform):
         self.files = fs.glob(files) if isinstance(files, str) else list(files)
         self.first_index = first_index = REFERENCE_FILES if reference else 0
         chunking = chunking or Chunking()
-        self.units = plan_units(format, self.files, chunking.unit_rows, spec, first_index)
+        self.units = plan_units(format, self.files, chunking.unit_rows_for(record_nbytes(spec)),
+                                spec, first_index)
         known = all(u.stop is not None for u in self.units)  # TFRecord files: not before reading
         self.read = ReadChunks(format, spec, chunking.chunk_rows, on_invalid == "fail",
                                len(self.units), nonfinite_invalid,
                                sum(u.stop - u.start for u in self.units) if known else 0,
-                               "read reference" if reference else "read")
+                               "read reference" if reference else "read",
+                               chunking.chunk_bytes)
 
     def expand(self, pbegin):
         out = (pbegin

@@ -13,6 +13,7 @@ read and reported invalid, and ``write`` never copies it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -142,6 +143,23 @@ class Values:
     invalid: list[InvalidRecord] = field(default_factory=list)
 
 
+def record_nbytes(spec: TensorSpec) -> int | None:
+    """Bytes of one record's tensor values when the spec fixes shape and dtype, else None."""
+    if spec.shape is None or spec.dtype is None:
+        return None
+    itemsize = 2 if spec.dtype == "bfloat16" else 4 if spec.dtype == "complex32" else (
+        np.dtype(spec.dtype).itemsize)
+    return math.prod(spec.shape) * itemsize
+
+
+def rows_within(rows: int, max_bytes: int | None, row_bytes: float | None) -> int:
+    """Records per chunk: at most ``rows`` and at most ``max_bytes`` of tensor values, at
+    least one. Why bytes too: 64 Ki rows of 16 Ki-value float32 images are 4 GB."""
+    if not max_bytes or not row_bytes:
+        return rows
+    return max(1, min(rows, int(max_bytes // row_bytes)))
+
+
 def error_line(e: BaseException) -> str:
     """An exception as one line for an invalid-record reason: "Type: message"."""
     return f"{type(e).__name__}: {e}".replace("\n", " ")
@@ -186,9 +204,11 @@ class Format(Protocol):
         """Split a file into units of about ``target_rows`` records (one unit if the
         format cannot split a file). Units cover every position exactly once."""
 
-    def read(self, unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
-        """Yield chunks of at most ``batch_rows`` records covering the unit, in order.
-        Bad records go to ``Chunk.invalid``; never raise for bad data."""
+    def read(self, unit: Unit, spec: TensorSpec, batch_rows: int,
+             batch_bytes: int | None = None) -> Iterator[Chunk]:
+        """Yield chunks of at most ``batch_rows`` records and, when ``batch_bytes`` is
+        given, at most that many bytes of tensor values (at least one record), covering
+        the unit, in order. Bad records go to ``Chunk.invalid``; never raise for bad data."""
 
     def write(self, src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None
               ) -> int:

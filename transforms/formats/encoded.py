@@ -205,8 +205,9 @@ class Encoded:
         return replace(spec, dtype="uint8" if spec.decode.kind != "text" else None,
                        shape=decoded_shape(spec))
 
-    def read(self, unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
-        cap = spec.decode.chunk_bytes
+    def read(self, unit: Unit, spec: TensorSpec, batch_rows: int,
+             batch_bytes: int | None = None) -> Iterator[Chunk]:
+        cap = min(spec.decode.chunk_bytes, batch_bytes or spec.decode.chunk_bytes)
         for vals in self.values.read_values(unit, spec, batch_rows, cap):
             yield from decode_values(vals, spec, batch_rows)
 

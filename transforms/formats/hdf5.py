@@ -36,6 +36,7 @@ from transforms.formats.base import (
     Unit,
     default_ids,
     error_line,
+    rows_within,
 )
 
 # What h5py raises for unreadable files, objects and chunks (not ValueError: InputError is one).
@@ -267,7 +268,8 @@ def _chunk(unit: Unit, a: int, b: int, ds: h5py.Dataset, id_ds: h5py.Dataset | N
                  None if rank is None else rank[ok], invalid)
 
 
-def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
+def read(unit: Unit, spec: TensorSpec, batch_rows: int,
+         batch_bytes: int | None = None) -> Iterator[Chunk]:
     with _opened(unit.path) as f:
         if isinstance(f, Exception):
             yield Chunk.of_invalid(unit.file_index, [InvalidRecord(
@@ -281,6 +283,8 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
                 unit.start, unit.path, f"unreadable HDF5 dataset: {error_line(e)}")])
             return
         stop = len(ds) if unit.stop is None else min(unit.stop, len(ds))
+        batch_rows = rows_within(batch_rows, batch_bytes,
+                                 ds.dtype.itemsize * int(np.prod(ds.shape[1:])))
         chunk = _row_chunk(ds)
         a = unit.start
         while a < stop:

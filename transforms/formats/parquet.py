@@ -31,6 +31,8 @@ from transforms.formats.base import (
     default_ids,
     default_ids_arrow,
     error_line,
+    record_nbytes,
+    rows_within,
 )
 
 _LIST_TYPES = (pa.ListType, pa.LargeListType, pa.FixedSizeListType)
@@ -257,7 +259,52 @@ def table_chunks(file_index: int, path: str, table: pa.Table, first: int, spec: 
     return chunks
 
 
-def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
+def _row_bytes(pf: pq.ParquetFile, rg: int, spec: TensorSpec) -> float:
+    """Bytes of one record's tensor: from the spec, else (variable-size lists) the mean
+    over this row group, from the number of values its metadata counts (not its stored
+    size: dictionary pages shrink that far below the values)."""
+    known = record_nbytes(spec)
+    if known is not None:
+        return known
+    meta = pf.metadata.row_group(rg)
+    values = sum(meta.column(j).num_values for j in range(meta.num_columns)
+                 if meta.column(j).path_in_schema.split(".")[0] == spec.tensor)
+    leaf = _leaf_dtype(_layout(pf.schema_arrow.field(spec.tensor).type)[1]) or "float64"
+    return values * np.dtype(leaf).itemsize / max(1, meta.num_rows)
+
+
+def _batches(pf: pq.ParquetFile, start: int, stop: int, columns: list[str], spec: TensorSpec,
+             batch_rows: int, batch_bytes: int | None
+             ) -> Iterator[tuple[int, int, int, pa.Table | Exception]]:
+    """(row group, first position, rows, table or the read error) of the batches of the
+    row groups in [start, stop). Why batches, not whole row groups: a row group can hold
+    GBs of wide tensors, and Arrow needs about 5x a group's size to read it whole."""
+    for rg, first, n in _row_groups(pf, start, stop):
+        rows = rows_within(batch_rows, batch_bytes, _row_bytes(pf, rg, spec))
+        done = 0
+        try:
+            for b in pf.iter_batches(batch_size=rows, row_groups=[rg], columns=columns):
+                yield rg, first + done, b.num_rows, pa.Table.from_batches([b])
+                done += b.num_rows
+        except (OSError, pa.ArrowException) as e:
+            yield rg, first + done, n - done, e
+
+
+_END = object()
+
+
+def _ahead(items: Iterator) -> Iterator:
+    """The items, the next one produced in a second thread while the caller works on this
+    one (Arrow releases the GIL), so reading overlaps hashing."""
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(next, items, _END)
+        while (item := pending.result()) is not _END:
+            pending = pool.submit(next, items, _END)
+            yield item
+
+
+def read(unit: Unit, spec: TensorSpec, batch_rows: int,
+         batch_bytes: int | None = None) -> Iterator[Chunk]:
     pf = _open(unit.path)
     if isinstance(pf, Exception):
         yield Chunk.of_invalid(unit.file_index, [
@@ -265,7 +312,8 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
         return
     stop = pf.metadata.num_rows if unit.stop is None else unit.stop
     columns = list(dict.fromkeys(c for c in (spec.tensor, spec.id, spec.rank) if c is not None))
-    for rg, first, n, table in _prefetched(pf, unit.start, stop, columns):
+    for rg, first, n, table in _ahead(_batches(pf, unit.start, stop, columns, spec,
+                                               batch_rows, batch_bytes)):
         if isinstance(table, Exception):
             why = f"unreadable row group {rg}: {error_line(table)}"
             for a in range(first, first + n, batch_rows):
@@ -274,9 +322,7 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
                     InvalidRecord(int(p), i, why)
                     for p, i in zip(positions, default_ids(unit.path, positions), strict=True)])
             continue
-        for a in range(0, n, batch_rows):
-            yield from table_chunks(unit.file_index, unit.path, table.slice(a, batch_rows),
-                               first + a, spec)
+        yield from table_chunks(unit.file_index, unit.path, table, first, spec)
 
 
 DICTIONARY_PAGE_LIMIT = 1 << 20  # Arrow's default: a dictionary page this big was abandoned

@@ -40,6 +40,8 @@ from transforms.formats.base import (
     TensorSpec,
     Unit,
     default_id,
+    record_nbytes,
+    rows_within,
 )
 
 _HEADER = struct.Struct("<QI")  # record length, masked CRC of the length bytes
@@ -660,7 +662,21 @@ def plan(path: str, file_index: int, target_rows: int,
     return [Unit(file_index, path, 0, None)]
 
 
-def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
+def _batch(items: Iterator[bytes | str], rows: int, max_bytes: int | None) -> list[bytes | str]:
+    """The next items, up to ``rows`` of them or until they hold ``max_bytes`` (the
+    serialized size bounds a batch whose record shape the spec does not fix)."""
+    batch: list[bytes | str] = []
+    size = 0
+    for item in items:
+        batch.append(item)
+        size += len(item)
+        if len(batch) >= rows or (max_bytes and size >= max_bytes):
+            break
+    return batch
+
+
+def read(unit: Unit, spec: TensorSpec, batch_rows: int,
+         batch_bytes: int | None = None) -> Iterator[Chunk]:
     try:
         f = fs.open_read(unit.path)
     except OSError as e:
@@ -672,7 +688,8 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int) -> Iterator[Chunk]:
     with f:
         items = islice(_frames(f, spec.compression), unit.start, unit.stop)
         first = unit.start
-        while batch := list(islice(items, batch_rows)):
+        rows = rows_within(batch_rows, batch_bytes, record_nbytes(spec))
+        while batch := _batch(items, rows, batch_bytes):
             yield _chunk(unit.file_index, unit.path, first, batch, spec, layout)
             first += len(batch)
 
