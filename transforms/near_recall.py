@@ -7,8 +7,8 @@ order) is compared with every record, verified in float64 with the metric itself
 
 Each sampled record that has an earlier partner within tolerance (one its decision
 depends on) is judged by its decision: right when it was kept and no earlier partner
-was kept, or removed in favour of the nearest kept earlier partner (ties by keep
-order). Recall is the share judged right, with a Wilson 95% interval (an honest lower
+was kept, or removed in favour of a kept earlier partner with no kept one nearer.
+Recall is the share judged right, with a Wilson 95% interval (an honest lower
 bound even when every one was right). The search never lists its pairs (a crowd of
 copies has millions), so records are judged, not pairs; inside a crowd a sampled
 record keeps only its ``PARTNERS`` nearest earlier partners, and the judgement looks
@@ -125,13 +125,13 @@ def judge(truth: Truth, sampled: set, removed: dict, components: bool = False) -
     right = 0
     for s, partners in by.items():
         partners.sort()
-        kept = [p for *_, p in partners if p not in removed]
+        kept = [(d, p) for d, *_, p in partners if p not in removed]
         cut = truth.counts.get(s, 0) > len(partners)  # farther partners exist, not listed
         if components:
             right += s in removed
-        elif s in removed:  # the nearest kept earlier partner, or one beyond the list
-            right += kept[0] == removed[s][0] if kept else (
-                cut and removed[s][1] >= partners[-1][0])
+        elif s in removed:  # wrong only if a listed kept partner is nearer than its dup
+            dup, d = removed[s]
+            right += (not kept and cut) or (bool(kept) and (kept[0][1] == dup or kept[0][0] >= d))
         else:
             right += not kept
     m = len(by)
