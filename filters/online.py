@@ -36,16 +36,15 @@ from transforms.exact import digest_words
 from transforms.fingerprint import fingerprint_batch
 from transforms.near import (
     NearSpec,
+    decide_cell,
     exact_distance,
     finite_rows,
-    group_representative,
-    row_edges,
-    search_partition,
     search_radius,
     search_space,
     search_vectors,
     value_scale,
 )
+from transforms.near_greedy import REMOVED
 from transforms.near_search import Vectors, pairs_within, precision_for
 
 DROPPED = -1  # owner of a digest whose first record was removed as a near duplicate
@@ -267,14 +266,14 @@ class OnlineDedup:
         return np.sort(np.concatenate([rows[near_old], rows[fresh[drop_fresh]]]))
 
     def _within_batch(self, x: np.ndarray, center: np.ndarray, radius: float) -> np.ndarray:
-        """Greedy in batch order among new rows: the kernel's partition search (one
-        partition, every row at home, centred on ``center``, the rows' mean in the search
-        space) and its representative grouping."""
+        """Greedy in batch order among new rows: the kernel's decisions for one cell
+        (every row at home, centred on ``center``, the rows' mean in the search space),
+        representative grouping."""
         if len(x) < 2:
             return np.empty(0, np.int64)
-        f = search_partition(x, np.ones(len(x), dtype=bool), self.near, radius, center)
-        edges, row = row_edges(f.a, f.b, np.arange(len(x)), f.dist, f.a_near_b, f.b_near_a)
-        return row[group_representative(edges)[0]]
+        spec = dataclasses.replace(self.near, grouping="representative")
+        d = decide_cell(x, np.ones(len(x), dtype=bool), spec, radius, center, census=False)
+        return np.flatnonzero(d.state == REMOVED)
 
     def _remember(self, x: np.ndarray) -> None:
         for s in range(0, len(x), NEAR_BLOCK_ROWS):

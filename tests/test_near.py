@@ -146,69 +146,36 @@ def test_keep_order_decides_who_survives():
     assert removed.tolist() == [0] and kept.tolist() == [1]
 
 
-def test_merge_pairs_is_order_free_and_counts_repeats_once():
-    """Pairs arrive from partitions in any order, some twice, some from exact copies
-    (same key, different mention): the edges are the same."""
-    rng = np.random.default_rng(5)
-    m = 200
-    key_a, key_b = rng.integers(0, 40, m), rng.integers(0, 40, m)
-    dist = rng.random(m)
-    near_ab, near_ba = rng.random(m) < 0.8, rng.random(m) < 0.8
-
-    def mentions(ka, kb, order_a, order_b):
-        keys = np.concatenate([ka, kb])
-        return (np.stack([keys // 7, keys], axis=1).astype(np.uint64),
-                np.zeros(2 * len(ka)), np.concatenate([order_a, order_b]))
-
-    # order of a mention: the key's own order, or a worse one for a copy of it
-    copy_a, copy_b = rng.random(m) < 0.3, rng.random(m) < 0.3
-    e1 = near.merge_pairs(*mentions(key_a, key_b, key_a + 1000 * copy_a, key_b + 1000 * copy_b),
-                          dist, near_ab, near_ba)
-    p = rng.permutation(m)
-    twice = np.concatenate([p, p[:50]])
-    e2 = near.merge_pairs(*mentions(key_a[twice], key_b[twice], key_a[twice], key_b[twice]),
-                          dist[twice], near_ab[twice], near_ba[twice])
-    keys1 = np.concatenate([key_a, key_b])[e1.node]
-    keys2 = np.concatenate([key_a[twice], key_b[twice]])[e2.node]
-    assert sorted(keys1.tolist()) == sorted(keys2.tolist())
-    edges = [sorted(zip(keys[e.later].tolist(), keys[e.earlier].tolist(), e.dist.tolist(),
-                        strict=True)) for keys, e in ((keys1, e1), (keys2, e2))]
-    assert edges[0] == edges[1] and len(edges[0]) > 50
-    # orientation follows keep order (the smaller key is earlier); within is the right flag
-    for later, earlier, d in edges[0]:
-        assert later > earlier
-        k = np.flatnonzero(((key_a == later) & (key_b == earlier) & near_ab)
-                           | ((key_b == later) & (key_a == earlier) & near_ba))
-        assert d in dist[k].tolist()
-
-
-def test_search_partition_nearest_neighbours_match_brute_force():
+def test_nearest_distances_match_brute_force():
     rng = np.random.default_rng(6)
     x = rng.standard_normal((300, 8)).astype(np.float32)
     x[150:160] = x[:10] + 0.01
     spec = NearSpec("l2", threshold=0.2)
-    home = np.zeros(300, bool)
-    home[::2] = True
-    nn_rows = np.flatnonzero(home)[::3]
-    f = near.search_partition(x, home, spec, near.search_radius(spec, 8, 0.0),
-                              x.mean(axis=0).astype(np.float64), nn_rows)
+    radius = near.search_radius(spec, 8, 0.0)
+    rows = np.arange(0, 300, 3)
+    z = near.search_vectors(x, spec, radius, x.mean(axis=0).astype(np.float64))
+    nb, dist, within = near.nearest_distances(x, z, rows, spec, radius)
     d = np.linalg.norm(x[:, None].astype(np.float64) - x[None], axis=2)
     np.fill_diagonal(d, np.inf)
-    np.testing.assert_allclose(f.nn, d[f.nn_row].min(axis=1), rtol=1e-6)
-    want = {(min(i, j), max(i, j)) for i, j in zip(*np.nonzero(d <= 0.2), strict=True)
-            if home[i] or home[j]}
-    assert set(zip(np.minimum(f.a, f.b).tolist(), np.maximum(f.a, f.b).tolist(),
-                   strict=True)) == want
-    assert all(home[f.a])
-    assert (~f.near_within | (f.near_dist <= 0.2)).all()
+    np.testing.assert_allclose(dist, d[rows].min(axis=1), rtol=1e-6)
+    assert (within == (dist <= 0.2)).all() and within.sum() >= 4
 
 
-def test_merge_pairs_with_no_pair_within_tolerance():
-    key = np.array([[0, 1], [0, 2]], dtype=np.uint64)
-    e = near.merge_pairs(key, np.zeros(2), np.arange(2), np.array([0.5]), np.array([False]),
-                    np.array([False]))
-    assert len(e.later) == 0 and len(e.node) == 2
-    assert len(near.group_representative(e)[0]) == 0
+def test_decide_leaves_open_what_another_cell_decides():
+    """y lives in another cell (not home) and comes first; v is within tolerance of y, w of
+    v, u of nothing. Not knowing y's fate, the cell cannot keep or remove v, nor w (v may
+    be kept): both open, depending on y; u is kept. Told y is kept: v is removed (dup y),
+    w is kept (v is gone)."""
+    x = np.array([[0.0, 0.0], [0.08, 0.0], [0.16, 0.0], [5.0, 5.0]], np.float32)
+    spec = NearSpec("l2", threshold=0.1)
+    radius = near.search_radius(spec, 2, 0.0)
+    home = np.array([False, True, True, True])
+    d = near.decide_cell(x, home, spec, radius, None)
+    assert d.state.tolist() == [3, 3, 3, 1]  # OPEN, OPEN, OPEN, KEPT
+    assert d.open_refs.tolist() == [True, False, False, False]
+    d = near.decide_cell(x, home, spec, radius, None, kept=~home)
+    assert d.state.tolist() == [1, 2, 1, 1] and d.dup[1] == 0
+    assert d.dist[1] == pytest.approx(0.08, rel=1e-6)
 
 
 @pytest.mark.parametrize("index", ["ivf", "hnsw"])

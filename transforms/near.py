@@ -27,12 +27,10 @@ from transforms.near_greedy import KEPT, OPEN, REMOVED, Decisions, component_lab
 from transforms.near_plan import MODES, Partitions, Progress, assign, partition_count, plan
 from transforms.near_recall import PARTNERS, Recall, Truth, in_sample, judge
 from transforms.near_search import (
-    NO_NEAREST,
     Vectors,
     earlier_candidates,
     pairs_within,
     precision_for,
-    thresholds,
 )
 
 METRICS = ("allclose", "l2", "cosine")
@@ -174,217 +172,23 @@ def verify(xa: np.ndarray, xb: np.ndarray, spec: NearSpec
     return d, ab, ba
 
 
-def _index(v: np.ndarray, spec: NearSpec):
-    """A FAISS IVF or HNSW index over float32 search vectors (approximate)."""
+def approximate_index(z: Vectors, spec: NearSpec):
+    """``index: ivf | hnsw``: an empty FAISS index for a cell's kept rows (IVF trained on
+    all the cell's rows), which ``near_greedy.decide`` fills as rows are kept and asks
+    instead of comparing with every kept row; None for the flat (exact) search."""
+    if spec.index not in ("ivf", "hnsw") or len(z.v) < 2:
+        return None
     import faiss
 
+    v = np.ascontiguousarray(z.v, np.float32)
     n, d = v.shape
     if spec.index == "hnsw":
-        index = faiss.IndexHNSWFlat(d, spec.hnsw_m)
-    else:
-        nlist = spec.nlist or max(1, min(n // 39, int(4 * math.sqrt(n))))
-        index = faiss.IndexIVFFlat(faiss.IndexFlatL2(d), d, nlist)
-        sample = v[np.random.default_rng(0).choice(n, min(n, 256 * nlist), replace=False)]
-        index.train(sample)
-        index.nprobe = min(spec.nprobe, nlist)
-    index.add(v)
+        return faiss.IndexHNSWFlat(d, spec.hnsw_m)
+    nlist = spec.nlist or max(1, min(n // 39, int(4 * math.sqrt(n))))
+    index = faiss.IndexIVFFlat(faiss.IndexFlatL2(d), d, nlist)
+    index.train(v[np.random.default_rng(0).choice(n, min(n, 256 * nlist), replace=False)])
+    index.nprobe = min(spec.nprobe, nlist)
     return index
-
-
-def _index_pairs(index, q: Vectors, data_norm_max: float, radius: float
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Range search of an approximate index with the largest per-row threshold."""
-    limit = float(thresholds(q, data_norm_max, radius, q.v.shape[1]).max(initial=0))
-    lims, _, ids = index.range_search(q.v, np.nextafter(limit, np.inf) + 1e-300)
-    return np.repeat(np.arange(len(q.v)), np.diff(lims.astype(np.int64))), ids.astype(np.int64)
-
-
-@dataclass
-class Found:
-    """What one cell found, in its local row numbers.
-
-    Pairs (a, b) are unordered (a is a home row, a != b), each once; ``a_near_b``: a is
-    within tolerance with b as the reference (allclose is not symmetric). ``nn_row`` /
-    ``nn``: sampled home rows and their nearest-neighbour distance (inf when alone).
-    ``near_*``: those rows' nearest neighbours (for the borderline sample)."""
-
-    a: np.ndarray
-    b: np.ndarray
-    dist: np.ndarray
-    a_near_b: np.ndarray
-    b_near_a: np.ndarray
-    nn_row: np.ndarray
-    nn: np.ndarray
-    near_a: np.ndarray
-    near_b: np.ndarray
-    near_dist: np.ndarray
-    near_within: np.ndarray
-
-
-def search_partition(x: np.ndarray, home: np.ndarray, spec: NearSpec, radius: float,
-                     center: np.ndarray | None = None, nn_rows: np.ndarray | None = None
-                     ) -> Found:
-    """Every verified pair between a home row of the cell and any of its rows.
-
-    ``x``: the rows' values; ``home``: bool mask of home rows; ``center``: the cell's
-    centre in the search space (small norms, small rounding bound); ``nn_rows``: home
-    rows whose nearest-neighbour distance is wanted (a kNN search, so sample them)."""
-    v = search_vectors(x, spec, radius, center)
-    home_rows = np.flatnonzero(home)
-    nn_rows = np.empty(0, np.int64) if nn_rows is None else np.sort(nn_rows).astype(np.int64)
-    if spec.index in ("auto", "flat"):  # nearest neighbours come from the same products
-        own = np.full(len(home_rows), NO_NEAREST, np.int64)
-        slot = np.searchsorted(home_rows, nn_rows)
-        own[slot] = nn_rows
-        qi, b, best = pairs_within(v.take(home_rows), v, radius, spec.device, own)
-        ids = best[slot][:, None]
-    else:
-        index = _index(np.ascontiguousarray(v.v, dtype=np.float32), spec)
-        qi, b = _index_pairs(index, v.take(home_rows), float(v.norm.max(initial=0)), radius)
-        ids = index.search(np.ascontiguousarray(v.v[nn_rows], np.float32), 2)[1] if len(
-            nn_rows) else np.empty((0, 2), np.int64)
-    a = home_rows[qi]
-    lo, hi = np.minimum(a, b), np.maximum(a, b)
-    pairs = np.unique(np.stack([lo, hi], axis=1)[lo != hi], axis=0)
-    a, b = pairs[:, 0], pairs[:, 1]
-    dist, ab, ba = verify(x[a], x[b], spec)
-    keep = ab | ba
-    a, b, dist, ab, ba = a[keep], b[keep], dist[keep], ab[keep], ba[keep]
-
-    rows = np.repeat(nn_rows, ids.shape[1])
-    nbrs = ids.reshape(-1).astype(np.int64)
-    ok = (nbrs >= 0) & (nbrs != rows)
-    rows, nbrs = rows[ok], nbrs[ok]
-    near_dist, n_ab, n_ba = verify(x[rows], x[nbrs], spec)
-    near_dist = np.where(np.isnan(near_dist), np.inf, near_dist)
-    nn = np.full(len(nn_rows), np.inf)
-    slot = np.searchsorted(nn_rows, rows) if len(rows) else rows
-    np.minimum.at(nn, slot, near_dist)
-    for ends in ((a, dist), (b, dist)):  # a verified pair the kNN missed is nearer
-        hit = np.isin(ends[0], nn_rows)
-        np.minimum.at(nn, np.searchsorted(nn_rows, ends[0][hit]), ends[1][hit])
-    return Found(a, b, dist, ab, ba, nn_rows, nn, rows, nbrs, near_dist, n_ab | n_ba)
-
-
-@dataclass
-class Edges:
-    """Within-tolerance edges between records, merged from all partitions.
-
-    ``node``: for each record, the index of its first mention (the arrays passed to
-    ``merge_pairs``); ``rank``: its place in keep order; ``later``/``earlier``: record
-    numbers, sorted by (rank of later, distance, rank of earlier)."""
-
-    node: np.ndarray
-    rank: np.ndarray
-    later: np.ndarray
-    earlier: np.ndarray
-    dist: np.ndarray
-
-
-def merge_pairs(key: np.ndarray, prio: np.ndarray, order: np.ndarray, dist: np.ndarray,
-                a_near_b: np.ndarray, b_near_a: np.ndarray) -> Edges:
-    """Pairs from all partitions -> one set of oriented edges between records.
-
-    Each pair k has two mentions: ``[k]`` (a) and ``[m + k]`` (b) of ``key`` (2m, 2) uint64
-    (the record's identity: its exact digest in the job, so copies are one record),
-    ``prio`` (float64, smaller preferred) and ``order`` (int64 input order), which define
-    keep order. A pair found by two partitions counts once. Deterministic whatever the
-    order the pairs arrive in."""
-    m = len(dist)
-    by_key = np.lexsort((order, prio, key[:, 1], key[:, 0]))
-    k_sorted = key[by_key]
-    starts = np.ones(2 * m, dtype=bool)
-    starts[1:] = (k_sorted[1:] != k_sorted[:-1]).any(axis=1)
-    node = by_key[starts]  # best mention of each key, i.e. the record that stands for it
-    record = np.empty(2 * m, dtype=np.int64)
-    record[by_key] = np.cumsum(starts) - 1
-    rank = np.empty(len(node), dtype=np.int64)
-    rank[np.lexsort((order[node], prio[node]))] = np.arange(len(node))
-    ra, rb = record[:m], record[m:]
-    a_later = rank[ra] > rank[rb]
-    later, earlier = np.where(a_later, ra, rb), np.where(a_later, rb, ra)
-    within = np.where(a_later, a_near_b, b_near_a) & (ra != rb)
-    later, earlier, dist = later[within], earlier[within], dist[within]
-    o = np.lexsort((dist, earlier, later))  # a pair found twice counts once (smallest distance)
-    later, earlier, dist = later[o], earlier[o], dist[o]
-    first = np.ones(len(later), dtype=bool)  # empty when no pair is within tolerance
-    first[1:] = (later[1:] != later[:-1]) | (earlier[1:] != earlier[:-1])
-    later, earlier, dist = later[first], earlier[first], dist[first]
-    o = np.lexsort((rank[earlier], dist, rank[later]))
-    return Edges(node, rank, later[o], earlier[o], dist[o])
-
-
-def row_edges(a: np.ndarray, b: np.ndarray, rank: np.ndarray, dist: np.ndarray,
-              a_near_b: np.ndarray, b_near_a: np.ndarray) -> tuple[Edges, np.ndarray]:
-    """``merge_pairs`` for pairs of rows of one array, keyed by row number (no digests):
-    the edges and each record's row. ``rank``: the keep order of every row."""
-    both = np.concatenate([a, b])
-    key = np.stack([np.zeros_like(both), both], axis=1).astype(np.uint64)
-    edges = merge_pairs(key, np.zeros(len(both)), rank[both], dist, a_near_b, b_near_a)
-    return edges, both[edges.node]
-
-
-def group_representative(e: Edges, protected: np.ndarray | None = None
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Visit records in keep order; remove one when it is within tolerance of an already
-    kept record (the nearest such, ties by keep order). No chaining: each removed record
-    is within tolerance of the record it names. ``protected`` (per record): never removed
-    (reference / stored records). Returns (removed, kept, distance)."""
-    kept = np.ones(len(e.node), dtype=bool)
-    safe = np.zeros(len(e.node), dtype=bool) if protected is None else protected
-    removed, ref, dists = [], [], []
-    later, earlier = e.later.tolist(), e.earlier.tolist()
-    starts = np.flatnonzero(np.r_[True, e.later[1:] != e.later[:-1]]) if len(later) else []
-    bounds = list(starts) + [len(later)]
-    for s, t in zip(bounds[:-1], bounds[1:], strict=True):  # groups by `later`, in keep order
-        if safe[later[s]]:
-            continue
-        for k in range(s, t):  # sorted by distance, then the reference's rank
-            if kept[earlier[k]]:
-                kept[later[s]] = False
-                removed.append(later[s])
-                ref.append(earlier[k])
-                dists.append(e.dist[k])
-                break
-    return (np.array(removed, dtype=np.int64), np.array(ref, dtype=np.int64),
-            np.array(dists, dtype=np.float64))
-
-
-def group_components(e: Edges, protected: np.ndarray | None = None
-                     ) -> tuple[np.ndarray, np.ndarray]:
-    """Connected components of the within-tolerance graph; the first record of each in keep
-    order survives, and so do ``protected`` records (which rank first). Returns (removed,
-    kept) in keep order of the removed records; the caller measures their distances,
-    which may exceed the threshold (chains)."""
-    n = len(e.node)
-    label = _components(n, e.later, e.earlier)
-    first = np.full(n, -1, dtype=np.int64)
-    by_rank = np.argsort(e.rank, kind="stable")
-    for r in by_rank[::-1].tolist():  # the last write per label is the best-ranked record
-        first[label[r]] = r
-    keeper = first[label]
-    removed = np.flatnonzero(keeper != np.arange(n))
-    if protected is not None:
-        removed = removed[~protected[removed]]
-    removed = removed[np.argsort(e.rank[removed], kind="stable")]
-    return removed, keeper[removed]
-
-
-def _components(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Component label of each node of the graph with edges (a[k], b[k]) (union-find)."""
-    parent = list(range(n))
-
-    def find(u: int) -> int:
-        while parent[u] != u:
-            parent[u] = parent[parent[u]]
-            u = parent[u]
-        return u
-
-    for u, w in zip(a.tolist(), b.tolist(), strict=True):
-        ru, rw = find(u), find(w)
-        if ru != rw:
-            parent[max(ru, rw)] = min(ru, rw)
-    return np.array([find(u) for u in range(n)], dtype=np.int64)
 
 
 @dataclass
@@ -436,13 +240,15 @@ def true_partners(sample_x: np.ndarray, sample_rank: tuple, data_x: np.ndarray,
 
 
 def decide_cell(x: np.ndarray, home: np.ndarray, spec: NearSpec, radius: float,
-                center: np.ndarray | None, *, exact: bool = True, **kw) -> Decisions:
+                center: np.ndarray | None, *, exact: bool = True,
+                z: Vectors | None = None, **kw) -> Decisions:
     """``near_greedy.decide`` over rows of ``x`` in keep order (see there), with this
-    spec's metric, search space and device."""
-    return decide(x, search_vectors(x, spec, radius, center),
-                  lambda a, b: verify(a, b, spec), radius, home=home,
+    spec's metric, search space, index and device (``z``: the search vectors when the
+    caller has them)."""
+    z = search_vectors(x, spec, radius, center) if z is None else z
+    return decide(x, z, lambda a, b: verify(a, b, spec), radius, home=home,
                   components=spec.grouping == "components", exact=exact,
-                  device=spec.device, **kw)
+                  device=spec.device, index=approximate_index(z, spec), **kw)
 
 
 def resolve_open(x: np.ndarray, pos: np.ndarray, home: np.ndarray, best_dist: np.ndarray,

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transforms.near_search import Vectors, pairs_within
+from transforms.near_search import Vectors, pairs_within, thresholds
 
 KEPT, REMOVED, OPEN = 1, 2, 3
 BLOCK = 512  # rows settled together (their own pairs: BLOCK^2 / 2 at most)
@@ -127,6 +127,25 @@ class _Pairs:
         return tuple(np.concatenate(col) for col in zip(*out, strict=True))
 
 
+    def through(self, index, q: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``between`` with the candidates from an approximate index holding rows ``y``
+        (in the order they were added), asked with the largest per-row threshold."""
+        if not len(q) or not len(y):
+            return self.between(q[:0], y)
+        zq = self.z.take(q)
+        limit = float(thresholds(zq, float(self.z.norm[y].max()), self.radius,
+                                 zq.v.shape[1]).max())
+        lims, _, ids = index.range_search(np.ascontiguousarray(zq.v, np.float32),
+                                          np.nextafter(limit, np.inf) + 1e-300)
+        a = q[np.repeat(np.arange(len(q)), np.diff(lims.astype(np.int64)))]
+        b = y[ids.astype(np.int64)]
+        keep = a != b
+        a, b = a[keep], b[keep]
+        e = np.empty(0, np.int64)
+        if not len(a):
+            return e, e, np.empty(0), np.empty(0, bool), np.empty(0, bool)
+        return (a, b) + self.verify(self.x[a], self.x[b])
+
     def any_within(self, q: np.ndarray, y: np.ndarray) -> np.ndarray:
         """The query rows within tolerance of at least one data row (earlier data rows
         first; a query stops at its first hit)."""
@@ -169,8 +188,8 @@ class _Border:
 def decide(x: np.ndarray, z: Vectors, verify, radius: float, *, home: np.ndarray,
            kept: np.ndarray | None = None, components: bool = False, exact: bool = True,
            best_dist: np.ndarray | None = None, best_rank: np.ndarray | None = None,
-           keys: np.ndarray | None = None, census: bool = True, device: str = "cpu"
-           ) -> Decisions:
+           keys: np.ndarray | None = None, census: bool = True, device: str = "cpu",
+           index=None) -> Decisions:
     """Decide the rows of one cell, visited in keep order (row i before row i + 1).
 
     ``x``: values (float64 verification); ``z``: search vectors; ``verify(a, b)`` ->
@@ -180,6 +199,8 @@ def decide(x: np.ndarray, z: Vectors, verify, radius: float, *, home: np.ndarray
     or decided elsewhere); ``best_dist``/``best_rank``: a kept candidate outside the
     cell for some rows (distance, and its place in keep order as a fractional row
     number). ``keys``: (n, 2) uint64 identities that choose the census sample.
+    ``index``: an empty approximate FAISS index (IVF/HNSW) that holds the kept rows and
+    is asked instead of comparing with each (recall below 1, measured by the caller).
     """
     n = len(x)
     own = np.asarray(home, bool)  # this cell's rows: the census counts their pairs
@@ -215,7 +236,9 @@ def decide(x: np.ndarray, z: Vectors, verify, radius: float, *, home: np.ndarray
         blk = np.arange(s, min(n, s + BLOCK))
         bh = blk[all_home[blk]]
         # 1. earlier kept rows: a kept neighbour removes (the nearest is the dup)
-        a, b, d, ab, _ = pairs.between(blk if (sure_outside or components) else bh, pool("kept"))
+        q = blk if (sure_outside or components) else bh
+        a, b, d, ab, _ = (pairs.between(q, pool("kept")) if index is None
+                          else pairs.through(index, q, pool("kept")))
         seen(a, b, d, ab)
         _nearest(a[ab], b[ab], d[ab], bd, br, dup)
         # 2. earlier open rows: any leaves a home row open (or its dup in doubt); the
@@ -260,6 +283,8 @@ def decide(x: np.ndarray, z: Vectors, verify, radius: float, *, home: np.ndarray
         outside = ab & ~all_home[b] & (state[b] == OPEN)
         deps.append((a[outside], b[outside]))
         pools["kept"].append(blk[state[blk] == KEPT])
+        if index is not None and len(pools["kept"][-1]):
+            index.add(np.ascontiguousarray(z.v[pools["kept"][-1]], np.float32))
         pools["gone"].append(blk[state[blk] == REMOVED])
         is_open = state[blk] == OPEN
         pools["out"].append(blk[is_open & ~all_home[blk]])
