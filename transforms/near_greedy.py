@@ -40,7 +40,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from transforms.near_components import component_labels, join_nets, labels_of
 from transforms.near_search import Vectors, pairs_within, thresholds
+
+__all__ = ["KEPT", "OPEN", "REMOVED", "Census", "Decisions", "component_labels", "decide"]
 
 KEPT, REMOVED, OPEN = 1, 2, 3
 BLOCK = 512  # rows settled together (their own pairs: BLOCK^2 / 2 at most)
@@ -291,9 +294,9 @@ def decide(x: np.ndarray, z: Vectors, verify, radius: float, *, home: np.ndarray
         pools["open"].append(blk[is_open & all_home[blk]])
     label = None
     if components:
-        label = _labels(n, edges)
+        label = labels_of(n, edges)
         if lean:
-            label = _join_nets(pairs, state, label, radius)
+            label = join_nets(pairs, state == KEPT, label, radius)
     open_refs = np.zeros(n, bool)
     h = np.concatenate([p[0] for p in deps])
     o = np.concatenate([p[1] for p in deps])
@@ -374,60 +377,3 @@ def _census_sample(n: int, start: int, home: np.ndarray, keys: np.ndarray | None
     sample[pick] = True
     cen.weight, cen.sampled_rows, cen.budget_rows = len(rest) / max(k, 1), k, len(rest)
     return sample
-
-
-def _labels(n: int, edges: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    a = np.concatenate([e[0] for e in edges]) if edges else np.empty(0, np.int64)
-    b = np.concatenate([e[1] for e in edges]) if edges else np.empty(0, np.int64)
-    return component_labels(n, a, b)
-
-
-def component_labels(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Connected components of n nodes with edges (a[k], b[k]) (label: the smallest node
-    of each), by hooking roots onto smaller roots until nothing changes (a vectorised
-    union-find)."""
-    parent = np.arange(n)
-    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
-    while len(a):
-        ra, rb = parent[a], parent[b]
-        diff = ra != rb
-        if not diff.any():
-            break
-        a, b, ra, rb = a[diff], b[diff], ra[diff], rb[diff]
-        np.minimum.at(parent, np.maximum(ra, rb), np.minimum(ra, rb))
-        while True:  # compress to roots
-            up = parent[parent]
-            if (up == parent).all():
-                break
-            parent = up
-    return parent
-
-
-def _join_nets(pairs: _Pairs, state: np.ndarray, label: np.ndarray, radius: float
-               ) -> np.ndarray:
-    """Components where pairs with removed rows were only sampled: every row is within
-    tolerance of a kept row (its net point); two net points' members can be within
-    tolerance only when the net points are within three radii, so those nets not yet
-    joined are compared member by member, stopping at the first pair."""
-    net = np.flatnonzero(state == KEPT)
-    member_of = label.copy()
-    z = pairs.z
-    c = z.v[net].astype(np.float64)
-    far = 3 * radius * (1 + 1e-6) + 4 * pairs.z.u * (2 * float(z.norm.max(initial=0)))
-    sq = np.einsum("ij,ij->i", c, c)
-    close = sq[:, None] + sq[None, :] - 2 * c @ c.T <= far * far
-    for i, j in zip(*np.nonzero(np.triu(close, 1)), strict=True):
-        ra, rb = member_of[net[i]], member_of[net[j]]
-        if ra == rb:
-            continue
-        ma, mb = np.flatnonzero(member_of == ra), np.flatnonzero(member_of == rb)
-        found = False
-        for s in range(0, len(ma), BLOCK):
-            a, b, _, ab, ba = pairs.between(ma[s:s + BLOCK], mb)
-            if np.where(a > b, ab, ba).any():  # the later row within the earlier
-                found = True
-                break
-        if found:
-            lo, hi = min(ra, rb), max(ra, rb)
-            member_of[member_of == hi] = lo
-    return member_of
