@@ -169,16 +169,23 @@ def search_vectors(x: np.ndarray, spec: NearSpec) -> np.ndarray:
 
 def _grouped(x: np.ndarray, a: np.ndarray, b: np.ndarray, spec: NearSpec
              ) -> tuple[np.ndarray, np.ndarray]:
-    """Candidate pairs -> verified in float64 -> representative grouping (keep first)."""
-    from transforms.near import group_representative, row_edges, verify
+    """Candidate pairs -> verified in float64 -> representative grouping (keep first):
+    rows in order, each removed in favour of its nearest earlier kept partner (the pair
+    list is the peers' method; the job never builds one)."""
+    from transforms.near import verify
 
-    keep = a != b
-    a, b = a[keep], b[keep]
-    dist, ab, ba = verify(x[a], x[b], spec)
-    ok = ab | ba
-    edges, row = row_edges(a[ok], b[ok], np.arange(len(x)), dist[ok], ab[ok], ba[ok])
-    removed, kept, _ = group_representative(edges)
-    return row[removed], row[kept]
+    later, earlier = np.maximum(a, b), np.minimum(a, b)
+    keep = later != earlier
+    later, earlier = later[keep], earlier[keep]
+    dist, within, _ = verify(x[later], x[earlier], spec)
+    later, earlier, dist = later[within], earlier[within], dist[within]
+    o = np.lexsort((earlier, dist, later))
+    removed: dict[int, int] = {}
+    for r, e in zip(later[o].tolist(), earlier[o].tolist(), strict=True):
+        if r not in removed and e not in removed:
+            removed[r] = e
+    rows = np.array(sorted(removed), np.int64)
+    return rows, np.array([removed[r] for r in rows.tolist()], np.int64)
 
 
 def _loose(spec: NearSpec) -> float:

@@ -51,6 +51,7 @@ COLUMNS = 8192  # data rows per product call: BLOCK x COLUMNS candidates at most
 CENSUS_EXACT_PAIRS = 65_536  # pairs with removed rows counted one by one, per cell ...
 CENSUS_SAMPLED_PAIRS = 65_536  # ... then about this many more, on a sample of rows
 BORDER = 64  # pairs nearest the threshold kept on each side, per cell
+VERIFY_BYTES = 32 << 20  # float64 values of the pairs verified at once (both ends)
 
 
 @dataclass
@@ -121,14 +122,24 @@ class _Pairs:
                 i, j, _ = pairs_within(zq, self.z.take(ys), self.radius, self.device)
                 a, b = q[i], ys[j]
                 keep = (a > b) if earlier_only else (a != b)
-                a, b = a[keep], b[keep]
-                if len(a):
-                    out.append((a, b) + self.verify(self.x[a], self.x[b]))
+                if keep.any():
+                    out.append(self.checked(a[keep], b[keep]))
         if not out:
             e = np.empty(0, np.int64)
             return e, e, np.empty(0), np.empty(0, bool), np.empty(0, bool)
         return tuple(np.concatenate(col) for col in zip(*out, strict=True))
 
+
+    def checked(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(a, b, distance, a within b, b within a), verified in float64 a slice of pairs
+        at a time (a crowd's block has millions of candidates: both ends of all of them
+        at once would be gigabytes)."""
+        step = max(1024, VERIFY_BYTES // (16 * max(1, self.x.shape[1])))
+        parts = [self.verify(self.x[a[k:k + step]], self.x[b[k:k + step]])
+                 for k in range(0, len(a), step)]
+        if not parts:
+            return a, b, np.empty(0), np.empty(0, bool), np.empty(0, bool)
+        return (a, b) + tuple(np.concatenate(c) for c in zip(*parts, strict=True))
 
     def through(self, index, q: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, ...]:
         """``between`` with the candidates from an approximate index holding rows ``y``
@@ -143,11 +154,7 @@ class _Pairs:
         a = q[np.repeat(np.arange(len(q)), np.diff(lims.astype(np.int64)))]
         b = y[ids.astype(np.int64)]
         keep = a != b
-        a, b = a[keep], b[keep]
-        e = np.empty(0, np.int64)
-        if not len(a):
-            return e, e, np.empty(0), np.empty(0, bool), np.empty(0, bool)
-        return (a, b) + self.verify(self.x[a], self.x[b])
+        return self.checked(a[keep], b[keep])
 
     def any_within(self, q: np.ndarray, y: np.ndarray) -> np.ndarray:
         """The query rows within tolerance of at least one data row (earlier data rows
@@ -263,6 +270,11 @@ def decide(x: np.ndarray, z: Vectors, verify, radius: float, *, home: np.ndarray
         if count:
             rpool = np.concatenate([pool("gone"), gone_now]
                                    + ([pool("open")] if lean else []))
+            work = len(bh) * len(rpool)  # expected pairs: this work x the density so far
+            if not lean and tally[0] + work * (tally[0] / tally[1] if tally[1] else 0.25) \
+                    > CENSUS_EXACT_PAIRS:
+                lean = True  # (this block's open pairs were counted above, exactly)
+                sample = _census_sample(n, s, own, keys, tally, cen)
             q = bh[sample[bh]] if lean else bh
             a, b, d, ab, _ = pairs.between(q, rpool, earlier_only=True)
             seen(a, b, d, ab, exact_count=not lean)
@@ -271,9 +283,6 @@ def decide(x: np.ndarray, z: Vectors, verify, radius: float, *, home: np.ndarray
             else:
                 tally[0] += int(ab.sum())
                 tally[1] += len(q) * len(rpool)
-                if tally[0] > CENSUS_EXACT_PAIRS and s + BLOCK < n:
-                    lean = True
-                    sample = _census_sample(n, s + BLOCK, own, keys, tally, cen)
         # 4. the block's own earlier rows that may still be kept or open
         live = blk[~np.isin(blk, gone_now)]
         a, b, d, ab, _ = pairs.between(blk, live, earlier_only=True)
@@ -367,7 +376,7 @@ def _census_sample(n: int, start: int, home: np.ndarray, keys: np.ndarray | None
     rows are counted, chosen by a hash of their key, about CENSUS_SAMPLED_PAIRS pairs
     in all; each counts for (rows left) / (rows sampled)."""
     rest = np.flatnonzero(home[start:]) + start
-    density = tally[0] / max(tally[1], 1)  # share of row pairs compared that were within
+    density = tally[0] / tally[1] if tally[1] else 1.0  # share of compared pairs within
     per_row = max(1.0, density * float(rest.mean())) if len(rest) else 1.0
     k = int(min(len(rest), max(1, math.ceil(CENSUS_SAMPLED_PAIRS / per_row))))
     ident = (keys[rest, 0] ^ _mix(keys[rest, 1]) if keys is not None
