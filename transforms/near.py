@@ -31,6 +31,7 @@ from transforms.near_search import (
     earlier_candidates,
     pairs_within,
     precision_for,
+    rows_for,
 )
 
 METRICS = ("allclose", "l2", "cosine")
@@ -114,8 +115,9 @@ def search_radius(spec: NearSpec, dim: int, scale: float) -> float:
 def _centred_blocks(x: np.ndarray, spec: NearSpec, center: np.ndarray | None
                     ) -> Iterator[tuple[slice, np.ndarray]]:
     """The search space minus ``center``, in float64 blocks small enough for the cache."""
-    for a in range(0, len(x), 4096):
-        z = search_space(x[a:a + 4096], spec)
+    step = rows_for(8 * x.shape[1], 32 << 20, 4096)  # float64 rows
+    for a in range(0, len(x), step):
+        z = search_space(x[a:a + step], spec)
         if center is not None:
             z -= center
         yield slice(a, a + len(z)), z
@@ -218,9 +220,10 @@ def sample_for_plan(n: int, dim: int, seed: int = 0) -> np.ndarray:
                                                       replace=False))
 
 
-def _blocks(n: int) -> Iterator[slice]:
-    for a in range(0, n, BLOCK_ROWS):
-        yield slice(a, min(n, a + BLOCK_ROWS))
+def _blocks(n: int, dim: int = 1) -> Iterator[slice]:
+    step = rows_for(8 * dim, 256 << 20, BLOCK_ROWS)
+    for a in range(0, n, step):
+        yield slice(a, min(n, a + step))
 
 
 def true_partners(sample_x: np.ndarray, sample_rank: tuple, data_x: np.ndarray,
@@ -293,7 +296,7 @@ def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int |
     parts = plan(search_space(xs[sample_for_plan(n, dim)], spec), n, radius, spec.mode,
                  spec.probes, cells, progress=progress)
     homes, rows, joined, capped = [], [], [], np.zeros(len(x), bool)
-    for b in _blocks(n):
+    for b in _blocks(n, dim):
         a = assign(search_vectors(xs[b], spec, radius, parts.mean, np.float32), parts)
         capped[ok[b]] = a.capped
         homes.append(a.home)
@@ -380,7 +383,7 @@ def measure_recall(xs: np.ndarray, rank: np.ndarray, spec: NearSpec, removed: np
     sample = np.flatnonzero(in_sample(keys, n, size))
     truth = Truth.empty()
     zero = np.zeros(n)
-    for blk in _blocks(n):
+    for blk in _blocks(n, xs.shape[1]):
         si, dj, d, count = true_partners(xs[sample], (zero[sample], pos[sample]), xs[blk],
                                          (zero[blk], pos[blk]), spec, radius, center,
                                          PARTNERS)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from transforms.near_components import component_labels, join_nets, labels_of
-from transforms.near_search import Vectors, pairs_within, thresholds
+from transforms.near_search import Vectors, pairs_within, rows_for, thresholds
 
 __all__ = ["KEPT", "OPEN", "REMOVED", "Census", "Decisions", "component_labels", "decide"]
 
@@ -117,8 +117,9 @@ class _Pairs:
         out = []
         if len(q) and len(y):
             zq = self.z.take(q)
-            for c in range(0, len(y), COLUMNS):
-                ys = y[c:c + COLUMNS]
+            cols = rows_for(self.z.v.itemsize * self.z.v.shape[1], 64 << 20, COLUMNS, 64)
+            for c in range(0, len(y), cols):
+                ys = y[c:c + cols]
                 i, j, _ = pairs_within(zq, self.z.take(ys), self.radius, self.device)
                 a, b = q[i], ys[j]
                 keep = (a > b) if earlier_only else (a != b)
@@ -160,10 +161,11 @@ class _Pairs:
         """The query rows within tolerance of at least one data row (earlier data rows
         first; a query stops at its first hit)."""
         hit = []
-        for c in range(0, len(y), COLUMNS):
+        cols = rows_for(self.z.v.itemsize * self.z.v.shape[1], 64 << 20, COLUMNS, 64)
+        for c in range(0, len(y), cols):
             if not len(q):
                 break
-            a, _, _, ab, _ = self.between(q, y[c:c + COLUMNS])
+            a, _, _, ab, _ = self.between(q, y[c:c + cols])
             found = np.unique(a[ab])
             hit.append(found)
             q = q[~np.isin(q, found)]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transforms.near_search import UNIT_ROUNDOFF, Vectors, centred, gamma
+from transforms.near_search import UNIT_ROUNDOFF, Vectors, centred, gamma, rows_for
 
 MODES = ("auto", "exact", "bounded")
 KMEANS_ITERATIONS = 15
@@ -213,7 +213,7 @@ def assign(z: Vectors, parts: Partitions, probes: int | None = -1,
     ca[:dim], ca[dim] = -2 * c.T, csq
     widest = parts.gap.max(axis=1)  # per home: its largest gap, for a first cut
     homes, rows, cells, wanted = [], [], [], []
-    block = max(256, (1 << 22) // k)
+    block = rows_for(z.v.itemsize * (dim + 1), 64 << 20, max(256, (1 << 22) // k), 1)
     for a in range(0, n, block):
         za = np.empty((min(block, n - a), dim + 1), dt)
         za[:, :dim], za[:, dim] = z.v[a:a + block], 1

@@ -29,6 +29,12 @@ UNIT_ROUNDOFF = {np.dtype(np.float32): 2.0 ** -24, np.dtype(np.float64): 2.0 ** 
 BLOCK_ELEMENTS = 1 << 24  # query x data distances computed at once (64 MB in float32)
 
 
+def rows_for(row_bytes: int, budget: int, most: int, least: int = 16) -> int:
+    """Rows per block so that a block holds about ``budget`` bytes (at most ``most``
+    rows, at least ``least``): blocks of 16,384-value records must be fewer rows."""
+    return int(max(least, min(most, budget // max(1, row_bytes))))
+
+
 def gamma(dim: int, dtype: np.dtype) -> float:
     """Relative error bound of a length-``dim`` dot product plus two additions, x 1.01."""
     k = (dim + 3) * UNIT_ROUNDOFF[np.dtype(dtype)]

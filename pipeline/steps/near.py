@@ -34,6 +34,7 @@ from pipeline.steps.tagged import SplitOutputs
 from transforms import fs, near
 from transforms.near_plan import Partitions, plan
 from transforms.near_recall import PARTNERS, Truth, in_sample
+from transforms.near_search import rows_for
 
 __all__ = ["DedupNear", "NearReport"]
 
@@ -169,8 +170,9 @@ def true_partners(batch: VecBatch, plan: Plan, spec: near.NearSpec, samples: lis
     batch, sample = batch.loaded(), VecBatch.concat(samples)
     sample = sample.take(np.lexsort((sample.order, sample.prio)))
     sample = sample.take(collapse(sample))  # a digest's best row stands for it
-    for a in range(0, len(batch), RECALL_BLOCK_ROWS):
-        b = min(a + RECALL_BLOCK_ROWS, len(batch))
+    step = rows_for(8 * batch.x.shape[1], 128 << 20, RECALL_BLOCK_ROWS)
+    for a in range(0, len(batch), step):
+        b = min(a + step, len(batch))
         part = batch.take(np.arange(a, b))
         si, dj, d, count = near.true_partners(
             sample.x, (sample.prio, sample.order), part.x, (part.prio, part.order), spec,

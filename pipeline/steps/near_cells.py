@@ -72,21 +72,33 @@ def assign_batch(batch: VecBatch, plan, spec: near.NearSpec, spill: str
     progress.tick("near assign", 0, 0, "chunks")
 
 
-def read_cell(slices: Iterable[CellSlice]) -> tuple[VecBatch, np.ndarray, np.ndarray]:
-    """A cell's spilled rows in keep order (ties by digest and place: one order whatever
-    the files' names and the shuffle's order, so reports are reproducible): (rows, home
-    flags, capped flags)."""
+def read_cell(slices: Iterable[CellSlice]) -> tuple[VecBatch, np.ndarray, int, int]:
+    """A cell's spilled rows, exact copies collapsed (``collapse``), in keep order (ties by
+    digest and place: one order whatever the files' names and the shuffle's order, so
+    reports are reproducible): (rows, home flags, home rows that arrived, capped ones).
+    The values are copied once, into the result (16k-value records make a cell big)."""
     parts = []
     for path, group in itertools.groupby(sorted(slices, key=lambda c: (c.path, c.batch)),
                                          key=lambda c: c.path):
         with fs.open_read(path) as f:
             reader = pa.ipc.open_file(f)
             parts += [VecBatch.from_arrow(reader.get_batch(c.batch)) for c in group]
-    batch = VecBatch.concat([b for b, _ in parts])
-    rows = np.lexsort((batch.position, batch.file_index, batch.words[:, 1], batch.words[:, 0],
-                       batch.order, batch.prio))
-    return (batch.take(rows), np.concatenate([f["home"] for _, f in parts])[rows],
-            np.concatenate([f["capped"] for _, f in parts])[rows])
+    meta = VecBatch.concat([b.take(np.arange(len(b)), values=False) for b, _ in parts])
+    home = np.concatenate([f["home"] for _, f in parts])
+    capped = int(np.concatenate([f["capped"] for _, f in parts]).sum())
+    rows = np.lexsort((meta.position, meta.file_index, meta.words[:, 1], meta.words[:, 0],
+                       meta.order, meta.prio))
+    rows = rows[collapse(meta.take(rows, values=False))]
+    out = meta.take(rows, values=False)
+    x0 = parts[0][0].x
+    x = np.empty((len(rows), x0.shape[1]), x0.dtype)
+    starts = np.cumsum([0] + [len(b) for b, _ in parts])
+    part = np.searchsorted(starts, rows, side="right") - 1
+    for k, (b, _) in enumerate(parts):
+        mine = np.flatnonzero(part == k)
+        x[mine] = b.x[rows[mine] - starts[k]]
+    out.x = x
+    return out, home[rows], int(home.sum()), capped
 
 
 def collapse(batch: VecBatch) -> np.ndarray:
@@ -135,10 +147,7 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
     order, sample nearest-neighbour distances and borderline pairs."""
     progress.tick("near search", len(plan.parts), 0, "cells", units=0)  # starts its clock
     cell = kv[0]
-    batch, home, capped_rows = read_cell(kv[1])
-    arrived, capped = int(home.sum()), int(capped_rows.sum())
-    rows = collapse(batch)
-    batch, home = batch.take(rows), home[rows]
+    batch, home, arrived, capped = read_cell(kv[1])
     z = near.search_vectors(batch.x, spec, plan.radius,
                             plan.parts.mean + plan.parts.centroids[cell])
     d = decide(batch.x, z, lambda a, b: near.verify(a, b, spec), plan.radius, home=home,
