@@ -27,6 +27,7 @@ import numpy as np
 
 UNIT_ROUNDOFF = {np.dtype(np.float32): 2.0 ** -24, np.dtype(np.float64): 2.0 ** -53}
 BLOCK_ELEMENTS = 1 << 24  # query x data distances computed at once (64 MB in float32)
+BLOCK_BYTES = 64 << 20  # query or data rows copied at once (16k-value rows: 1,024 of them)
 
 
 def rows_for(row_bytes: int, budget: int, most: int, least: int = 16) -> int:
@@ -131,10 +132,19 @@ def pairs_within(q: Vectors, y: Vectors, radius: float, device: str = "cpu",
         return np.empty(0, np.int64), np.empty(0, np.int64), best
     if q.v.dtype != y.v.dtype:
         raise ValueError("queries and data must have one precision")
+    row_bytes = q.v.itemsize * (q.v.shape[1] + 2)
+    step = rows_for(row_bytes, BLOCK_BYTES, nq)
+    if step < nq:  # wide rows: the queries' augmented copy a block at a time
+        parts = [pairs_within(q.take(np.arange(a, min(a + step, nq))), y, radius, device,
+                              None if own is None else own[a:a + step], pairs)
+                 for a in range(0, nq, step)]
+        return (np.concatenate([p[0] + a for p, a in zip(parts, range(0, nq, step),
+                                                          strict=True)]),
+                np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]))
     own = np.full(nq, NO_NEAREST, np.int64) if own is None else np.asarray(own, np.int64)
     want = np.flatnonzero(own != NO_NEAREST)
     best_d = np.full(nq, np.inf)
-    cols = max(1, min(len(y.v), BLOCK_ELEMENTS // 256))
+    cols = rows_for(row_bytes, BLOCK_BYTES, min(len(y.v), BLOCK_ELEMENTS // 256), 1)
     rows = max(1, BLOCK_ELEMENTS // cols)
     signs = _signs_torch if use_cuda(device) else _signs
     qs, ys = [], []
@@ -215,8 +225,17 @@ def earlier_candidates(q: Vectors, y: Vectors, radius: float, q_rank: tuple, y_r
     count = np.zeros(nq, np.int64)
     if not nq or not len(y.v):
         return np.empty(0, np.int64), np.empty(0, np.int64), count
+    row_bytes = q.v.itemsize * (q.v.shape[1] + 2)
+    step = rows_for(row_bytes, BLOCK_BYTES, nq)
+    if step < nq:  # wide rows: the queries' augmented copy a block at a time
+        parts = [earlier_candidates(q.take(np.arange(a, min(a + step, nq))), y, radius,
+                                    (q_rank[0][a:a + step], q_rank[1][a:a + step]),
+                                    y_rank, k) for a in range(0, nq, step)]
+        return (np.concatenate([p[0] + a for p, a in zip(parts, range(0, nq, step),
+                                                          strict=True)]),
+                np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]))
     qi, yj = [], []
-    cols = max(1, min(len(y.v), BLOCK_ELEMENTS // 256))
+    cols = rows_for(row_bytes, BLOCK_BYTES, min(len(y.v), BLOCK_ELEMENTS // 256), 1)
     rows = max(1, BLOCK_ELEMENTS // cols)
     for c in range(0, len(y.v), cols):
         sl = slice(c, min(c + cols, len(y.v)))
