@@ -174,6 +174,18 @@ def verify(xa: np.ndarray, xb: np.ndarray, spec: NearSpec
     return d, ab, ba
 
 
+def verify_rows(xa: np.ndarray, a: np.ndarray, xb: np.ndarray, b: np.ndarray,
+                spec: NearSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``verify`` of the pairs (xa[a[k]], xb[b[k]]), a slice of pairs at a time: float64
+    copies of both ends of every pair at once would be gigabytes for wide records or
+    many pairs (32 MB of values per slice)."""
+    step = rows_for(16 * max(1, xa.reshape(len(xa), -1).shape[1]), 32 << 20, 1 << 20, 64)
+    parts = [verify(xa[a[k:k + step]], xb[b[k:k + step]], spec) for k in range(0, len(a), step)]
+    if not parts:
+        return np.empty(0), np.empty(0, bool), np.empty(0, bool)
+    return tuple(np.concatenate(c) for c in zip(*parts, strict=True))
+
+
 def approximate_index(z: Vectors, spec: NearSpec):
     """``index: ivf | hnsw``: an empty FAISS index for a cell's kept rows (IVF trained on
     all the cell's rows), which ``near_greedy.decide`` fills as rows are kept and asks
@@ -238,7 +250,7 @@ def true_partners(sample_x: np.ndarray, sample_rank: tuple, data_x: np.ndarray,
     si, dj, count = earlier_candidates(search_vectors(sample_x, spec, radius, center, dtype),
                                        search_vectors(data_x, spec, radius, center, dtype),
                                        radius, sample_rank, data_rank, k)
-    d, ab, _ = verify(sample_x[si], data_x[dj], spec)
+    d, ab, _ = verify_rows(sample_x, si, data_x, dj, spec)
     return si[ab], dj[ab], d[ab], count
 
 
@@ -415,9 +427,12 @@ def nearest_distances(x: np.ndarray, z: Vectors, rows: np.ndarray, spec: NearSpe
     dist, within = np.full(len(rows), np.inf), np.zeros(len(rows), bool)
     if not len(rows) or len(x) < 2:
         return best, dist, within
-    _, _, best = pairs_within(z.take(rows), z, radius, spec.device, own=rows, pairs=False)
+    step = rows_for(z.v.itemsize * z.v.shape[1], 64 << 20, len(rows))
+    best = np.concatenate([pairs_within(z.take(rows[a:a + step]), z, radius, spec.device,
+                                        own=rows[a:a + step], pairs=False)[2]
+                           for a in range(0, len(rows), step)])
     has = best >= 0
-    d, ab, ba = verify(x[rows[has]], x[best[has]], spec)
+    d, ab, ba = verify_rows(x, rows[has], x, best[has], spec)
     dist[has] = np.where(np.isnan(d), np.inf, d)
     within[has] = ab | ba
     return best, dist, within

@@ -135,7 +135,7 @@ class _Pairs:
         """(a, b, distance, a within b, b within a), verified in float64 a slice of pairs
         at a time (a crowd's block has millions of candidates: both ends of all of them
         at once would be gigabytes)."""
-        step = max(1024, VERIFY_BYTES // (16 * max(1, self.x.shape[1])))
+        step = rows_for(16 * max(1, self.x.shape[1]), VERIFY_BYTES, 1 << 20, 64)
         parts = [self.verify(self.x[a[k:k + step]], self.x[b[k:k + step]])
                  for k in range(0, len(a), step)]
         if not parts:

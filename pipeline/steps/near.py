@@ -157,19 +157,39 @@ def recall_rows(batch: VecBatch, plan: Plan, spec: near.NearSpec) -> Iterator[Ve
         yield batch.loaded().take(pick)
 
 
-def true_partners(batch: VecBatch, plan: Plan, spec: near.NearSpec, samples: list[VecBatch]
+class GatherSample(beam.CombineFn):
+    """The recall sample's rows, once: in keep order, a digest's best row standing for it
+    (every chunk's brute force then reads this one batch)."""
+
+    def create_accumulator(self) -> list[VecBatch]:
+        return []
+
+    def add_input(self, acc: list[VecBatch], batch: VecBatch) -> list[VecBatch]:
+        acc.append(batch)
+        return acc
+
+    def merge_accumulators(self, accs) -> list[VecBatch]:
+        return [b for a in accs for b in a]
+
+    def extract_output(self, acc: list[VecBatch]) -> VecBatch | None:
+        if not acc:
+            return None
+        sample = VecBatch.concat(acc)
+        sample = sample.take(np.lexsort((sample.order, sample.prio)))
+        return sample.take(collapse(sample))
+
+
+def true_partners(batch: VecBatch, plan: Plan, spec: near.NearSpec, sample: VecBatch | None
                   ) -> Iterator[Truth]:
     """Brute force of the recall sample against one chunk: each sampled record's nearest
     earlier partners within tolerance (it within them, as the reference), other records
     only, and how many candidates there were. The chunk is compared in blocks of
     RECALL_BLOCK_ROWS rows."""
     progress.tick("near recall", 0, 0, "chunks", units=0, total_records=plan.n)
-    if not samples:
+    if sample is None:
         progress.tick("near recall", 0, len(batch), "chunks", total_records=plan.n)
         return
-    batch, sample = batch.loaded(), VecBatch.concat(samples)
-    sample = sample.take(np.lexsort((sample.order, sample.prio)))
-    sample = sample.take(collapse(sample))  # a digest's best row stands for it
+    batch = batch.loaded()
     step = rows_for(8 * batch.x.shape[1], 128 << 20, RECALL_BLOCK_ROWS)
     for a in range(0, len(batch), step):
         b = min(a + step, len(batch))
@@ -230,8 +250,9 @@ class DedupNear(beam.PTransform):
     def expand(self, vecs):
         plan = beam.pvalue.AsSingleton(vecs | "SampleAndPlan" >> beam.CombineGlobally(
             SampleForPlan(self.spec)))
-        samples = beam.pvalue.AsList(
-            vecs | "RecallSample" >> beam.FlatMap(recall_rows, plan, self.spec))
+        samples = beam.pvalue.AsSingleton(
+            vecs | "RecallSample" >> beam.FlatMap(recall_rows, plan, self.spec)
+            | "GatherSample" >> beam.CombineGlobally(GatherSample()))
         truth = beam.pvalue.AsSingleton(
             vecs | "RecallBruteForce" >> beam.FlatMap(true_partners, plan, self.spec, samples)
             | "GatherTruth" >> beam.CombineGlobally(GatherTruth()))

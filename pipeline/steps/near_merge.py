@@ -126,7 +126,7 @@ def component_removals(cells: list, spec: near.NearSpec
 
 
 def merge_cells(cells: list, plan, spec: near.NearSpec, per_side: int,
-                samples: list[VecBatch], truth: Truth
+                sample: VecBatch | None, truth: Truth
                 ) -> Iterator[tuple[int, object] | beam.pvalue.TaggedOutput]:
     """All cells' decisions -> removals per file (kind near) and the NearReport.
 
@@ -157,9 +157,9 @@ def merge_cells(cells: list, plan, spec: near.NearSpec, per_side: int,
         removed = m
         yield from removed_by_file(ends, by_input, m + by_input, "near", dist[by_input],
                                    tier_of(ref.prio[by_input], ref.order[by_input]))
-        judged = _judge(samples, truth, rec, ref, dist, spec)
+        judged = _judge(sample, truth, rec, ref, dist, spec)
     else:
-        judged = _judge(samples, truth, None, None, np.empty(0), spec)
+        judged = _judge(sample, truth, None, None, np.empty(0), spec)
     pairs = weighted_sum([(c.pairs, 1.0) for c in cells]
                          + [(c.pairs_sampled, c.weight) for c in cells
                             if c.pairs_sampled is not None], spec.marker)
@@ -180,13 +180,14 @@ def merge_cells(cells: list, plan, spec: near.NearSpec, per_side: int,
     yield beam.pvalue.TaggedOutput(NEAR_REPORT, NearReport(nn, border, stats, pairs))
 
 
-def _judge(samples: list[VecBatch], truth: Truth, rec: VecBatch | None, ref: VecBatch | None,
+def _judge(sample: VecBatch | None, truth: Truth, rec: VecBatch | None, ref: VecBatch | None,
            dist: np.ndarray, spec: near.NearSpec) -> dict | None:
     """Recall: each sampled record's decision against its brute-force partners."""
     if not spec.recall_sample:
         return None
-    sampled = {tuple(w) for s in samples for w, p in zip(s.words.tolist(), s.prio.tolist(),
-                                                        strict=True) if p != -np.inf}
+    sampled = set() if sample is None else {
+        tuple(w) for w, p in zip(sample.words.tolist(), sample.prio.tolist(), strict=True)
+        if p != -np.inf}
     gone = {} if rec is None else {
         tuple(a): (tuple(b), d) for a, b, d in zip(rec.words.tolist(), ref.words.tolist(),
                                                     dist.tolist(), strict=True)}
