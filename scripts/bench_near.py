@@ -341,6 +341,7 @@ def contenders(work: Path, spec: NearSpec, rows: int) -> dict[str, tuple[str, di
         f"{FLAT} on {sub // 1000}k rows, time x {(rows / sub) ** 2:.0f}")
     return {
         JOB: (CLI, dict(base, CONFIG=str(job_config(work, spec, "job")))),
+        "kernel, auto with its recall sample (as the job)": (KERNEL, dict(base, SPEC={})),
         "kernel, exact cells": (KERNEL, dict(base, SPEC={"mode": "exact", "recall_sample": 0})),
         "kernel, bounded (3 probes)": (KERNEL, dict(base, SPEC={"mode": "bounded",
                                                                  "recall_sample": 0})),
