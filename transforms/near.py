@@ -41,6 +41,7 @@ DEVICES = ("auto", "cpu", "cuda")
 SAMPLE_ROWS = 200_000  # planning sample cap (rows) ...
 SAMPLE_BYTES = 128 << 20  # ... and bytes (one worker holds it)
 BLOCK_ROWS = 65_536  # rows assigned or brute-forced at once in one process
+CELL_BYTES = 128 << 20  # float32 search vectors of one cell, about (wide records)
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,12 @@ class NearSpec:
         """The distance to mark on a histogram: the threshold (allclose: atol)."""
         return self.atol if self.metric == "allclose" else self.threshold
 
-    def cells(self, n: int) -> int:
-        return partition_count(n, self.single_index_rows, self.partition_rows)
+    def cells(self, n: int, dim: int = 1) -> int:
+        """Cells for n records of ``dim`` values: the row counts above, capped so that a
+        cell's search vectors stay near CELL_BYTES (16k-value records: 2,048 rows)."""
+        cap = rows_for(4 * dim, CELL_BYTES, max(self.single_index_rows, self.partition_rows), 2)
+        return partition_count(n, min(self.single_index_rows, cap),
+                               min(self.partition_rows, cap))
 
 
 def finite_rows(x: np.ndarray) -> np.ndarray:
@@ -304,7 +309,7 @@ def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int |
     pos = np.empty(n, np.int64)
     pos[np.argsort(rs, kind="stable")] = np.arange(n)
     radius = search_radius(spec, dim, value_scale(xs, spec))
-    cells = spec.cells(n) if partitions is None else partitions
+    cells = spec.cells(n, dim) if partitions is None else partitions
     parts = plan(search_space(xs[sample_for_plan(n, dim)], spec), n, radius, spec.mode,
                  spec.probes, cells, progress=progress)
     homes, rows, joined, capped = [], [], [], np.zeros(len(x), bool)

@@ -129,7 +129,7 @@ class SampleForPlan(beam.CombineFn):
         acc.compact()
         sample = acc.v[0]
         radius = near.search_radius(self.spec, sample.shape[1], acc.scale)
-        cells = self.spec.cells(acc.n)
+        cells = self.spec.cells(acc.n, sample.shape[1])
         if cells > 1:
             progress.note(f"near: planning about {cells:,} cells from {len(sample):,} "
                           f"sampled records of {acc.n:,} (k-means, then the cost of each "
