@@ -8,11 +8,14 @@ tolerance, compared with a per-row bound on the rounding error
 every candidate pair is then verified with the exact metric in float64, so precision
 is 1.0 whatever the index. Grouping visits records in keep order.
 
-Scale without one big search: rows are split into k-means cells and each cell is
-searched on its own (``transforms.near_plan``: exact cells by the bisector rule, or a
-bounded number of cells per row), their pairs are merged by record key
-(``merge_pairs``), and a brute-force sample measures recall (``transforms.near_recall``).
-``find_near`` runs the same steps in one process; the Beam stage runs them on workers.
+Scale without one big search: rows are split into k-means cells and each cell decides
+its own records in keep order (``transforms.near_plan``: exact cells by the bisector
+rule, or a bounded number of cells per row; ``transforms.near_greedy``: each record
+meets only earlier kept or open records, so crowds of copies cost no pair list); the
+few records whose fate hangs on another cell are settled together afterwards
+(``resolve_open``), and a brute-force sample judges the decisions
+(``transforms.near_recall``). ``find_near`` runs the same steps in one process; the
+Beam stage runs them on workers.
 """
 
 from __future__ import annotations
