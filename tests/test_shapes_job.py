@@ -45,16 +45,8 @@ CASES = {
 }
 
 
-# Issue 21's crash, still on main a24ffb6: the planning sample holds 2 distinct records
-# (n counts 3,000 rows before exact copies collapse), predict()'s held-out part is empty
-# and near_plan.assign() concatenates nothing. strict: passes once fixed, then drop this.
-CRASH = pytest.mark.xfail(strict=True, reason="issue 21: ValueError: need at least one "
-                          "array to concatenate (near_plan.assign on an empty held-out part)")
-
-
 @pytest.mark.parametrize("case,cells", [
-    pytest.param(c, cells, id=f"{c}-{'k-means cells' if cells else 'one cell'}",
-                 marks=CRASH if (c, cells) == ("one distinct", True) else ())
+    pytest.param(c, cells, id=f"{c}-{'k-means cells' if cells else 'one cell'}")
     for c in CASES for cells in (False, True)])
 def test_degenerate_input_matches_oracle(tmp_path, case, cells):
     """``cells``: cells of about 100 records (exact mode), so the planning and the

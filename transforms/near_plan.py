@@ -201,7 +201,7 @@ def assign(z: Vectors, parts: Partitions, probes: int | None = -1,
     distance to the bisector."""
     probes = parts.probes if probes == -1 else probes
     n, k = len(z.v), len(parts)
-    if k == 1:
+    if k == 1 or n == 0:  # one cell; or nothing to assign (a sample of two distinct rows)
         ones = np.ones(n, np.int64)
         return Assignment(np.zeros(n, np.int64), np.arange(n, dtype=np.int64),
                           np.zeros(n, np.int64), ones, np.zeros(n, bool))
