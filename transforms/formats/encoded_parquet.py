@@ -29,7 +29,7 @@ from transforms.formats.base import (
     error_line,
 )
 from transforms.formats.encoded import byte_slices
-from transforms.formats.parquet import _open, _prefetched
+from transforms.formats.parquet import _open, _prefetched, groups_at
 
 
 def value_kind(t: pa.DataType) -> str | None:
@@ -168,27 +168,11 @@ def read_values(unit: Unit, spec: TensorSpec, rows: int, max_bytes: int) -> Iter
 
 def values_at(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, bytes | str]:
     """The stored values at ``positions`` (only the row groups holding them are read)."""
-    pf = _open(path)
-    want = sorted(set(int(p) for p in positions))
-    if isinstance(pf, Exception) or not want:
-        return {}
     out: dict[int, bytes | str] = {}
-    offset = 0
-    for rg in range(pf.metadata.num_row_groups):
-        n = pf.metadata.row_group(rg).num_rows
-        local = [p - offset for p in want if offset <= p < offset + n]
-        if local:
-            try:
-                table = pf.read_row_group(rg, columns=[spec.tensor])
-            except (OSError, pa.ArrowException):
-                table = None
-            if table is not None:
-                data, paths = _column(table.column(0).combine_chunks().take(pa.array(local)))
-                values, bad = _resolve(data.to_pylist(),
-                                       None if paths is None else paths.to_pylist(),
-                                       path, spec.tensor)
-                out.update({offset + p: v for i, (p, v) in enumerate(zip(local, values,
-                                                                           strict=True))
-                            if i not in bad})
-        offset += n
+    for offset, local, table in groups_at(path, spec.tensor, positions):
+        data, paths = _column(table.column(0).combine_chunks().take(pa.array(local)))
+        values, bad = _resolve(data.to_pylist(), None if paths is None else paths.to_pylist(),
+                               path, spec.tensor)
+        out.update({offset + p: v for i, (p, v) in enumerate(zip(local, values, strict=True))
+                    if i not in bad})
     return out

@@ -433,28 +433,34 @@ def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) 
     return written
 
 
-def read_rows(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, np.ndarray]:
-    """The tensors at ``positions`` (as ``read`` numbers them) of one file, for showing a
-    few records (the report's page): only the row groups holding them are read, only the
-    tensor column. Positions that are invalid or out of range are left out."""
+def groups_at(path: str, column: str, positions: list[int]
+              ) -> Iterator[tuple[int, list[int], pa.Table]]:
+    """(first position, positions within the group, the group's ``column``) for each
+    readable row group of one file that holds some of ``positions``: only those groups
+    are read, only that column (the report's page shows a few records)."""
     pf = _open(path)
     want = sorted(set(int(p) for p in positions))
     if isinstance(pf, Exception) or not want:
-        return {}
-    out: dict[int, np.ndarray] = {}
+        return
     offset = 0
     for rg in range(pf.metadata.num_row_groups):
         n = pf.metadata.row_group(rg).num_rows
         local = [p - offset for p in want if offset <= p < offset + n]
         if local:
             try:
-                table = pf.read_row_group(rg, columns=[spec.tensor])
+                yield offset, local, pf.read_row_group(rg, columns=[column])
             except (OSError, pa.ArrowException):
-                table = None
-            if table is not None:
-                part = table.take(pa.array(local, pa.int64()))
-                for chunk in table_chunks(0, path, part, 0, replace(spec, id=None, rank=None)):
-                    for i, p in enumerate(chunk.positions.tolist()):
-                        out[offset + local[p]] = chunk.tensors[i]
+                pass
         offset += n
+
+
+def read_rows(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, np.ndarray]:
+    """The tensors at ``positions`` (as ``read`` numbers them) of one file, for showing a
+    few records. Positions that are invalid or out of range are left out."""
+    out: dict[int, np.ndarray] = {}
+    for offset, local, table in groups_at(path, spec.tensor, positions):
+        part = table.take(pa.array(local, pa.int64()))
+        for chunk in table_chunks(0, path, part, 0, replace(spec, id=None, rank=None)):
+            for i, p in enumerate(chunk.positions.tolist()):
+                out[offset + local[p]] = chunk.tensors[i]
     return out
