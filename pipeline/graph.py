@@ -20,7 +20,6 @@ from pipeline.steps import (
     VECTORS,
     Chunking,
     Dedup,
-    Embed,
     Keep,
     ReadTensors,
     StoreUpdate,
@@ -44,6 +43,8 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
                                                  chunking=chunking, reference=True,
                                                  nonfinite_invalid=nonfinite_invalid)
     if job.embed is not None:  # exact dedup stays on the raw values (the chunks' digests)
+        from pipeline.steps.embed import Embed  # imports torch: only for jobs that embed
+
         e = job.embed
         write_to = fs.join(job.staging(job.report), "embeddings") if e.cfg.write else None
         read = read | "Embed" >> Embed(e.handler, batch_size=e.cfg.batch_size,

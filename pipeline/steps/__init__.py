@@ -35,7 +35,6 @@ from pipeline.steps.elements import (
     Removed,
     VecBatch,
 )
-from pipeline.steps.embed import Embed
 from pipeline.steps.exact import DedupExact
 from pipeline.steps.fingerprint import Fingerprint
 from pipeline.steps.near import DedupNear, NearReport
@@ -55,3 +54,13 @@ __all__ = [
     "CHUNKS", "FACTS", "FILES", "KEYS", "VECTORS", "REMOVED", "SEEN", "SURVIVORS",
     "NEAR_REPORT", "DECISIONS", "KEPT", "INVALID",
 ]
+
+
+def __getattr__(name: str):
+    """``Embed`` on first use: it imports Beam's RunInference, which imports torch (about
+    1.5 s, and its threads) into every job that never embeds."""
+    if name == "Embed":
+        from pipeline.steps.embed import Embed
+
+        return Embed
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
