@@ -25,7 +25,7 @@ from pipeline.steps.elements import VecBatch
 from pipeline.steps.near_grid import pair_histogram
 from transforms import fs, near
 from transforms.exact import is_protected
-from transforms.near_greedy import KEPT, OPEN, REMOVED, decide
+from transforms.near_greedy import KEPT, OPEN, REMOVED
 from transforms.near_plan import assign
 
 
@@ -150,9 +150,9 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
     batch, home, arrived, capped = read_cell(kv[1])
     z = near.search_vectors(batch.x, spec, plan.radius,
                             plan.parts.mean + plan.parts.centroids[cell])
-    d = decide(batch.x, z, lambda a, b: near.verify(a, b, spec), plan.radius, home=home,
-               kept=is_protected(batch.prio), components=spec.grouping == "components",
-               exact=plan.parts.mode == "exact", keys=batch.words, device=spec.device)
+    d = near.decide_cell(batch.x, home, spec, plan.radius, None, z=z,
+                         exact=plan.parts.mode == "exact", kept=is_protected(batch.prio),
+                         keys=batch.words)
     nn_rows = np.flatnonzero(home & (batch.words[:, 1] % np.uint64(plan.nn_mod) == 0))
     nb, nn, nn_within = near.nearest_distances(batch.x, z, nn_rows, spec, plan.radius)
     later, earlier, bdist, within = d.border
