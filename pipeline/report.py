@@ -128,6 +128,9 @@ def _near_note(spec: NearSpec, stats: dict) -> str:
         how = f"from the approximate {spec.index} index (may overstate)"
     found = ("all of them (exact mode)" if stats.get("mode") == "exact"
              else "those the search found (recall is measured in summary.json)")
+    if stats.get("pairs_estimated"):
+        found += (f"; inside crowds of copies ({stats['cells_with_sampled_pairs']} cells) "
+                  "the pairs with removed records were counted on a sample and scaled")
     return (f"Pairs within tolerance: {found}, each pair once. Nearest-neighbour "
             f"distances: {what}, for {who}; {how}.")
 
