@@ -24,6 +24,7 @@ from pipeline.steps.borderline import borderline_sample, merge_borderline
 from pipeline.steps.elements import VecBatch
 from pipeline.steps.near_grid import pair_histogram
 from transforms import fs, near
+from transforms.digest_segment import keys_of
 from transforms.exact import is_protected
 from transforms.near_greedy import KEPT, OPEN, REMOVED
 from transforms.near_plan import assign
@@ -104,8 +105,7 @@ def read_cell(slices: Iterable[CellSlice]) -> tuple[VecBatch, np.ndarray, int, i
 def collapse(batch: VecBatch) -> np.ndarray:
     """Rows that stand for their digest: the best in keep order (= exact dedup's
     survivor; the rows are in keep order, so the first of each digest), in order."""
-    w = np.ascontiguousarray(batch.words).view([("hi", "<u8"), ("lo", "<u8")]).ravel()
-    _, first = np.unique(w, return_index=True)
+    _, first = np.unique(keys_of(batch.words), return_index=True)
     return np.sort(first)
 
 

@@ -24,6 +24,7 @@ from pipeline.steps.borderline import BORDERLINE_SCHEMA, merge_borderline
 from pipeline.steps.elements import NEAR_REPORT, VecBatch, removed_by_file
 from pipeline.steps.near_grid import weighted_sum
 from transforms import near
+from transforms.digest_segment import keys_of
 from transforms.exact import is_protected, tier_of
 from transforms.near_greedy import KEPT, component_labels
 from transforms.near_recall import Truth, judge
@@ -44,19 +45,6 @@ class NearReport:
     pairs: dict | None = None
 
 
-def digest_keys(words: np.ndarray) -> np.ndarray:
-    """(n, 2) uint64 digests as one sortable structured array."""
-    return np.ascontiguousarray(words, np.uint64).view([("hi", "<u8"), ("lo", "<u8")]).ravel()
-
-
-def _cat(batches: list[VecBatch], values: bool = True) -> VecBatch | None:
-    batches = [b for b in batches if len(b)]
-    if not batches:
-        return None
-    out = VecBatch.concat(batches)
-    return out if values else out.take(np.arange(len(out)), values=False)
-
-
 def settle_unsure(cells: list, spec: near.NearSpec, radius: float
                   ) -> tuple[VecBatch, VecBatch, np.ndarray] | None:
     """The records cells left open or in doubt, settled together in keep order with the
@@ -69,8 +57,8 @@ def settle_unsure(cells: list, spec: near.NearSpec, radius: float
     role = np.concatenate([c.role for c in live])
     best = VecBatch.concat([c.best for c in live])
     best_dist = np.concatenate([c.best_dist for c in live])
-    key = digest_keys(unsure.words)
-    gone = digest_keys(np.concatenate([c.gone.words for c in cells]))
+    key = keys_of(unsure.words)
+    gone = keys_of(np.concatenate([c.gone.words for c in cells]))
     home = role != KEPT  # decided by this cell: open, or removed with a doubt
     ref_ok = ~home & ~np.isin(key, gone) & ~np.isin(key, key[home])
     refs = np.flatnonzero(ref_ok)
@@ -98,7 +86,7 @@ def component_removals(cells: list, spec: near.NearSpec
     if not links:
         return None
     ends = VecBatch.concat([lk[0] for lk in links] + [lk[1] for lk in links])
-    key = digest_keys(ends.words)
+    key = keys_of(ends.words)
     uniq, inv = np.unique(key, return_inverse=True)
     m = len(ends) // 2
     label = component_labels(len(uniq), inv[:m], inv[m:])
@@ -113,11 +101,11 @@ def component_removals(cells: list, spec: near.NearSpec
     rec, ref = ends.take(node[removed], values=False), ends.take(node[keeper[removed]],
                                                                  values=False)
     values = VecBatch.concat([c.values for c in cells if c.values is not None])
-    vkey = digest_keys(values.words)
+    vkey = keys_of(values.words)
     at = np.argsort(vkey, kind="stable")
 
     def lookup(words: np.ndarray) -> np.ndarray:
-        slot = at[np.minimum(np.searchsorted(vkey[at], digest_keys(words)), len(at) - 1)]
+        slot = at[np.minimum(np.searchsorted(vkey[at], keys_of(words)), len(at) - 1)]
         if not (values.words[slot] == words).all():
             raise RuntimeError("near: a linked record's values did not reach the merge")
         return values.x[slot]
