@@ -269,7 +269,7 @@ def decide_cell(x: np.ndarray, home: np.ndarray, spec: NearSpec, radius: float,
     spec's metric, search space, index and device (``z``: the search vectors when the
     caller has them)."""
     z = search_vectors(x, spec, radius, center) if z is None else z
-    return decide(x, z, lambda a, b: verify(a, b, spec), radius, home=home,
+    return decide(x, z, lambda a, b: verify_rows(x, a, x, b, spec), radius, home=home,
                   components=spec.grouping == "components", exact=exact,
                   device=spec.device, index=approximate_index(z, spec), **kw)
 

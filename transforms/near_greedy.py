@@ -51,7 +51,6 @@ COLUMNS = 8192  # data rows per product call: BLOCK x COLUMNS candidates at most
 CENSUS_EXACT_PAIRS = 65_536  # pairs with removed rows counted one by one, per cell ...
 CENSUS_SAMPLED_PAIRS = 65_536  # ... then about this many more, on a sample of rows
 BORDER = 64  # pairs nearest the threshold kept on each side, per cell
-VERIFY_BYTES = 32 << 20  # float64 values of the pairs verified at once (both ends)
 
 
 @dataclass
@@ -107,8 +106,8 @@ def _mix(x: np.ndarray) -> np.ndarray:
 class _Pairs:
     """Verified pairs (query row, data row) within the search radius, both ways."""
 
-    def __init__(self, z: Vectors, x: np.ndarray, verify, radius: float, device: str):
-        self.z, self.x, self.verify, self.radius, self.device = z, x, verify, radius, device
+    def __init__(self, z: Vectors, verify, radius: float, device: str):
+        self.z, self.verify, self.radius, self.device = z, verify, radius, device
 
     def between(self, q: np.ndarray, y: np.ndarray, earlier_only: bool = False
                 ) -> tuple[np.ndarray, ...]:
@@ -132,15 +131,8 @@ class _Pairs:
 
 
     def checked(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
-        """(a, b, distance, a within b, b within a), verified in float64 a slice of pairs
-        at a time (a crowd's block has millions of candidates: both ends of all of them
-        at once would be gigabytes)."""
-        step = rows_for(16 * max(1, self.x.shape[1]), VERIFY_BYTES, 1 << 20, 64)
-        parts = [self.verify(self.x[a[k:k + step]], self.x[b[k:k + step]])
-                 for k in range(0, len(a), step)]
-        if not parts:
-            return a, b, np.empty(0), np.empty(0, bool), np.empty(0, bool)
-        return (a, b) + tuple(np.concatenate(c) for c in zip(*parts, strict=True))
+        """(a, b, distance, a within b, b within a), verified in float64."""
+        return (a, b) + tuple(self.verify(a, b))
 
     def through(self, index, q: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, ...]:
         """``between`` with the candidates from an approximate index holding rows ``y``
@@ -204,13 +196,14 @@ def decide(x: np.ndarray, z: Vectors, verify, radius: float, *, home: np.ndarray
            index=None) -> Decisions:
     """Decide the rows of one cell, visited in keep order (row i before row i + 1).
 
-    ``x``: values (float64 verification); ``z``: search vectors; ``verify(a, b)`` ->
-    (distance, a within b, b within a); ``home``: rows this cell decides (the others
-    live in another cell: open unless an earlier kept row removes them, which is
-    certain only in ``exact`` mode); ``kept``: rows known to be kept (protected,
-    or decided elsewhere); ``best_dist``/``best_rank``: a kept candidate outside the
-    cell for some rows (distance, and its place in keep order as a fractional row
-    number). ``keys``: (n, 2) uint64 identities that choose the census sample.
+    ``x``: the rows' values; ``z``: search vectors; ``verify(a, b)``: for rows a[k],
+    b[k] of ``x``, (distance, a within b, b within a) in float64 (a crowd's block has
+    millions of candidates: the caller verifies them a slice at a time); ``home``: rows
+    this cell decides (the others live in another cell: open unless an earlier kept row
+    removes them, which is certain only in ``exact`` mode); ``kept``: rows known to be
+    kept (protected, or decided elsewhere); ``best_dist``/``best_rank``: a kept
+    candidate outside the cell for some rows (distance, and its place in keep order as
+    a fractional row number). ``keys``: (n, 2) uint64 identities that choose the census sample.
     ``index``: an empty approximate FAISS index (IVF/HNSW) that holds the kept rows and
     is asked instead of comparing with each (recall below 1, measured by the caller).
     """
@@ -218,7 +211,7 @@ def decide(x: np.ndarray, z: Vectors, verify, radius: float, *, home: np.ndarray
     own = np.asarray(home, bool)  # this cell's rows: the census counts their pairs
     all_home = own | components
     fixed = np.zeros(n, bool) if kept is None else np.asarray(kept, bool)
-    pairs = _Pairs(z, x, verify, radius, device)
+    pairs = _Pairs(z, verify, radius, device)
     state = np.zeros(n, np.int8)
     dup = np.full(n, -1, np.int64)
     bd = np.full(n, np.inf) if best_dist is None else np.array(best_dist, np.float64)
