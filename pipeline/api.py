@@ -269,7 +269,7 @@ def execute(job: Job) -> RunSummary:
     it ends; a runner that does not block (Dataflow) hands them to its Publish step, which
     releases them, and the summary says the job was submitted."""
     from pipeline.graph import build
-    from pipeline.runner import blocks
+    from pipeline.runner import blocks, kernel_threads
 
     detached = not blocks(job.cfg.runner)
     updates = job.store is not None and job.cfg.store.update
@@ -296,7 +296,8 @@ def execute(job: Job) -> RunSummary:
                 return RunSummary(job.run_id, job.output, job.report, submitted=True,
                                   job_id=getattr(result, "job_id", lambda: None)())
             try:
-                p.run().wait_until_finish()
+                with kernel_threads(job.cfg.runner):
+                    p.run().wait_until_finish()
             finally:
                 for stage in own_stages(pub):
                     delete_tree(stage)

@@ -44,8 +44,11 @@ def assign_batch(batch: VecBatch, plan, spec: near.NearSpec, spill: str
                  ) -> Iterator[tuple[int, CellSlice]]:
     """A chunk's rows -> the cells they join, written as one spill file (a record batch
     per cell, flags: ``home`` there, and ``capped``: had more cells to meet than the
-    bounded mode lets it)."""
+    bounded mode lets it). Where the chunk's values already lie in a local file, the
+    cells name their rows in it (``row``) instead of copying them: a row joins two or
+    three cells, and copying them wrote and read 3.5 GB more for 1M x 384."""
     progress.tick("near assign", 0, 0, "chunks", units=0, total_records=plan.n)
+    values = batch.spilled if batch.spilled and fs.is_local(batch.spilled[0]) else None
     batch = batch.loaded()
     said = [0]
 
@@ -60,7 +63,13 @@ def assign_batch(batch: VecBatch, plan, spec: near.NearSpec, spill: str
     order = np.argsort(a.cells, kind="stable")
     rows, cells = a.rows[order], a.cells[order]
     home = a.home[rows] == cells
-    rb = batch.take(rows).to_arrow(home=home, capped=home & a.capped[rows])
+    flags = {"home": home, "capped": home & a.capped[rows]}
+    if values is None:
+        rb = batch.take(rows).to_arrow(**flags)
+    else:
+        rb = batch.take(rows, values=False).to_arrow(**flags, row=rows)
+        rb = rb.replace_schema_metadata({**rb.schema.metadata, b"values": values[0],
+                                         b"values_dim": str(values[1])})
     starts = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]]) if len(cells) else cells
     ends = np.r_[starts[1:], len(cells)]
     path = fs.join(spill, f"{uuid.uuid4().hex}.arrow")
@@ -77,13 +86,17 @@ def read_cell(slices: Iterable[CellSlice]) -> tuple[VecBatch, np.ndarray, int, i
     """A cell's spilled rows, exact copies collapsed (``collapse``), in keep order (ties by
     digest and place: one order whatever the files' names and the shuffle's order, so
     reports are reproducible): (rows, home flags, home rows that arrived, capped ones).
-    The values are copied once, into the result (16k-value records make a cell big)."""
-    parts = []
+    The values are copied once, into the result (16k-value records make a cell big),
+    from the slices or from the chunks' value files they name."""
+    parts, sources = [], []
     for path, group in itertools.groupby(sorted(slices, key=lambda c: (c.path, c.batch)),
                                          key=lambda c: c.path):
         with fs.open_read(path) as f:
             reader = pa.ipc.open_file(f)
-            parts += [VecBatch.from_arrow(reader.get_batch(c.batch)) for c in group]
+            for c in group:
+                rb = reader.get_batch(c.batch)
+                parts.append(VecBatch.from_arrow(rb))
+                sources.append(_values_of(rb, parts[-1][0], parts[-1][1]))
     meta = VecBatch.concat([b.take(np.arange(len(b)), values=False) for b, _ in parts])
     home = np.concatenate([f["home"] for _, f in parts])
     capped = int(np.concatenate([f["capped"] for _, f in parts]).sum())
@@ -91,15 +104,24 @@ def read_cell(slices: Iterable[CellSlice]) -> tuple[VecBatch, np.ndarray, int, i
                        meta.order, meta.prio))
     rows = rows[collapse(meta.take(rows, values=False))]
     out = meta.take(rows, values=False)
-    x0 = parts[0][0].x
-    x = np.empty((len(rows), x0.shape[1]), x0.dtype)
+    x = np.empty((len(rows), sources[0][1].shape[1]), sources[0][1].dtype)
     starts = np.cumsum([0] + [len(b) for b, _ in parts])
     part = np.searchsorted(starts, rows, side="right") - 1
-    for k, (b, _) in enumerate(parts):
+    for k, (at, src) in enumerate(sources):
         mine = np.flatnonzero(part == k)
-        x[mine] = b.x[rows[mine] - starts[k]]
+        x[mine] = src[at[rows[mine] - starts[k]]]
     out.x = x
     return out, home[rows], int(home.sum()), capped
+
+
+def _values_of(rb: pa.RecordBatch, b: VecBatch, flags: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(row numbers, array they index): a slice's own values, or the rows it names in
+    its chunk's value file (memory-mapped: only the pages of those rows are read)."""
+    values = rb.schema.metadata.get(b"values")
+    if values is None:
+        return np.arange(len(b)), b.x
+    dim = int(rb.schema.metadata[b"values_dim"])
+    return flags["row"], np.memmap(values.decode(), b.x.dtype, "r").reshape(-1, dim)
 
 
 def collapse(batch: VecBatch) -> np.ndarray:
