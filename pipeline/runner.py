@@ -118,23 +118,15 @@ def local_options(cfg: RunnerConfig) -> dict[str, Any]:
 @contextlib.contextmanager
 def kernel_threads(cfg: RunnerConfig) -> Iterator[None]:
     """One BLAS/OpenMP thread per kernel call while the local runner runs bundles in
-    parallel threads: each worker's matrix products (assign, search, recall) would
-    otherwise start a thread per core, and on 2 cores two workers' four threads spin
-    against each other (the 1M x 384 near job: 128 s of user CPU, 80 s with one each).
-    One worker keeps the libraries' own threads."""
+    parallel threads (``transforms.cores``; the 1M x 384 near job: 128 s of user CPU,
+    80 s with one each). One worker keeps the libraries' own threads."""
     if cfg.name != "local" or not local_options(cfg):
         yield
         return
-    import faiss
-    from threadpoolctl import threadpool_limits
+    from transforms import cores
 
-    before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
-    try:
-        with threadpool_limits(limits=1):
-            yield
-    finally:
-        faiss.omp_set_num_threads(before)
+    with cores.threads(1):
+        yield
 
 
 # Partitions per Create on Dask: one per element (read unit, input file) up to this many,

@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, BinaryIO
 
+import numpy as np
+
 if TYPE_CHECKING:
     from apache_beam.io.filesystems import FileSystems as _FileSystems
 
@@ -119,6 +121,21 @@ def open_read(path: str) -> BinaryIO:
 def read_bytes(path: str) -> bytes:
     with open_read(path) as f:
         return f.read()
+
+
+def read_rows_into(path: str, rows: np.ndarray, out: np.ndarray, at: np.ndarray) -> None:
+    """``out[at[i]] = rows[i]``-th fixed-width row of a local file of rows like ``out``'s,
+    one positioned read each: a memory map of the file would map its neighbouring pages
+    too (the kernel's fault-around), so a few scattered rows cost the whole file's RSS."""
+    width = out.shape[1] * out.itemsize
+    buf = memoryview(out.reshape(len(out), -1).view(np.uint8)).cast("B")  # C order
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for r, a in zip(rows.tolist(), at.tolist(), strict=True):
+            if os.preadv(fd, [buf[a * width:(a + 1) * width]], r * width) != width:
+                raise OSError(f"{path}: row {r} is past the end of the file")
+    finally:
+        os.close(fd)
 
 
 def makedirs(path: str) -> None:

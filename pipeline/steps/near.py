@@ -31,7 +31,7 @@ from pipeline.steps.elements import NEAR_REPORT, REMOVED, VecBatch
 from pipeline.steps.near_cells import assign_batch, collapse, decide_one
 from pipeline.steps.near_merge import NearReport, merge_cells
 from pipeline.steps.tagged import SplitOutputs
-from transforms import fs, near
+from transforms import cores, fs, near
 from transforms.near_plan import Partitions, plan
 from transforms.near_recall import PARTNERS, Truth, in_sample
 from transforms.near_search import rows_for
@@ -134,8 +134,9 @@ class SampleForPlan(beam.CombineFn):
             progress.note(f"near: planning about {cells:,} cells from {len(sample):,} "
                           f"sampled records of {acc.n:,} (k-means, then the cost of each "
                           "mode)")
-        parts = plan(sample.astype(np.float64), acc.n, radius, self.spec.mode,
-                     self.spec.probes, cells, progress=_say)
+        with cores.threads(None):  # the rest of the job waits on the plan
+            parts = plan(sample.astype(np.float64), acc.n, radius, self.spec.mode,
+                         self.spec.probes, cells, progress=_say)
         progress.note(f"near: {parts.mode} search in {len(parts):,} cell(s)"
                       + (f" ({_cost_line(parts)})" if parts.prediction else ""))
         return Plan(parts, acc.n, max(1, acc.n // HISTOGRAM_ROWS))

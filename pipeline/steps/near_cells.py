@@ -88,40 +88,35 @@ def read_cell(slices: Iterable[CellSlice]) -> tuple[VecBatch, np.ndarray, int, i
     reports are reproducible): (rows, home flags, home rows that arrived, capped ones).
     The values are copied once, into the result (16k-value records make a cell big),
     from the slices or from the chunks' value files they name."""
-    parts, sources = [], []
+    parts = []
     for path, group in itertools.groupby(sorted(slices, key=lambda c: (c.path, c.batch)),
                                          key=lambda c: c.path):
         with fs.open_read(path) as f:
             reader = pa.ipc.open_file(f)
             for c in group:
                 rb = reader.get_batch(c.batch)
-                parts.append(VecBatch.from_arrow(rb))
-                sources.append(_values_of(rb, parts[-1][0], parts[-1][1]))
-    meta = VecBatch.concat([b.take(np.arange(len(b)), values=False) for b, _ in parts])
-    home = np.concatenate([f["home"] for _, f in parts])
-    capped = int(np.concatenate([f["capped"] for _, f in parts]).sum())
+                parts.append((rb, *VecBatch.from_arrow(rb)))
+    meta = VecBatch.concat([b.take(np.arange(len(b)), values=False) for _, b, _ in parts])
+    home = np.concatenate([f["home"] for _, _, f in parts])
+    capped = int(np.concatenate([f["capped"] for _, _, f in parts]).sum())
     rows = np.lexsort((meta.position, meta.file_index, meta.words[:, 1], meta.words[:, 0],
                        meta.order, meta.prio))
     rows = rows[collapse(meta.take(rows, values=False))]
     out = meta.take(rows, values=False)
-    x = np.empty((len(rows), sources[0][1].shape[1]), sources[0][1].dtype)
-    starts = np.cumsum([0] + [len(b) for b, _ in parts])
+    first = parts[0][0].schema.metadata
+    dim = int(first.get(b"values_dim", first[b"dim"]))
+    x = np.empty((len(rows), dim), parts[0][1].x.dtype)
+    starts = np.cumsum([0] + [len(b) for _, b, _ in parts])
     part = np.searchsorted(starts, rows, side="right") - 1
-    for k, (at, src) in enumerate(sources):
+    for k, (rb, b, f) in enumerate(parts):
         mine = np.flatnonzero(part == k)
-        x[mine] = src[at[rows[mine] - starts[k]]]
+        values = rb.schema.metadata.get(b"values")
+        if values is None:
+            x[mine] = b.x[rows[mine] - starts[k]]
+        else:  # the rows it names in its chunk's value file
+            fs.read_rows_into(values.decode(), f["row"][rows[mine] - starts[k]], x, mine)
     out.x = x
     return out, home[rows], int(home.sum()), capped
-
-
-def _values_of(rb: pa.RecordBatch, b: VecBatch, flags: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(row numbers, array they index): a slice's own values, or the rows it names in
-    its chunk's value file (memory-mapped: only the pages of those rows are read)."""
-    values = rb.schema.metadata.get(b"values")
-    if values is None:
-        return np.arange(len(b)), b.x
-    dim = int(rb.schema.metadata[b"values_dim"])
-    return flags["row"], np.memmap(values.decode(), b.x.dtype, "r").reshape(-1, dim)
 
 
 def collapse(batch: VecBatch) -> np.ndarray:
