@@ -12,6 +12,7 @@ functions: ``--help`` and config errors stay fast.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -303,8 +304,11 @@ def plan(cfg: RunnerConfig, build_graph: Callable[[Any], None]) -> Plan:
     uploads."""
     p = make_pipeline(cfg, dry_run=True)
     build_graph(p)
-    if cfg.name != "dataflow":
-        return Plan(cfg.name, *_graph_facts(p.to_runner_api()))
+    if cfg.name != "dataflow":  # not run: Beam would remove its temp directory in run()
+        try:
+            return Plan(cfg.name, *_graph_facts(p.to_runner_api()))
+        finally:
+            shutil.rmtree(p.local_tempdir, ignore_errors=True)
     from apache_beam.runners.dataflow.internal import apiclient
 
     job = p.run().job  # dry_run: returns before any client is made
