@@ -28,9 +28,12 @@ import threading
 import time
 from typing import Any
 
+from pipeline.steps import progress
+
 START_TIMEOUT_S = 60.0  # a service's first answer: it imports Beam (seconds when loaded)
 STOP_TIMEOUT_S = 10.0  # SIGTERM, then SIGKILL
 POLL_S = 0.05  # how often a starting service is looked at
+RELAY_S = 0.1  # how often the workers' forwarded progress is read
 
 
 class ServiceError(RuntimeError):
@@ -158,6 +161,7 @@ class Services:
         self._need_jobs, self._need_pool = address is None, not environment_given
         self._workers, self._services = workers, []
         self.tmp = tempfile.mkdtemp(prefix="tensordedup-portable-")
+        self._relay: _Relay | None = None
 
     def start(self) -> Services:
         if not (self._need_jobs or self._need_pool):
@@ -166,6 +170,9 @@ class Services:
 
         show = logging.getLogger("apache_beam").isEnabledFor(logging.WARNING)  # not --quiet-ed
         env = worker_env()
+        if self._need_pool and progress.enabled:  # the workers' progress, shown here
+            self._relay = _Relay(os.path.join(self.tmp, "progress.jsonl"))
+            env[progress.FORWARD_ENV] = self._relay.path
         try:  # both start at once: each imports Beam for a few seconds
             kinds = ["pool"] * self._need_pool + ["jobs"] * self._need_jobs
             self._services = [_Service(k, self.tmp, env, self._workers, show) for k in kinds]
@@ -187,7 +194,43 @@ class Services:
         for s in reversed(self._services):  # the job service first: it drives the workers
             s.stop()
         self._services = []
+        if self._relay is not None:  # after the workers: their last calls are in
+            self._relay.stop()
+            self._relay = None
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class _Relay:
+    """Replays in this process's progress tally the calls the worker processes append
+    to a file (``pipeline.steps.progress.FORWARD_ENV``), so the launcher shows the whole
+    job's progress, as on the local runner."""
+
+    def __init__(self, path: str):
+        self.path, self._pos, self._partial = path, 0, b""
+        open(path, "wb").close()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tensordedup-progress-relay",
+                                        daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        with open(self.path, "rb") as f:
+            f.seek(self._pos)
+            data = f.read()
+        self._pos += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for line in lines:
+            with contextlib.suppress(Exception):  # progress is not worth an error
+                progress.replay(line.decode())
+
+    def _run(self) -> None:
+        while not self._stop.wait(RELAY_S):
+            self._drain()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._drain()
 
 
 def portable_runner(cfg: Any, workers: int):

@@ -84,22 +84,45 @@ def test_exact_job_matches_the_local_runner_byte_for_byte(tmp_path, job_input, i
     assert_clean(*isolated)
 
 
+def stage_ends(stderr: str) -> dict[str, str]:
+    """What progress showed: each stage's last line, and each note (near: ...)."""
+    out = {}
+    for line in stderr.splitlines():
+        if line.startswith("["):
+            out[line.split("]")[0] + "]"] = line
+        elif line.startswith("near: "):
+            out[line] = line
+    return out
+
+
 @pytest.mark.parametrize("grouping", ["representative", "components"])
-def test_near_job_matches_the_local_runner_byte_for_byte(tmp_path, isolated, grouping):
+def test_near_job_matches_the_local_runner_byte_for_byte(tmp_path, isolated, capsys, grouping):
     """The near stage in several k-means cells: the plan is a side input that every
-    worker process reads from the runner, cells are searched on either worker."""
+    worker process reads from the runner, cells are searched on either worker. The
+    workers' progress reaches the launcher: the same stage totals and notes."""
+    import yaml
+
+    from pipeline.run import main
+
     near = {"metric": "l2", "threshold": 0.1, "grouping": grouping,
             "single_index_rows": 1000, "partition_rows": 500}
-    runs = {}
+    runs, shown = {}, {}
     for name in ("local", "portable"):
-        (tmp_path / name).mkdir()
-        assert run_job(tmp_path / name, "parquet", SAMPLE, f"runner.name={name}",
-                       "runner.workers=2", input={"tensor": "embedding"}, near=near) == 0
-        runs[name] = json.loads((tmp_path / name / "out" / "report" / "summary.json").read_text())
+        out = tmp_path / name / "out"
+        cfg = tmp_path / f"{name}.yaml"
+        cfg.write_text(yaml.safe_dump({
+            "input": {"format": "parquet", "path": SAMPLE, "tensor": "embedding", "id": "id"},
+            "near": near, "output": {"path": str(out / "clean")}, "report": str(out / "report"),
+            "runner": {"name": name, "workers": 2}}))
+        assert main(["--config", str(cfg)]) == 0
+        runs[name] = json.loads((out / "report" / "summary.json").read_text())
+        shown[name] = stage_ends(capsys.readouterr().err)
     local, portable = runs["local"], runs["portable"]
     assert local["near"]["cells"] > 1 and local["removed_near"] > 0
     assert comparable(portable) == comparable(local)
     assert outputs(tmp_path / "portable") == outputs(tmp_path / "local")
+    assert {"[read]", "[near search]", "[write]"} <= set(shown["local"])
+    assert shown["portable"] == shown["local"]
     assert_clean(*isolated)
 
 
