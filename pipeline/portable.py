@@ -272,19 +272,35 @@ def _temp_files_in(directory: str):
 
 
 class _Result:
-    """Beam's result; waiting for the job ends with the services stopped, and a launcher
-    that stops waiting (Ctrl-C, an error) cancels the job first."""
+    """Beam's result; waiting for the job ends with the services stopped, a launcher that
+    stops waiting (Ctrl-C) cancels the job first, and a job service that goes away is one
+    line (Beam's message reader thread dies with it: its traceback is not printed)."""
+
+    READER = "wait_until_finish_read"  # Beam's thread reading the job's messages
 
     def __init__(self, result, services: Services):
         self._result, self._services = result, services
 
     def wait_until_finish(self, duration: int | None = None):
-        done = False
+        import grpc
+
+        done, lost = False, None
+        excepthook = threading.excepthook
+
+        def quiet_reader(args) -> None:
+            if not (args.thread is not None and args.thread.name == self.READER
+                    and isinstance(args.exc_value, grpc.RpcError)):
+                excepthook(args)
+
+        threading.excepthook = quiet_reader
         try:
             state = self._result.wait_until_finish(duration)
             done = duration is None or state in ("DONE", "FAILED", "CANCELLED")
             return state
-        except Exception:  # the job failed (Beam's error) or the service is gone
+        except grpc.RpcError as e:  # raised outside this block: the gRPC text is no cause
+            done, lost = True, (f"the job service at {self._services.job_endpoint} stopped "
+                                f"answering ({e.code().name}: {e.details()})")
+        except Exception:  # the job failed: Beam's error
             done = True
             raise
         except BaseException:  # Ctrl-C: the job must not run on without its launcher
@@ -293,8 +309,13 @@ class _Result:
                 self._result.cancel()
             raise
         finally:
+            for t in threading.enumerate() if lost else ():  # it dies with the service
+                if t.name == self.READER:
+                    t.join(STOP_TIMEOUT_S)
+            threading.excepthook = excepthook
             if done:
                 self._services.stop()
+        raise ServiceError(lost)
 
     def __getattr__(self, name: str):
         return getattr(self._result, name)

@@ -132,15 +132,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def job_service(isolated):
-    """``python -m pipeline.portable jobs`` as a user starts one, for runner.address."""
+def start_job_service() -> tuple[subprocess.Popen, str]:
+    """``python -m pipeline.portable jobs`` as a user starts one, and its address."""
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.portable", "jobs"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()  # "jobs: serving on localhost:PORT (Ctrl-C stops)"
+    assert line.startswith("jobs: serving on localhost:"), line
+    return proc, line.split()[3]
+
+
+@pytest.fixture
+def job_service(isolated):
+    proc, address = start_job_service()
     try:
-        line = proc.stdout.readline()  # "jobs: serving on localhost:PORT (Ctrl-C stops)"
-        assert line.startswith("jobs: serving on localhost:"), line
-        yield line.split()[3], proc.pid
+        yield address, proc.pid
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(WAIT_S) == 0
@@ -273,4 +278,27 @@ def test_a_stopped_launcher_leaves_nothing_running(tmp_path, isolated, how):
         while tagged_processes(tag):
             assert time.monotonic() < deadline, tagged_processes(tag)
             threading.Event().wait(0.1)
+    assert not (tmp_path / "out" / "report").exists()
+
+
+def test_a_job_service_that_goes_away_fails_the_run_in_one_line(tmp_path, isolated):
+    """runner.address's service killed while the job runs: exit 1, one line, the worker
+    pool the job started is stopped with its workers."""
+    tag, tmp = isolated
+    (tmp_path / "in").mkdir()
+    write_inputs(tmp_path / "in")
+    service, address = start_job_service()
+    proc = run_cli(tmp_path, "tuning.unit_rows=8192", "tuning.chunk_rows=4096",
+                   f"runner.address={address}")
+    wait_for_workers(tag, proc)
+    service.kill()
+    service.wait()
+    assert proc.wait(WAIT_S) == 1
+    err = proc.stderr.read().strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: the job failed"), err
+    assert f"the job service at {address} stopped answering" in err[0]
+    deadline = time.monotonic() + WAIT_S  # the workers notice their runner is gone
+    while tagged_processes(tag):
+        assert time.monotonic() < deadline, tagged_processes(tag)
+        threading.Event().wait(0.1)
     assert not (tmp_path / "out" / "report").exists()
