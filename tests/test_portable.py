@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ConfigError, load_config
 from tests.jobkit import run_job
 from tests.test_runners import ROWS, comparable, outputs, removed, run_on, write_inputs
 
@@ -185,22 +184,6 @@ def test_an_address_without_a_job_service_is_one_line_and_exit_2(tmp_path, capsy
             assert len(err) == 1 and err[0].startswith(
                 f"error: runner.address: no Beam job service at {address}: "), err
             assert not (tmp_path / "out").exists()
-
-
-def test_portable_runner_keys_are_checked(tmp_path):
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text("input: {format: parquet, path: x, tensor: t}\noutput: {path: o}\n"
-                   "report: r\n")
-    assert load_config(cfg, ["runner.name=portable", 'runner.address="[::1]:8099"']
-                       ).runner.address == "[::1]:8099"
-    for sets, words in ((["runner.name=portable", "runner.address=tcp://h:1"], "HOST:PORT"),
-                        (["runner.name=portable", "runner.address=h:70000"], "HOST:PORT"),
-                        (["runner.name=portable", "runner.address=h:1", "runner.workers=2"],
-                         "remove runner.workers"),
-                        (["runner.name=dask", "runner.address=localhost:8099"],
-                         "tcp://HOST:PORT")):
-        with pytest.raises(ConfigError, match=words):
-            load_config(cfg, sets)
 
 
 def test_a_failing_job_is_one_line_and_exit_1(tmp_path, isolated, capsys):
