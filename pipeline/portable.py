@@ -92,6 +92,7 @@ class _Service:
 
     def __init__(self, kind: str, tmp: str, env: dict[str, str], workers: int, show: bool):
         self.kind, self.address = kind, ""
+        self.name = {"jobs": "job service", "pool": "worker pool"}[kind]
         self._port_file = os.path.join(tmp, f"{kind}.port")
         self._log = os.path.join(tmp, f"{kind}.log")
         out = None if show else open(self._log, "wb")  # noqa: SIM115 (closed below)
@@ -112,10 +113,10 @@ class _Service:
                 code = self.proc.wait(timeout=POLL_S)
             except subprocess.TimeoutExpired:
                 if time.monotonic() > deadline:
-                    raise ServiceError(f"the {self.kind} service did not start within "
+                    raise ServiceError(f"the {self.name} did not start within "
                                        f"{START_TIMEOUT_S:g} s") from None
                 continue
-            raise ServiceError(f"the {self.kind} service exited ({code}) before it served: "
+            raise ServiceError(f"the {self.name} exited ({code}) before it served: "
                                f"{self._last_line()}")
         with open(self._port_file) as f:
             self.address = f"localhost:{f.read().strip()}"
@@ -137,19 +138,12 @@ class _Service:
         except subprocess.TimeoutExpired:
             pass
         deadline = time.monotonic() + STOP_TIMEOUT_S
-        while _group_alive(group) and time.monotonic() < deadline:
-            threading.Event().wait(POLL_S)  # the pool's workers end on its SIGTERM
-        with contextlib.suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError):  # none left in the group
+            while time.monotonic() < deadline:  # the pool's workers end on its SIGTERM
+                os.killpg(group, 0)
+                threading.Event().wait(POLL_S)
             os.killpg(group, signal.SIGKILL)
         self.proc.wait()
-
-
-def _group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 class Services:
@@ -373,7 +367,8 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(sig, lambda *_: stop.set())
     if args.kind == "jobs":
         port, shutdown = _serve_jobs(args.port, args.staging_dir, args.workers)
-    else:
+    else:  # by hand too: workers run this interpreter, with its import paths
+        os.environ.update(worker_env())
         port, shutdown = _serve_pool(args.port)
     if args.port_file:
         with open(args.port_file + ".tmp", "w") as f:
