@@ -355,6 +355,9 @@ class RunnerConfig(_Strict):
     @field_validator("options")
     @classmethod
     def _not_twice(cls, v: dict[str, Any], info) -> dict[str, Any]:
+        if info.data.get("name") == "portable" and "job_endpoint" in v:
+            raise ValueError("job_endpoint has a typed key: use runner.address instead "
+                             "(see --help)")
         if info.data.get("name") != "dataflow":
             return v
         for key, value in v.items():

@@ -159,6 +159,8 @@ def test_runner_keys_are_checked(tmp_path):
                         (["runner.name=dask", "runner.address=h:1"], "tcp://HOST:PORT"),
                         (["runner.name=portable", "runner.address=tcp://h:1"], "HOST:PORT"),
                         (["runner.name=portable", "runner.address=h:70000"], "HOST:PORT"),
+                        (["runner.name=portable", "runner.options.job_endpoint=h:1"],
+                         "use runner.address"),
                         (["runner.name=portable", "runner.address=h:1", "runner.workers=2"],
                          "remove runner.workers"),
                         (["runner.workers=0"], "out of range")):
