@@ -194,8 +194,8 @@ DATAFLOW_KEYS: dict[str, tuple[str, ...]] = {
 }
 # Keys only some runners read -> those runners (others refuse the key).
 RUNNER_KEYS: dict[str, tuple[str, ...]] = {
-    **{key: ("dataflow",) for key in DATAFLOW_KEYS}, "workers": ("local", "dask"),
-    "address": ("dask",)}
+    **{key: ("dataflow",) for key in DATAFLOW_KEYS}, "workers": ("local", "dask", "portable"),
+    "address": ("dask", "portable")}
 # Compute Engine attaches each GPU model to one machine series (custom-* is N1):
 # the prefixes it accepts and an example type for the error line.
 _N1 = (("n1-", "custom-"), "n1-standard-8")
@@ -242,16 +242,22 @@ class RunnerConfig(_Strict):
     line each); any other Beam option goes through ``options`` unchanged."""
 
     name: str = Field("local", description="local (Beam FnApiRunner on this machine) | dask "
-                      "(Beam DaskRunner: a Dask cluster, or a local one) | dataflow (Google "
-                      "Cloud Dataflow, typed keys below) | any Beam runner name")
+                      "(Beam DaskRunner: a Dask cluster, or a local one) | portable (Beam "
+                      "PortableRunner: a job service, SDK workers in their own processes) | "
+                      "dataflow (Google Cloud Dataflow, typed keys below) | any Beam runner "
+                      "name")
     options: dict[str, Any] = Field(default_factory=dict, description="other Beam pipeline "
                                     "options, passed through as given")
     workers: int | None = Field(None, gt=0, description="local: parallel workers (unset: the "
                                 "cores this process may use; 1: one in-process worker) | dask: "
-                                "worker processes of the local cluster (unset: the cores)")
+                                "worker processes of the local cluster (unset: the cores) | "
+                                "portable: SDK worker processes of the job's own job service "
+                                "(unset: the cores)")
     address: str | None = Field(None, description="dask: the scheduler of an existing cluster, "
                                 "e.g. tcp://scheduler:8786 (unset: a local cluster of "
-                                "runner.workers processes, stopped when the job ends)")
+                                "runner.workers processes, stopped when the job ends) | "
+                                "portable: a Beam job service, HOST:PORT (unset: one started "
+                                "and stopped with the job)")
     project: str | None = Field(None, description="dataflow: Google Cloud project ID (required)")
     region: str | None = Field(None, description="dataflow: region the job and its workers run "
                                "in, e.g. us-central1 (required; GPU quota is per region)")
@@ -296,7 +302,14 @@ class RunnerConfig(_Strict):
 
     @field_validator("address")
     @classmethod
-    def _dask_address(cls, v: str | None) -> str | None:
+    def _address(cls, v: str | None, info) -> str | None:
+        if v is not None and info.data.get("name") == "portable":
+            m = re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[-\w.]+):(\d{1,5})", v)
+            if not (m and 0 < int(m[2]) < 65536):
+                raise ValueError(f"{v!r} is not a job service address: use HOST:PORT (what "
+                                 "python -m pipeline.portable jobs prints), e.g. "
+                                 "localhost:8099")
+            return v
         if v is not None and not re.fullmatch(r"(tcp|tls|inproc|ucx|ws|wss)://\S+", v):
             raise ValueError(f"{v!r} is not a Dask scheduler address: use tcp://HOST:PORT "
                              "(what dask scheduler prints), e.g. tcp://10.0.0.5:8786")
@@ -342,6 +355,9 @@ class RunnerConfig(_Strict):
     @field_validator("options")
     @classmethod
     def _not_twice(cls, v: dict[str, Any], info) -> dict[str, Any]:
+        if info.data.get("name") == "portable" and "job_endpoint" in v:
+            raise ValueError("job_endpoint has a typed key: use runner.address instead "
+                             "(see --help)")
         if info.data.get("name") != "dataflow":
             return v
         for key, value in v.items():
@@ -356,6 +372,10 @@ class RunnerConfig(_Strict):
 
     @model_validator(mode="after")
     def _dataflow_complete(self) -> RunnerConfig:
+        if self.name == "portable" and self.address is not None and self.workers is not None:
+            raise ValueError("runner.workers: the job service at runner.address starts the "
+                             "workers: remove runner.workers, or runner.address (a job "
+                             "service of the job's own, with runner.workers workers)")
         if self.name != "dataflow":
             return self
         missing = [f"runner.{k}" for k in ("project", "region", "temp_location")

@@ -1,4 +1,5 @@
-"""Where the job runs: Beam's local runner, Dask or Dataflow, and an offline dry run.
+"""Where the job runs: Beam's local runner, Dask, Beam's portable runner or Dataflow, and
+an offline dry run.
 
 Why one module: the config's typed runner keys become Beam pipeline options in one
 place (tested key by key), the local runner's workaround for a Beam data-plane race is
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -165,6 +167,9 @@ def pipeline_options(cfg: RunnerConfig, dry_run: bool = False):
             raise RuntimeError(f"runner.name: dask needs dask and distributed ({e.name} is "
                                "missing): pip install -c constraints.txt -e '.[dask]'") from e
         opts = {**dask_options(), **opts}
+    elif cfg.name == "portable" and cfg.address is None and (problem := flush_race_problem()):
+        print(f"warning: runner.name: portable: the job service's data plane may lose "
+              f"elements: {problem} (docs/beam-flush-race.md)", file=sys.stderr)
     elif cfg.name == "dataflow":
         opts.update(dataflow_options(cfg))
         if dry_run:
@@ -174,7 +179,8 @@ def pipeline_options(cfg: RunnerConfig, dry_run: bool = False):
 
 def make_pipeline(cfg: RunnerConfig, dry_run: bool = False):
     """A ``beam.Pipeline`` for the configured runner: ``local`` is the FnApiRunner in this
-    process, ``dask`` the DaskRunner (``dask_runner``), ``dataflow`` the DataflowRunner,
+    process, ``dask`` the DaskRunner (``dask_runner``), ``portable`` the PortableRunner
+    with the services it needs (``pipeline.portable``), ``dataflow`` the DataflowRunner,
     any other name is Beam's to resolve."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import TestOptions
@@ -193,6 +199,11 @@ def make_pipeline(cfg: RunnerConfig, dry_run: bool = False):
         return beam.Pipeline(runner=DataflowRunner(), options=options)
     if cfg.name == "dask":
         return beam.Pipeline(runner=dask_runner(cfg), options=options)
+    if cfg.name == "portable":
+        from pipeline.portable import portable_runner
+
+        return beam.Pipeline(runner=portable_runner(cfg, cfg.workers or available_cores()),
+                             options=options)
     return beam.Pipeline(runner=cfg.name, options=options)
 
 
@@ -264,7 +275,10 @@ class Plan:
             workers = cfg.workers or available_cores()
             where = {"local": f" (Beam FnApiRunner in this process, {workers} worker(s))",
                      "dask": f" (scheduler {cfg.address})" if cfg.address else
-                     f" (a local Dask cluster of {workers} processes)"}.get(self.runner, "")
+                     f" (a local Dask cluster of {workers} processes)",
+                     "portable": f" (Beam PortableRunner, job service {cfg.address})"
+                     if cfg.address else f" (Beam PortableRunner, a local job service and "
+                     f"{workers} SDK worker process(es))"}.get(self.runner, "")
             return ["dry run: graph built; nothing was run, written or published",
                     f"runner: {self.runner}{where}", head]
         env = self.job.proto.environment
@@ -305,8 +319,11 @@ def plan(cfg: RunnerConfig, build_graph: Callable[[Any], None]) -> Plan:
     uploads."""
     p = make_pipeline(cfg, dry_run=True)
     build_graph(p)
-    if cfg.name != "dataflow":
-        return Plan(cfg.name, *_graph_facts(p.to_runner_api()))
+    if cfg.name != "dataflow":  # not run: Beam would remove its temp directory in run()
+        try:
+            return Plan(cfg.name, *_graph_facts(p.to_runner_api()))
+        finally:
+            shutil.rmtree(p.local_tempdir, ignore_errors=True)
     from apache_beam.runners.dataflow.internal import apiclient
 
     job = p.run().job  # dry_run: returns before any client is made

@@ -152,9 +152,17 @@ def test_runner_keys_are_checked(tmp_path):
                    "report: r\n")
     assert load_config(cfg, ["runner.name=dask", "runner.address=tcp://h:8786"]
                        ).runner.address == "tcp://h:8786"
+    assert load_config(cfg, ["runner.name=portable", 'runner.address="[::1]:8099"']
+                       ).runner.address == "[::1]:8099"
     for sets, words in ((["runner.workers=2", "runner.name=dataflow"], "local or dask"),
                         (["runner.address=tcp://h:1"], "runner.name: dask"),
                         (["runner.name=dask", "runner.address=h:1"], "tcp://HOST:PORT"),
+                        (["runner.name=portable", "runner.address=tcp://h:1"], "HOST:PORT"),
+                        (["runner.name=portable", "runner.address=h:70000"], "HOST:PORT"),
+                        (["runner.name=portable", "runner.options.job_endpoint=h:1"],
+                         "use runner.address"),
+                        (["runner.name=portable", "runner.address=h:1", "runner.workers=2"],
+                         "remove runner.workers"),
                         (["runner.workers=0"], "out of range")):
         with pytest.raises(ConfigError, match=words):
             load_config(cfg, sorted(sets, key=lambda s: not s.startswith("runner.name")))

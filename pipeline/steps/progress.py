@@ -6,7 +6,9 @@ pipeline the steps print nothing.
 
 Why module state: the local runner executes every DoFn in this process, so one
 tally per stage gives whole-job progress; on a distributed runner each worker
-logs its own share (and Beam counters carry the totals).
+logs its own share (and Beam counters carry the totals). The portable runner's worker
+processes forward their calls to the launcher (``FORWARD_ENV``), which replays them
+into its one tally (``pipeline.portable``).
 
 A stage is counted in units (read units, chunks, files, cells: ``tick``) and records,
 or stepped to a position (k-means iterations: ``step``); it ends when its units, or
@@ -22,6 +24,7 @@ every ``INTERVAL_S`` and its last one, as ``[read] 3/16 units done, 786,432 reco
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -45,6 +48,10 @@ _ticker: threading.Thread | None = None
 _stop = threading.Event()
 _started = 0.0  # when enable() was called: the job clock under the bars
 _wrapped: TextIO | None = None  # sys.stderr as it was before bars routed it above them
+# A worker process whose launcher shows its progress: the file it appends its calls to.
+FORWARD_ENV = "TENSORDEDUP_PROGRESS_TO"
+_forward_to = os.environ.get(FORWARD_ENV)
+_forward_fd: int | None = None
 
 
 @dataclass
@@ -299,6 +306,34 @@ def _stage(name: str, unit: str, total: int, total_records: int) -> tuple[_Stage
     return stage, False
 
 
+def _forwarded(call: str, *args) -> None:
+    """In a worker process whose launcher shows its progress: the call appended to the
+    launcher's file as one JSON line, in one write to a file opened O_APPEND (lines from
+    several workers never interleave)."""
+    global _forward_fd
+    if _forward_to is None:
+        return
+    with _lock:
+        try:
+            if _forward_fd is None:
+                _forward_fd = os.open(_forward_to, os.O_WRONLY | os.O_APPEND)
+            os.write(_forward_fd, (json.dumps([call, *args]) + "\n").encode())
+        except OSError:  # the launcher is gone: progress is not worth an error
+            pass
+
+
+def replay(line: str) -> None:
+    """Show a call a worker process forwarded (``_forwarded``) in this process's tally."""
+    call, *args = json.loads(line)
+    if call == "tick":
+        stage, total, records, unit, units, total_records = args
+        tick(stage, total, records, unit, units=units, total_records=total_records)
+    elif call == "step":
+        step(*args)
+    else:
+        note(*args)
+
+
 def tick(stage: str, total: int, records: int, unit: str, *, units: int = 1,
          total_records: int = 0) -> None:
     """Count ``units`` finished ``unit``s (chunks, files, cells) of ``total`` (0: unknown)
@@ -306,6 +341,7 @@ def tick(stage: str, total: int, records: int, unit: str, *, units: int = 1,
     records within a unit (a chunk of a read unit); ``units=0, records=0`` starts the
     stage's clock before its first unit is done."""
     if not enabled:
+        _forwarded("tick", stage, total, records, unit, units, total_records)
         return
     with _lock:
         s, new = _stage(stage, unit, total, total_records)
@@ -317,6 +353,7 @@ def tick(stage: str, total: int, records: int, unit: str, *, units: int = 1,
 def step(stage: str, done: int, total: int) -> None:
     """A long single-worker step at ``done`` of ``total`` (k-means iterations)."""
     if not enabled:
+        _forwarded("step", stage, done, total)
         return
     with _lock:
         s, new = _stage(stage, "it", total, 0)
@@ -327,6 +364,7 @@ def step(stage: str, done: int, total: int) -> None:
 def note(line: str) -> None:
     """One line about the job (a choice it made, what it will cost)."""
     if not enabled:
+        _forwarded("note", line)
         return
     with _lock:
         if _bars:
