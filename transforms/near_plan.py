@@ -48,22 +48,22 @@ def partition_count(n: int, single_index_rows: int, partition_rows: int) -> int:
 def train(sample: np.ndarray, partitions: int, seed: int = 0,
           progress: Progress | None = None, merge_within: float = 0.0
           ) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, centroids relative to it), float64, from sample rows of the search space.
+    """(mean, centroids relative to it), float64, from sample rows of the search space
+    (float32 or float64; centred a block at a time).
     Recall in exact mode never depends on the centroids, only the cost does.
     ``merge_within``: centroids closer than this to a larger cell's are dropped
     (``_merge_close``)."""
     import faiss
 
-    sample = np.asarray(sample, dtype=np.float64)
     d = sample.shape[1]
-    mean = sample.mean(axis=0) if len(sample) else np.zeros(d)
+    mean = sample.mean(axis=0, dtype=np.float64) if len(sample) else np.zeros(d)
     k = max(1, min(partitions, len(sample)))
     if k == 1:
         return mean, np.zeros((1, d))
     rng = np.random.default_rng(seed)
-    z = np.ascontiguousarray(sample - mean, dtype=np.float32)
-    if len(z) > TRAIN_PER_CELL * k:  # taken here so every iteration sees one set
-        z = z[np.sort(rng.choice(len(z), TRAIN_PER_CELL * k, replace=False))]
+    if len(sample) > TRAIN_PER_CELL * k:  # taken here so every iteration sees one set
+        sample = sample[np.sort(rng.choice(len(sample), TRAIN_PER_CELL * k, replace=False))]
+    z = centred(sample, mean, np.float32).v
     centroids = None
     steps = KMEANS_ITERATIONS + 1  # the iterations, then splitting oversized cells
     for it in range(KMEANS_ITERATIONS):
@@ -271,7 +271,7 @@ def predict(held: Vectors, parts: Partitions, rows: int, probes: int,
 
 def plan(sample: np.ndarray, rows: int, radius: float, mode: str, probes: int, cells: int,
          seed: int = 0, progress: Progress | None = None) -> Partitions:
-    """Centroids from the sample rows (search space, float64) and the mode: ``auto``
+    """Centroids from the sample rows (search space, float32 or float64) and the mode: ``auto``
     takes exact when its predicted joins per row are within ``probes``."""
     if mode not in MODES:
         raise ValueError(f"near.mode must be one of {', '.join(MODES)}, got {mode!r}")

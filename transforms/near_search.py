@@ -59,11 +59,15 @@ class Vectors:
 
 
 def centred(z: np.ndarray, center: np.ndarray | None, dtype: np.dtype) -> Vectors:
-    """``z - center`` (float64) stored in ``dtype``, with norms of what is stored."""
-    z = np.asarray(z, dtype=np.float64)
-    if center is not None:
-        z = z - center
-    v = np.ascontiguousarray(z, dtype=dtype)
+    """``z - center`` (float64, a block at a time: no float64 copy of all of ``z``)
+    stored in ``dtype``, with norms of what is stored."""
+    v = np.empty(z.shape, dtype)
+    step = rows_for(8 * max(1, z.shape[1]), 32 << 20, 4096)
+    for a in range(0, len(z), step):
+        b = np.array(z[a:a + step], dtype=np.float64)
+        if center is not None:
+            b -= center
+        v[a:a + step] = b
     return Vectors(v, np.sqrt(np.einsum("ij,ij->i", v, v, dtype=np.float64)))
 
 

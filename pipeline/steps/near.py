@@ -46,9 +46,9 @@ RECALL_BLOCK_ROWS = 16_384  # a chunk's rows per brute-force call (progress betw
 class Sample:
     """Accumulator: the rows with the smallest digests (a uniform sample that does not
     depend on chunking or worker order), the row count and the largest |value|. Rows
-    arrive in parts and are cut back to the cap when they hold twice as many, so each
-    row is copied a few times at most; once the cap is full, only rows below the
-    largest digest kept (``below``) can still enter."""
+    arrive in parts and are cut back to the cap when they hold a quarter more (two
+    workers' samples of 128 MB each, moved and merged, were the crowds job's peak);
+    once the cap is full, only rows below the largest digest kept (``below``) enter."""
 
     lo: list[np.ndarray]  # (k,) uint64 digest word, per part
     v: list[np.ndarray]  # (k, d) float32 rows of the search space, per part
@@ -107,13 +107,13 @@ class SampleForPlan(beam.CombineFn):
             acc.scale = max(acc.scale, near.value_scale(batch.x, self.spec))
             acc.lo.append(lo[pick])
             acc.v.append(near.search_space(batch.x[pick], self.spec).astype(np.float32))
-        if sum(len(p) for p in acc.lo) > 2 * acc.cap():
+        if sum(len(p) for p in acc.lo) > acc.cap() * 5 // 4:
             acc.compact()
         return acc
 
     def compact(self, acc: Sample) -> Sample:
         """Before Beam moves a worker's partial sample to the merge: cut to the cap (it
-        may hold twice as many rows: hundreds of MB at 384 dimensions)."""
+        may hold a quarter more rows: tens of MB at 384 dimensions)."""
         return acc.compact()
 
     def merge_accumulators(self, accs: Iterable[Sample]) -> Sample:
@@ -135,7 +135,7 @@ class SampleForPlan(beam.CombineFn):
                           f"sampled records of {acc.n:,} (k-means, then the cost of each "
                           "mode)")
         with cores.threads(None):  # the rest of the job waits on the plan
-            parts = plan(sample.astype(np.float64), acc.n, radius, self.spec.mode,
+            parts = plan(sample, acc.n, radius, self.spec.mode,
                          self.spec.probes, cells, progress=_say)
         progress.note(f"near: {parts.mode} search in {len(parts):,} cell(s)"
                       + (f" ({_cost_line(parts)})" if parts.prediction else ""))
