@@ -44,7 +44,7 @@ DEVICES = ("auto", "cpu", "cuda")
 SAMPLE_ROWS = 200_000  # planning sample cap (rows) ...
 SAMPLE_BYTES = 128 << 20  # ... and bytes (one worker holds it)
 BLOCK_ROWS = 65_536  # rows assigned or brute-forced at once in one process
-CELL_BYTES = 128 << 20  # float32 search vectors of one cell, about (wide records)
+CELL_BYTES = 64 << 20  # float32 search vectors of one cell, about (wide records)
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class NearSpec:
 
     def cells(self, n: int, dim: int = 1) -> int:
         """Cells for n records of ``dim`` values: the row counts above, capped so that a
-        cell's search vectors stay near CELL_BYTES (16k-value records: 2,048 rows)."""
+        cell's search vectors stay near CELL_BYTES (16k-value records: 1,024 rows)."""
         cap = rows_for(4 * dim, CELL_BYTES, max(self.single_index_rows, self.partition_rows), 2)
         return partition_count(n, min(self.single_index_rows, cap),
                                min(self.partition_rows, cap))
@@ -252,12 +252,22 @@ def true_partners(sample_x: np.ndarray, sample_rank: tuple, data_x: np.ndarray,
     """Brute force for the recall check: each sampled row's earlier data rows (by
     ``*_rank``: (prio, order)) within tolerance, it within them as the reference; only
     the ``k`` nearest candidates by the products are verified (inside a crowd a record
-    has thousands). Returns (sample row, data row, distance, candidates per sample row)."""
+    has thousands). Returns (sample row, data row, distance, candidates per sample row).
+    The sample's search vectors are made a slice at a time (2,000 wide records are
+    256 MB in float64)."""
+    dim = sample_x.reshape(len(sample_x), -1).shape[1]
     norm = max(largest_norm(sample_x, spec, center), largest_norm(data_x, spec, center))
-    dtype = precision_for(norm, sample_x.reshape(len(sample_x), -1).shape[1], radius)
-    si, dj, count = earlier_candidates(search_vectors(sample_x, spec, radius, center, dtype),
-                                       search_vectors(data_x, spec, radius, center, dtype),
-                                       radius, sample_rank, data_rank, k)
+    dtype = precision_for(norm, dim, radius)
+    y = search_vectors(data_x, spec, radius, center, dtype)
+    found = []
+    step = rows_for(8 * dim, 32 << 20, len(sample_x))
+    for a in range(0, max(1, len(sample_x)), step):  # one empty slice for no sample
+        s = slice(a, a + step)
+        si, dj, count = earlier_candidates(
+            search_vectors(sample_x[s], spec, radius, center, dtype), y, radius,
+            (sample_rank[0][s], sample_rank[1][s]), data_rank, k)
+        found.append((si + a, dj, count))
+    si, dj, count = (np.concatenate(c) for c in zip(*found, strict=True))
     d, ab, _ = verify_rows(sample_x, si, data_x, dj, spec)
     return si[ab], dj[ab], d[ab], count
 

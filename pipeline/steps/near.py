@@ -160,7 +160,12 @@ def recall_rows(batch: VecBatch, plan: Plan, spec: near.NearSpec) -> Iterator[Ve
 
 class GatherSample(beam.CombineFn):
     """The recall sample's rows, once: in keep order, a digest's best row standing for it
-    (every chunk's brute force then reads this one batch)."""
+    (every chunk's brute force then reads this one batch). Its values go to a file in
+    ``folder``: as a side input, 2,000 wide records (128 MB) were held by the runner and
+    each worker's cache several times over."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
 
     def create_accumulator(self) -> list[VecBatch]:
         return []
@@ -177,7 +182,7 @@ class GatherSample(beam.CombineFn):
             return None
         sample = VecBatch.concat(acc)
         sample = sample.take(np.lexsort((sample.order, sample.prio)))
-        return sample.take(collapse(sample))
+        return sample.take(collapse(sample)).spill(self.folder)
 
 
 def true_partners(batch: VecBatch, plan: Plan, spec: near.NearSpec, sample: VecBatch | None
@@ -185,13 +190,14 @@ def true_partners(batch: VecBatch, plan: Plan, spec: near.NearSpec, sample: VecB
     """Brute force of the recall sample against one chunk: each sampled record's nearest
     earlier partners within tolerance (it within them, as the reference), other records
     only, and how many candidates there were. The chunk is compared in blocks of
-    RECALL_BLOCK_ROWS rows."""
+    RECALL_BLOCK_ROWS rows (fewer for wide records); the sample's values are read from
+    their spill file (a side input of 2,000 wide records was held four times over)."""
     progress.tick("near recall", 0, 0, "chunks", units=0, total_records=plan.n)
     if sample is None:
         progress.tick("near recall", 0, len(batch), "chunks", total_records=plan.n)
         return
-    batch = batch.loaded()
-    step = rows_for(8 * batch.x.shape[1], 128 << 20, RECALL_BLOCK_ROWS)
+    batch, sample = batch.loaded(), sample.loaded()
+    step = rows_for(8 * batch.x.shape[1], 32 << 20, RECALL_BLOCK_ROWS)
     for a in range(0, len(batch), step):
         b = min(a + step, len(batch))
         part = batch.take(np.arange(a, b))
@@ -228,10 +234,11 @@ class GatherTruth(beam.CombineFn):
         return acc
 
 
-def _drop_spill(cells: list, spill: str) -> list:
-    """Every cell was decided: the spilled vectors are no longer needed."""
+def _drop_spill(done: object, spill: str) -> object:
+    """``done`` (every cell decided, or the report made): the spilled vectors are no
+    longer needed."""
     fs.delete_tree(spill)
-    return cells
+    return done
 
 
 class DedupNear(beam.PTransform):
@@ -240,29 +247,34 @@ class DedupNear(beam.PTransform):
     Args:
       spec: the metric, tolerance and search settings.
       spill: a directory (any filesystem) for the cells' vectors while they wait for
-        their search; deleted once every cell was searched.
+        their search; deleted once every cell was searched. The recall sample's values
+        wait in its sibling ``<spill>-recall`` until the report is made.
       borderline_pairs: pairs kept on each side of the tolerance for the report.
     """
 
     def __init__(self, spec: near.NearSpec, *, spill: str, borderline_pairs: int = 500):
         super().__init__()
         self.spec, self.per_side, self.spill = spec, borderline_pairs, spill
+        self.recall_spill = spill.rstrip("/") + "-recall"
 
     def expand(self, vecs):
         plan = beam.pvalue.AsSingleton(vecs | "SampleAndPlan" >> beam.CombineGlobally(
             SampleForPlan(self.spec)))
         samples = beam.pvalue.AsSingleton(
             vecs | "RecallSample" >> beam.FlatMap(recall_rows, plan, self.spec)
-            | "GatherSample" >> beam.CombineGlobally(GatherSample()))
+            | "GatherSample" >> beam.CombineGlobally(GatherSample(self.recall_spill)))
         truth = beam.pvalue.AsSingleton(
             vecs | "RecallBruteForce" >> beam.FlatMap(true_partners, plan, self.spec, samples)
             | "GatherTruth" >> beam.CombineGlobally(GatherTruth()))
-        return (vecs
-                | "AssignCells" >> beam.FlatMap(assign_batch, plan, self.spec, self.spill)
-                | "GroupByCell" >> beam.GroupByKey()
-                | "DecideCells" >> beam.Map(decide_one, plan, self.spec, self.per_side)
-                | "GatherCells" >> beam.combiners.ToList()
-                | "DropSpill" >> beam.Map(_drop_spill, self.spill)
-                | "MergeCells" >> SplitOutputs(merge_cells, plan, self.spec, self.per_side,
-                                               samples, truth, main=REMOVED,
-                                               tags=(NEAR_REPORT,)))
+        out = (vecs
+               | "AssignCells" >> beam.FlatMap(assign_batch, plan, self.spec, self.spill)
+               | "GroupByCell" >> beam.GroupByKey()
+               | "DecideCells" >> beam.Map(decide_one, plan, self.spec, self.per_side)
+               | "GatherCells" >> beam.combiners.ToList()
+               | "DropSpill" >> beam.Map(_drop_spill, self.spill)
+               | "MergeCells" >> SplitOutputs(merge_cells, plan, self.spec, self.per_side,
+                                              samples, truth, main=REMOVED,
+                                              tags=(NEAR_REPORT,)))
+        out[NEAR_REPORT] = out[NEAR_REPORT] | "DropRecallSample" >> beam.Map(
+            _drop_spill, self.recall_spill)  # the merge judged the sample: done with it
+        return out
