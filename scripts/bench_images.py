@@ -218,24 +218,70 @@ def throughput(sizes: list[int], shape: tuple[int, int], baseline: Path | None,
     return out
 
 
+def kernel(n: int, shape: tuple[int, int]) -> dict[str, float]:
+    """CPU ms per image, one thread, of the work each contender does per image: what the
+    gap between whole processes is made of, apart from start-up and parallelism."""
+    import xxhash
+
+    from transforms.formats.base import Decode, TensorSpec
+    from transforms.formats.encoded import decode_value
+    from transforms.images import open_image
+
+    pics = tiles(*shape)
+    values = [enc(pics[i % len(pics)], "JPEG", quality=90) for i in range(n)]
+    spec = TensorSpec("x", decode=Decode("image", resize=SIZE, channels=3))
+
+    def pil(data: bytes, draft: bool, gap: float | None = None) -> None:
+        im = Image.open(io.BytesIO(data))
+        if draft:
+            im.draft("RGB", SIZE)
+        im = im.convert("RGB")
+        xxhash.xxh3_128_digest(np.asarray(im).tobytes())
+        im.resize(SIZE, Image.Resampling.BILINEAR, reducing_gap=gap)
+
+    work = {
+        "job: decode_value (full decode, EXIF, digest, resize with reducing_gap 3)":
+        lambda v: decode_value(v, spec),
+        "job: full decode only (open_image)": lambda v: open_image(v, 50_000_000),
+        "Pillow loop: full decode + xxh3 + one bilinear pass": lambda v: pil(v, False),
+        "Pillow loop: full decode + xxh3 + resize with reducing_gap 3":
+        lambda v: pil(v, False, 3.0),
+        "Pillow loop with draft(): reduced decode + xxh3 + resize": lambda v: pil(v, True)}
+    out = {}
+    for name, fn in work.items():
+        best = float("inf")
+        for _ in range(3):
+            t = time.process_time()
+            for v in values:
+                fn(v)
+            best = min(best, (time.process_time() - t) / n * 1000)
+        out[name] = best
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--part", choices=("all", "quality", "throughput"), default="all")
+    ap.add_argument("--part", choices=("all", "quality", "throughput", "kernel"),
+                    default="all")
     ap.add_argument("--baseline", type=Path, help="another checkout whose job to time too "
                     "(the job before a change), with this Python")
     args = ap.parse_args()
-    q: dict = {}
-    t: list = []
+    out = Path("bench-images.json")
+    got = json.loads(out.read_text()) if out.exists() else {}  # parts not run stay
     if args.part in ("all", "quality"):
-        q = quality(60 if args.quick else 400)
-        print_quality(q)
+        got["quality"] = quality(60 if args.quick else 400)
+        print_quality(got["quality"])
+    if args.part in ("all", "kernel"):
+        got["kernel"] = kernel(300 if args.quick else 1000, (240, 320))
+        print("\nper image, one thread, CPU ms (best of 3):")
+        for name, ms in got["kernel"].items():
+            print(f"  {name}: {ms:.3f}")
     if args.part in ("all", "throughput"):
         sizes = [600, 2400] if args.quick else [4000, 16000]
-        t = throughput(sizes, (240, 320), args.baseline)
-        print_throughput(t)
-    Path("bench-images.json").write_text(json.dumps({"quality": q, "throughput": t},
-                                                    indent=2) + "\n")
+        got["throughput"] = throughput(sizes, (240, 320), args.baseline)
+        print_throughput(got["throughput"])
+    out.write_text(json.dumps(got, indent=2) + "\n")
 
 
 def print_throughput(t: list[dict]) -> None:
