@@ -34,8 +34,9 @@ class Embedding:
 
 
 def embedding(cfg: EmbedConfig | None, load: bool = True) -> Embedding | None:
-    """The handler for ``embed:``; with ``load`` the model is loaded once here (and
-    dropped) so that a model that cannot load stops the run before any work."""
+    """The handler for ``embed:``; with ``load`` the model is loaded once here so that a
+    model that cannot load stops the run before any work (a sentence-transformers model
+    stays loaded for the local runner's workers in this process: models.py)."""
     if cfg is None:
         return None
     from pipeline.steps.models import SentenceTransformerHandler, as_tensors, torchscript_handler

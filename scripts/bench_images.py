@@ -145,64 +145,154 @@ with Pool(len(os.sched_getaffinity(0))) as pool:
 """
 
 
-def throughput(n: int, size: tuple[int, int]) -> list[dict]:
+def _files(work: Path, n: int, size: tuple[int, int], job: dict | None = None) -> tuple:
+    """(TFRecord of ``n`` JPEGs, job config): tiles and their mirror images, repeated."""
     import tensorflow as tf
 
     from tests.imagekit import write_tfrecord
 
     pics = tiles(*size)
-    work = Path(tempfile.mkdtemp(prefix="bench-images-"))
     values = [tf.io.encode_jpeg(pics[i % len(pics)][:, ::(1 if i // len(pics) % 2 else -1)],
                                 quality=90).numpy() for i in range(n)]
-    path = work / "train.tfrecord"
+    path = work / f"train-{n}.tfrecord"
     write_tfrecord(path, values)
-    cfg = work / "job.yaml"
+    cfg = work / f"job-{n}.yaml"
     cfg.write_text(json.dumps({"input": {"format": "tfrecord", "path": str(path),
                                          "tensor": "image/encoded", "decode": "image",
                                          "resize": [32, 32], "channels": 3},
                                "output": {"path": str(work / "out")},
-                               "report": str(work / "report")}))
-    runs = {"tensordedup job (decode: image, resize, exact)":
-            [sys.executable, "-m", "pipeline.run", "--config", str(cfg), "--quiet",
-             "--overwrite"],
+                               "report": str(work / "report"), **(job or {})}))
+    return path, cfg
+
+
+def _timed(cmd: list[str], root: Path) -> tuple[float, float]:
+    """(wall s, CPU s of the process and its children) of one whole process."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, cwd=root, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": str(root)})
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+def throughput(sizes: list[int], shape: tuple[int, int], baseline: Path | None,
+               repeats: int = 3) -> list[dict]:
+    """Medians of ``repeats`` whole-process runs per contender and file size; with two
+    sizes, also the marginal rate (extra images / extra seconds: start-up excluded)."""
+    work = Path(tempfile.mkdtemp(prefix="bench-images-"))
+    files = {n: _files(work, n, shape) for n in sizes}
+
+    def runs(path: Path, cfg: Path) -> dict[str, tuple[list[str], Path]]:
+        job = [sys.executable, "-m", "pipeline.run", "--config", str(cfg), "--quiet",
+               "--overwrite"]
+        out = {"tensordedup job (decode: image, resize, exact)": (job, ROOT)}
+        if baseline is not None:
+            out[f"the job before (tree {baseline.name})"] = (job, baseline)
+        out.update({
             "tf.data (decode_jpeg + resize + fingerprint, AUTOTUNE)":
-            [sys.executable, "-c", TFDATA, str(path)],
+            ([sys.executable, "-c", TFDATA, str(path)], ROOT),
             "Pillow pool (full decode + resize + xxh3)":
-            [sys.executable, "-c", PILLOW, str(path), "full", str(ROOT)],
+            ([sys.executable, "-c", PILLOW, str(path), "full", str(ROOT)], ROOT),
             "Pillow pool with draft() (reduced decode)":
-            [sys.executable, "-c", PILLOW, str(path), "draft", str(ROOT)]}
+            ([sys.executable, "-c", PILLOW, str(path), "draft", str(ROOT)], ROOT)})
+        return out
+
     out = []
-    for name, cmd in runs.items():
-        times = []
+    for n, (path, cfg) in files.items():
+        for name, (cmd, root) in runs(path, cfg).items():
+            got = [_timed(cmd, root) for _ in range(repeats)]
+            s, cpu = (float(np.median([g[k] for g in got])) for k in (0, 1))
+            out.append({"contender": name, "images": n, "seconds": s, "cpu_seconds": cpu,
+                        "images_per_s": n / s})
+    if len(sizes) == 2:
+        small, big = sizes
+        for r in [r for r in out if r["images"] == big]:
+            first = next(x for x in out if x["contender"] == r["contender"]
+                         and x["images"] == small)
+            r["marginal_images_per_s"] = (big - small) / max(r["seconds"] - first["seconds"],
+                                                             1e-9)
+            r["start_up_seconds"] = first["seconds"] - small / r["marginal_images_per_s"]
+    return out
+
+
+def kernel(n: int, shape: tuple[int, int]) -> dict[str, float]:
+    """CPU ms per image, one thread, of the work each contender does per image: what the
+    gap between whole processes is made of, apart from start-up and parallelism."""
+    import xxhash
+
+    from transforms.formats.base import Decode, TensorSpec
+    from transforms.formats.encoded import decode_value
+    from transforms.images import open_image
+
+    pics = tiles(*shape)
+    values = [enc(pics[i % len(pics)], "JPEG", quality=90) for i in range(n)]
+    spec = TensorSpec("x", decode=Decode("image", resize=SIZE, channels=3))
+
+    def pil(data: bytes, draft: bool, gap: float | None = None) -> None:
+        im = Image.open(io.BytesIO(data))
+        if draft:
+            im.draft("RGB", SIZE)
+        im = im.convert("RGB")
+        xxhash.xxh3_128_digest(np.asarray(im).tobytes())
+        im.resize(SIZE, Image.Resampling.BILINEAR, reducing_gap=gap)
+
+    work = {
+        "job: decode_value (full decode, EXIF, digest, resize with reducing_gap 3)":
+        lambda v: decode_value(v, spec),
+        "job: full decode only (open_image)": lambda v: open_image(v, 50_000_000),
+        "Pillow loop: full decode + xxh3 + one bilinear pass": lambda v: pil(v, False),
+        "Pillow loop: full decode + xxh3 + resize with reducing_gap 3":
+        lambda v: pil(v, False, 3.0),
+        "Pillow loop with draft(): reduced decode + xxh3 + resize": lambda v: pil(v, True)}
+    out = {}
+    for name, fn in work.items():
+        best = float("inf")
         for _ in range(3):
-            t = time.perf_counter()
-            subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
-            times.append(time.perf_counter() - t)
-        s = float(np.median(times))
-        out.append({"contender": name, "seconds": s, "images_per_s": n / s})
+            t = time.process_time()
+            for v in values:
+                fn(v)
+            best = min(best, (time.process_time() - t) / n * 1000)
+        out[name] = best
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--part", choices=("all", "quality", "throughput"), default="all")
+    ap.add_argument("--part", choices=("all", "quality", "throughput", "kernel"),
+                    default="all")
+    ap.add_argument("--baseline", type=Path, help="another checkout whose job to time too "
+                    "(the job before a change), with this Python")
     args = ap.parse_args()
-    q: dict = {}
-    t: list = []
+    out = Path("bench-images.json")
+    got = json.loads(out.read_text()) if out.exists() else {}  # parts not run stay
     if args.part in ("all", "quality"):
-        q = quality(60 if args.quick else 400)
-        print_quality(q)
+        got["quality"] = quality(60 if args.quick else 400)
+        print_quality(got["quality"])
+    if args.part in ("all", "kernel"):
+        got["kernel"] = kernel(300 if args.quick else 1000, (240, 320))
+        print("\nper image, one thread, CPU ms (best of 3):")
+        for name, ms in got["kernel"].items():
+            print(f"  {name}: {ms:.3f}")
     if args.part in ("all", "throughput"):
-        n = 600 if args.quick else 4000
-        t = throughput(n, (240, 320))
-        print(f"\n{n} JPEGs of 240 x 320 (q90), whole processes, {os.cpu_count()} cores")
-        print("| contender | s | images/s |\n|---|---:|---:|")
-        for r in t:
-            print(f"| {r['contender']} | {r['seconds']:.2f} | {r['images_per_s']:.0f} |")
-    Path("bench-images.json").write_text(json.dumps({"quality": q, "throughput": t},
-                                                    indent=2) + "\n")
+        sizes = [600, 2400] if args.quick else [4000, 16000]
+        got["throughput"] = throughput(sizes, (240, 320), args.baseline)
+        print_throughput(got["throughput"])
+    out.write_text(json.dumps(got, indent=2) + "\n")
+
+
+def print_throughput(t: list[dict]) -> None:
+    print(f"\nJPEGs of 240 x 320 (q90), whole processes, {os.cpu_count()} cores; medians")
+    print("| contender | images | s | CPU s | images/s | marginal images/s | start-up s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in t:
+        marginal = f"{r['marginal_images_per_s']:,.0f}" if "marginal_images_per_s" in r else ""
+        start = f"{r['start_up_seconds']:.2f}" if "start_up_seconds" in r else ""
+        print(f"| {r['contender']} | {r['images']:,} | {r['seconds']:.2f} | "
+              f"{r['cpu_seconds']:.2f} | {r['images_per_s']:,.0f} | {marginal} | {start} |")
 
 
 def print_quality(q: dict) -> None:

@@ -226,6 +226,40 @@ def test_dataflow_dry_run_builds_the_job_offline(tmp_path, parquet_in, capsys, m
     assert not (tmp_path / "out").exists()
 
 
+def test_dataflow_dry_run_with_embed_builds_the_gpu_job_offline(tmp_path, capsys,
+                                                               monkeypatch, no_network):
+    """An embed: job (texts, all-MiniLM-L6-v2 from its package folder, GPU workers): the
+    model loads on the launcher, the Embed step (RunInference) is in the graph Dataflow
+    would get, the accelerator option is set, nothing is written or contacted."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from all_minilm_l6_v2 import extract_model
+
+    model = str(extract_model(str(tmp_path / "models")))
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["x y", "z", "x y"]}),
+                   tmp_path / "texts.parquet")
+    seen = capture_plan(monkeypatch)
+    cfg = {"input": {"format": "parquet", "path": str(tmp_path / "texts.parquet"),
+                     "tensor": "text", "id": "id", "decode": "text"},
+           "embed": {"model": "sentence-transformers", "path": model, "batch_size": 256},
+           "near": {"metric": "cosine", "threshold": 0.1},
+           "output": {"path": str(tmp_path / "out" / "clean")},
+           "report": str(tmp_path / "out" / "report"), "runner": DATAFLOW}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["--config", str(tmp_path / "job.yaml"), "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert no_network == []
+    assert f"accelerator: {T4}" in out and f"image: {IMAGE}" in out
+    assert f"embed: sentence-transformers {model} (batch 256, device auto, unit-length " \
+        "vectors)" in out
+    plan = seen["plan"]
+    assert list(plan.job.proto.environment.service_options) == [T4]
+    steps = plan.steps
+    assert steps.index("Read") < steps.index("Embed") < steps.index(
+        "Dedup/DedupExact") < steps.index("Dedup/DedupNear"), steps
+    assert not (tmp_path / "out").exists()
+
+
 def test_local_dry_run_builds_the_graph_without_running_it(tmp_path, parquet_in, capsys,
                                                            no_network):
     cfg = write_config(tmp_path, parquet_in, {"name": "local"})

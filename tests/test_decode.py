@@ -146,7 +146,8 @@ def test_near_on_resized_reencodes_with_a_pillow_oracle(tmp_path):
 
     def small(data: bytes) -> np.ndarray:  # the oracle: Pillow directly, in float64
         im = Image.open(__import__("io").BytesIO(data)).convert("RGB")
-        return np.asarray(im.resize((32, 32), Image.Resampling.BILINEAR), np.float64)
+        return np.asarray(im.resize((32, 32), Image.Resampling.BILINEAR, reducing_gap=3.0),
+                          np.float64)
 
     x = np.stack([small(v) for v in values]).reshape(len(values), -1)
     dist = np.sqrt(((x[:, None] - x[None]) ** 2).sum(-1))
@@ -164,6 +165,44 @@ def test_near_on_resized_reencodes_with_a_pillow_oracle(tmp_path):
     page = (tmp_path / "out" / "report" / "index.html").read_text()
     assert page.count('alt="tensor 64x64"') >= 7 and 'alt="tensor 65x66"' in page
     assert 'alt="tensor 32x32"' not in page
+
+
+def test_reference_set_of_tfrecord_images_against_hf_parquet(tmp_path):
+    """A reference TFRecord of JPEGs (never removed) against an HF Image() Parquet input:
+    a PNG of a reference picture's decoded pixels and a byte copy are reference_exact, a
+    q70 re-encode is reference_near, a copy inside the input is plain exact."""
+    refs = [tf_jpeg(im, 90) for im in crops(12, seed=7)]
+    write_tfrecord(tmp_path / "ref" / "test.tfrecord", refs, [f"ref-{i}" for i in range(12)])
+    imgs = crops(10, seed=8)
+    values = [encode(im, "JPEG", quality=90) for im in imgs]
+    values += [encode(tf_decode(refs[2])), refs[7], encode(tf_decode(refs[4]), "JPEG",
+                                                           quality=70), values[3]]
+    write_hf_parquet(tmp_path / "in" / "train.parquet",
+                     [{"image": {"bytes": v, "path": None}, "label": 0} for v in values])
+    dec = {"decode": "image", "resize": [32, 32], "channels": 3}
+    threshold = 300.0
+    assert run(tmp_path, {"format": "parquet", "path": str(tmp_path / "in" / "*.parquet"),
+                          "tensor": "image", **dec},
+               reference={"format": "tfrecord", "path": str(tmp_path / "ref" / "*.tfrecord"),
+                          "tensor": "image/encoded", "id": "image/source_id", **dec},
+               near={"metric": "l2", "threshold": threshold}) == 0
+    dups, invalid, summary = reports(tmp_path)
+    got = {d["row"]: (d["kind"], d["duplicate_of"]) for d in dups}
+    assert got == {10: ("reference_exact", "ref-2"), 11: ("reference_exact", "ref-7"),
+                   12: ("reference_near", "ref-4"), 13: ("exact", got[13][1])}
+    assert got[13][1].endswith(":3") and not invalid
+    assert summary["reference"] == {"files": 1, "read": 12, "invalid": 0}
+    # the oracle: Pillow on every picture, the one near pair is the one planted
+    from transforms.images import decode_image
+
+    x = np.stack([decode_image(v, resize=(32, 32))[1] for v in refs + values[:10]])
+    x = x.reshape(len(x), -1).astype(np.float64)
+    d = np.sqrt(((x[:, None] - x[None]) ** 2).sum(-1)) + np.eye(len(x)) * 1e9
+    assert d.min() > threshold
+    near = np.linalg.norm(decode_image(values[12], resize=(32, 32))[1].astype(float).ravel()
+                          - x[4])
+    assert near == pytest.approx(next(r["distance"] for r in dups if r["row"] == 12))
+    assert near <= threshold
 
 
 def test_hdf5_vlen_images_and_bytes_mode(tmp_path):

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from apache_beam.ml.inference.base import ModelHandler
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
 
@@ -133,3 +134,63 @@ def test_model_that_cannot_load_and_store_with_another_model(tmp_path, capsys):
     assert run(tmp_path, {**base, "near": None}) == 0  # text without embed: exact only
     code = run(tmp_path, {"input": base["input"], "near": base["near"]})
     assert code == 2 and "add an embed section" in capsys.readouterr().err
+
+
+def test_reruns_write_the_same_bytes(tmp_path, minilm):
+    """One runner (two worker threads), one batch size: the embeddings and the report's
+    duplicates are byte-identical across reruns; chunks of 7 records, batches of 3."""
+    texts = (SENTENCES + [t for _, t in PARAPHRASES.values()]
+             + [SENTENCES[i] for i in COPIES.values()]) * 2
+    pq.write_table(pa.table({"id": [f"s{i}" for i in range(len(texts))], "text": texts}),
+                   tmp_path / "texts.parquet")
+    cfg = {"input": {"format": "parquet", "path": str(tmp_path / "texts.parquet"),
+                     "tensor": "text", "id": "id", "decode": "text"},
+           "embed": {"model": "sentence-transformers", "path": minilm, "batch_size": 3},
+           "near": {"metric": "cosine", "threshold": 0.15},
+           "runner": {"workers": 2}, "tuning": {"chunk_rows": 7}}
+    outputs = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        assert run(tmp_path / name, cfg) == 0
+        report = tmp_path / name / "out" / "report"
+        files = sorted((report / "embeddings").iterdir())
+        outputs.append({f.name: f.read_bytes() for f in files}
+                       | {"duplicates": (report / "duplicates.parquet").read_bytes()})
+    assert len(outputs[0]) == 1 + -(-len(texts) // 7)  # one embeddings file per chunk
+    assert outputs[0] == outputs[1]
+    dups = pq.read_table(tmp_path / "a" / "out" / "report" / "duplicates.parquet")
+    assert dups.num_rows == len(texts) - 13  # the second half: exact copies of the first
+
+
+class Recording(ModelHandler):
+    """A real handler that records the values it is given: their lengths as vectors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list = []
+
+    def load_model(self):
+        return None
+
+    def run_inference(self, batch, model, inference_args=None):
+        self.seen += list(batch)
+        return [np.array([len(v)], np.float32) for v in batch]
+
+
+def test_a_chunk_sends_each_distinct_raw_value_to_the_model_once():
+    from pipeline.steps.embed import embed_chunk
+    from transforms.formats.base import Chunk, Decode, TensorSpec
+    from transforms.formats.encoded import decode_value
+
+    spec = TensorSpec("t", decode=Decode("text"))
+    texts = ["a b", "c d e", "a b", "f", "c d e", "a b"]
+    got = [decode_value(t, spec) for t in texts]
+    tensors = np.empty(len(texts), object)
+    tensors[:] = [t for t, _ in got]
+    chunk = Chunk(0, np.arange(6), pa.array([str(i) for i in range(6)]), tensors, None, [],
+                  np.frombuffer(b"".join(d for _, d in got), "V16"))
+    handler = Recording()
+    out = embed_chunk(chunk, handler, None, batch_size=2)
+    assert handler.seen == ["a b", "c d e", "f"]  # first appearances, in order
+    assert out.tensors[:, 0].tolist() == [3, 5, 3, 1, 5, 3]
+    assert out.digests.tobytes() == chunk.digests.tobytes()  # exact dedup stays on raw text

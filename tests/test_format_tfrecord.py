@@ -371,3 +371,59 @@ def test_empty_compressed_files(tmp_path, compression):
     path = _write(tmp_path / "e.tfrecord", [], compression)
     assert list(tfrecord.read(Unit(0, path), SPEC, 10)) == []
     assert tfrecord.write(path, str(tmp_path / "o.tfrecord"), np.array([], np.int64)) == 0
+
+
+def test_example_class_parses_what_tensorflow_writes():
+    """transforms.formats.example_proto: the same messages as TensorFlow's, without it."""
+    from google.protobuf.message import DecodeError
+    from tensorflow.core.example.example_pb2 import Example as TFExample
+
+    from transforms.formats.example_proto import example_class
+
+    Example = example_class()
+    records = [_example(f=_floats([1.5, -2.25, 3e38]), i=_ints([-3, 2 ** 62, 0]),
+                        b=_bytes(b"\x00\xff", b""), e=tf.train.Feature()),
+               _example(), tf.train.Example().SerializeToString()]
+    for data in records:
+        ours, theirs = Example.FromString(data), TFExample.FromString(data)
+        assert ours.SerializeToString(deterministic=True) == \
+            theirs.SerializeToString(deterministic=True)
+        assert set(ours.features.feature) == set(theirs.features.feature)
+        for name, feat in theirs.features.feature.items():
+            kind = feat.WhichOneof("kind")
+            assert ours.features.feature[name].WhichOneof("kind") == kind
+            if kind:
+                assert list(getattr(ours.features.feature[name], kind).value) == \
+                    list(getattr(feat, kind).value)
+    with pytest.raises(DecodeError):
+        Example.FromString(b"\x0a\xff\xff")  # a length past the end
+    with pytest.raises(DecodeError):
+        TFExample.FromString(b"\x0a\xff\xff")
+
+
+def test_encoded_values_and_writing_do_not_import_tensorflow(tmp_path):
+    """Checking, reading encoded values and writing clean shards in a fresh process:
+    importing TensorFlow alone took longer than decoding 4,000 photos."""
+    import subprocess
+    import sys
+
+    from tests.imagekit import crops, encode, write_tfrecord
+
+    src = tmp_path / "a.tfrecord"
+    records = write_tfrecord(src, [encode(c, "JPEG") for c in crops(3, seed=2)])
+    code = f"""
+import sys
+import numpy as np
+from transforms.formats import get_format
+from transforms.formats.base import Decode, TensorSpec, Unit
+spec = TensorSpec("image/encoded", decode=Decode("image", resize=(8, 8)))
+fmt = get_format("tfrecord", spec)
+spec = fmt.check({str(src)!r}, spec)
+n = sum(len(c.positions) for c in fmt.read(Unit(0, {str(src)!r}), spec, 100))
+w = fmt.write({str(src)!r}, {str(tmp_path / "out.tfrecord")!r}, np.array([1]), spec)
+print(n, w, "tensorflow" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=__import__("os").getcwd()).stdout.split()
+    assert out == ["3", "2", "False"]
+    assert _tf_read(str(tmp_path / "out.tfrecord")) == [records[0], records[2]]

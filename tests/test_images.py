@@ -81,3 +81,10 @@ def test_resize_is_pillows_bilinear_and_exact_stays_full():
     full, small = decode_image(encode(im), resize=(32, 24))
     want = np.asarray(Image.fromarray(im).resize((24, 32), Image.Resampling.BILINEAR))
     assert np.array_equal(full, im) and np.array_equal(small, want)
+    # a shrink by more than 3x box-reduces first (Pillow's reducing_gap), full stays full
+    full, small = decode_image(encode(im), resize=(10, 9))
+    pil = Image.fromarray(im)
+    want = np.asarray(pil.resize((9, 10), Image.Resampling.BILINEAR, reducing_gap=3.0))
+    fair = np.asarray(pil.resize((9, 10), Image.Resampling.BILINEAR), np.int16)
+    assert np.array_equal(full, im) and np.array_equal(small, want)
+    assert 0 < np.abs(fair - small).max() <= 8

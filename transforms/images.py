@@ -7,8 +7,11 @@ first frame, BMP, WebP); then, in this order: EXIF orientation is applied, 16-bi
 samples are scaled to 8 bits, alpha is composited on white, ``channels`` converts to
 grey (1) or RGB (3). The result is (h, w, c) uint8. ``resize`` then stretches it with
 Pillow's antialiased bilinear filter (rounded to uint8), so the near stage compares
-copies stored at other sizes. Images over ``max_pixels`` are refused from their header,
-before their pixels are allocated (decompression bombs).
+copies stored at other sizes; a large shrink first box-reduces by an integer factor
+while staying at least ``REDUCING_GAP`` times the target (Pillow's ``reducing_gap``):
+the bilinear pass over full-resolution pixels was as slow as the JPEG decode itself.
+Images over ``max_pixels`` are refused from their header, before their pixels are
+allocated (decompression bombs).
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ from PIL import Image, ImageOps
 FORMATS = ("JPEG", "PNG", "GIF", "BMP", "WEBP")
 _GREY = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F")
 # Leading bytes of the formats decoded (for error messages about wrong decode settings).
+# Shrinks by more than this factor box-reduce first (Image.reduce) to a size at least this
+# many times the target, then filter: on 240 x 320 photos to 32 x 32 the resize takes
+# 0.13 ms instead of 0.22 (the decode 0.24), values differ from a single bilinear pass by
+# 0.18 on average (at most 7 of 255). Part of what a resized image is (store settings).
+REDUCING_GAP = 3.0
 MAGIC = {b"\xff\xd8\xff": "JPEG", b"\x89PNG\r\n\x1a\n": "PNG", b"GIF87a": "GIF",
          b"GIF89a": "GIF", b"BM": "BMP"}
 
@@ -120,5 +128,6 @@ def decode_image(data: bytes, *, channels: int | None = None,
     full = pixels(im)
     if resize is None or (im.height, im.width) == tuple(resize):
         return full, full
-    small = im.resize((resize[1], resize[0]), Image.Resampling.BILINEAR)
+    small = im.resize((resize[1], resize[0]), Image.Resampling.BILINEAR,
+                      reducing_gap=REDUCING_GAP)
     return full, pixels(small)

@@ -8,11 +8,18 @@ with a TorchScript file) is used as it is (``torchscript_handler``).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from apache_beam.ml.inference.base import ModelHandler
+
+# Models loaded in this process, by (path, device): the launcher's check that the model
+# loads (pipeline.embedding) and the local runner's workers, threads of the same process,
+# share one load (all-MiniLM-L6-v2: 1-2 s each). Workers elsewhere load their own.
+_LOADED: dict[tuple[str, str], Any] = {}
+_LOADING = threading.Lock()
 
 
 def pick_device(device: str) -> str:
@@ -36,7 +43,11 @@ class SentenceTransformerHandler(ModelHandler):
     def load_model(self) -> Any:
         from sentence_transformers import SentenceTransformer
 
-        return SentenceTransformer(self.path, device=pick_device(self.device))
+        key = (self.path, pick_device(self.device))
+        with _LOADING:
+            if key not in _LOADED:
+                _LOADED[key] = SentenceTransformer(key[0], device=key[1])
+            return _LOADED[key]
 
     def run_inference(self, batch: Sequence[Any], model: Any,
                       inference_args: dict | None = None) -> list[np.ndarray]:

@@ -7,10 +7,11 @@ Why an own framing reader: TensorFlow's readers stop at the first bad record, an
 dedup job must report bad records and keep going. This reader checks both CRCs, skips
 a record whose data CRC fails, resynchronises at the next whole valid record after a
 corrupt length header, and inflates GZIP/ZLIB as a stream so big files never sit in
-memory. Examples
-are parsed a batch at a time with ``tf.io.parse_example``; only a batch that fails is
-parsed record by record (Python protobuf), to find and name the bad records.
-TensorFlow is imported on first use: importing it takes seconds. Files on other Beam
+memory. Numeric examples are parsed a batch at a time with ``tf.io.parse_example``;
+only a batch that fails is parsed record by record (protobuf, ``example_proto``), to
+find and name the bad records. TensorFlow is imported on first use (it takes seconds):
+checking a file, encoded values (``encoded_tfrecord``) and writing clean shards need
+none. Files on other Beam
 filesystems (gs://, ...) are streamed through Beam's reader (the framing reader needs
 no more than a readable, seekable file); output to them is written locally and uploaded.
 """
@@ -43,6 +44,7 @@ from transforms.formats.base import (
     record_nbytes,
     rows_within,
 )
+from transforms.formats.example_proto import example_class
 
 _HEADER = struct.Struct("<QI")  # record length, masked CRC of the length bytes
 _CRC = struct.Struct("<I")
@@ -56,8 +58,8 @@ _RANK_KINDS = ("float_list", "int64_list")
 
 
 def _tf() -> Any:
-    """TensorFlow, for parsing tf.train.Example and serialized tensors (framing and
-    CRCs need none: this module imports without it)."""
+    """TensorFlow, for parsing numeric features a batch at a time and serialized tensors
+    (framing, CRCs, one Example at a time and writing need none: example_proto)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     try:
         import tensorflow as tf
@@ -360,8 +362,8 @@ def _tf_dtypes() -> dict[int, np.dtype]:
 def _examples(datas: Iterable[bytes]) -> Iterator[dict[str, Any]]:
     """The feature maps of the records that parse as tf.train.Example."""
     from google.protobuf.message import DecodeError
-    from tensorflow.core.example.example_pb2 import Example
 
+    Example = example_class()
     for data in datas:
         try:
             yield Example.FromString(data).features.feature
@@ -416,10 +418,9 @@ def _tensor(feats: dict[str, Any], spec: TensorSpec, layout: _Layout) -> Any:
 def _parse_one(data: bytes, spec: TensorSpec, layout: _Layout) -> tuple[Any, ...]:
     """(id, tensor, rank, reason) of one record; the reason says why it cannot be used."""
     from google.protobuf.message import DecodeError
-    from tensorflow.core.example.example_pb2 import Example
 
     try:
-        feats = Example.FromString(data).features.feature
+        feats = example_class().FromString(data).features.feature
     except DecodeError as e:
         return None, None, None, f"not a tf.train.Example: {e}"
     record_id = None
@@ -702,16 +703,27 @@ def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) 
         return 0
     with f:
         compression = detect_compression(f)
-        tf = _tf()
         dropped = set(np.asarray(drop).tolist())
-        options = tf.io.TFRecordOptions(compression_type=TF_COMPRESSION[compression])
         written = 0
-        with fs.local_file_for(dst) as local, tf.io.TFRecordWriter(local, options=options) as out:
+        with fs.local_file_for(dst) as local, open(local, "wb", buffering=1 << 20) as out:
+            wbits = _WBITS.get(compression)
+            z = None if wbits is None else zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION,
+                                                            zlib.DEFLATED, wbits)
             for position, item in enumerate(_frames(f, compression)):
                 if isinstance(item, bytes) and position not in dropped:
-                    out.write(item)
+                    framed = _frame(item)
+                    out.write(framed if z is None else z.compress(framed))
                     written += 1
+            if z is not None:
+                out.write(z.flush())
     return written
+
+
+def _frame(data: bytes) -> bytes:
+    """One record as TFRecord stores it: length, its masked CRC32C, data, data's CRC."""
+    length = struct.pack("<Q", len(data))
+    return b"".join((length, struct.pack("<I", _masked_crc(length)), data,
+                     struct.pack("<I", _masked_crc(data))))
 
 
 def read_rows(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, np.ndarray]:
