@@ -43,7 +43,7 @@ from pipeline.publish import (  # noqa: E402
 from pipeline.steps import progress  # noqa: E402
 from transforms.fingerprint import SCHEME  # noqa: E402
 from transforms.formats.base import InputError, InvalidRecordError  # noqa: E402
-from transforms.fs import delete_tree, exists, join, open_read, read_bytes  # noqa: E402
+from transforms.fs import delete_tree, exists, join, read_bytes, read_parquet  # noqa: E402
 from transforms.lease import LeaseHeld, keep_alive, release_all  # noqa: E402
 from transforms.near_recall import recall_line  # noqa: E402
 
@@ -116,16 +116,13 @@ class RunSummary:
         return None if self.near is None else self.near.get("settings")
 
     def _table(self, name: str):
-        import pyarrow.parquet as pq
-
         path = join(self.report, name)
         if not exists(join(self.report, "summary.json")) or not exists(path):
             what = ("the job was submitted and has not finished" if self.submitted
                     else "the run is not complete")
             raise FileNotFoundError(f"{path}: no such report ({what}: {self.report}/summary.json "
                                     "marks a complete run)")
-        with open_read(path) as f:
-            return pq.read_table(f)
+        return read_parquet(path)
 
     def removals(self):
         """report/duplicates.parquet as a ``pyarrow.Table``: record_id, duplicate_of,

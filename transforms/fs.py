@@ -121,6 +121,28 @@ def read_bytes(path: str) -> bytes:
         return f.read()
 
 
+def read_parquet(path: str, columns: list[str] | None = None):
+    """A whole Parquet file as a ``pyarrow.Table``, read from a source Arrow owns: a local
+    file through Arrow's own file, anything else read into an Arrow buffer first.
+
+    Why never a Python file object: pyarrow's reader may drop its last reference to the
+    source on one of its own threads after ``read_table`` has returned; for a Python
+    object that thread takes the GIL, and when the interpreter is exiting by then the
+    process aborts after the work is done (exit 134, "terminate called without an active
+    exception"; apache/arrow#34314). A script that ends with ``s.removals()`` did so."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if is_local(path):
+        source = pa.OSFile(path)
+    else:
+        copy = pa.BufferOutputStream()  # Arrow-allocated: nothing Python to release later
+        copy.write(read_bytes(path))
+        source = pa.BufferReader(copy.getvalue())
+    with source:
+        return pq.read_table(source, columns=columns)
+
+
 def makedirs(path: str) -> None:
     """Create a directory and its parents; no error if it exists (a no-op on object
     stores, which have no directories)."""
