@@ -16,6 +16,7 @@ original error is its ``__cause__``), ``KeyboardInterrupt`` (nothing published).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import html
 import json
 import logging
@@ -297,6 +298,11 @@ def execute(job: Job) -> RunSummary:
             finally:
                 for stage in own_stages(pub):
                     delete_tree(stage)
+                # Beam's local runner leaves its gRPC server and channels in reference
+                # cycles: collected now, their threads end with the job, not at a later
+                # collection (or at interpreter exit) in a process that goes on
+                del p
+                gc.collect()
             return RunSummary.load(pub.report)
     finally:
         if not handed_over:

@@ -25,12 +25,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, BinaryIO
 
+from transforms import owner
+
 if TYPE_CHECKING:
     from apache_beam.io.filesystems import FileSystems as _FileSystems
 
 RAW = "uncompressed"  # Beam's CompressionTypes.UNCOMPRESSED
 _COPY_BLOCK = 16 << 20  # bytes per read/write when uploading a local file
 _SCHEME = re.compile(r"[a-zA-Z][-a-zA-Z0-9+.]*://")  # Beam's FileSystems.URI_SCHEMA_PATTERN
+_TEMP = re.compile(r"\.(?:tmp|new|cas)-(\d+)-(\d+)-([0-9a-f]{8})-[0-9a-f]{8}$")  # temp_path
 
 
 def _beam() -> type[_FileSystems]:
@@ -54,6 +57,41 @@ def join(*parts: str) -> str:
     if is_local(parts[0]):
         return os.path.join(*parts)
     return _beam().join(parts[0], *parts[1:])
+
+
+def sibling(path: str, suffix: str) -> str:
+    """``.<name>.<suffix>`` in ``path``'s directory: hidden, next to it. Leases, staging
+    and swap directories and temporary files are named so (``clear_leftovers`` and
+    ``clear_dead_temps`` find them by it)."""
+    if is_local(path):
+        head, name = os.path.split(path)
+        return os.path.join(head, f".{name}.{suffix}")
+    head, _, name = path.rstrip("/").rpartition("/")
+    return f"{head}/.{name}.{suffix}"
+
+
+def temp_path(path: str, kind: str) -> str:
+    """A unique hidden name beside ``path`` for a file on its way there (``kind``: tmp,
+    new, cas), naming the process that makes it (``owner.tag``), so what a killed process
+    left can be told from what a live one is using (``clear_dead_temps``)."""
+    return sibling(path, f"{kind}-{owner.tag()}-{secrets.token_hex(4)}")
+
+
+def clear_dead_temps(path: str) -> None:
+    """Delete the temporary files (``temp_path``) in ``path``'s directory whose maker was
+    a process of this host that is gone. Local paths only: an object store's
+    conditional writes leave no files aside."""
+    if not is_local(path):
+        return
+    folder = os.path.dirname(path) or "."
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    for name in names:
+        m = _TEMP.search(name)
+        if name.startswith(".") and m and owner.tag_is_dead(int(m[1]), int(m[2]), m[3]):
+            _remove_quietly(os.path.join(folder, name))
 
 
 def exists(path: str) -> bool:
@@ -159,8 +197,7 @@ def write_bytes_atomic(path: str, data: bytes | memoryview) -> None:
     if is_local(path):
         _write_local_atomic(path, data)
         return
-    head, _, tail = path.rpartition("/")
-    tmp = f"{head}/.{tail}.tmp-{secrets.token_hex(8)}"
+    tmp = temp_path(path, "tmp")
     try:
         with _beam().create(tmp, compression_type=RAW) as f:
             f.write(data)
@@ -214,9 +251,8 @@ def local_file_for(path: str) -> Iterator[str]:
 
 
 def _write_local_atomic(path: str, data: bytes | memoryview) -> None:
-    head, tail = os.path.split(path)
-    os.makedirs(head or ".", exist_ok=True)
-    tmp = os.path.join(head, f".{tail}.tmp-{secrets.token_hex(8)}")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = temp_path(path, "tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -303,9 +339,8 @@ def replace_if_unchanged(path: str, expected: bytes, data: bytes | None) -> bool
 
 def local_create_exclusive(path: str, data: bytes) -> bool:
     """``create_exclusive`` for a local file (also what a locally backed FileSystem uses)."""
-    head, tail = os.path.split(path)
-    os.makedirs(head or ".", exist_ok=True)
-    tmp = os.path.join(head, f".{tail}.new-{secrets.token_hex(8)}")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = temp_path(path, "new")
     _write_local_atomic(tmp, data)
     try:
         os.link(tmp, path)  # atomic; fails with EEXIST if the name is taken
@@ -320,7 +355,7 @@ def local_replace_if_unchanged(path: str, expected: bytes, data: bytes | None) -
     """``replace_if_unchanged`` for a local file: rename it aside (atomic: one caller gets
     it), compare, and put the new content (or, if it was not ``expected``, the old one)
     back with a create-if-absent, so nothing created meanwhile is overwritten."""
-    aside = f"{path}.cas-{secrets.token_hex(8)}"
+    aside = temp_path(path, "cas")
     try:
         os.rename(path, aside)
     except FileNotFoundError:
