@@ -153,8 +153,7 @@ def _move_in(stage: str, final: str) -> None:
         state = {"delete": fs.match(final.rstrip("/") + "/**")}
         fs.write_bytes_atomic(journal, json.dumps(state).encode())
     if state.get("delete"):
-        for old_file in state["delete"]:
-            fs.delete(old_file)
+        fs.delete_files(state["delete"])
         fs.write_bytes_atomic(journal, json.dumps({"delete": []}).encode())
     fs.rename_tree(stage, final)  # what is still staged: all of it, or a retry's rest
     fs.delete_tree(stage)

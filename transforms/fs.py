@@ -10,7 +10,8 @@ in a lean install (training filters without the ``job`` extra).
 Why not ``FileSystems`` directly: its calls take lists, fail on a missing path, treat
 directories differently per scheme (object stores have none), and its local rename is
 not an atomic replace everywhere. These helpers give the few operations the job needs
-the same meaning on every filesystem.
+the same meaning on every filesystem. Conditional writes (create-if-absent,
+compare-and-swap: what leases need) are in ``transforms.conditional``.
 """
 
 from __future__ import annotations
@@ -272,6 +273,25 @@ def delete(path: str) -> None:
         _beam().delete([path])
 
 
+def delete_files(paths: list[str]) -> None:
+    """Delete files; no error for missing ones. Elsewhere than local, one call for all
+    (Beam's delete takes a list; gs:// sends them in batches of 100)."""
+    remote = [p for p in paths if not is_local(p)]
+    for p in paths:
+        if is_local(p):
+            _remove_quietly(p)
+    if not remote:
+        return
+    from apache_beam.io.filesystem import BeamIOError
+
+    try:
+        _beam().delete(remote)
+    except BeamIOError:  # also for a missing path (gone is what was wanted): once more
+        left = [p for p in remote if _beam().exists(p)]  # for those still there
+        if left:
+            _beam().delete(left)
+
+
 def rename_tree(src: str, dst: str) -> None:
     """Move the files below ``src`` to the same names below ``dst``: one directory rename
     where the filesystem has directories (local, HDFS); on an object store a copy and a
@@ -312,128 +332,3 @@ def _remove_quietly(path: str) -> None:
         os.remove(path)
     except FileNotFoundError:
         pass
-
-
-# Conditional writes: what a lease (transforms.lease) is built on. Beam's FileSystems has
-# no create-if-absent, so each filesystem brings its own: local paths (and anything
-# backed by a local directory) use link(2), which fails when the name exists, like
-# O_EXCL, and shows the complete content at once; gs:// uses a generation precondition
-# (google-cloud-storage); another Beam FileSystem can offer the same two methods,
-# ``create_exclusive(path, data) -> bool`` and
-# ``replace_if_unchanged(path, expected, data) -> bool`` (see tests/fakefs.py).
-
-
-def create_exclusive(path: str, data: bytes) -> bool:
-    """Create ``path`` holding ``data`` only if no file of that name exists; True if this
-    call created it. Of callers racing for one name exactly one wins, on every filesystem
-    that supports it (OSError naming the scheme otherwise)."""
-    return _conditional(path).create_exclusive(path, data)
-
-
-def replace_if_unchanged(path: str, expected: bytes, data: bytes | None) -> bool:
-    """Replace ``path``'s content with ``data`` (delete it when None) only if it still
-    holds ``expected``; True if done. Exact on gs:// (generation precondition); locally
-    the file is first renamed aside, so a concurrent writer is detected, not overwritten."""
-    return _conditional(path).replace_if_unchanged(path, expected, data)
-
-
-def local_create_exclusive(path: str, data: bytes) -> bool:
-    """``create_exclusive`` for a local file (also what a locally backed FileSystem uses)."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = temp_path(path, "new")
-    _write_local_atomic(tmp, data)
-    try:
-        os.link(tmp, path)  # atomic; fails with EEXIST if the name is taken
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        _remove_quietly(tmp)
-
-
-def local_replace_if_unchanged(path: str, expected: bytes, data: bytes | None) -> bool:
-    """``replace_if_unchanged`` for a local file: rename it aside (atomic: one caller gets
-    it), compare, and put the new content (or, if it was not ``expected``, the old one)
-    back with a create-if-absent, so nothing created meanwhile is overwritten."""
-    aside = temp_path(path, "cas")
-    try:
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return False
-    try:
-        with open(aside, "rb") as f:
-            found = f.read()
-        if found != expected:
-            local_create_exclusive(path, found)
-            return False
-        return data is None or local_create_exclusive(path, data)
-    finally:
-        _remove_quietly(aside)
-
-
-class _LocalConditional:
-    create_exclusive = staticmethod(local_create_exclusive)
-    replace_if_unchanged = staticmethod(local_replace_if_unchanged)
-
-
-class _GcsConditional:
-    """gs:// with google-cloud-storage's generation preconditions (``if_generation_match``:
-    0 = only if absent)."""
-
-    @staticmethod
-    def _blob(path: str):
-        from google.cloud import storage
-
-        bucket, _, name = path.removeprefix("gs://").partition("/")
-        return storage.Client().bucket(bucket).blob(name)
-
-    @classmethod
-    def create_exclusive(cls, path: str, data: bytes) -> bool:
-        from google.api_core.exceptions import PreconditionFailed
-
-        blob = cls._blob(path)
-        try:
-            blob.upload_from_string(data, if_generation_match=0)
-            return True
-        except PreconditionFailed:  # taken; or a retried request whose first try won
-            return cls._read(blob) == data
-
-    @classmethod
-    def replace_if_unchanged(cls, path: str, expected: bytes, data: bytes | None) -> bool:
-        from google.api_core.exceptions import NotFound, PreconditionFailed
-
-        blob = cls._blob(path)
-        try:
-            blob.reload()
-            generation = blob.generation
-            if blob.download_as_bytes(if_generation_match=generation) != expected:
-                return False
-            if data is None:
-                blob.delete(if_generation_match=generation)
-            else:
-                blob.upload_from_string(data, if_generation_match=generation)
-            return True
-        except (NotFound, PreconditionFailed):
-            return False
-
-    @staticmethod
-    def _read(blob) -> bytes | None:
-        from google.api_core.exceptions import NotFound
-
-        try:
-            return blob.download_as_bytes()
-        except NotFound:
-            return None
-
-
-def _conditional(path: str):
-    if is_local(path):
-        return _LocalConditional
-    own = _beam().get_filesystem(path)
-    if hasattr(own, "create_exclusive") and hasattr(own, "replace_if_unchanged"):
-        return own
-    scheme = _beam().get_scheme(path)
-    if scheme == "gs":
-        return _GcsConditional
-    raise OSError(f"{scheme}:// offers no create-if-absent write, which the one-writer lease "
-                  "needs: use a local path or gs:// for outputs, reports and stores")

@@ -4,7 +4,7 @@ a fingerprint store, taken before a run deletes or writes anything there.
 Why: two runs on one output (a cron job overlapping a manual rerun) cleared each other's
 staging, deleted each other's summary.json and committed to one store without seeing each
 other's records. A lease is one small JSON object created with create-if-absent
-(``fs.create_exclusive``: link(2) locally, a generation precondition on gs://), so of two
+(``conditional.create_exclusive``: link(2) locally, a generation precondition on gs://), so of two
 runs exactly one gets it; the other is refused with one line naming the holder.
 
 Stale rule (a holder that crashed must not block the next run forever):
@@ -18,7 +18,7 @@ Stale rule (a holder that crashed must not block the next run forever):
   job's Publish step releases the lease) is stale only by expiry (``DETACHED_TTL_S``), as
   no process on this host stands for it.
 
-A stale lease is broken with a compare-and-swap (``fs.replace_if_unchanged``): only the
+A stale lease is broken with a compare-and-swap (``conditional.replace_if_unchanged``): only the
 exact stale content is deleted, so two runs breaking one stale lease cannot both win. A
 user can break a lease by hand by deleting its file (the refusal names it).
 
@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from transforms import fs
+from transforms import conditional, fs
 from transforms.owner import HOST, alive, start_time
 
 TTL_S = 600.0  # a lease nobody renews for this long is stale
@@ -81,13 +81,13 @@ class Lease:
         if found is None or found[1].get("token") != self.token:
             return False
         info = {**found[1], "expires": time.time() + self.ttl}
-        return fs.replace_if_unchanged(self.path, found[0], _dumps(info))
+        return conditional.replace_if_unchanged(self.path, found[0], _dumps(info))
 
     def release(self) -> None:
         """Delete the lease object if it is still ours (never someone else's)."""
         found = _read(self.path)
         if found is not None and found[1].get("token") == self.token:
-            fs.replace_if_unchanged(self.path, found[0], None)
+            conditional.replace_if_unchanged(self.path, found[0], None)
 
 
 def dir_lease_path(final: str) -> str:
@@ -110,7 +110,7 @@ def acquire(path: str, target: str, run_id: str, detached: bool = False) -> Leas
         info = {"token": token, "run_id": run_id, "target": target, "host": HOST,
                 "pid": os.getpid(), "pid_start": start_time(os.getpid()),
                 "started": now, "expires": now + ttl, "detached": detached}
-        if fs.create_exclusive(path, _dumps(info)):
+        if conditional.create_exclusive(path, _dumps(info)):
             fs.clear_dead_temps(path)  # what a killed process left while writing beside it
             return Lease(path, target, token, ttl)
         found = _read(path)
@@ -118,7 +118,7 @@ def acquire(path: str, target: str, run_id: str, detached: bool = False) -> Leas
             continue  # released since
         if not stale(found[1], now):
             raise LeaseHeld(refusal(path, target, found[1]))
-        fs.replace_if_unchanged(path, found[0], None)  # only the stale content we judged
+        conditional.replace_if_unchanged(path, found[0], None)  # only the stale content we judged
     raise LeaseHeld(f"{target} is being taken by several runs at once (lease {path}): "
                     "run again once they finish")
 
