@@ -26,6 +26,7 @@ import yaml
 
 from pipeline.run import main
 from tests.jobkit import write_input
+from transforms import fs, owner
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -180,3 +181,21 @@ def test_a_run_after_a_killed_one_leaves_nothing_beside_the_outputs(tmp_path, po
     assert (s["kept"], s["removed_exact"], s["removed_near"]) == (570, 20, 10)
     # nothing else: no lease, CAS file, temp, staging directory, journal or spill
     assert sorted(p.name for p in out.iterdir()) == ["clean", "report"]
+
+
+def test_only_the_temporary_files_of_dead_processes_of_this_host_are_cleared(tmp_path):
+    """A live run's temporary file beside a lease (it may be mid compare-and-swap) stays;
+    a dead process's goes; another host's cannot be judged here and stays."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    lease_path = str(tmp_path / ".clean.lease.json")
+    live = fs.temp_path(lease_path, "cas")
+    dead = fs.sibling(lease_path, f"new-{dead_pid}-0-{owner.HOST_KEY}-0123abcd")
+    elsewhere = fs.sibling(lease_path, f"cas-{dead_pid}-0-ffffffff-0123abcd")
+    other = tmp_path / ".clean.lease.json.cas-notes"  # not a name temp_path makes
+    for p in (live, dead, elsewhere, other):
+        Path(p).write_bytes(b"{}")
+    fs.clear_dead_temps(lease_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        Path(p).name for p in (live, elsewhere, other))

@@ -65,7 +65,7 @@ def sibling(path: str, suffix: str) -> str:
     and swap directories and temporary files are named so (``clear_leftovers`` and
     ``clear_dead_temps`` find them by it)."""
     if is_local(path):
-        head, name = os.path.split(path)
+        head, name = os.path.split(path.rstrip(os.sep) or path)
         return os.path.join(head, f".{name}.{suffix}")
     head, _, name = path.rstrip("/").rpartition("/")
     return f"{head}/.{name}.{suffix}"
