@@ -90,6 +90,13 @@ class _Report:
             return fs.open_read(fs.join(self.shown, file))
         return self.filesystem.open_input_file(f"{self.root}/{file}")
 
+    def read_table(self, file: str, columns: list[str]) -> pa.Table:
+        """A Parquet file of the report, from a file Arrow owns (``fs.read_parquet``)."""
+        if self.beam:
+            return fs.read_parquet(fs.join(self.shown, file), columns)
+        with self.open(file) as f:
+            return pq.read_table(f, columns=columns)
+
 
 @dataclass(frozen=True)
 class Manifest:
@@ -115,8 +122,7 @@ class Manifest:
         tables = ["duplicates.parquet"] + (["invalid.parquet"] if drop_invalid else [])
         ids = []
         for t in tables:
-            with report.open(t) as f:
-                ids.append(pq.read_table(f, columns=["record_id"])["record_id"])
+            ids.append(report.read_table(t, ["record_id"])["record_id"])
         removed = pa.chunked_array([c for col in ids for c in col.chunks], pa.string())
         return cls(removed.combine_chunks() if removed.num_chunks else pa.array([], pa.string()),
                    summary["config"]["input"].get("id"), tuple(summary["files"]),

@@ -16,6 +16,7 @@ original error is its ``__cause__``), ``KeyboardInterrupt`` (nothing published).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import html
 import json
 import logging
@@ -43,7 +44,7 @@ from pipeline.publish import (  # noqa: E402
 from pipeline.steps import progress  # noqa: E402
 from transforms.fingerprint import SCHEME  # noqa: E402
 from transforms.formats.base import InputError, InvalidRecordError  # noqa: E402
-from transforms.fs import delete_tree, exists, join, open_read, read_bytes  # noqa: E402
+from transforms.fs import delete_tree, exists, join, read_bytes, read_parquet  # noqa: E402
 from transforms.lease import LeaseHeld, keep_alive, release_all  # noqa: E402
 from transforms.near_recall import recall_line  # noqa: E402
 
@@ -116,16 +117,13 @@ class RunSummary:
         return None if self.near is None else self.near.get("settings")
 
     def _table(self, name: str):
-        import pyarrow.parquet as pq
-
         path = join(self.report, name)
         if not exists(join(self.report, "summary.json")) or not exists(path):
             what = ("the job was submitted and has not finished" if self.submitted
                     else "the run is not complete")
             raise FileNotFoundError(f"{path}: no such report ({what}: {self.report}/summary.json "
                                     "marks a complete run)")
-        with open_read(path) as f:
-            return pq.read_table(f)
+        return read_parquet(path)
 
     def removals(self):
         """report/duplicates.parquet as a ``pyarrow.Table``: record_id, duplicate_of,
@@ -301,6 +299,11 @@ def execute(job: Job) -> RunSummary:
             finally:
                 for stage in own_stages(pub):
                     delete_tree(stage)
+                # Beam's local runner leaves its gRPC server and channels in reference
+                # cycles: collected now, their threads end with the job, not at a later
+                # collection (or at interpreter exit) in a process that goes on
+                del p
+                gc.collect()
             return RunSummary.load(pub.report)
     finally:
         if not handed_over:

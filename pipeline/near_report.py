@@ -22,6 +22,8 @@ from __future__ import annotations
 import csv
 import json
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +39,29 @@ from pipeline.steps.near_grid import (
 )
 
 BINS_PER_DECADE = 10  # main panel (divides PAIR_BINS_PER_DECADE: grid bins merge evenly)
+# matplotlib caches fonts per thread (an FT2Font is not thread-safe); drawn on whichever
+# Beam thread ran the report, every job in a long-lived process (a notebook, a scheduler
+# calling run_job) kept a few more open font files and their memory. One drawing thread
+# per process: started on first use, joined at exit by concurrent.futures, and made anew
+# in a forked child (which has the parent's executor but not its thread).
+_drawer: list[ThreadPoolExecutor] = []
+_drawer_lock = threading.Lock()
+
+
+def _drawing_thread() -> ThreadPoolExecutor:
+    with _drawer_lock:
+        if not _drawer:
+            _drawer.append(ThreadPoolExecutor(1, thread_name_prefix="tensordedup-plot"))
+        return _drawer[0]
+
+
+def _forget_drawer() -> None:
+    global _drawer_lock
+    _drawer.clear()
+    _drawer_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_drawer)
 ZOOM_DECADES = 0.5  # the zoomed panel: threshold x 10^(+-0.5)
 
 
@@ -235,6 +260,7 @@ def write_near_report(report_dir: str, nn_distance: np.ndarray, threshold: float
         for series in ("pairs", "outside_pairs", "nearest_neighbour"):
             w.writerows((f"zoom_{series}", lo, hi, c) for lo, hi, c in
                         zip(z[:-1], z[1:], out["zoom"][series], strict=True))
-    _plot(os.path.join(report_dir, "near_distances.png"), out, metric, note, removed, every)
+    png = os.path.join(report_dir, "near_distances.png")
+    _drawing_thread().submit(_plot, png, out, metric, note, removed, every).result()
     pq.write_table(_nulls_for_unknown(table), os.path.join(report_dir, "borderline_pairs.parquet"))
     return out

@@ -71,11 +71,7 @@ class Job:
 
     def staging(self, final: str) -> str:
         """The hidden sibling the run writes ``final``'s files into before publishing."""
-        if fs.is_local(final):
-            head, name = os.path.split(final)
-            return os.path.join(head, f".{name}.staging-{self.attempt}")
-        head, _, name = final.rpartition("/")
-        return f"{head}/.{name}.staging-{self.attempt}"
+        return fs.sibling(final, f"staging-{self.attempt}")
 
     @property
     def spill(self) -> str:

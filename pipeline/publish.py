@@ -26,6 +26,7 @@ stays the mark of a complete run there too: it is deleted before the swap and wr
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -138,7 +139,7 @@ def _move_in(stage: str, final: str) -> None:
         if not fs.exists(journal):
             os.makedirs(stage, exist_ok=True)  # an all-invalid input still gets a directory
             fs.write_bytes_atomic(journal, b"{}")
-        old = _sibling(final, "old", stage.rsplit("-", 1)[-1])
+        old = fs.sibling(final, f"old-{stage.rsplit('-', 1)[-1]}")
         if os.path.isdir(stage):
             if os.path.exists(final):
                 shutil.rmtree(old, ignore_errors=True)
@@ -152,16 +153,10 @@ def _move_in(stage: str, final: str) -> None:
         state = {"delete": fs.match(final.rstrip("/") + "/**")}
         fs.write_bytes_atomic(journal, json.dumps(state).encode())
     if state.get("delete"):
-        for old_file in state["delete"]:
-            fs.delete(old_file)
+        fs.delete_files(state["delete"])
         fs.write_bytes_atomic(journal, json.dumps({"delete": []}).encode())
     fs.rename_tree(stage, final)  # what is still staged: all of it, or a retry's rest
     fs.delete_tree(stage)
-
-
-def _sibling(final: str, kind: str, attempt: str) -> str:
-    head, name = os.path.split(final)
-    return os.path.join(head, f".{name}.{kind}-{attempt}")
 
 
 def clear_leftovers(final: str | Path, lease: Lease | None = None) -> None:
@@ -173,16 +168,14 @@ def clear_leftovers(final: str | Path, lease: Lease | None = None) -> None:
         lease.check()
     final = str(final)
     if fs.is_local(final):
-        folder = Path(final)
-        if folder.parent.is_dir():
-            for stale in folder.parent.glob(f".{folder.name}.*"):
-                if ".staging-" in stale.name or ".old-" in stale.name:
-                    fs.delete_tree(str(stale))
+        for stale in glob.glob(glob.escape(fs.sibling(final, "")) + "*"):
+            if ".staging-" in os.path.basename(stale) or ".old-" in os.path.basename(stale):
+                fs.delete_tree(stale)
         return
-    parent, _, name = final.rstrip("/").rpartition("/")
+    parent = final.rstrip("/").rpartition("/")[0]
     stale = set()
     for kind in ("staging", "old"):
-        for f in fs.match(f"{parent}/.{name}.{kind}-**"):
+        for f in fs.match(fs.sibling(final, f"{kind}-**")):
             rest = f[len(parent) + 1:]
             stale.add(f"{parent}/{rest.split('/', 1)[0]}")
     for prefix in sorted(stale):

@@ -29,7 +29,7 @@ from pipeline import graph, publish
 from pipeline.run import main
 from tests import fakefs
 from tests.jobkit import write_input
-from transforms import digest_segment, fs, lease
+from transforms import conditional, digest_segment, fs, lease, owner
 from transforms.store import FingerprintStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,11 +216,11 @@ def test_stale_rule(tmp_path, where):
     dead.wait()
     for doc, held in [(_lease_doc(), True),
                       (_lease_doc(expires=time.time() - 1), False),
-                      (_lease_doc(host=lease.HOST, pid=dead.pid), False),
-                      (_lease_doc(host=lease.HOST, pid=dead.pid, detached=True), True),
-                      (_lease_doc(host=lease.HOST, pid=os.getpid()), True)]:
+                      (_lease_doc(host=owner.HOST, pid=dead.pid), False),
+                      (_lease_doc(host=owner.HOST, pid=dead.pid, detached=True), True),
+                      (_lease_doc(host=owner.HOST, pid=os.getpid()), True)]:
         fs.delete(path)
-        assert fs.create_exclusive(path, doc)
+        assert conditional.create_exclusive(path, doc)
         if held:
             with pytest.raises(lease.LeaseHeld) as e:
                 lease.acquire(path, "target", "mine")

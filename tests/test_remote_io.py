@@ -223,3 +223,30 @@ def test_glob_means_the_same_locally_and_on_an_object_store(tmp_path, gcs):
                  for p in fs.glob(str(tmp_path / "local" / pattern))]
         remote = [p.removeprefix(f"{url}/") for p in fs.glob(f"{url}/{pattern}")]
         assert remote == local, pattern
+
+
+def test_delete_files_is_one_call_and_ignores_missing_files(tmp_path, gcs, monkeypatch):
+    """Publish deletes an old output's objects in one batched call (a retry may find some
+    of them gone already); a file that cannot be deleted still raises."""
+    from apache_beam.io.filesystem import BeamIOError
+
+    url, bucket_dir = gcs
+    for name in ("a", "b", "c"):
+        (bucket_dir / "old" / name).parent.mkdir(parents=True, exist_ok=True)
+        (bucket_dir / "old" / name).write_bytes(b"1")
+    calls = []
+    real = fakefs.FakeObjectStore.delete
+    monkeypatch.setattr(fakefs.FakeObjectStore, "delete",
+                        lambda self, paths: calls.append(list(paths)) or real(self, paths))
+    fs.delete_files([f"{url}/old/{n}" for n in ("a", "gone", "b", "c")])
+    assert calls[0] == [f"{url}/old/{n}" for n in ("a", "gone", "b", "c")]
+    assert len(calls) <= 2  # the fake refuses the whole list for one missing path
+    assert sorted(p.name for p in (bucket_dir / "old").iterdir()) == []
+    (bucket_dir / "old" / "stuck").write_bytes(b"1")  # a delete that fails: still raises
+
+    def refuse(self, paths):
+        raise BeamIOError("Delete operation failed", {p: PermissionError(p) for p in paths})
+
+    monkeypatch.setattr(fakefs.FakeObjectStore, "delete", refuse)
+    with pytest.raises(OSError):
+        fs.delete_files([f"{url}/old/stuck"])

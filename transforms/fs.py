@@ -10,7 +10,8 @@ in a lean install (training filters without the ``job`` extra).
 Why not ``FileSystems`` directly: its calls take lists, fail on a missing path, treat
 directories differently per scheme (object stores have none), and its local rename is
 not an atomic replace everywhere. These helpers give the few operations the job needs
-the same meaning on every filesystem.
+the same meaning on every filesystem. Conditional writes (create-if-absent,
+compare-and-swap: what leases need) are in ``transforms.conditional``.
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
+from transforms import owner
+
 if TYPE_CHECKING:
     from apache_beam.io.filesystems import FileSystems as _FileSystems
 
 RAW = "uncompressed"  # Beam's CompressionTypes.UNCOMPRESSED
 _COPY_BLOCK = 16 << 20  # bytes per read/write when uploading a local file
 _SCHEME = re.compile(r"[a-zA-Z][-a-zA-Z0-9+.]*://")  # Beam's FileSystems.URI_SCHEMA_PATTERN
+_TEMP = re.compile(r"\.(?:tmp|new|cas)-(\d+)-(\d+)-([0-9a-f]{8})-[0-9a-f]{8}$")  # temp_path
 
 
 def _beam() -> type[_FileSystems]:
@@ -56,6 +60,41 @@ def join(*parts: str) -> str:
     if is_local(parts[0]):
         return os.path.join(*parts)
     return _beam().join(parts[0], *parts[1:])
+
+
+def sibling(path: str, suffix: str) -> str:
+    """``.<name>.<suffix>`` in ``path``'s directory: hidden, next to it. Leases, staging
+    and swap directories and temporary files are named so (``clear_leftovers`` and
+    ``clear_dead_temps`` find them by it)."""
+    if is_local(path):
+        head, name = os.path.split(path.rstrip(os.sep) or path)
+        return os.path.join(head, f".{name}.{suffix}")
+    head, _, name = path.rstrip("/").rpartition("/")
+    return f"{head}/.{name}.{suffix}"
+
+
+def temp_path(path: str, kind: str) -> str:
+    """A unique hidden name beside ``path`` for a file on its way there (``kind``: tmp,
+    new, cas), naming the process that makes it (``owner.tag``), so what a killed process
+    left can be told from what a live one is using (``clear_dead_temps``)."""
+    return sibling(path, f"{kind}-{owner.tag()}-{secrets.token_hex(4)}")
+
+
+def clear_dead_temps(path: str) -> None:
+    """Delete the temporary files (``temp_path``) in ``path``'s directory whose maker was
+    a process of this host that is gone. Local paths only: an object store's
+    conditional writes leave no files aside."""
+    if not is_local(path):
+        return
+    folder = os.path.dirname(path) or "."
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    for name in names:
+        m = _TEMP.search(name)
+        if name.startswith(".") and m and owner.tag_is_dead(int(m[1]), int(m[2]), m[3]):
+            _remove_quietly(os.path.join(folder, name))
 
 
 def exists(path: str) -> bool:
@@ -138,6 +177,28 @@ def read_rows_into(path: str, rows: np.ndarray, out: np.ndarray, at: np.ndarray)
         os.close(fd)
 
 
+def read_parquet(path: str, columns: list[str] | None = None):
+    """A whole Parquet file as a ``pyarrow.Table``, read from a source Arrow owns: a local
+    file through Arrow's own file, anything else read into an Arrow buffer first.
+
+    Why never a Python file object: pyarrow's reader may drop its last reference to the
+    source on one of its own threads after ``read_table`` has returned; for a Python
+    object that thread takes the GIL, and when the interpreter is exiting by then the
+    process aborts after the work is done (exit 134, "terminate called without an active
+    exception"; apache/arrow#34314). A script that ends with ``s.removals()`` did so."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if is_local(path):
+        source = pa.OSFile(path)
+    else:
+        copy = pa.BufferOutputStream()  # Arrow-allocated: nothing Python to release later
+        copy.write(read_bytes(path))
+        source = pa.BufferReader(copy.getvalue())
+    with source:
+        return pq.read_table(source, columns=columns)
+
+
 def makedirs(path: str) -> None:
     """Create a directory and its parents; no error if it exists (a no-op on object
     stores, which have no directories)."""
@@ -154,8 +215,7 @@ def write_bytes_atomic(path: str, data: bytes | memoryview) -> None:
     if is_local(path):
         _write_local_atomic(path, data)
         return
-    head, _, tail = path.rpartition("/")
-    tmp = f"{head}/.{tail}.tmp-{secrets.token_hex(8)}"
+    tmp = temp_path(path, "tmp")
     try:
         with _beam().create(tmp, compression_type=RAW) as f:
             f.write(data)
@@ -209,9 +269,8 @@ def local_file_for(path: str) -> Iterator[str]:
 
 
 def _write_local_atomic(path: str, data: bytes | memoryview) -> None:
-    head, tail = os.path.split(path)
-    os.makedirs(head or ".", exist_ok=True)
-    tmp = os.path.join(head, f".{tail}.tmp-{secrets.token_hex(8)}")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = temp_path(path, "tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -229,6 +288,25 @@ def delete(path: str) -> None:
         _remove_quietly(path)
     elif _beam().exists(path):
         _beam().delete([path])
+
+
+def delete_files(paths: list[str]) -> None:
+    """Delete files; no error for missing ones. Elsewhere than local, one call for all
+    (Beam's delete takes a list; gs:// sends them in batches of 100)."""
+    remote = [p for p in paths if not is_local(p)]
+    for p in paths:
+        if is_local(p):
+            _remove_quietly(p)
+    if not remote:
+        return
+    from apache_beam.io.filesystem import BeamIOError
+
+    try:
+        _beam().delete(remote)
+    except BeamIOError:  # also for a missing path (gone is what was wanted): once more
+        left = [p for p in remote if _beam().exists(p)]  # for those still there
+        if left:
+            _beam().delete(left)
 
 
 def rename_tree(src: str, dst: str) -> None:
@@ -271,129 +349,3 @@ def _remove_quietly(path: str) -> None:
         os.remove(path)
     except FileNotFoundError:
         pass
-
-
-# Conditional writes: what a lease (transforms.lease) is built on. Beam's FileSystems has
-# no create-if-absent, so each filesystem brings its own: local paths (and anything
-# backed by a local directory) use link(2), which fails when the name exists, like
-# O_EXCL, and shows the complete content at once; gs:// uses a generation precondition
-# (google-cloud-storage); another Beam FileSystem can offer the same two methods,
-# ``create_exclusive(path, data) -> bool`` and
-# ``replace_if_unchanged(path, expected, data) -> bool`` (see tests/fakefs.py).
-
-
-def create_exclusive(path: str, data: bytes) -> bool:
-    """Create ``path`` holding ``data`` only if no file of that name exists; True if this
-    call created it. Of callers racing for one name exactly one wins, on every filesystem
-    that supports it (OSError naming the scheme otherwise)."""
-    return _conditional(path).create_exclusive(path, data)
-
-
-def replace_if_unchanged(path: str, expected: bytes, data: bytes | None) -> bool:
-    """Replace ``path``'s content with ``data`` (delete it when None) only if it still
-    holds ``expected``; True if done. Exact on gs:// (generation precondition); locally
-    the file is first renamed aside, so a concurrent writer is detected, not overwritten."""
-    return _conditional(path).replace_if_unchanged(path, expected, data)
-
-
-def local_create_exclusive(path: str, data: bytes) -> bool:
-    """``create_exclusive`` for a local file (also what a locally backed FileSystem uses)."""
-    head, tail = os.path.split(path)
-    os.makedirs(head or ".", exist_ok=True)
-    tmp = os.path.join(head, f".{tail}.new-{secrets.token_hex(8)}")
-    _write_local_atomic(tmp, data)
-    try:
-        os.link(tmp, path)  # atomic; fails with EEXIST if the name is taken
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        _remove_quietly(tmp)
-
-
-def local_replace_if_unchanged(path: str, expected: bytes, data: bytes | None) -> bool:
-    """``replace_if_unchanged`` for a local file: rename it aside (atomic: one caller gets
-    it), compare, and put the new content (or, if it was not ``expected``, the old one)
-    back with a create-if-absent, so nothing created meanwhile is overwritten."""
-    aside = f"{path}.cas-{secrets.token_hex(8)}"
-    try:
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return False
-    try:
-        with open(aside, "rb") as f:
-            found = f.read()
-        if found != expected:
-            local_create_exclusive(path, found)
-            return False
-        return data is None or local_create_exclusive(path, data)
-    finally:
-        _remove_quietly(aside)
-
-
-class _LocalConditional:
-    create_exclusive = staticmethod(local_create_exclusive)
-    replace_if_unchanged = staticmethod(local_replace_if_unchanged)
-
-
-class _GcsConditional:
-    """gs:// with google-cloud-storage's generation preconditions (``if_generation_match``:
-    0 = only if absent)."""
-
-    @staticmethod
-    def _blob(path: str):
-        from google.cloud import storage
-
-        bucket, _, name = path.removeprefix("gs://").partition("/")
-        return storage.Client().bucket(bucket).blob(name)
-
-    @classmethod
-    def create_exclusive(cls, path: str, data: bytes) -> bool:
-        from google.api_core.exceptions import PreconditionFailed
-
-        blob = cls._blob(path)
-        try:
-            blob.upload_from_string(data, if_generation_match=0)
-            return True
-        except PreconditionFailed:  # taken; or a retried request whose first try won
-            return cls._read(blob) == data
-
-    @classmethod
-    def replace_if_unchanged(cls, path: str, expected: bytes, data: bytes | None) -> bool:
-        from google.api_core.exceptions import NotFound, PreconditionFailed
-
-        blob = cls._blob(path)
-        try:
-            blob.reload()
-            generation = blob.generation
-            if blob.download_as_bytes(if_generation_match=generation) != expected:
-                return False
-            if data is None:
-                blob.delete(if_generation_match=generation)
-            else:
-                blob.upload_from_string(data, if_generation_match=generation)
-            return True
-        except (NotFound, PreconditionFailed):
-            return False
-
-    @staticmethod
-    def _read(blob) -> bytes | None:
-        from google.api_core.exceptions import NotFound
-
-        try:
-            return blob.download_as_bytes()
-        except NotFound:
-            return None
-
-
-def _conditional(path: str):
-    if is_local(path):
-        return _LocalConditional
-    own = _beam().get_filesystem(path)
-    if hasattr(own, "create_exclusive") and hasattr(own, "replace_if_unchanged"):
-        return own
-    scheme = _beam().get_scheme(path)
-    if scheme == "gs":
-        return _GcsConditional
-    raise OSError(f"{scheme}:// offers no create-if-absent write, which the one-writer lease "
-                  "needs: use a local path or gs:// for outputs, reports and stores")

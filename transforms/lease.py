@@ -4,7 +4,7 @@ a fingerprint store, taken before a run deletes or writes anything there.
 Why: two runs on one output (a cron job overlapping a manual rerun) cleared each other's
 staging, deleted each other's summary.json and committed to one store without seeing each
 other's records. A lease is one small JSON object created with create-if-absent
-(``fs.create_exclusive``: link(2) locally, a generation precondition on gs://), so of two
+(``conditional.create_exclusive``: link(2) locally, a generation precondition on gs://), so of two
 runs exactly one gets it; the other is refused with one line naming the holder.
 
 Stale rule (a holder that crashed must not block the next run forever):
@@ -18,7 +18,7 @@ Stale rule (a holder that crashed must not block the next run forever):
   job's Publish step releases the lease) is stale only by expiry (``DETACHED_TTL_S``), as
   no process on this host stands for it.
 
-A stale lease is broken with a compare-and-swap (``fs.replace_if_unchanged``): only the
+A stale lease is broken with a compare-and-swap (``conditional.replace_if_unchanged``): only the
 exact stale content is deleted, so two runs breaking one stale lease cannot both win. A
 user can break a lease by hand by deleting its file (the refusal names it).
 
@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -39,11 +38,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from transforms import fs
+from transforms import conditional, fs
+from transforms.owner import HOST, alive, start_time
 
 TTL_S = 600.0  # a lease nobody renews for this long is stale
 DETACHED_TTL_S = 24 * 3600.0  # a lease handed to a job that runs without its launcher
-HOST = socket.gethostname()
 
 
 class LeaseHeld(RuntimeError):
@@ -82,23 +81,19 @@ class Lease:
         if found is None or found[1].get("token") != self.token:
             return False
         info = {**found[1], "expires": time.time() + self.ttl}
-        return fs.replace_if_unchanged(self.path, found[0], _dumps(info))
+        return conditional.replace_if_unchanged(self.path, found[0], _dumps(info))
 
     def release(self) -> None:
         """Delete the lease object if it is still ours (never someone else's)."""
         found = _read(self.path)
         if found is not None and found[1].get("token") == self.token:
-            fs.replace_if_unchanged(self.path, found[0], None)
+            conditional.replace_if_unchanged(self.path, found[0], None)
 
 
 def dir_lease_path(final: str) -> str:
     """The lease of an output or report directory: a hidden sibling, next to its staging
     directories (``.<name>.lease.json``)."""
-    if fs.is_local(final):
-        head, name = os.path.split(os.path.abspath(final))
-        return os.path.join(head, f".{name}.lease.json")
-    head, _, name = final.rstrip("/").rpartition("/")
-    return f"{head}/.{name}.lease.json"
+    return fs.sibling(os.path.abspath(final) if fs.is_local(final) else final, "lease.json")
 
 
 def store_lease_path(store: str) -> str:
@@ -113,16 +108,17 @@ def acquire(path: str, target: str, run_id: str, detached: bool = False) -> Leas
     for _ in range(8):  # each round: another run released, or a stale lease was broken
         now = time.time()
         info = {"token": token, "run_id": run_id, "target": target, "host": HOST,
-                "pid": os.getpid(), "pid_start": _start_time(os.getpid()),
+                "pid": os.getpid(), "pid_start": start_time(os.getpid()),
                 "started": now, "expires": now + ttl, "detached": detached}
-        if fs.create_exclusive(path, _dumps(info)):
+        if conditional.create_exclusive(path, _dumps(info)):
+            fs.clear_dead_temps(path)  # what a killed process left while writing beside it
             return Lease(path, target, token, ttl)
         found = _read(path)
         if found is None:
             continue  # released since
         if not stale(found[1], now):
             raise LeaseHeld(refusal(path, target, found[1]))
-        fs.replace_if_unchanged(path, found[0], None)  # only the stale content we judged
+        conditional.replace_if_unchanged(path, found[0], None)  # only the stale content we judged
     raise LeaseHeld(f"{target} is being taken by several runs at once (lease {path}): "
                     "run again once they finish")
 
@@ -155,7 +151,7 @@ def stale(info: dict, now: float | None = None) -> bool:
         return True
     if info.get("detached") or info.get("host") != HOST:
         return False
-    return not _alive(info.get("pid"), info.get("pid_start"))
+    return not alive(info.get("pid"), info.get("pid_start"))
 
 
 def refusal(path: str, target: str, info: dict) -> str:
@@ -209,38 +205,6 @@ def _read(path: str) -> tuple[bytes, dict] | None:
     except ValueError:
         info = {}
     return raw, info if isinstance(info, dict) else {}
-
-
-def _alive(pid: object, start: object) -> bool:
-    """Whether process ``pid`` of this host exists, is not a zombie, and (when known) is
-    the same process that took the lease (same start time), not a reuse of its pid."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by someone else
-    stat = _proc_stat(pid)
-    if stat is None:
-        return True
-    return stat[0] != "Z" and (start is None or stat[1] == start)
-
-
-def _start_time(pid: int) -> int | None:
-    stat = _proc_stat(pid)
-    return None if stat is None else stat[1]
-
-
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time in clock ticks) from /proc (Linux); None elsewhere."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return fields[0], int(fields[19])
 
 
 def _iso(t: object) -> str:
