@@ -64,6 +64,10 @@ from transforms.near_recall import wilson  # noqa: E402
 
 GROUP_ROWS = 65536
 SAMPLE = 2000
+# ... plus this many rows of planted pairs (both ends), so that the recall estimate rests
+# on at least a few hundred records that have near duplicates (2,000 random rows of the
+# embeddings hold about 80)
+PLANTED_SAMPLE = 400
 FLAT_SUBSET = 100_000
 JOB = "the job (auto)"
 FLAT = "flat all-pairs (FAISS range search)"
@@ -355,8 +359,13 @@ def contenders(work: Path, spec: NearSpec, rows: int) -> dict[str, tuple[str, di
 
 def bench(name: str, x: np.ndarray, spec: NearSpec, work: Path, only: list[str],
           growth: int | None, planted: np.ndarray | None) -> dict:
-    sample = np.sort(np.random.default_rng(7).choice(len(x), min(SAMPLE, len(x)),
-                                                     replace=False))
+    rng = np.random.default_rng(7)
+    sample = rng.choice(len(x), min(SAMPLE, len(x)), replace=False)
+    if planted is not None and len(planted):
+        ends = np.unique(planted.reshape(-1))
+        sample = np.concatenate([sample, rng.choice(ends, min(PLANTED_SAMPLE, len(ends)),
+                                                    replace=False)])
+    sample = np.unique(sample)
     t = time.perf_counter()
     partners = truth(x, spec, sample)
     print(f"  brute force of {len(sample):,} sampled records: {len(partners):,} have near "
