@@ -64,10 +64,10 @@ from transforms.near_recall import wilson  # noqa: E402
 
 GROUP_ROWS = 65536
 SAMPLE = 2000
-# ... plus this many rows of planted pairs (both ends), so that the recall estimate rests
-# on at least a few hundred records that have near duplicates (2,000 random rows of the
-# embeddings hold about 80)
-PLANTED_SAMPLE = 400
+# ... plus this many rows of planted pairs (both ends; about half have a partner within
+# the tolerance), so that the recall estimate rests on at least 400 records that have
+# near duplicates (2,000 random rows of the embeddings hold about 80)
+PLANTED_SAMPLE = 800
 FLAT_SUBSET = 100_000
 JOB = "the job (auto)"
 FLAT = "flat all-pairs (FAISS range search)"
