@@ -67,7 +67,7 @@ SAMPLE = 2000
 # ... plus this many rows of planted pairs (both ends; about half have a partner within
 # the tolerance), so that the recall estimate rests on at least 400 records that have
 # near duplicates (2,000 random rows of the embeddings hold about 80)
-PLANTED_SAMPLE = 800
+PLANTED_SAMPLE = 1200
 FLAT_SUBSET = 100_000
 JOB = "the job (auto)"
 FLAT = "flat all-pairs (FAISS range search)"

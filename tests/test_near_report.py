@@ -266,3 +266,31 @@ def test_merge_empty():
     e = borderline_sample(pa.array([], pa.string()), pa.array([], pa.string()),
                           np.array([]), np.array([], bool), 3)
     assert e.num_rows == 0 and merge_borderline([e, e], 3).num_rows == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cell_borderline_preselection_equals_the_whole_table(seed):
+    """A cell turns only the pairs that can make either side (ties kept) into a table;
+    the sample must equal the one made from every pair, repeats and ties included."""
+    from pipeline.steps.elements import VecBatch
+    from pipeline.steps.near_cells import _borderline
+
+    rng = np.random.default_rng(seed)
+    n, m = 300, 5_000
+    batch = VecBatch(np.zeros((n, 2), np.uint64), np.zeros(n), np.arange(n),
+                     rng.integers(-1, 3, n).astype(np.int32), rng.integers(0, 50, n),
+                     pa.array([f"r{i}" for i in range(n)]), np.zeros((n, 0), np.float32))
+    later, earlier = rng.integers(0, n, m), rng.integers(0, n, m)
+    keep = later != earlier
+    later, earlier = later[keep], earlier[keep]
+    dist = np.round(rng.random(len(later)), 2)  # many ties
+    within = dist <= 0.5
+    later, earlier = np.r_[later, earlier[:200]], np.r_[earlier, later[:200]]  # repeats
+    dist, within = np.r_[dist, dist[:200]], np.r_[within, within[:200]]
+    a, b = np.maximum(later, earlier), np.minimum(later, earlier)
+    f = batch.file_index
+    whole = borderline_sample(batch.ids.take(pa.array(a)), batch.ids.take(pa.array(b)),
+                              dist, within, 9, (f[a], np.where(f[a] < 0, -1, batch.position[a])),
+                              (f[b], np.where(f[b] < 0, -1, batch.position[b])))
+    got = _borderline(batch, later, earlier, dist, within, 9)
+    assert got.num_rows == 18 and got.equals(whole)

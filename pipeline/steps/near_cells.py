@@ -207,12 +207,36 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
 def _borderline(batch: VecBatch, later: np.ndarray, earlier: np.ndarray, dist: np.ndarray,
                 within: np.ndarray, per_side: int) -> pa.Table:
     """Pairs named (later, earlier) in keep order (rows are in keep order), so each pair
-    has one spelling; each end with its file and position (-1 for a stored record)."""
+    has one spelling; each end with its file and position (-1 for a stored record).
+    Only the pairs that can make either side's ``per_side`` (ties included) become a
+    table: a cell counts up to 65,536 pairs, and grouping them all by record id took
+    longer than deciding the cell."""
     a, b = np.maximum(later, earlier), np.minimum(later, earlier)
+    o = np.argsort(a.astype(np.int64) * max(1, len(batch)) + b, kind="stable")
+    a, b, dist, within = a[o], b[o], np.asarray(dist, np.float64)[o], np.asarray(within)[o]
+    first = np.flatnonzero(np.r_[True, (a[1:] != a[:-1]) | (b[1:] != b[:-1])])
+    if len(first) < len(a):  # a pair met twice counts once: its least distance, within if any
+        dist = np.minimum.reduceat(dist, first)
+        within = np.maximum.reduceat(within.astype(np.int8), first).astype(bool)
+        a, b = a[first], b[first]
+    keep = np.sort(np.concatenate([  # within: the farthest; outside: the nearest
+        _nearest_edge(np.flatnonzero(within), -dist, per_side),
+        _nearest_edge(np.flatnonzero(~within), dist, per_side)]))
+    a, b = a[keep], b[keep]
 
     def at(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         f = batch.file_index[rows]
         return f, np.where(f < 0, -1, batch.position[rows])
 
     return borderline_sample(batch.ids.take(pa.array(a)), batch.ids.take(pa.array(b)),
-                             dist, within, per_side, at(a), at(b))
+                             dist[keep], within[keep], per_side, at(a), at(b))
+
+
+def _nearest_edge(rows: np.ndarray, score: np.ndarray, k: int) -> np.ndarray:
+    """``rows`` whose ``score`` is among the ``k`` smallest, ties with the k-th kept."""
+    if len(rows) <= k:
+        return rows
+    if k <= 0:
+        return rows[:0]
+    s = score[rows]
+    return rows[s <= np.partition(s, k - 1)[k - 1]]
