@@ -337,10 +337,11 @@ def score(x: np.ndarray, removed: np.ndarray, kept: np.ndarray, spec: NearSpec,
             "precision": float(ok.mean()) if len(ok) else 1.0}
 
 
-def contenders(work: Path, spec: NearSpec, rows: int) -> dict[str, tuple[str, dict]]:
+def contenders(work: Path, spec: NearSpec, rows: int, flat_rows: int = FLAT_SUBSET
+               ) -> dict[str, tuple[str, dict]]:
     base = dict(WORK=str(work), METRIC=spec.metric, THRESHOLD=spec.threshold,
                 SCRIPTS=str(ROOT / "scripts"), ROWS=None)
-    sub = min(rows, FLAT_SUBSET)
+    sub = min(rows, flat_rows)
     flat_name = FLAT if sub == rows else (
         f"{FLAT} on {sub // 1000}k rows, time x {(rows / sub) ** 2:.0f}")
     return {
@@ -358,7 +359,7 @@ def contenders(work: Path, spec: NearSpec, rows: int) -> dict[str, tuple[str, di
 
 
 def bench(name: str, x: np.ndarray, spec: NearSpec, work: Path, only: list[str],
-          growth: int | None, planted: np.ndarray | None) -> dict:
+          growth: int | None, planted: np.ndarray | None, flat_rows: int = FLAT_SUBSET) -> dict:
     rng = np.random.default_rng(7)
     sample = rng.choice(len(x), min(SAMPLE, len(x)), replace=False)
     if planted is not None and len(planted):
@@ -371,7 +372,7 @@ def bench(name: str, x: np.ndarray, spec: NearSpec, work: Path, only: list[str],
     print(f"  brute force of {len(sample):,} sampled records: {len(partners):,} have near "
           f"duplicates ({time.perf_counter() - t:.0f} s)", file=sys.stderr, flush=True)
     results: dict[str, dict] = {}
-    for cname, (code, names) in contenders(work, spec, len(x)).items():
+    for cname, (code, names) in contenders(work, spec, len(x), flat_rows).items():
         if only and not any(s.lower() in cname.lower() for s in only):
             continue
         out = work / f"out-{len(results)}"
@@ -471,6 +472,8 @@ def main() -> None:
                     help="also time the job on the first ROWS rows (time growth)")
     ap.add_argument("--json", default=None, help="default bench-near.json (bench-shapes.json "
                     "for issue 21's shapes)")
+    ap.add_argument("--flat-rows", type=int, default=FLAT_SUBSET,
+                    help="the flat search runs on this many rows, its time x (n / them)^2")
     ap.add_argument("--scale", type=float, default=1.0, help="shapes: rows x this")
     ap.add_argument("--code", default=str(ROOT), help="shapes: the checkout the job runs from")
     ap.add_argument("--timeout", type=float, default=900, help="shapes: seconds per job")
@@ -493,7 +496,7 @@ def main() -> None:
             for t in args.threshold or thresholds:
                 print(f"{name}: {len(x):,} rows, {metric} {t}", file=sys.stderr, flush=True)
                 b = bench(name, x, NearSpec(metric, threshold=t), work, args.only, args.growth,
-                          planted)
+                          planted, args.flat_rows)
                 print(table(b), flush=True)
                 out.append(b)
                 Path(args.json).write_text(json.dumps(out, indent=2, default=float))
