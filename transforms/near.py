@@ -31,6 +31,8 @@ from transforms.near_plan import MODES, Partitions, Progress, assign, partition_
 from transforms.near_recall import PARTNERS, Recall, Truth, in_sample, judge
 from transforms.near_search import (
     Vectors,
+    centred,
+    centred_blocks,
     earlier_candidates,
     pairs_within,
     precision_for,
@@ -123,12 +125,7 @@ def search_radius(spec: NearSpec, dim: int, scale: float) -> float:
 def _centred_blocks(x: np.ndarray, spec: NearSpec, center: np.ndarray | None
                     ) -> Iterator[tuple[slice, np.ndarray]]:
     """The search space minus ``center``, in float64 blocks small enough for the cache."""
-    step = rows_for(8 * x.shape[1], 32 << 20, 4096)  # float64 rows
-    for a in range(0, len(x), step):
-        z = search_space(x[a:a + step], spec)
-        if center is not None:
-            z -= center
-        yield slice(a, a + len(z)), z
+    return centred_blocks(x, center, lambda rows: search_space(rows, spec))
 
 
 def largest_norm(x: np.ndarray, spec: NearSpec, center: np.ndarray | None = None) -> float:
@@ -145,12 +142,7 @@ def search_vectors(x: np.ndarray, spec: NearSpec, radius: float,
     x = x.reshape(len(x), -1)
     if dtype is None:
         dtype = precision_for(largest_norm(x, spec, center), x.shape[1], radius)
-    v = np.empty(x.shape, dtype)
-    norm = np.empty(len(x))
-    for b, z in _centred_blocks(x, spec, center):
-        v[b] = z
-        norm[b] = np.sqrt(np.einsum("ij,ij->i", v[b], v[b], dtype=np.float64))
-    return Vectors(v, norm)
+    return centred(x, center, dtype, lambda rows: search_space(rows, spec))
 
 
 def exact_distance(a: np.ndarray, b: np.ndarray, spec: NearSpec

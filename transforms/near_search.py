@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,16 +59,27 @@ class Vectors:
         return Vectors(self.v[rows], self.norm[rows])
 
 
-def centred(z: np.ndarray, center: np.ndarray | None, dtype: np.dtype) -> Vectors:
-    """``z - center`` (float64, a block at a time: no float64 copy of all of ``z``)
-    stored in ``dtype``, with norms of what is stored."""
-    v = np.empty(z.shape, dtype)
+def centred_blocks(z: np.ndarray, center: np.ndarray | None,
+                   space: Callable[[np.ndarray], np.ndarray] | None = None
+                   ) -> Iterator[tuple[slice, np.ndarray]]:
+    """``space(rows) - center`` in float64 blocks of about 32 MB (``space``: rows -> a
+    new float64 array; default a float64 copy): no float64 copy of all of ``z``."""
     step = rows_for(8 * max(1, z.shape[1]), 32 << 20, 4096)
     for a in range(0, len(z), step):
-        b = np.array(z[a:a + step], dtype=np.float64)
+        b = np.array(z[a:a + step], dtype=np.float64) if space is None else space(
+            z[a:a + step])
         if center is not None:
             b -= center
-        v[a:a + step] = b
+        yield slice(a, a + len(b)), b
+
+
+def centred(z: np.ndarray, center: np.ndarray | None, dtype: np.dtype,
+            space: Callable[[np.ndarray], np.ndarray] | None = None) -> Vectors:
+    """``space(z) - center`` (``centred_blocks``) stored in ``dtype``, with norms of what
+    is stored."""
+    v = np.empty(z.shape, dtype)
+    for sl, b in centred_blocks(z, center, space):
+        v[sl] = b
     return Vectors(v, np.sqrt(np.einsum("ij,ij->i", v, v, dtype=np.float64)))
 
 
