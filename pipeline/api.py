@@ -294,7 +294,7 @@ def execute(job: Job) -> RunSummary:
                 return RunSummary(job.run_id, job.output, job.report, submitted=True,
                                   job_id=getattr(result, "job_id", lambda: None)())
             try:
-                with kernel_threads(job.cfg.runner):
+                with kernel_threads(job.cfg.runner, p.options):
                     p.run().wait_until_finish()
             finally:
                 for stage in own_stages(pub):

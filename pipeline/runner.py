@@ -118,11 +118,14 @@ def local_options(cfg: RunnerConfig) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def kernel_threads(cfg: RunnerConfig) -> Iterator[None]:
+def kernel_threads(cfg: RunnerConfig, options) -> Iterator[None]:
     """One BLAS/OpenMP thread per kernel call while the local runner runs bundles in
-    parallel threads (``transforms.cores``; the 1M x 384 near job: 128 s of user CPU,
-    80 s with one each). One worker keeps the libraries' own threads."""
-    if cfg.name != "local" or not local_options(cfg):
+    parallel threads (``options``: the pipeline's, so ``runner.options`` set by hand count
+    too; ``transforms.cores``; the 1M x 384 near job: 128 s of user CPU, 80 s with one
+    each). One worker keeps the libraries' own threads."""
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    if cfg.name != "local" or (options.view_as(DirectOptions).direct_num_workers or 1) <= 1:
         yield
         return
     from transforms import cores

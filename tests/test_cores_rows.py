@@ -10,7 +10,7 @@ import pytest
 from threadpoolctl import threadpool_info
 
 from pipeline.config import RunnerConfig
-from pipeline.runner import kernel_threads
+from pipeline.runner import kernel_threads, pipeline_options
 from transforms import cores, fs
 
 
@@ -29,10 +29,11 @@ def test_threads_limit_and_restore():
 
 
 def test_parallel_local_workers_get_one_thread_each_and_one_worker_keeps_all():
-    with kernel_threads(RunnerConfig(name="local", workers=2)):
+    two, one = RunnerConfig(name="local", workers=2), RunnerConfig(name="local", workers=1)
+    with kernel_threads(two, pipeline_options(two)):
         assert _blas_threads() == {1}
     cores_now = faiss.omp_get_max_threads()
-    with kernel_threads(RunnerConfig(name="local", workers=1)):
+    with kernel_threads(one, pipeline_options(one)):
         assert faiss.omp_get_max_threads() == cores_now
 
 
