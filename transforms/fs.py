@@ -284,10 +284,7 @@ def _write_local_atomic(path: str, data: bytes | memoryview) -> None:
 
 def delete(path: str) -> None:
     """Delete one file; no error if it is missing."""
-    if is_local(path):
-        _remove_quietly(path)
-    elif _beam().exists(path):
-        _beam().delete([path])
+    delete_files([path])
 
 
 def delete_files(paths: list[str]) -> None:
