@@ -1,7 +1,8 @@
 """Near, per cell: a chunk's rows -> the cells they join (spilled) -> each cell decided.
 
-``assign_batch`` writes a chunk's rows once, a record batch per cell, so the shuffle
-moves references and no runner holds every cell's vectors at once. ``decide_one``
+``assign_batch`` writes one spill file per chunk, a record batch per cell naming its
+rows in the chunk's value file (or, on an object store, holding their values), so the
+shuffle moves references and no runner holds every cell's vectors at once. ``decide_one``
 reads one cell, collapses exact copies, and decides its home records in keep order
 (``transforms.near_greedy``): what travels on to the merge is one line per removed
 record, the few records whose fate depends on another cell (with their values), the
@@ -45,11 +46,12 @@ class CellSlice:
 
 def assign_batch(batch: VecBatch, plan, spec: near.NearSpec, spill: str
                  ) -> Iterator[tuple[int, CellSlice]]:
-    """A chunk's rows -> the cells they join, written as one spill file (a record batch
-    per cell, flags: ``home`` there, and ``capped``: had more cells to meet than the
-    bounded mode lets it). Where the chunk's values already lie in a local file, the
-    cells name their rows in it (``row``) instead of copying them: a row joins two or
-    three cells, and copying them wrote and read 3.5 GB more for 1M x 384."""
+    """A chunk's rows -> the cells they join, written as one spill file (a one-batch IPC
+    stream per cell, ``CellSlice``; flags: ``home`` there, and ``capped``: had more
+    cells to meet than the bounded mode lets it). Where the chunk's values already lie
+    in a local file, the cells name their rows in it (``row``) instead of copying them:
+    a row joins two or three cells, and copying them wrote and read 3.5 GB more for 1M
+    x 384."""
     progress.tick("near assign", 0, 0, "chunks", units=0, total_records=plan.n)
     values = batch.spilled if batch.spilled and fs.is_local(batch.spilled[0]) else None
     batch = batch.loaded()
