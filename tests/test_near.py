@@ -498,3 +498,39 @@ def test_real_sentence_embeddings_against_brute_force(threshold):
         zip(exact.removed.tolist(), exact.kept.tolist(), strict=True))
     assert bounded.recall.with_partners > 100  # 1,400 rows: the sample is every row
     assert bounded.recall.recall >= 0.98 and (bounded.recall.recall == 1.0) == same
+
+
+@pytest.mark.parametrize("crowd", [False, True])
+def test_earlier_candidates_equal_the_products_oracle(crowd):
+    """The recall brute force's candidates: per query, the earlier rows (prio, then
+    order; ties in prio) whose product passes the sign test, how many, and the k with
+    the largest products. Few hits take the sparse path, a crowd the dense one: both
+    must equal the rule applied to the whole product matrix."""
+    rng = np.random.default_rng(11)
+    x = embeddings(3000, dim=32, seed=3)
+    if crowd:  # 2,000 rows all within tolerance of one record
+        x[:2000] = x[0] + 1e-3 * rng.standard_normal((2000, 32))
+    else:  # 100 pairs and a crowd of 30 (more candidates than k: the cut applies)
+        x[1000:1100] = x[:100] + 0.02 * rng.standard_normal((100, 32))
+        x[2000:2030] = x[500] + 1e-3 * rng.standard_normal((30, 32))
+    spec, r, k = NearSpec("l2", threshold=0.2), 0.2, 8
+    qrows = np.unique(np.r_[rng.choice(len(x), 300, replace=False), 2000:2030])
+    y, q = near.search_vectors(x, spec, r), near.search_vectors(x[qrows], spec, r)
+    y_rank = (rng.integers(0, 3, len(x)), rng.permutation(len(x)))
+    q_rank = (y_rank[0][qrows], y_rank[1][qrows])
+    qi, yj, count = search.earlier_candidates(q, y, r, q_rank, y_rank, k)
+    qa, ya, _ = search.augmented(q, y, r)
+    m = qa @ ya.T
+    earlier = (y_rank[0][None] < q_rank[0][:, None]) | (
+        (y_rank[0][None] == q_rank[0][:, None]) & (y_rank[1][None] < q_rank[1][:, None]))
+    ok = (m >= 0) & earlier
+    assert (count == ok.sum(axis=1)).all()
+    assert count.max() > (100 if crowd else k) and (count > 0).sum() > 5
+    got: dict[int, set] = {}
+    for a, b in zip(qi.tolist(), yj.tolist(), strict=True):
+        got.setdefault(a, set()).add(b)
+    for i in range(len(qrows)):  # the k largest products (ties: any of them)
+        mine = sorted(got.get(i, set()))
+        top = np.sort(m[i, ok[i]])[::-1][:k]
+        assert len(mine) == len(top) and ok[i, mine].all()
+        assert np.array_equal(np.sort(m[i, mine])[::-1], top)

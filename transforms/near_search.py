@@ -258,16 +258,37 @@ def earlier_candidates(q: Vectors, y: Vectors, radius: float, q_rank: tuple, y_r
         qa, ya, _ = augmented(q, y.take(np.arange(sl.start, sl.stop)), radius)
         for r in range(0, nq, rows):
             m = qa[r:r + rows] @ ya.T
-            qp, qo = q_rank[0][r:r + rows, None], q_rank[1][r:r + rows, None]
-            yp, yo = y_rank[0][None, sl], y_rank[1][None, sl]
-            m[~((yp < qp) | ((yp == qp) & (yo < qo)))] = -np.inf
-            ok = m >= 0
-            count[r:r + rows] += ok.sum(axis=1)
-            kk = min(k, m.shape[1])
-            top = np.argpartition(-m, kk - 1, axis=1)[:, :kk]
-            i = np.repeat(np.arange(len(m)), kk)
-            j = top.reshape(-1)
-            hit = ok[i, j]
-            qi.append(i[hit] + r)
-            yj.append(j[hit] + c)
+            qr = (q_rank[0][r:r + rows], q_rank[1][r:r + rows])
+            i, j, n = _earlier_top(m, qr, (y_rank[0][sl], y_rank[1][sl]), k)
+            count[r:r + rows] += n
+            qi.append(i + r)
+            yj.append(j + c)
     return np.concatenate(qi), np.concatenate(yj), count
+
+
+def _earlier_top(m: np.ndarray, q_rank: tuple, y_rank: tuple, k: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One block of ``earlier_candidates``: the products ``m`` (queries x data), the
+    pairs with a non-negative product whose data row is earlier, the ``k`` largest
+    products per query among them, and how many there were per query. Few products pass
+    the sign test (one pass, 1-d), so the rank test and the selection look at those
+    only; a block of a crowd, where many do, is ranked and partitioned whole."""
+    flat = np.flatnonzero(m.reshape(-1) >= 0)
+    if len(flat) > 4 * k * len(m):  # a crowd: most of the block passes
+        qp, qo, yp, yo = q_rank[0][:, None], q_rank[1][:, None], y_rank[0], y_rank[1]
+        m[~((yp < qp) | ((yp == qp) & (yo < qo)))] = -np.inf
+        ok = m >= 0
+        kk = min(k, m.shape[1])
+        top = np.argpartition(-m, kk - 1, axis=1)[:, :kk]
+        i, j = np.repeat(np.arange(len(m)), kk), top.reshape(-1)
+        hit = ok[i, j]
+        return i[hit], j[hit], ok.sum(axis=1)
+    i, j = np.divmod(flat, m.shape[1])
+    qp, qo, yp, yo = q_rank[0][i], q_rank[1][i], y_rank[0][j], y_rank[1][j]
+    earlier = (yp < qp) | ((yp == qp) & (yo < qo))
+    i, j, score = i[earlier], j[earlier], m.reshape(-1)[flat[earlier]]
+    by = np.lexsort((-score, i))  # per query, the largest products first
+    i, j = i[by], j[by]
+    first = np.searchsorted(i, i)  # where each query's run starts
+    keep = np.arange(len(i)) - first < k
+    return i[keep], j[keep], np.bincount(i, minlength=len(m))
