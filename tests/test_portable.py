@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.publish import HOLD_ENV
 from tests.jobkit import run_job
 from tests.test_runners import ROWS, comparable, outputs, removed, run_on, write_inputs
 
@@ -214,6 +215,8 @@ def test_a_failing_job_is_one_line_and_exit_1(tmp_path, isolated, capsys):
 
 
 def run_cli(tmp_path: Path, *sets: str) -> subprocess.Popen:
+    """The CLI on the portable runner, its Publish step held (in a worker) until
+    ``tmp_path / "hold"`` exists: the job cannot finish before the test stops it."""
     import yaml
 
     cfg = tmp_path / "job.yaml"
@@ -224,14 +227,15 @@ def run_cli(tmp_path: Path, *sets: str) -> subprocess.Popen:
         "report": str(tmp_path / "out" / "report"), "runner": {"name": "portable"}}))
     return subprocess.Popen([sys.executable, "-m", "pipeline.run", "--config", str(cfg),
                              "--quiet", *[a for s in sets for a in ("--set", s)]],
-                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, HOLD_ENV: str(tmp_path / "hold")})
 
 
-def wait_for_workers(tag: str, proc: subprocess.Popen) -> None:
-    """Until an SDK worker process exists (the job is running)."""
+def wait_until_held(tmp_path: Path, proc: subprocess.Popen) -> None:
+    """Until an SDK worker has reached the held Publish step (the job is running and
+    cannot finish: a job that finished before the signal, under load, exited 0)."""
     deadline = time.monotonic() + WAIT_S
-    while not any(b"SdkHarness" in Path(f"/proc/{p}/cmdline").read_bytes()
-                  for p in tagged_processes(tag) if Path(f"/proc/{p}").exists()):
+    while not (tmp_path / "hold.reached").exists():
         assert proc.poll() is None, proc.stderr.read()
         assert time.monotonic() < deadline
         try:
@@ -249,7 +253,7 @@ def test_a_stopped_launcher_leaves_nothing_running(tmp_path, isolated, how):
     (tmp_path / "in").mkdir()
     write_inputs(tmp_path / "in")  # 50k rows: seconds of work once the workers run
     proc = run_cli(tmp_path, "tuning.unit_rows=8192", "tuning.chunk_rows=4096")
-    wait_for_workers(tag, proc)
+    wait_until_held(tmp_path, proc)
     proc.send_signal(signal.SIGINT if how == "interrupt" else signal.SIGKILL)
     code = proc.wait(WAIT_S)
     if how == "interrupt":
@@ -273,7 +277,7 @@ def test_a_job_service_that_goes_away_fails_the_run_in_one_line(tmp_path, isolat
     service, address = start_job_service()
     proc = run_cli(tmp_path, "tuning.unit_rows=8192", "tuning.chunk_rows=4096",
                    f"runner.address={address}")
-    wait_for_workers(tag, proc)
+    wait_until_held(tmp_path, proc)
     service.kill()
     service.wait()
     assert proc.wait(WAIT_S) == 1
