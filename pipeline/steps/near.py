@@ -102,11 +102,12 @@ class SampleForPlan(beam.CombineFn):
         full = acc.below < 1 << 64
         pick = np.flatnonzero(lo < np.uint64(acc.below)) if full else np.arange(len(lo))
         acc.n += len(batch)
-        if len(pick) or self.spec.metric == "allclose":
+        if self.spec.metric == "allclose":  # its radius needs the largest |value|
             batch = batch.loaded()
             acc.scale = max(acc.scale, near.value_scale(batch.x, self.spec))
+        if len(pick):
             acc.lo.append(lo[pick])
-            acc.v.append(near.search_space(batch.x[pick], self.spec).astype(np.float32))
+            acc.v.append(near.search_space(batch.values_of(pick), self.spec).astype(np.float32))
         if sum(len(p) for p in acc.lo) > acc.cap() * 5 // 4:
             acc.compact()
         return acc
