@@ -282,3 +282,37 @@ def test_undecodable_majority_publishes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 1 and "7 of 10 input records are invalid" in err
     assert not any((tmp_path / "out").iterdir())  # no clean shards, no report
+
+
+def test_repeated_files_are_decoded_once_per_unit(tmp_path, monkeypatch):
+    """A scraped column holds the same file many times: each distinct value is decoded
+    once (across the unit's byte slices), rows get the same pixels and digest as when
+    decoded alone, and every row of a repeated corrupt value is invalid with the reason."""
+    from transforms.formats import encoded, get_format
+    from transforms.formats.base import Decode, TensorSpec, Unit
+
+    imgs = crops(6, h=40, w=50, seed=9)
+    files = [encode(im) for im in imgs] + [b"\x89PNG\r\n\x1a\n broken"]
+    order = np.random.default_rng(2).integers(0, len(files), 300)
+    pq.write_table(pa.table({"img": [files[i] for i in order]}), tmp_path / "a.parquet")
+    calls = []
+    real = encoded.decode_image
+
+    def counted(data, **kw):
+        calls.append(data)
+        return real(data, **kw)
+
+    monkeypatch.setattr(encoded, "decode_image", counted)
+    spec = TensorSpec("img", decode=Decode("image", resize=(16, 16), chunk_bytes=40 * 50 * 3 * 20))
+    chunks = list(get_format("parquet", spec).read(Unit(0, str(tmp_path / "a.parquet")),
+                                                    spec, 64))
+    assert len(chunks) > 3 and sorted(set(calls)) == sorted(files) and len(calls) == len(files)
+    alone = [encoded.decode_value(f, spec) for f in files[:-1]]
+    got = {int(p): (t, d.tobytes()) for c in chunks
+           for p, t, d in zip(c.positions, c.tensors, c.digests, strict=True)}
+    bad = sorted(r.position for c in chunks for r in c.invalid)
+    assert bad == np.flatnonzero(order == len(files) - 1).tolist()
+    assert all(r.reason for c in chunks for r in c.invalid)
+    for p, i in enumerate(order.tolist()):
+        if i < len(alone):
+            assert np.array_equal(got[p][0], alone[i][0]) and got[p][1] == alone[i][1]

@@ -40,6 +40,7 @@ from transforms.formats.base import (
 from transforms.images import BadImage, decode_image
 
 _POOL: ThreadPoolExecutor | None = None  # Pillow releases the GIL while it decodes
+DECODED_CACHE_BYTES = 64 << 20  # decoded values kept per unit for repeats of their bytes
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -132,9 +133,39 @@ def _stack(tensors: list[Any], spec: TensorSpec) -> np.ndarray:
     return out
 
 
-def decode_values(vals: Values, spec: TensorSpec, rows: int) -> Iterator[Chunk]:
+class Decoded:
+    """Values decoded so far in one unit, by their bytes: a scraped dataset holds the same
+    file many times (one image re-posted 50,000 times), and identical bytes decode to
+    identical pixels, so each is decoded once. Results are kept while they total at
+    most DECODED_CACHE_BYTES; past that, new values are decoded every time."""
+
+    def __init__(self) -> None:
+        self.results: dict[bytes | str, tuple[Any, bytes] | str] = {}
+        self.size = 0
+
+    def decode(self, part: list[bytes | str], spec: TensorSpec
+               ) -> list[tuple[Any, bytes] | str]:
+        todo = list(dict.fromkeys(v for v in part if v not in self.results))
+        fresh = dict(zip(todo, _pool().map(_decode, todo, [spec] * len(todo)), strict=True))
+        for value, got in fresh.items():
+            if self.size < DECODED_CACHE_BYTES:
+                self.results[value] = got
+                self.size += len(value) + _nbytes(got)
+        return [fresh[v] if v in fresh else self.results[v] for v in part]
+
+
+def _nbytes(got: tuple[Any, bytes] | str) -> int:
+    """Bytes held by a decoded value (or by the reason it was invalid)."""
+    if isinstance(got, str):
+        return len(got)
+    return got[0].nbytes if isinstance(got[0], np.ndarray) else len(got[0])
+
+
+def decode_values(vals: Values, spec: TensorSpec, rows: int, seen: Decoded | None = None
+                  ) -> Iterator[Chunk]:
     """Chunks of the decoded values: cut at ``rows`` records or ``Decode.chunk_bytes``
-    decoded bytes; values that cannot be decoded become invalid records with the reason."""
+    decoded bytes; values that cannot be decoded become invalid records with the reason.
+    ``seen``: values decoded earlier in the unit (their repeats are not decoded again)."""
     dec = spec.decode
     assert dec is not None
     ids = arrow_ids(vals.ids)
@@ -154,9 +185,9 @@ def decode_values(vals: Values, spec: TensorSpec, rows: int) -> Iterator[Chunk]:
         keep.clear(), tensors.clear(), digests.clear(), invalid.clear()
         return out
 
+    seen = Decoded() if seen is None else seen
     for start in range(0, len(vals.values), window):
-        part = vals.values[start:start + window]
-        results = list(_pool().map(_decode, part, [spec] * len(part)))
+        results = seen.decode(vals.values[start:start + window], spec)
         for i, got in enumerate(results, start):
             if isinstance(got, str):
                 invalid.append(InvalidRecord(int(vals.positions[i]), ids[i].as_py(),
@@ -165,7 +196,7 @@ def decode_values(vals: Values, spec: TensorSpec, rows: int) -> Iterator[Chunk]:
             keep.append(i)
             tensors.append(got[0])
             digests.append(got[1])
-            size += got[0].nbytes if isinstance(got[0], np.ndarray) else len(got[0])
+            size += _nbytes(got)
             if size >= dec.chunk_bytes or len(keep) >= rows:
                 yield chunk()
                 size = 0
@@ -208,8 +239,9 @@ class Encoded:
     def read(self, unit: Unit, spec: TensorSpec, batch_rows: int,
              batch_bytes: int | None = None) -> Iterator[Chunk]:
         cap = min(spec.decode.chunk_bytes, batch_bytes or spec.decode.chunk_bytes)
+        seen = Decoded()
         for vals in self.values.read_values(unit, spec, batch_rows, cap):
-            yield from decode_values(vals, spec, batch_rows)
+            yield from decode_values(vals, spec, batch_rows, seen)
 
     def read_rows(self, path: str, spec: TensorSpec, positions: list[int]) -> dict[int, Any]:
         """Decoded values at ``positions``, images at full resolution (for the report)."""
