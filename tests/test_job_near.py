@@ -237,3 +237,32 @@ def test_job_on_embeddings_takes_bounded_mode_and_reports_recall(tmp_path, capsy
     resolved = gone[planted[within, 0]] | gone[planted[within, 1]]
     assert within.sum() > 500 and resolved.mean() >= 0.99
     assert not [p for p in (tmp_path / "out").iterdir() if ".staging-" in p.name]
+
+
+def test_ragged_lists_need_a_shape_for_near(tmp_path, capsys):
+    """A pandas column of arrays of two lengths (variable-size lists): near stops with one
+    line naming input.shape (not a numpy error); with input.shape set, records of the
+    other length are invalid with the reason and the rest match the oracle."""
+    import pandas as pd
+
+    parts, spec = dataset(5, "l2", files=1, nan_rows=0)
+    ids, x = parts[0]
+    short = np.arange(len(ids)) % 9 == 4
+    (tmp_path / "in").mkdir()
+    pd.DataFrame({"id": ids, "emb": [t[:DIM // 2] if s else t for t, s in zip(
+        x, short, strict=True)]}).to_parquet(tmp_path / "in" / "part-0.parquet")
+    glob = str(tmp_path / "in" / "*.parquet")
+    assert run_job(tmp_path, "parquet", glob, near=near_config(spec)) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "set input.shape" in err[0] and f"{DIM // 2} and {DIM}" in err[0]
+    assert not (tmp_path / "out" / "report").exists()
+    assert run_job(tmp_path, "parquet", glob, "max_invalid_fraction=0.5",
+                   near=near_config(spec), input={"shape": [DIM]}) == 0
+    dups, invalid = report(tmp_path)
+    assert set(invalid["record_id"].to_pylist()) == {i for i, s in zip(ids, short, strict=True)
+                                                      if s}
+    assert all(f"[{DIM}]" in r for r in invalid["reason"].to_pylist())
+    want_exact, want_near = expected([([i for i, s in zip(ids, short, strict=True) if not s],
+                                       x[~short])], spec)
+    assert by_kind(dups, "exact") == want_exact and by_kind(dups, "near") == want_near
+    assert len(want_near) > 10

@@ -135,6 +135,11 @@ class VecBatch:
         x = np.frombuffer(fs.read_bytes(path), self.x.dtype).reshape(len(self), dim)
         return dataclasses.replace(self, x=x, spilled=None)
 
+    @property
+    def width(self) -> int:
+        """Values per record (also of a spilled batch)."""
+        return self.x.shape[1] if self.spilled is None else self.spilled[1]
+
     def values_of(self, rows: np.ndarray) -> np.ndarray:
         """The values of ``rows`` only: from a local spill file by positioned reads (a
         sample of a few rows per chunk need not read the chunk's whole file back)."""

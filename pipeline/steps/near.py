@@ -21,7 +21,7 @@ is removed as ``reference_near`` / ``store_near``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import apache_beam as beam
 import numpy as np
@@ -55,6 +55,7 @@ class Sample:
     n: int = 0
     scale: float = 0.0
     below: int = 1 << 64
+    widths: set[int] = field(default_factory=set)  # values per record (one, or an error)
 
     def cap(self) -> int:
         dim = self.v[0].shape[1] if self.v else 1
@@ -84,6 +85,18 @@ class Plan:
         return self.parts.radius
 
 
+def _one_size(widths: set[int]) -> set[int]:
+    """Distances need one size: variable-size input (ragged lists, serialized tensors of
+    several shapes) reaches the near stage with records of several."""
+    sizes = sorted(widths)
+    if len(sizes) > 1:
+        raise ValueError(f"near: records hold {sizes[0]:,} and {sizes[-1]:,} values; "
+                         "distances compare tensors of one shape: set input.shape to the "
+                         "shape to compare (records of other shapes are then reported "
+                         "invalid), or remove near")
+    return widths
+
+
 def _say(what: str, done: int, total: int) -> None:
     progress.step(f"near {what}", done, total)
 
@@ -98,6 +111,7 @@ class SampleForPlan(beam.CombineFn):
         return Sample([], [])
 
     def add_input(self, acc: Sample, batch: VecBatch) -> Sample:
+        acc.widths = _one_size(acc.widths | {batch.width})
         lo = batch.words[:, 1]
         full = acc.below < 1 << 64
         pick = np.flatnonzero(lo < np.uint64(acc.below)) if full else np.arange(len(lo))
@@ -121,7 +135,8 @@ class SampleForPlan(beam.CombineFn):
         accs = list(accs)
         out = Sample([p for a in accs for p in a.lo], [p for a in accs for p in a.v],
                      sum(a.n for a in accs), max(a.scale for a in accs),
-                     min(a.below for a in accs))
+                     min(a.below for a in accs),
+                     _one_size(set().union(*(a.widths for a in accs))))
         return out.compact()
 
     def extract_output(self, acc: Sample) -> Plan:

@@ -64,15 +64,6 @@ def _leaf_dtype(t: pa.DataType) -> str | None:
     return name if name in DTYPE_CODES else None
 
 
-def _first_shape(pf: pq.ParquetFile, column: str) -> tuple[int, ...] | None:
-    """Shape of the first non-null row (variable-size lists carry no shape in the schema)."""
-    for batch in pf.iter_batches(batch_size=1024, columns=[column]):
-        for v in batch.column(0):
-            if v.is_valid:
-                return _shape_of(v.as_py())
-    return None
-
-
 def check(path: str, spec: TensorSpec) -> TensorSpec:
     pf = _open(path)
     if isinstance(pf, Exception):
@@ -100,10 +91,11 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
                          f"level(s), so a shape of {len(sizes)} dimension(s), not "
                          f"{list(spec.shape)}: fix input.shape or leave it out")
     fixed = tuple(sizes) if None not in sizes else None
-    shape = fixed if fixed is not None else _first_shape(pf, spec.tensor)
-    if spec.shape is not None and shape is not None and shape != tuple(spec.shape):
+    # variable-size lists: input.shape picks the records to read (others are invalid, with
+    # the reason), so a first row of another shape is no error (ragged data, near needs one)
+    if spec.shape is not None and fixed is not None and fixed != tuple(spec.shape):
         raise InputError(f"{path}: input.shape: column {spec.tensor!r} holds tensors of shape "
-                         f"{list(shape)}, not {list(spec.shape)}: fix input.shape or leave it out")
+                         f"{list(fixed)}, not {list(spec.shape)}: fix input.shape or leave it out")
     if spec.rank is not None and not _is_numeric(schema.field(spec.rank).type):
         raise InputError(f"{path}: keep: column {spec.rank!r} holds "
                          f"{schema.field(spec.rank).type}, not numbers: keep by a numeric column")
@@ -171,14 +163,6 @@ def _top_rows(levels: list[pa.Array], idx: np.ndarray) -> np.ndarray:
     for level in reversed(levels[:-1] if len(idx) else []):
         idx = pc.list_parent_indices(level).to_numpy()[idx]
     return idx
-
-
-def _shape_of(x: object) -> tuple[int, ...]:
-    shape: list[int] = []
-    while isinstance(x, list):
-        shape.append(len(x))
-        x = x[0] if x else None
-    return tuple(shape)
 
 
 def row_shapes(col: pa.Array, depth: int) -> tuple[np.ndarray, np.ndarray]:
