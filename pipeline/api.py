@@ -224,6 +224,9 @@ def human_summary(s: dict) -> str:
             line += "not updated (store.update: false)"
         else:
             line += f"{st['appended']:,} records appended"
+            if st.get("replaces_records") is not None:
+                line += (f", replacing the {st['replaces_records']:,} this run id had "
+                         "committed before")
             if st.get("compaction_merges"):
                 line += f"; {st['compaction_merges']} compaction merge(s)"
         lines.append(line)
@@ -427,6 +430,8 @@ def run_prepared(job: Job, *, quiet: bool = False, verbose: bool = False) -> Run
     try:
         progress.note(f"deduplicating {len(job.files)} {job.cfg.input.format} file(s) "
                       f"({job.cfg.runner.name} runner)")  # the start line (not when quiet)
+        if job.store is not None and job.store.replacing_line():
+            progress.note(job.store.replacing_line())
         with beam_quiet(verbose, quiet):
             return execute(job)
     except LeaseHeld:  # another run holds the output or store: nothing was touched

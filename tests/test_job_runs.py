@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import publish, report
+from pipeline.api import human_summary
 from pipeline.steps import store, write
 from tests.jobkit import EXT, read_output, run_job, write_input
 from tests.oracle import canonical_key
@@ -158,7 +159,15 @@ def test_rerun_of_a_run_id_replaces_its_outputs_and_store_entries(tmp_path, fani
     assert run_day(tmp_path, "d2", "day2") == 0
     first = (tmp_path / "out" / "report" / "day2" / "duplicates.parquet").read_bytes()
     first_kept = kept_ids(tmp_path, "day2")
+    assert summary(tmp_path, "day2")["store"]["replaces_records"] is None
+    view = store.open_view(str(tmp_path / "store"), "day2", FingerprintStore(
+        str(tmp_path / "store")).meta())
+    assert f"already committed {len(first_kept):,} records" in view.replacing_line()
+    assert store.open_view(view.path, "day3", view.meta).replacing_line() is None
     assert run_day(tmp_path, "d2", "day2") == 0  # same id: replaces, no --overwrite needed
+    again = summary(tmp_path, "day2")
+    assert again["store"]["replaces_records"] == len(first_kept)
+    assert f"replacing the {len(first_kept):,} this run id had" in human_summary(again)
     assert (tmp_path / "out" / "report" / "day2" / "duplicates.parquet").read_bytes() == first
     assert kept_ids(tmp_path, "day2") == first_kept
     runs = FingerprintStore(str(tmp_path / "store")).runs()

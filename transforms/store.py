@@ -228,6 +228,14 @@ class FingerprintStore:
             "extra": extra or {}}))
         self._prune(attempt.run_id, attempt.name)
 
+    def committed(self, run_id: str) -> dict | None:
+        """The visible commit of ``run_id`` ({"records", "committed_at"}), or None: a run
+        of that id replaces it."""
+        _check_run_id(run_id)
+        m = self._committed(run_id).get(run_id)
+        return None if m is None else {"records": m["records"],
+                                       "committed_at": m["committed_at"]}
+
     def cleanup_uncommitted(self, run_id: str) -> None:
         """Delete the attempts of ``run_id`` that are not its visible one (crashed or
         abandoned writes); the visible attempt, if any, stays."""

@@ -65,6 +65,7 @@ class StoreView:
     run_id: str
     meta: dict
     plan: LookupPlan  # the runs committed before this run started, and their segments
+    replaces: dict | None = None  # this run id's earlier commit, which this run replaces
 
     @property
     def earlier(self) -> tuple[str, ...]:
@@ -72,7 +73,18 @@ class StoreView:
 
     def describe(self) -> dict:
         return {"path": self.path, "run_id": self.run_id, "earlier_runs": len(self.earlier),
-                "committed": False, "appended": 0}
+                "committed": False, "appended": 0,
+                "replaces_records": None if self.replaces is None else self.replaces["records"]}
+
+    def replacing_line(self) -> str | None:
+        """A rerun of a committed run id replaces its records: said before any work, since
+        a second batch run under the same (default: today's) id would drop the first's."""
+        if self.replaces is None:
+            return None
+        r = self.replaces
+        return (f"store: run id {self.run_id} already committed {r['records']:,} records "
+                f"({r['committed_at'][:19]} UTC); this run replaces them. A different batch "
+                "needs its own run id (--run-id): Ctrl-C now to keep them")
 
     def matching(self, batch: KeyBatch, keep: str) -> KeyBatch:
         """Stored records whose digests occur among this run's rows of ``batch``."""
@@ -118,9 +130,10 @@ def open_view(path: str, run_id: str, meta: dict) -> StoreView:
     try:
         store.check_compatible(meta)
         plan = store.plan(exclude_run=run_id)
+        replaces = store.committed(run_id)
     except StoreError as e:
         raise InputError(f"store.path: {e}") from None
-    return StoreView(path, run_id, meta, plan)
+    return StoreView(path, run_id, meta, plan, replaces)
 
 
 class StoreVectors(beam.PTransform):
