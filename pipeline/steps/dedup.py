@@ -14,6 +14,7 @@ import uuid
 
 import apache_beam as beam
 
+from pipeline import layout
 from pipeline.steps.decide import Decide
 from pipeline.steps.elements import (
     CHUNKS,
@@ -106,7 +107,7 @@ class Dedup(beam.PTransform):
             return out
         keys = chunks | "Fingerprint" >> Fingerprint(
             keep=self.keep, shards=self.shards,
-            spill=fs.join(self.spill, "values") if self.near else None)
+            spill=layout.spill_values(self.spill) if self.near else None)
         exact = keys[KEYS] | "DedupExact" >> DedupExact(
             keep=self.keep, store=self.store, survivors=self.survivors)
         streams.update({"exact": exact[REMOVED], SEEN: exact[SEEN]})
@@ -120,7 +121,7 @@ class Dedup(beam.PTransform):
                 stored = vectors.pipeline | "ReadStore" >> StoreVectors(self.store, keep=self.keep)
                 vectors = (vectors, stored) | "WithStored" >> beam.Flatten()
             near = vectors | "DedupNear" >> DedupNear(
-                self.near, spill=fs.join(self.spill, "cells"),
+                self.near, spill=layout.spill_cells(self.spill),
                 borderline_pairs=self.borderline_pairs)
             streams["near"] = near[REMOVED]
             out[NEAR_REPORT] = near[NEAR_REPORT]
