@@ -75,7 +75,8 @@ def units(w: Workload, out_bytes: float | None = None) -> dict[str, dict[str, fl
         sample = min(TRAIN_PER_CELL * p, n) if p > 1 else 0
         # the sample is drawn from every record's search vector, then k-means trains
         u["plan"] = {"madd": sample * p * d * KMEANS_ITERATIONS, "byte": tensor}
-        u["assign"] = {"madd": n * p * d if p > 1 else 0, "record": n}
+        # one matrix product (n x p x d), then passes over the n x p scores
+        u["assign"] = {"madd": n * p * d, "score": n * p} if p > 1 else {}
         u["search"] = {"madd": w.near.work * d, "record": n * w.near.joins}
         u["recall"] = {"madd": min(w.recall_sample, n) * n * d}
         u["merge"] = {"record": n}
@@ -185,8 +186,9 @@ def predict(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> Capaci
 
 
 def peak_memory(w: Workload, c: Cluster, rates: Rates) -> float:
-    """Bytes per worker: the process's baseline plus the largest step's working set (the
-    local runner's threads share one process: one working set per thread)."""
+    """Bytes per worker: the largest step's working set on each core, each in a process
+    of its own (Dataflow starts an SDK process per vCPU), or, for the local runner's
+    threads, all in one process."""
     from transforms.near import sample_cap
 
     b, d = w.record_bytes, w.dim
@@ -198,8 +200,9 @@ def peak_memory(w: Workload, c: Cluster, rates: Rates) -> float:
                  chunk + (64 << 20),  # assignment: a chunk and its score blocks
                  3 * w.near.largest * d * 4 + 512 * 8192 * 8,  # a cell's search
                  w.records * 100]  # the merge: a line per removal at most
-    per_thread = c.cores if not c.threads else c.workers
-    return rates.baseline_rss + per_thread * max(sets)
+    if c.threads:
+        return rates.baseline_rss + c.workers * max(sets)
+    return c.cores * (rates.baseline_rss + max(sets))
 
 
 def _size(x: float) -> str:

@@ -272,8 +272,9 @@ def project(records: list[int], dim: int = 768) -> None:
                      near=closed_form(spec, n, dim), near_spec=spec,
                      recall_sample=spec.recall_sample)
         for name, keys in PROJECTION.items():
-            cfg = RunnerConfig(name="dataflow", project="p", region="us-central1",
-                               temp_location="gs://b/tmp", **keys)
+            cfg = RunnerConfig(name="dataflow", project="my-project", region="us-central1",
+                               temp_location="gs://my-bucket/tmp",
+                               worker_image="us-docker.pkg.dev/my-project/w:1", **keys)
             print(f"\n{n:,} x {dim} on Dataflow {name} workers ({keys['machine_type']}):")
             print("\n".join(lines(w, cluster(cfg, rates), rates, remote_spill=True)))
 
