@@ -26,7 +26,8 @@ from transforms.near_plan import KMEANS_ITERATIONS, TRAIN_PER_CELL
 RATES_ENV = "TENSORDEDUP_RATES"
 DEFAULT_RATES = Path(__file__).with_name("rates.json")
 # Steps that run on one worker whatever the cluster (the plan's k-means uses every core
-# of that worker); on the local runner's threads, steps that hold the GIL run as one.
+# of that worker's machine); on the local runner's threads, steps that hold the GIL run
+# as one.
 ONE_WORKER = ("plan", "merge", "report")
 GIL_BOUND = ("exact", "framework")
 # Dataflow assumptions (docs/scale.md names them): a worker VM's start-up and shutdown,
@@ -50,13 +51,15 @@ class Rates:
     steps: dict[str, dict[str, float]]
     startup_s: float  # the process beyond the pipeline: imports, checks, graph, exit
     baseline_rss: float  # bytes: a tiny job's whole process
+    held_per_byte: float  # what an in-process runner holds between steps, per tensor byte
     measured: str  # where and when
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None) -> Rates:
         """``path``, else TENSORDEDUP_RATES, else the defaults shipped in the package."""
         raw = json.loads(Path(path or os.environ.get(RATES_ENV) or DEFAULT_RATES).read_text())
-        return cls(raw["steps"], raw["startup_s"], raw["baseline_rss"], raw["measured"])
+        return cls(raw["steps"], raw["startup_s"], raw["baseline_rss"], raw["held_per_byte"],
+                   raw["measured"])
 
 
 def units(w: Workload, out_bytes: float | None = None) -> dict[str, dict[str, float]]:
@@ -73,12 +76,12 @@ def units(w: Workload, out_bytes: float | None = None) -> dict[str, dict[str, fl
     if w.near is not None:
         p = w.near.cells
         sample = min(TRAIN_PER_CELL * p, n) if p > 1 else 0
-        # the sample is drawn from every record's search vector, then k-means trains
-        u["plan"] = {"madd": sample * p * d * KMEANS_ITERATIONS, "byte": tensor}
+        u["sample"] = {"byte": tensor}  # every record's search vector, on every worker
+        u["plan"] = {"madd": sample * p * d * KMEANS_ITERATIONS}  # k-means, one worker
         # one matrix product (n x p x d), then passes over the n x p scores
         u["assign"] = {"madd": n * p * d, "score": n * p} if p > 1 else {}
         u["search"] = {"madd": w.near.work * d, "record": n * w.near.joins}
-        u["recall"] = {"madd": min(w.recall_sample, n) * n * d}
+        u["recall"] = {"madd": min(w.recall_sample, n) * n * d, "record": n}
         u["merge"] = {"record": n}
     return u
 
@@ -99,6 +102,7 @@ class Cluster:
     memory: float | None  # bytes per worker, when known
     gpu: str | None
     threads: bool  # workers are threads of one process (the local runner)
+    plan_cores: int  # cores the one-worker k-means uses (all of its machine's)
     startup_s: float  # beyond the pipeline: VMs, or the process
     assumed: tuple[str, ...] = ()
 
@@ -112,9 +116,9 @@ def cluster(cfg: RunnerConfig, rates: Rates) -> Cluster:
         workers = cfg.workers or available_cores()
         remote = cfg.address is not None
         return Cluster(cfg.name, workers, 1, None, None, cfg.name == "local" and workers > 1,
-                       rates.startup_s, ("the cluster at runner.address: runner.workers "
-                                         "workers of one core like this machine's",)
-                       if remote else ())
+                       1 if remote else os.cpu_count() or 1, rates.startup_s,
+                       ("the cluster at runner.address: runner.workers workers of one core "
+                        "like this machine's",) if remote else ())
     assumed = []
     machine = cfg.machine_type or DATAFLOW_DEFAULT_MACHINE
     if cfg.machine_type is None:
@@ -133,7 +137,7 @@ def cluster(cfg: RunnerConfig, rates: Rates) -> Cluster:
         assumed.append(f"{gpu}: {GPU_MADDS_PER_S.get(gpu, 2e12) / 1e12:g}e12 float32 "
                        "multiply-adds/s for planning, assignment, search and recall, "
                        f"vectors moved at {PCIE_BYTES_PER_S / 1e9:g} GB/s")
-    return Cluster("dataflow", workers, vcpus, memory, gpu, False,
+    return Cluster("dataflow", workers, vcpus, memory, gpu, False, vcpus,
                    rates.startup_s + DATAFLOW_STARTUP_S, tuple(assumed))
 
 
@@ -167,7 +171,7 @@ def predict(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> Capaci
     for step, s in cpu.items():
         s = _on_gpu(step, s, u[step], w, c)
         if step in ONE_WORKER:
-            steps[step] = s / (c.cores if step == "plan" else 1)
+            steps[step] = s / (c.plan_cores if step == "plan" else 1)
         elif c.threads and step in GIL_BOUND:
             steps[step] = s
         else:
@@ -188,7 +192,9 @@ def predict(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> Capaci
 def peak_memory(w: Workload, c: Cluster, rates: Rates) -> float:
     """Bytes per worker: the largest step's working set on each core, each in a process
     of its own (Dataflow starts an SDK process per vCPU), or, for the local runner's
-    threads, all in one process."""
+    threads, all in one process; plus what the runner itself holds between steps: the
+    local runner all of it (measured per tensor byte), a local Dask cluster or job
+    service a share per worker, Dataflow none (its shuffle is a service)."""
     from transforms.near import sample_cap
 
     b, d = w.record_bytes, w.dim
@@ -200,9 +206,11 @@ def peak_memory(w: Workload, c: Cluster, rates: Rates) -> float:
                  chunk + (64 << 20),  # assignment: a chunk and its score blocks
                  3 * w.near.largest * d * 4 + 512 * 8192 * 8,  # a cell's search
                  w.records * 100]  # the merge: a line per removal at most
-    if c.threads:
-        return rates.baseline_rss + c.workers * max(sets)
-    return c.cores * (rates.baseline_rss + max(sets))
+    held = rates.held_per_byte * w.records * b
+    if c.threads or c.runner == "local":
+        return rates.baseline_rss + c.workers * max(sets) + held
+    return c.cores * (rates.baseline_rss + max(sets)) + (
+        0 if c.runner == "dataflow" else held / c.workers)
 
 
 def _size(x: float) -> str:

@@ -75,7 +75,8 @@ def job_config(data: str, out: Path, near: bool = True, workers: int = 1) -> dic
 # ------------------------------------------------------------------ one calibration run
 STEPS = (("Read/", "read"), ("Dedup/Fingerprint/", "fingerprint"),
          ("Dedup/DedupExact/", "exact"), ("Dedup/Decide/", "exact"),
-         ("Dedup/DedupNear/SampleAndPlan", "plan"), ("Dedup/DedupNear/AssignCells", "assign"),
+         ("Dedup/DedupNear/SampleAndPlan/CombinePerKey/ExtractOutputs", "plan"),
+         ("Dedup/DedupNear/SampleAndPlan", "sample"), ("Dedup/DedupNear/AssignCells", "assign"),
          ("Dedup/DedupNear/DecideCells", "search"), ("Dedup/DedupNear/Recall", "recall"),
          ("Dedup/DedupNear/GatherSample", "recall"), ("Dedup/DedupNear/GatherTruth", "recall"),
          ("Dedup/DedupNear/", "merge"), ("Write/", "write"), ("Report", "report"),
@@ -168,7 +169,10 @@ def fit(runs: list[dict]) -> dict[str, dict[str, float]]:
     table: dict[str, list[tuple[dict, float]]] = {}
     for run in runs:
         for step, amounts in units(observed(run), run["out_bytes"]).items():
-            table.setdefault(step, []).append((amounts, run["steps"].get(step, 0.0)))
+            seconds = run["steps"].get(step, 0.0)
+            if step == "plan":  # the k-means took every core (transforms.cores.threads)
+                seconds *= os.cpu_count() or 1
+            table.setdefault(step, []).append((amounts, seconds))
     rates = {}
     for step, rows in table.items():
         keys = sorted({k for amounts, _ in rows for k in amounts})
@@ -180,10 +184,38 @@ def fit(runs: list[dict]) -> dict[str, dict[str, float]]:
 
 
 # ------------------------------------------------------------------ measure, check, project
-CALIBRATION = ((40_000, 64), (120_000, 64), (200_000, 32), (40_000, 384), (60_000, 256),
-               (80_000, 128))
+# Sizes and widths other than the check's (128 values): fixed costs are told apart from
+# per-record ones by runs of 50k to 600k records, per-byte ones by 32 to 384 values.
+CALIBRATION = ((50_000, 64), (200_000, 32), (150_000, 256), (600_000, 64), (400_000, 96),
+               (60_000, 384))
 TINY = (3_000, 16)  # the process's start-up and baseline memory
 CHECK_DIM = 128
+
+
+def held(runs: list[dict], raw: dict) -> float:
+    """What the local runner holds between steps per tensor byte: each run's peak less
+    the process's baseline and its largest step's working set (median over runs)."""
+    from pipeline.capacity import Cluster, Rates, peak_memory
+
+    rates = Rates(raw["steps"], raw["startup_s"], raw["baseline_rss"], 0.0, "")
+    one = Cluster("local", 1, 1, None, None, False, 1, 0.0)
+    return float(np.median([max(0.0, r["peak_rss"] - peak_memory(w, one, rates))
+                            / (w.records * w.record_bytes)
+                            for r in runs for w in [observed(r)]]))
+
+
+def show(rates: dict) -> None:
+    """The rates as a Markdown table (docs/scale.md quotes it)."""
+    print(f"start-up {rates['startup_s']:.2f} s, baseline memory "
+          f"{rates['baseline_rss'] / 2**20:.0f} MB, the local runner holds "
+          f"{rates['held_per_byte']:.2f} x the tensor bytes")
+    print("| step | rate per core |\n| --- | --- |")
+    per = {"record": ("records/s", 1), "byte": ("MB/s", 1e6), "score": ("M scores/s", 1e6),
+           "madd": ("G multiply-adds/s", 1e9)}
+    for step, r in rates["steps"].items():
+        parts = [f"{v:.3g} s per run" if k == "run" else
+                 f"{1 / (v * per[k][1]):.3g} {per[k][0]}" for k, v in r.items() if v > 0]
+        print(f"| {step} | {', '.join(parts) or 'negligible'} |")
 
 
 def measure(folder: Path, out: Path) -> None:
@@ -197,16 +229,9 @@ def measure(folder: Path, out: Path) -> None:
              "startup_s": float(np.median([r["wall_s"] - r["pipeline_s"]
                                            for r in [tiny, *runs]])),
              "baseline_rss": float(tiny["peak_rss"]), "steps": fit(runs)}
+    rates["held_per_byte"] = held(runs, rates)
     out.write_text(json.dumps(rates, indent=1) + "\n")
-    print(f"start-up {rates['startup_s']:.2f} s, baseline memory "
-          f"{rates['baseline_rss'] / 2**20:.0f} MB")
-    print("| step | rate per core |\n| --- | --- |")
-    per = {"record": "records/s", "byte": "MB/s", "madd": "G multiply-adds/s", "run": ""}
-    div = {"record": 1, "byte": 1e6, "madd": 1e9}
-    for step, r in rates["steps"].items():
-        parts = [f"{v:.3g} s per run" if k == "run" else f"{1 / (v * div[k]):.3g} {per[k]}"
-                 for k, v in r.items() if v > 0]
-        print(f"| {step} | {', '.join(parts) or 'negligible'} |")
+    show(rates)
     for run in runs:
         print(f"calibration {run['n']:,} x {run['dim']}: pipeline {run['pipeline_s']:.1f} s, "
               + ", ".join(f"{k} {v:.1f}" for k, v in sorted(run["steps"].items())))
