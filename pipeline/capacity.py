@@ -40,6 +40,7 @@ GB_PER_VCPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
 GPU_MADDS_PER_S = {"nvidia-tesla-t4": 2.0e12, "nvidia-l4": 3.0e12, "nvidia-tesla-a100": 8e12}
 GPU_STEPS = ("plan", "assign", "search", "recall")
 PCIE_BYTES_PER_S = 8e9
+REMOVED_SHARE, REMOVAL_BYTES = 0.2, 100  # the merge's lines: a fifth of the records removed
 SHUFFLE_RECORD_BYTES = 33  # a digest, file, position, tier per record (plus its id)
 CELL_REF_BYTES = 32  # a row's reference in a cell's batch: digest, order keys, row number
 
@@ -75,7 +76,7 @@ def units(w: Workload, out_bytes: float | None = None) -> dict[str, dict[str, fl
          "framework": {"run": 1, "record": n, "byte": tensor}}
     if w.near is not None:
         p = w.near.cells
-        sample = min(TRAIN_PER_CELL * p, n) if p > 1 else 0
+        sample = training_rows(w) if p > 1 else 0
         u["sample"] = {"byte": tensor}  # every record's search vector, on every worker
         u["plan"] = {"madd": sample * p * d * KMEANS_ITERATIONS}  # k-means, one worker
         # one matrix product (n x p x d), then passes over the n x p scores
@@ -84,6 +85,14 @@ def units(w: Workload, out_bytes: float | None = None) -> dict[str, dict[str, fl
         u["recall"] = {"madd": min(w.recall_sample, n) * n * d, "record": n}
         u["merge"] = {"record": n}
     return u
+
+
+def training_rows(w: Workload) -> int:
+    """Sample records the plan's k-means trains on: 64 per cell, at most four fifths of
+    the capped planning sample (one in five predicts the cost)."""
+    from transforms.near import sample_cap
+
+    return min(TRAIN_PER_CELL * w.near.cells, sample_cap(w.dim) * 4 // 5, w.records)
 
 
 def step_seconds(rates: Rates, u: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -101,6 +110,7 @@ class Cluster:
     cores: int  # per worker
     memory: float | None  # bytes per worker, when known
     gpu: str | None
+    gpus: int  # per worker
     threads: bool  # workers are threads of one process (the local runner)
     plan_cores: int  # cores the one-worker k-means uses (all of its machine's)
     startup_s: float  # beyond the pipeline: VMs, or the process
@@ -115,7 +125,7 @@ def cluster(cfg: RunnerConfig, rates: Rates) -> Cluster:
     if cfg.name != "dataflow":
         workers = cfg.workers or available_cores()
         remote = cfg.address is not None
-        return Cluster(cfg.name, workers, 1, None, None, cfg.name == "local" and workers > 1,
+        return Cluster(cfg.name, workers, 1, None, None, 0, cfg.name == "local" and workers > 1,
                        1 if remote else os.cpu_count() or 1, rates.startup_s,
                        ("the cluster at runner.address: runner.workers workers of one core "
                         "like this machine's",) if remote else ())
@@ -137,7 +147,8 @@ def cluster(cfg: RunnerConfig, rates: Rates) -> Cluster:
         assumed.append(f"{gpu}: {GPU_MADDS_PER_S.get(gpu, 2e12) / 1e12:g}e12 float32 "
                        "multiply-adds/s for planning, assignment, search and recall, "
                        f"vectors moved at {PCIE_BYTES_PER_S / 1e9:g} GB/s")
-    return Cluster("dataflow", workers, vcpus, memory, gpu, False, vcpus,
+    gpus = cfg.accelerator.count if gpu is not None else 0
+    return Cluster("dataflow", workers, vcpus, memory, gpu, gpus, False, vcpus,
                    rates.startup_s + DATAFLOW_STARTUP_S, tuple(assumed))
 
 
@@ -154,28 +165,30 @@ class Capacity:
     cluster: Cluster
 
 
-def _on_gpu(step: str, seconds: float, u: dict[str, float], w: Workload, c: Cluster) -> float:
-    if c.gpu is None or step not in GPU_STEPS:
-        return seconds
-    moved = (w.records or 0) * (w.record_bytes or 0) * (w.near.joins if step == "search" else 1)
+def _gpu_seconds(step: str, u: dict[str, float], w: Workload, c: Cluster) -> float:
+    """A GPU's seconds for a step's matrix products and for moving its vectors there."""
+    rows = {"plan": training_rows(w), "search": w.records * w.near.joins}.get(step, w.records)
+    moved = rows * w.record_bytes
     return u.get("madd", 0.0) / GPU_MADDS_PER_S.get(c.gpu, 2e12) + moved / PCIE_BYTES_PER_S
 
 
 def predict(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> Capacity:
     """The plan for workload ``w`` on cluster ``c``; ``remote_spill``: the spill is on an
-    object store (cells carry copies of the vectors, not row numbers)."""
+    object store (cells carry copies of the vectors, not row numbers). On GPU workers
+    the matrix-product steps' multiply-adds run on the GPUs, the rest of them on CPUs."""
     u = units(w)
-    cpu = step_seconds(rates, u)
-    total_cores = c.workers * c.cores
     steps = {}
-    for step, s in cpu.items():
-        s = _on_gpu(step, s, u[step], w, c)
+    for step, amounts in u.items():
+        gpu = c.gpu is not None and step in GPU_STEPS
+        cpu = step_seconds(rates, {step: {k: v for k, v in amounts.items()
+                                          if not (gpu and k == "madd")}})[step]
+        on_gpu = _gpu_seconds(step, amounts, w, c) / c.gpus if gpu else 0.0
         if step in ONE_WORKER:
-            steps[step] = s / (c.plan_cores if step == "plan" else 1)
+            steps[step] = cpu / (c.plan_cores if step == "plan" else 1) + on_gpu
         elif c.threads and step in GIL_BOUND:
-            steps[step] = s
+            steps[step] = cpu
         else:
-            steps[step] = s / total_cores
+            steps[step] = cpu / (c.workers * c.cores) + on_gpu / c.workers
     wall = c.startup_s + sum(steps.values())
     n, b = w.records, w.record_bytes
     shuffled = n * (SHUFFLE_RECORD_BYTES + w.id_bytes)
@@ -200,16 +213,16 @@ def peak_memory(w: Workload, c: Cluster, rates: Rates) -> float:
     b, d = w.record_bytes, w.dim
     chunk = min(65536 * b, 64 << 20)
     sets = [3 * chunk]  # a chunk as read, its copy for the digests, the shard split
+    alone = 0.0  # the one-worker steps' working set, while the worker's other cores idle
     if w.near is not None:
-        sample = min(sample_cap(d), w.records) * d * 4
-        sets += [3 * sample + w.near.cells * d * 16,  # the plan (on one worker)
-                 chunk + (64 << 20),  # assignment: a chunk and its score blocks
-                 3 * w.near.largest * d * 4 + 512 * 8192 * 8,  # a cell's search
-                 w.records * 100]  # the merge: a line per removal at most
+        sets += [chunk + (64 << 20),  # assignment: a chunk and its score blocks
+                 3 * w.near.largest * d * 4 + 512 * 8192 * 8]  # a cell's search
+        alone = max(3 * min(sample_cap(d), w.records) * d * 4 + w.near.cells * d * 16,
+                    w.records * REMOVED_SHARE * REMOVAL_BYTES)  # the plan; the merge
     held = rates.held_per_byte * w.records * b
     if c.threads or c.runner == "local":
-        return rates.baseline_rss + c.workers * max(sets) + held
-    return c.cores * (rates.baseline_rss + max(sets)) + (
+        return rates.baseline_rss + max(c.workers * max(sets), alone) + held
+    return c.cores * rates.baseline_rss + max(c.cores * max(sets), alone) + (
         0 if c.runner == "dataflow" else held / c.workers)
 
 
@@ -249,6 +262,12 @@ def lines(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> list[str
             f"  worker-hours: {cap.worker_hours:.3g}"
             + (f" ({cap.worker_hours * c.cores:.3g} vCPU-hours)" if c.runner == "dataflow"
                else "")]
+    if near is not None and near.cells > 1 and training_rows(w) < min(
+            TRAIN_PER_CELL * near.cells, w.records):
+        out.append(f"  warning: the planning sample trains {near.cells:,} cells on "
+                   f"{training_rows(w):,} records (fewer than {TRAIN_PER_CELL} each): the "
+                   "cells will be poor (docs/scale.md#where-the-plan-itself-must-change-at-"
+                   "that-scale)")
     if c.memory and cap.peak_memory > c.memory:
         out.append("  warning: the peak exceeds the worker's memory: choose a machine type "
                    "with more (runner.machine_type)")

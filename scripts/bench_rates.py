@@ -198,7 +198,7 @@ def held(runs: list[dict], raw: dict) -> float:
     from pipeline.capacity import Cluster, Rates, peak_memory
 
     rates = Rates(raw["steps"], raw["startup_s"], raw["baseline_rss"], 0.0, "")
-    one = Cluster("local", 1, 1, None, None, False, 1, 0.0)
+    one = Cluster("local", 1, 1, None, None, 0, False, 1, 0.0)
     return float(np.median([max(0.0, r["peak_rss"] - peak_memory(w, one, rates))
                             / (w.records * w.record_bytes)
                             for r in runs for w in [observed(r)]]))
