@@ -52,15 +52,16 @@ class Rates:
     steps: dict[str, dict[str, float]]
     startup_s: float  # the process beyond the pipeline: imports, checks, graph, exit
     baseline_rss: float  # bytes: a tiny job's whole process
-    held_per_byte: float  # what an in-process runner holds between steps, per tensor byte
+    held_fixed: float  # what an in-process runner holds between steps: bytes
+    held_per_byte: float  # and bytes per tensor byte
     measured: str  # where and when
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None) -> Rates:
         """``path``, else TENSORDEDUP_RATES, else the defaults shipped in the package."""
         raw = json.loads(Path(path or os.environ.get(RATES_ENV) or DEFAULT_RATES).read_text())
-        return cls(raw["steps"], raw["startup_s"], raw["baseline_rss"], raw["held_per_byte"],
-                   raw["measured"])
+        return cls(raw["steps"], raw["startup_s"], raw["baseline_rss"], raw["held_fixed"],
+                   raw["held_per_byte"], raw["measured"])
 
 
 def units(w: Workload, out_bytes: float | None = None) -> dict[str, dict[str, float]]:
@@ -219,7 +220,7 @@ def peak_memory(w: Workload, c: Cluster, rates: Rates) -> float:
                  3 * w.near.largest * d * 4 + 512 * 8192 * 8]  # a cell's search
         alone = max(3 * min(sample_cap(d), w.records) * d * 4 + w.near.cells * d * 16,
                     w.records * REMOVED_SHARE * REMOVAL_BYTES)  # the plan; the merge
-    held = rates.held_per_byte * w.records * b
+    held = rates.held_fixed + rates.held_per_byte * w.records * b
     if c.threads or c.runner == "local":
         return rates.baseline_rss + max(c.workers * max(sets), alone) + held
     return c.cores * rates.baseline_rss + max(c.cores * max(sets), alone) + (

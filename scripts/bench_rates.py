@@ -136,8 +136,30 @@ def calibrate(folder: Path, n: int, dim: int, near: bool = True) -> dict:
                       cwd=ROOT, log=folder / f"log-{n}-{dim}.txt", env=one_core_env())
     if got["rc"] != 0:
         raise RuntimeError(f"calibration run failed: {got['stderr_tail']}")
-    return {**json.loads(result.read_text()), "n": n, "dim": dim, "wall_s": got["wall_s"],
-            "peak_rss": got["peak_rss_bytes"]}
+    run = {**json.loads(result.read_text()), "n": n, "dim": dim, "wall_s": got["wall_s"],
+           "peak_rss": got["peak_rss_bytes"]}
+    result.write_text(json.dumps(run))  # --refit reads it again
+    return run
+
+
+def kmeans_rate(cells: int = 400, dim: int = 128, repeats: int = 3) -> float:
+    """The planner's k-means (``near_plan.plan``, as the job's plan step runs it) on one
+    thread: multiply-adds per second, the best of ``repeats`` (the step is short and the
+    machine shared, so one slow repeat says little)."""
+    from pipeline.capacity import training_rows
+    from pipeline.workload import NearCost, Workload
+    from transforms import cores
+    from transforms.near_plan import KMEANS_ITERATIONS, plan
+
+    x = embeddings(80 * cells, dim=dim, clusters=cells)
+    w = Workload(1000 * cells, 0, 4 * dim, dim, near=NearCost(cells, 1, 0, 0, "", ""))
+    best = float("inf")
+    with cores.threads(1):
+        for _ in range(repeats):
+            start = time.perf_counter()
+            plan(x, 1000 * cells, 0.14, "auto", 3, cells)
+            best = min(best, time.perf_counter() - start)
+    return training_rows(w) * cells * dim * KMEANS_ITERATIONS / best
 
 
 def observed(run: dict):
@@ -160,8 +182,10 @@ def observed(run: dict):
                     recall_sample=s["config"]["near"]["recall_sample"] if near else 0)
 
 
-def fit(runs: list[dict]) -> dict[str, dict[str, float]]:
-    """Each step's seconds per unit: non-negative least squares over the runs."""
+def fit(runs: list[dict], kmeans: float) -> dict[str, dict[str, float]]:
+    """Each step's seconds per unit: non-negative least squares over the runs; the plan's
+    k-means from its own timing (``kmeans``: multiply-adds per second per core), since
+    in the job it is a second or two of every run and the machine is shared."""
     from scipy.optimize import nnls
 
     from pipeline.capacity import units
@@ -169,11 +193,9 @@ def fit(runs: list[dict]) -> dict[str, dict[str, float]]:
     table: dict[str, list[tuple[dict, float]]] = {}
     for run in runs:
         for step, amounts in units(observed(run), run["out_bytes"]).items():
-            seconds = run["steps"].get(step, 0.0)
-            if step == "plan":  # the k-means took every core (transforms.cores.threads)
-                seconds *= os.cpu_count() or 1
-            table.setdefault(step, []).append((amounts, seconds))
-    rates = {}
+            table.setdefault(step, []).append((amounts, run["steps"].get(step, 0.0)))
+    rates = {"plan": {"madd": 1 / kmeans}}
+    del table["plan"]
     for step, rows in table.items():
         keys = sorted({k for amounts, _ in rows for k in amounts})
         a = np.array([[amounts.get(k, 0.0) for k in keys] for amounts, _ in rows], float)
@@ -192,23 +214,30 @@ TINY = (3_000, 16)  # the process's start-up and baseline memory
 CHECK_DIM = 128
 
 
-def held(runs: list[dict], raw: dict) -> float:
-    """What the local runner holds between steps per tensor byte: each run's peak less
-    the process's baseline and its largest step's working set (median over runs)."""
+def held(runs: list[dict], raw: dict) -> tuple[float, float]:
+    """What the local runner holds between steps: each run's peak less the process's
+    baseline and its largest step's working set, fitted as bytes + bytes per tensor
+    byte (non-negative least squares)."""
+    from scipy.optimize import nnls
+
     from pipeline.capacity import Cluster, Rates, peak_memory
 
-    rates = Rates(raw["steps"], raw["startup_s"], raw["baseline_rss"], 0.0, "")
+    rates = Rates(raw["steps"], raw["startup_s"], raw["baseline_rss"], 0.0, 0.0, "")
     one = Cluster("local", 1, 1, None, None, 0, False, 1, 0.0)
-    return float(np.median([max(0.0, r["peak_rss"] - peak_memory(w, one, rates))
-                            / (w.records * w.record_bytes)
-                            for r in runs for w in [observed(r)]]))
+    ws = [observed(r) for r in runs]
+    tensor = np.array([w.records * w.record_bytes for w in ws], float)
+    extra = np.array([r["peak_rss"] - peak_memory(w, one, rates) for r, w in zip(runs, ws,
+                                                                             strict=True)])
+    (fixed, per_byte), _ = nnls(np.stack([np.full(len(ws), 1e9), tensor], axis=1), extra)
+    return float(fixed * 1e9), float(per_byte)
 
 
 def show(rates: dict) -> None:
     """The rates as a Markdown table (docs/scale.md quotes it)."""
     print(f"start-up {rates['startup_s']:.2f} s, baseline memory "
           f"{rates['baseline_rss'] / 2**20:.0f} MB, the local runner holds "
-          f"{rates['held_per_byte']:.2f} x the tensor bytes")
+          f"{rates['held_fixed'] / 2**20:.0f} MB + {rates['held_per_byte']:.2f} x the "
+          "tensor bytes")
     print("| step | rate per core |\n| --- | --- |")
     per = {"record": ("records/s", 1), "byte": ("MB/s", 1e6), "score": ("M scores/s", 1e6),
            "madd": ("G multiply-adds/s", 1e9)}
@@ -218,18 +247,23 @@ def show(rates: dict) -> None:
         print(f"| {step} | {', '.join(parts) or 'negligible'} |")
 
 
-def measure(folder: Path, out: Path) -> None:
-    """Calibration runs, the fit, the rates JSON and a table of them."""
+def measure(folder: Path, out: Path, refit: bool = False) -> None:
+    """Calibration runs (``refit``: those saved in ``folder`` by an earlier measurement),
+    the fit, the rates JSON and a table of them."""
     import platform
 
-    tiny = calibrate(folder, *TINY)
-    runs = [calibrate(folder, n, d) for n, d in CALIBRATION]
+    if refit:
+        tiny, *runs = [json.loads((folder / f"result-{n}-{d}.json").read_text())
+                       for n, d in (TINY, *CALIBRATION)]
+    else:
+        tiny = calibrate(folder, *TINY)
+        runs = [calibrate(folder, n, d) for n, d in CALIBRATION]
     rates = {"measured": f"{time.strftime('%Y-%m-%d')} on {platform.node()} "
                          f"({os.cpu_count()} cores), scripts/bench_rates.py",
              "startup_s": float(np.median([r["wall_s"] - r["pipeline_s"]
                                            for r in [tiny, *runs]])),
-             "baseline_rss": float(tiny["peak_rss"]), "steps": fit(runs)}
-    rates["held_per_byte"] = held(runs, rates)
+             "baseline_rss": float(tiny["peak_rss"]), "steps": fit(runs, kmeans_rate())}
+    rates["held_fixed"], rates["held_per_byte"] = held(runs, rates)
     out.write_text(json.dumps(rates, indent=1) + "\n")
     show(rates)
     for run in runs:
@@ -311,6 +345,8 @@ def main() -> None:
     ap.add_argument("--check", type=int, nargs="*", metavar="RECORDS")
     ap.add_argument("--workers", type=int, default=1, help="--check: local workers")
     ap.add_argument("--project", action="store_true")
+    ap.add_argument("--refit", action="store_true",
+                    help="fit the rates again from the calibration runs saved in --dir")
     ap.add_argument("--inside", nargs=2, metavar=("CONFIG", "RESULT"), help=argparse.SUPPRESS)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/tensordedup-rates"))
     args = ap.parse_args()
@@ -321,7 +357,7 @@ def main() -> None:
     elif args.check:
         json.dump(check(args.dir, args.check, args.workers), sys.stdout, indent=1)
     else:
-        measure(args.dir, args.json)
+        measure(args.dir, args.json, args.refit)
 
 
 if __name__ == "__main__":
