@@ -126,18 +126,10 @@ def closed_form(spec: NearSpec, n: int, dim: int) -> NearCost:
 
 
 def workload(job: Job, records: int | None = None) -> Workload:
-    """The model's inputs for ``job``; ``records`` scales the plan to that many records of
-    the input's kind (file bytes in proportion), e.g. a local sample of a larger set."""
+    """The model's inputs for ``job``; ``records`` plans for that many records of the
+    input's kind, e.g. when the input is a local sample of a larger set (file bytes in
+    proportion; where the files cannot be counted, the tensor bytes stand for them)."""
     missing = []
-    counted = count_records(job)
-    file_bytes = sum(_size(f) for f in job.files)
-    if records is not None and counted:
-        file_bytes = round(file_bytes * records / counted)
-    n = records if records is not None else counted
-    if n is None:
-        missing.append(f"records: {job.cfg.input.format} files have no index to count them "
-                       "from: give --plan-records N")
-        file_bytes = None if records is None else file_bytes
     shape, dtype = job.resolved.shape, job.resolved.dtype
     dim = math.prod(shape) if shape is not None else None
     record_bytes = None
@@ -146,6 +138,16 @@ def workload(job: Job, records: int | None = None) -> Workload:
     else:
         missing.append("record size: the tensors' shape or dtype is not fixed: set "
                        "input.shape and input.dtype")
+    counted = count_records(job)
+    file_bytes = sum(_size(f) for f in job.files)
+    if counted is None and records is None:
+        missing.append(f"records: {job.cfg.input.format} files have no index to count "
+                       "them from: give --plan-records N")
+    elif counted is None:
+        file_bytes = records * record_bytes if record_bytes else None
+    elif records is not None:
+        file_bytes = round(file_bytes * records / max(counted, 1))
+    n = records if records is not None else counted
     near = None
     if job.embed is not None:
         missing.append("embed: the model's time and its vectors' size are not in the model "

@@ -24,6 +24,7 @@ from tests import slowfs  # noqa: F401  (registers deniedfs://)
 from tests.embeddings import embeddings
 
 ROWS, DIM = 30_000, 16
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +157,20 @@ def test_bad_rates_file_and_plan_records_are_one_line(tmp_path, vectors, capsys,
     assert main(["--config", str(path), "--plan-records", "10"]) == 2
     assert capsys.readouterr().err == ("error: --plan-records: give a number of records >= 1, "
                                        "with --dry-run\n")
+
+
+def test_tfrecord_input_needs_a_record_count(tmp_path, capsys, monkeypatch):
+    """TFRecord files have no index: the plan names what it lacks, and plans once it is
+    given the count."""
+    monkeypatch.chdir(ROOT)
+    sets = ["--set", f"output.path={tmp_path / 'clean'}", "--set", f"report={tmp_path / 'r'}"]
+    assert main(["--config", "configs/dedupe-tfrecord.yaml", "--dry-run", *sets]) == 0
+    out = capsys.readouterr().out
+    assert "capacity plan: not computed; the model lacks:" in out
+    assert "records: tfrecord files have no index to count them from: give --plan-records N" \
+        in out
+    assert main(["--config", "configs/dedupe-tfrecord.yaml", "--dry-run", *sets,
+                 "--plan-records", "5000000"]) == 0
+    out = capsys.readouterr().out
+    assert figure(out, "input").startswith("5,000,000 records of 64 values (256 B each), "
+                                           "1.28 GB in files")
