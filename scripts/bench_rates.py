@@ -240,7 +240,7 @@ def show(rates: dict) -> None:
           "tensor bytes")
     print("| step | rate per core |\n| --- | --- |")
     per = {"record": ("records/s", 1), "byte": ("MB/s", 1e6), "score": ("M scores/s", 1e6),
-           "madd": ("G multiply-adds/s", 1e9)}
+           "madd": ("G multiply-adds/s", 1e9), "value": ("dimensions/s", 1)}
     for step, r in rates["steps"].items():
         parts = [f"{v:.3g} s per run" if k == "run" else
                  f"{1 / (v * per[k][1]):.3g} {per[k][0]}" for k, v in r.items() if v > 0]
@@ -248,8 +248,8 @@ def show(rates: dict) -> None:
 
 
 def measure(folder: Path, out: Path, refit: bool = False) -> None:
-    """Calibration runs (``refit``: those saved in ``folder`` by an earlier measurement),
-    the fit, the rates JSON and a table of them."""
+    """Calibration runs (``refit``: those saved in ``folder`` by an earlier measurement,
+    and the k-means rate of ``out``), the fit, the rates JSON and a table of them."""
     import platform
 
     if refit:
@@ -262,7 +262,9 @@ def measure(folder: Path, out: Path, refit: bool = False) -> None:
                          f"({os.cpu_count()} cores), scripts/bench_rates.py",
              "startup_s": float(np.median([r["wall_s"] - r["pipeline_s"]
                                            for r in [tiny, *runs]])),
-             "baseline_rss": float(tiny["peak_rss"]), "steps": fit(runs, kmeans_rate())}
+             "baseline_rss": float(tiny["peak_rss"]),
+             "steps": fit(runs, 1 / json.loads(out.read_text())["steps"]["plan"]["madd"]
+                          if refit else kmeans_rate())}
     rates["held_fixed"], rates["held_per_byte"] = held(runs, rates)
     out.write_text(json.dumps(rates, indent=1) + "\n")
     show(rates)
