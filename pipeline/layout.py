@@ -19,6 +19,8 @@ URLs), and ``<attempt>`` unique per attempt (``Job.attempt``)::
     .<name>.lease.json                                      one-writer lease (dir_lease)
     .<out>.staging-<attempt>.near/values|cells              near spill (spill, spill_values...)
     .<out>.staging-<attempt>.near-recall/                   the recall sample's values
+    $TMPDIR/tensordedup-<hex>/                              a Dedup step's spill in your own
+                                                            pipeline, given no spill= path
     .<name>.probe-<hex>, .tensordedup-probe-*               the checks' write probe (deleted)
     .<file>.tmp|new|cas-<pid>-<start>-<host>-<hex>          temporaries beside a file on its
                                                             way in (transforms.fs.temp_path)
@@ -34,6 +36,8 @@ killed, by the next run holding the same lease (``publish.clear_leftovers``).
 from __future__ import annotations
 
 import os
+import tempfile
+import uuid
 
 from transforms import fs
 
@@ -85,6 +89,12 @@ def spill(output: str, attempt: str) -> str:
     """The near stage's working files, beside the output's staging directory: cleared
     with it, and by the next run if this one is killed."""
     return staging(output, attempt) + SPILL
+
+
+def library_spill() -> str:
+    """The near spill of a ``Dedup`` step in a user's own pipeline, given no ``spill=``:
+    a fresh directory in the system's temporary directory (deleted by the step)."""
+    return os.path.join(tempfile.gettempdir(), f"tensordedup-{uuid.uuid4().hex}")
 
 
 def spill_values(spill_dir: str) -> str:

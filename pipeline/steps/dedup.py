@@ -8,10 +8,6 @@ records kept, the ones removed (with what each duplicates) and the invalid ones.
 
 from __future__ import annotations
 
-import os
-import tempfile
-import uuid
-
 import apache_beam as beam
 
 from pipeline import layout
@@ -77,8 +73,7 @@ class Dedup(beam.PTransform):
         self.key, self.id, self.keep, self.near = key, id, Keep.of(keep), near
         self.exact, self.reference, self.store = exact, reference, store
         self.survivors = survivors
-        self.spill = spill or os.path.join(tempfile.gettempdir(),
-                                           f"tensordedup-{uuid.uuid4().hex}")
+        self.spill = spill or layout.library_spill()
         self.shards, self.borderline_pairs, self.chunk_rows = shards, borderline_pairs, chunk_rows
 
     def expand(self, pvalue):
