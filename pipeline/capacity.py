@@ -19,17 +19,18 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config import RunnerConfig
-from pipeline.workload import Workload
+from pipeline.config import DedupeConfig, RunnerConfig
+from pipeline.job import Job
+from pipeline.workload import Workload, workload
 from transforms.near_plan import KMEANS_ITERATIONS, TRAIN_PER_CELL
 
 RATES_ENV = "TENSORDEDUP_RATES"
 DEFAULT_RATES = Path(__file__).with_name("rates.json")
 # Steps that run on one worker whatever the cluster (the plan's k-means uses every core
-# of that worker's machine); on the local runner's threads, steps that hold the GIL run
-# as one.
+# of that worker's machine). The local runner's parallel workers are threads of one
+# interpreter: measured, 2 of them ran the 300k x 128 check no faster than one (15.3 s
+# against 15.8 s), so its steps take one core's time however many threads it runs.
 ONE_WORKER = ("plan", "merge", "report")
-GIL_BOUND = ("exact", "framework")
 # Dataflow assumptions (docs/scale.md names them): a worker VM's start-up and shutdown,
 # the vCPUs and memory of machine families, the default machine and worker count, and
 # what a GPU does for the matrix-product steps.
@@ -187,7 +188,7 @@ def predict(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> Capaci
         on_gpu = _gpu_seconds(step, amounts, w, c) / c.gpus if gpu else 0.0
         if step in ONE_WORKER:
             steps[step] = cpu / (c.plan_cores if step == "plan" else 1) + on_gpu
-        elif c.threads and step in GIL_BOUND:
+        elif c.threads:
             steps[step] = cpu
         else:
             steps[step] = cpu / (c.workers * c.cores) + on_gpu / c.workers
@@ -241,18 +242,17 @@ def _time(s: float) -> str:
 
 def lines(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> list[str]:
     """The dry run's capacity lines: the figures, or what the model lacks."""
-    head = "capacity plan"
     if w.missing:
         return _lacks(w.missing)
     cap = predict(w, c, rates, remote_spill)
     near = w.near
     workers = (f"{c.workers} worker(s) x {c.cores} core(s)"
                + (f" + {c.gpu}" if c.gpu else ""))
-    out = [f"{head} ({c.runner}, {workers}; rates: {rates.measured}):",
+    out = [f"capacity plan ({c.runner}, {workers}; rates: {rates.measured}):",
            f"  input: {w.records:,} records of {w.dim:,} values ({_size(w.record_bytes)} each), "
            f"{_size(w.file_bytes)} in files"]
     if near is not None:
-        out.append(f"  near: {near.mode} search in {near.cells:,} cells, {near.joins:.2f} "
+        out.append(f"  near: {near.mode} search in {near.cells:,} cell(s), {near.joins:.2f} "
                    f"cells per record, {near.work:.3g} pairs compared, largest cell "
                    f"{near.largest:,} records ({near.source})")
     busiest = sorted(cap.steps.items(), key=lambda kv: -kv[1])[:4]
@@ -276,10 +276,10 @@ def lines(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> list[str
     return out + [f"  assumed: {a}" for a in c.assumed]
 
 
-def plan_lines(job, records: int | None = None, rates: Rates | None = None) -> list[str]:
+def plan_lines(job: Job, records: int | None = None, rates: Rates | None = None
+               ) -> list[str]:
     """The capacity lines for a checked job (``records``: plan for that many records of
     the input's kind)."""
-    from pipeline.workload import workload
     from transforms import fs
 
     rates = rates or Rates.load()
@@ -287,7 +287,7 @@ def plan_lines(job, records: int | None = None, rates: Rates | None = None) -> l
                  remote_spill=not fs.is_local(job.output))
 
 
-def lacking(cfg, problem: str) -> list[str]:
+def lacking(cfg: DedupeConfig, problem: str) -> list[str]:
     """The lines of a dry run that could not read its input: what the model lacks."""
     src = cfg.input
     missing = [f"records and file bytes: the input could not be read ({problem})"]

@@ -75,7 +75,7 @@ def test_dry_run_prints_a_plan_of_the_input(tmp_path, vectors, capsys):
     assert re.search(r"^capacity plan \(local, 1 worker\(s\) x 1 core\(s\); rates: ", out, re.M)
     assert figure(out, "input").startswith(f"{ROWS:,} records of {DIM} values (64 B each)")
     near = figure(out, "near")
-    cells = int(re.match(r"(exact|bounded) search in ([\d,]+) cells", near).group(2))
+    cells = int(re.match(r"(exact|bounded) search in ([\d,]+) cell\(s\)", near).group(2))
     assert cells == 30 and "the job's planner on" in near
     wall = figure(out, "wall time")
     assert 1 < seconds(wall) < 600 and "start-up" in wall
