@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from pipeline import layout  # the report's file names (Beam-free, like transforms.fs)
 from transforms import fs  # Beam-free at import: only the Beam fallback below uses Beam
 from transforms.formats.base import default_ids_arrow
 
@@ -114,12 +115,12 @@ class Manifest:
         ``drop_invalid``: also skip the records the job reported invalid (they are not in
         its clean output either); False keeps them in the training input."""
         report = _Report(os.fspath(report_dir))
-        if not report.is_file("summary.json"):
-            raise ManifestError(f"{report.name('summary.json')} not found: point at the report "
+        if not report.is_file(layout.SUMMARY):
+            raise ManifestError(f"{report.name(layout.SUMMARY)} not found: point at the report "
                                 "directory of a finished run (summary.json is written last)")
-        with report.open("summary.json") as f:
+        with report.open(layout.SUMMARY) as f:
             summary = json.loads(f.read())
-        tables = ["duplicates.parquet"] + (["invalid.parquet"] if drop_invalid else [])
+        tables = [layout.DUPLICATES] + ([layout.INVALID] if drop_invalid else [])
         ids = []
         for t in tables:
             ids.append(report.read_table(t, ["record_id"])["record_id"])

@@ -6,8 +6,9 @@
 - ``pipeline.steps``: the public Beam steps (``ReadTensors``, ``Dedup``, ``WriteClean``...)
   for your own pipelines.
 - The job layer around them: ``config`` (the YAML schema), ``preflight`` (checks before
-  any work), ``graph`` (the job's graph), ``runner`` (local / Dask / Dataflow),
-  ``publish`` and ``report``. It imports the steps, never the reverse.
+  any work) and the ``job`` it makes, ``graph`` (the job's graph), ``runner`` (local /
+  Dask / Dataflow), ``publish`` and ``report``; ``layout`` names every file a run makes,
+  ``capacity`` is the dry run's capacity plan. It imports the steps, never the reverse.
 
 ``run_job``, ``RunSummary`` and ``JobFailed`` are imported on first use, so importing a
 step or the config does not load the job.

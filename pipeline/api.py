@@ -33,8 +33,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Beam warns about optional GCP client libraries when imported: noise for users.
 logging.getLogger().addFilter(lambda r: "apitools not found" not in r.getMessage())
 
+from pipeline import layout  # noqa: E402
 from pipeline.config import ConfigError, DedupeConfig, load_config, parse_config  # noqa: E402
-from pipeline.preflight import Job, prepare  # noqa: E402
+from pipeline.job import Job  # noqa: E402
+from pipeline.preflight import prepare  # noqa: E402
 from pipeline.publish import (  # noqa: E402
     Publication,
     clear_leftovers,
@@ -105,7 +107,7 @@ class RunSummary:
     @classmethod
     def load(cls, report: str | os.PathLike) -> RunSummary:
         """A finished run's summary from its report directory (local or gs:// & co.)."""
-        return cls.of(json.loads(read_bytes(join(os.fspath(report), "summary.json"))))
+        return cls.of(json.loads(read_bytes(join(os.fspath(report), layout.SUMMARY))))
 
     @property
     def removed_total(self) -> int:
@@ -118,7 +120,7 @@ class RunSummary:
 
     def _table(self, name: str):
         path = join(self.report, name)
-        if not exists(join(self.report, "summary.json")) or not exists(path):
+        if not exists(join(self.report, layout.SUMMARY)) or not exists(path):
             what = ("the job was submitted and has not finished" if self.submitted
                     else "the run is not complete")
             raise FileNotFoundError(f"{path}: no such report ({what}: {self.report}/summary.json "
@@ -128,11 +130,11 @@ class RunSummary:
     def removals(self):
         """report/duplicates.parquet as a ``pyarrow.Table``: record_id, duplicate_of,
         kind, distance, duplicate_of_run; one row per removed record, in input order."""
-        return self._table("duplicates.parquet")
+        return self._table(layout.DUPLICATES)
 
     def invalid(self):
         """report/invalid.parquet as a ``pyarrow.Table``: record_id, source, reason."""
-        return self._table("invalid.parquet")
+        return self._table(layout.INVALID)
 
     def removals_df(self):
         """``removals()`` as a pandas DataFrame (needs pandas)."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import apache_beam as beam
 
-from pipeline.preflight import Job
+from pipeline import layout
+from pipeline.job import Job
 from pipeline.publish import Publication, publish_run
 from pipeline.report import TensorSource, write_report
 from pipeline.steps import (
@@ -25,7 +26,6 @@ from pipeline.steps import (
     StoreUpdate,
     WriteClean,
 )
-from transforms import fs
 
 
 def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
@@ -46,7 +46,7 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
         from pipeline.steps.embed import Embed  # imports torch: only for jobs that embed
 
         e = job.embed
-        write_to = fs.join(job.staging(job.report), "embeddings") if e.cfg.write else None
+        write_to = layout.embeddings(job.staging(job.report)) if e.cfg.write else None
         read = read | "Embed" >> Embed(e.handler, batch_size=e.cfg.batch_size,
                                        prepare=e.prepare, write_to=write_to)
         if ref is not None:

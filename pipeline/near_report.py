@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline import layout
 from pipeline.steps.borderline import BORDERLINE_SCHEMA, ORDER
 from pipeline.steps.near_grid import (
     PAIR_BINS_PER_DECADE,
@@ -244,9 +245,9 @@ def write_near_report(report_dir: str, nn_distance: np.ndarray, threshold: float
     out = {**distance_histogram(nn_distance, threshold, pairs, outside), "metric": metric,
            "note": note, "nearest_neighbour_every": int(every),
            "removed": None if removed is None else int(removed)}
-    with open(os.path.join(report_dir, "near_distances.json"), "w") as f:
+    with open(os.path.join(report_dir, layout.NEAR_DISTANCES + ".json"), "w") as f:
         json.dump(out, f, indent=2, allow_nan=False)
-    with open(os.path.join(report_dir, "near_distances.csv"), "w", newline="") as f:
+    with open(os.path.join(report_dir, layout.NEAR_DISTANCES + ".csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["series", "bin_lo", "bin_hi", "count"])
         w.writerow(["pairs", 0, 0, out["pairs"]["zero"]])
@@ -260,7 +261,7 @@ def write_near_report(report_dir: str, nn_distance: np.ndarray, threshold: float
         for series in ("pairs", "outside_pairs", "nearest_neighbour"):
             w.writerows((f"zoom_{series}", lo, hi, c) for lo, hi, c in
                         zip(z[:-1], z[1:], out["zoom"][series], strict=True))
-    png = os.path.join(report_dir, "near_distances.png")
+    png = os.path.join(report_dir, layout.NEAR_DISTANCES + ".png")
     _drawing_thread().submit(_plot, png, out, metric, note, removed, every).result()
-    pq.write_table(_nulls_for_unknown(table), os.path.join(report_dir, "borderline_pairs.parquet"))
+    pq.write_table(_nulls_for_unknown(table), os.path.join(report_dir, layout.BORDERLINE))
     return out

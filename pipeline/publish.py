@@ -36,10 +36,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import report
+from pipeline import layout, report
 from pipeline.steps.store import StoreCommit
 from transforms import fs
-from transforms.lease import Lease, acquire_all, dir_lease_path, release_all, store_lease_path
+from transforms.lease import Lease, acquire_all, release_all
 
 HOLD_ENV = "TENSORDEDUP_TEST_HOLD_PUBLISH"  # tests: see _hold_for_tests
 
@@ -66,9 +66,9 @@ def take_leases(output: str, report_dir: str, store: str | None, run_id: str,
                 detached: bool) -> list[Lease]:
     """The run's one-writer leases: its output and report directories, and the store it
     commits to (if any); all or none (``LeaseHeld`` names the holder)."""
-    wanted = [(dir_lease_path(output), output), (dir_lease_path(report_dir), report_dir)]
+    wanted = [(layout.dir_lease(output), output), (layout.dir_lease(report_dir), report_dir)]
     if store is not None:
-        wanted.append((store_lease_path(store), f"fingerprint store {store}"))
+        wanted.append((layout.store_lease(store), f"fingerprint store {store}"))
     return acquire_all(wanted, run_id, detached)
 
 
@@ -89,9 +89,9 @@ def publish_run(taken: dict, store_parts: list[dict], pub: Publication) -> dict:
     totals = report.totals(files)
     moves = [(pub.out_stage, pub.output), (pub.report_stage, pub.report)]
     for stage, final in moves:  # before anything is deleted: refuse, leave the old run whole
-        if not fs.exists(_journal(stage)) and not pub.replace and fs.exists_under(final):
+        if not fs.exists(layout.journal(stage)) and not pub.replace and fs.exists_under(final):
             raise FileExistsError(_appeared(final))
-    fs.delete(fs.join(pub.report, "summary.json"))  # old run: no longer complete
+    fs.delete(fs.join(pub.report, layout.SUMMARY))  # old run: no longer complete
     for stage, final in moves:
         _move_in(stage, final)
     store = pub.header.get("store")
@@ -110,7 +110,7 @@ def publish_run(taken: dict, store_parts: list[dict], pub: Publication) -> dict:
 
 def _published(pub: Publication) -> dict | None:
     """This attempt's summary.json, if an earlier call of Publish wrote it."""
-    path = fs.join(pub.report, "summary.json")
+    path = fs.join(pub.report, layout.SUMMARY)
     if not fs.exists(path):
         return None
     summary = json.loads(fs.read_bytes(path))
@@ -121,25 +121,21 @@ def _published(pub: Publication) -> dict | None:
 def _finish(pub: Publication) -> None:
     """After summary.json: drop the journals; a detached run gives its leases back."""
     for stage in (pub.out_stage, pub.report_stage):
-        fs.delete(_journal(stage))
+        fs.delete(layout.journal(stage))
     if pub.release_leases:
         release_all(pub.leases)
-
-
-def _journal(stage: str) -> str:
-    return stage + ".publishing"
 
 
 def _move_in(stage: str, final: str) -> None:
     """Replace ``final`` with the staged files, resumable: the journal, written before the
     first destructive step, says a swap has begun (and on object stores which old objects
     it deletes), so a repeated call completes it and never deletes a moved-in file."""
-    journal = _journal(stage)
+    journal = layout.journal(stage)
     if fs.is_local(final):
         if not fs.exists(journal):
             os.makedirs(stage, exist_ok=True)  # an all-invalid input still gets a directory
             fs.write_bytes_atomic(journal, b"{}")
-        old = fs.sibling(final, f"old-{stage.rsplit('-', 1)[-1]}")
+        old = layout.old(final, stage)
         if os.path.isdir(stage):
             if os.path.exists(final):
                 shutil.rmtree(old, ignore_errors=True)
@@ -169,12 +165,12 @@ def clear_leftovers(final: str | Path, lease: Lease | None = None) -> None:
     final = str(final)
     if fs.is_local(final):
         for stale in glob.glob(glob.escape(fs.sibling(final, "")) + "*"):
-            if ".staging-" in os.path.basename(stale) or ".old-" in os.path.basename(stale):
+            if any(f".{kind}-" in os.path.basename(stale) for kind in (layout.STAGING, layout.OLD)):
                 fs.delete_tree(stale)
         return
     parent = final.rstrip("/").rpartition("/")[0]
     stale = set()
-    for kind in ("staging", "old"):
+    for kind in (layout.STAGING, layout.OLD):
         for f in fs.match(fs.sibling(final, f"{kind}-**")):
             rest = f[len(parent) + 1:]
             stale.add(f"{parent}/{rest.split('/', 1)[0]}")
@@ -186,7 +182,7 @@ def own_stages(pub: Publication) -> Sequence[str]:
     """What this attempt may leave beside its outputs (staging, spill, journals): the
     driver deletes them when the job ends, however it ends."""
     stages = [pub.out_stage, pub.report_stage]
-    return stages + [_journal(s) for s in stages] + ([pub.spill] if pub.spill else [])
+    return stages + [layout.journal(s) for s in stages] + ([pub.spill] if pub.spill else [])
 
 
 def _hold_for_tests() -> None:

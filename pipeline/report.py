@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import report_html
+from pipeline import layout, report_html
 from pipeline.near_report import write_near_report
 from pipeline.steps.elements import (
     KINDS,
@@ -175,10 +175,10 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
     duplicates = _duplicates_table(results)
     files = _files_table(results, reference_files)
     with fs.local_dir_for(staging) as folder:  # a temporary directory for gs:// & co.
-        pq.write_table(duplicates, os.path.join(folder, "duplicates.parquet"))
-        pq.write_table(files, os.path.join(folder, "files.parquet"))
+        pq.write_table(duplicates, os.path.join(folder, layout.DUPLICATES))
+        pq.write_table(files, os.path.join(folder, layout.FILES))
         pq.write_table(_invalid_table([(r.decision.path, r.decision.invalid) for r in results]),
-                       os.path.join(folder, "invalid.parquet"))
+                       os.path.join(folder, layout.INVALID))
         near_stats = hist = None
         if near is not None and near_report is not None:
             stats = near_report.stats
@@ -196,7 +196,7 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
                           key=lambda t: t[:2])
             bad = [(ref_files[i - first], [r]) for i, _, r in rows]
             pq.write_table(_invalid_table(bad),
-                           os.path.join(folder, "reference_invalid.parquet"))
+                           os.path.join(folder, layout.REFERENCE_INVALID))
             ref_stats = {"files": len(ref_files), "read": sum(f.n_read for _, f in facts),
                          "invalid": sum(len(f.invalid) for _, f in facts)}
         per_file = [file_summary(r) for r in results]
@@ -248,4 +248,4 @@ def write_summary(report_dir: str, summary: dict) -> None:
     """summary.json, replaced in one step (a reader never sees half of it); the Publish
     step writes it last, so its presence marks a complete run on every filesystem."""
     data = json.dumps(summary, indent=2, sort_keys=True) + "\n"
-    fs.write_bytes_atomic(fs.join(report_dir, "summary.json"), data.encode())
+    fs.write_bytes_atomic(fs.join(report_dir, layout.SUMMARY), data.encode())

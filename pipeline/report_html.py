@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline import layout
 from transforms.near_recall import recall_line
 
 MAX_GROUPS = 10  # largest groups shown
@@ -489,8 +490,8 @@ def write_page(folder: str, *, counts: dict, duplicates: pa.Table, files: pa.Tab
     recs += [r for p in inside + outside for r in (p.record, p.neighbour)]
     shown = fetch(recs, read_rows)
     hist_png = None
-    if near is not None and os.path.exists(os.path.join(folder, "near_distances.png")):
-        with open(os.path.join(folder, "near_distances.png"), "rb") as f:
+    if near is not None and os.path.exists(os.path.join(folder, layout.NEAR_DISTANCES + ".png")):
+        with open(os.path.join(folder, layout.NEAR_DISTANCES + ".png"), "rb") as f:
             hist_png = f.read()
     page = render(counts, groups, inside, outside, files, near, hist_png, reference, shown)
     _write(folder, page)
@@ -512,5 +513,5 @@ def write_fallback(folder: str, counts: dict, error: str) -> None:
 
 
 def _write(folder: str, page: str) -> None:
-    with open(os.path.join(folder, "index.html"), "w", encoding="utf-8") as f:
+    with open(os.path.join(folder, layout.INDEX), "w", encoding="utf-8") as f:
         f.write(page)

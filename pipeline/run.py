@@ -82,8 +82,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "plain lines")
     ap.add_argument("--dry-run", action="store_true",
                     help="check the config and build the job offline (on Dataflow: the job "
-                         "a real run would submit), print what it would run and exit; "
-                         "nothing is submitted, written or published")
+                         "a real run would submit), print what it would run and its "
+                         "capacity plan (time, shuffle, spill, memory, worker-hours; "
+                         "docs/scale.md) and exit; nothing is submitted, written or "
+                         "published")
+    ap.add_argument("--plan-records", type=int, metavar="N",
+                    help="--dry-run: plan for N records of the input's kind (e.g. the input "
+                         "is a local sample of the full data set)")
     args = ap.parse_args(ours)
     args.beam_args = beam_args
     return args
@@ -103,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
+    if args.plan_records is not None and (args.plan_records < 1 or not args.dry_run):
+        print("error: --plan-records: give a number of records >= 1, with --dry-run",
+              file=sys.stderr)
+        return EXIT_USAGE
     verbose = is_verbose(args.verbose or None)
     try:
         cfg = to_config(args.config, overrides=args.set, overwrite=args.overwrite,
@@ -111,12 +120,13 @@ def _main(argv: list[str] | None) -> int:
             job = prepare(cfg)
     except (ConfigError, InputError) as e:
         print(f"error: {e}", file=sys.stderr)
+        if args.dry_run and isinstance(e, InputError) and str(e).startswith("input.path"):
+            from pipeline.capacity import lacking
+
+            print("\n".join(lacking(cfg, str(e).split(": ", 1)[-1])))
         return EXIT_USAGE
     if args.dry_run:  # the job built offline: nothing submitted, written or published
-        from pipeline.graph import build
-        from pipeline.runner import dry_run
-
-        return dry_run(job, lambda p: build(p, job, publication(job)))
+        return _dry_run(job, args.plan_records)
     try:
         result = run_prepared(job, quiet=args.quiet, verbose=verbose)
     except LeaseHeld as e:  # another run holds the output or store: nothing was touched
@@ -127,6 +137,24 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_FAILED
     print(result)
     return 0
+
+
+def _dry_run(job, records: int | None) -> int:
+    """The graph built offline (``runner.dry_run``), then the capacity plan."""
+    from pipeline.capacity import RATES_ENV, Rates, plan_lines
+    from pipeline.graph import build
+    from pipeline.runner import dry_run
+
+    try:
+        rates = Rates.load()
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: {RATES_ENV}: the rates file cannot be read ({e}): write one with "
+              "scripts/bench_rates.py --json PATH, or unset it", file=sys.stderr)
+        return EXIT_USAGE
+    code = dry_run(job, lambda p: build(p, job, publication(job)))
+    if code == 0:
+        print("\n".join(plan_lines(job, records, rates)))
+    return code
 
 
 if __name__ == "__main__":

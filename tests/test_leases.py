@@ -25,7 +25,7 @@ import pytest
 import yaml
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline import graph, publish
+from pipeline import graph, layout, publish
 from pipeline.run import main
 from tests import fakefs
 from tests.jobkit import write_input
@@ -177,7 +177,7 @@ def test_two_runs_on_one_store_commit_one_at_a_time(tmp_path, where):
     assert s2["removed_store_exact"] == 60
     keys = store_digests(store)
     assert len(keys) == s1["kept"] + s2["kept"] == len(np.unique(keys))
-    assert not fs.exists(lease.store_lease_path(store))
+    assert not fs.exists(layout.store_lease(store))
 
 
 def test_a_killed_holder_does_not_block_the_next_run(tmp_path, where):
@@ -190,7 +190,7 @@ def test_a_killed_holder_does_not_block_the_next_run(tmp_path, where):
     wait_for(Path(f"{hold}.reached"), first)
     first.send_signal(signal.SIGKILL)
     first.wait()
-    paths = [lease.dir_lease_path(f"{out}/clean"), lease.store_lease_path(store)]
+    paths = [layout.dir_lease(f"{out}/clean"), layout.store_lease(store)]
     assert all(fs.exists(p) for p in paths)  # left behind by the dead holder
     rc, err = finish(spawn(cfg, "--run-id", "a"))
     assert rc == 0, err

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipeline.preflight import sniff
+from pipeline.inputs import sniff
 from tests import slowfs
 from tests.jobkit import run_job, write_input
 

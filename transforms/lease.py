@@ -90,16 +90,6 @@ class Lease:
             conditional.replace_if_unchanged(self.path, found[0], None)
 
 
-def dir_lease_path(final: str) -> str:
-    """The lease of an output or report directory: a hidden sibling, next to its staging
-    directories (``.<name>.lease.json``)."""
-    return fs.sibling(os.path.abspath(final) if fs.is_local(final) else final, "lease.json")
-
-
-def store_lease_path(store: str) -> str:
-    return fs.join(store, "LEASE.json")
-
-
 def acquire(path: str, target: str, run_id: str, detached: bool = False) -> Lease:
     """Take the lease at ``path`` guarding ``target``, breaking it if stale; raise
     ``LeaseHeld`` if a live run holds it."""

@@ -8,12 +8,9 @@ records kept, the ones removed (with what each duplicates) and the invalid ones.
 
 from __future__ import annotations
 
-import os
-import tempfile
-import uuid
-
 import apache_beam as beam
 
+from pipeline import layout
 from pipeline.steps.decide import Decide
 from pipeline.steps.elements import (
     CHUNKS,
@@ -76,8 +73,7 @@ class Dedup(beam.PTransform):
         self.key, self.id, self.keep, self.near = key, id, Keep.of(keep), near
         self.exact, self.reference, self.store = exact, reference, store
         self.survivors = survivors
-        self.spill = spill or os.path.join(tempfile.gettempdir(),
-                                           f"tensordedup-{uuid.uuid4().hex}")
+        self.spill = spill or layout.library_spill()
         self.shards, self.borderline_pairs, self.chunk_rows = shards, borderline_pairs, chunk_rows
 
     def expand(self, pvalue):
@@ -106,7 +102,7 @@ class Dedup(beam.PTransform):
             return out
         keys = chunks | "Fingerprint" >> Fingerprint(
             keep=self.keep, shards=self.shards,
-            spill=fs.join(self.spill, "values") if self.near else None)
+            spill=layout.spill_values(self.spill) if self.near else None)
         exact = keys[KEYS] | "DedupExact" >> DedupExact(
             keep=self.keep, store=self.store, survivors=self.survivors)
         streams.update({"exact": exact[REMOVED], SEEN: exact[SEEN]})
@@ -120,7 +116,7 @@ class Dedup(beam.PTransform):
                 stored = vectors.pipeline | "ReadStore" >> StoreVectors(self.store, keep=self.keep)
                 vectors = (vectors, stored) | "WithStored" >> beam.Flatten()
             near = vectors | "DedupNear" >> DedupNear(
-                self.near, spill=fs.join(self.spill, "cells"),
+                self.near, spill=layout.spill_cells(self.spill),
                 borderline_pairs=self.borderline_pairs)
             streams["near"] = near[REMOVED]
             out[NEAR_REPORT] = near[NEAR_REPORT]

@@ -8,7 +8,6 @@ Chunks of rows (``Chunk``) come from ``transforms.formats.base``.
 from __future__ import annotations
 
 import dataclasses
-import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -357,14 +356,3 @@ def removed_by_file(batch: KeyBatch | VecBatch, removed: np.ndarray, kept: np.nd
                     TIER_PREFIX[tier] + kind, distance[part],
                     None if batch.run is None else batch.run.take(k), k_file, k_pos,
                     np.ascontiguousarray(batch.words[at], np.uint64))
-
-
-def output_name(path: str, root: str | None) -> str:
-    """Where an input file's clean copy goes, relative to the output directory: its path
-    below ``root`` (the inputs' common directory), or its name when ``root`` is None."""
-    if root is None:
-        return path.rstrip("/").rsplit("/", 1)[-1] if not fs.is_local(path) \
-            else os.path.basename(path)
-    if fs.is_local(path):
-        return os.path.relpath(path, root)
-    return path[len(root):].lstrip("/")

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import apache_beam as beam
 import numpy as np
 
+from pipeline import layout
 from pipeline.steps import progress
 from pipeline.steps.elements import NEAR_REPORT, REMOVED, VecBatch
 from pipeline.steps.near_cells import assign_batch, collapse, decide_one
@@ -271,7 +272,7 @@ class DedupNear(beam.PTransform):
     def __init__(self, spec: near.NearSpec, *, spill: str, borderline_pairs: int = 500):
         super().__init__()
         self.spec, self.per_side, self.spill = spec, borderline_pairs, spill
-        self.recall_spill = spill.rstrip("/") + "-recall"
+        self.recall_spill = layout.recall_spill(spill)
 
     def expand(self, vecs):
         plan = beam.pvalue.AsSingleton(vecs | "SampleAndPlan" >> beam.CombineGlobally(

@@ -11,8 +11,9 @@ from __future__ import annotations
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from pipeline.layout import output_shard
 from pipeline.steps import progress
-from pipeline.steps.elements import FileDecision, FileResult, output_name
+from pipeline.steps.elements import FileDecision, FileResult
 from transforms import fs
 from transforms.formats import get_format
 from transforms.formats.base import TensorSpec
@@ -30,7 +31,7 @@ class WriteFile(beam.DoFn):
 
     def process(self, decision: FileDecision):
         progress.tick("write", self.total_files, 0, "files", units=0)  # its clock starts
-        name = output_name(decision.path, self.root)
+        name = output_shard(decision.path, self.root)
         dst = fs.join(self.staging, name)
         drop = decision.drop()
         kept = self.fmt.write(decision.path, dst, drop, self.spec)

@@ -1,0 +1,366 @@
+"""Per-core rates of the job's steps, for the capacity plan (``pipeline/capacity.py``).
+
+Why from the job itself: the plan must predict the job as it runs, with its Beam
+overhead, its copies and its spill, not an idealised kernel. Each calibration run is the
+real job (exact + near, the local runner with one worker, so every step's time is one
+core's) on embedding-like vectors written to Parquet; Beam's own per-transform
+execution times (``ptransform_execution_time``) are summed per step and divided by the
+step's units (bytes read, tensor bytes hashed, records, row x cell x dimension
+products, compared pairs x dimension, bytes written). What the steps do not account
+for (Beam's shuffle, coders, bundle set-up) is fitted as a cost per record, and the
+whole-process start-up (imports, checks, graph, publish) from a tiny run.
+
+    python scripts/bench_rates.py                      # measure: table + rates JSON
+    python scripts/bench_rates.py --check 100000 300000 1000000   # predicted vs actual
+    python scripts/bench_rates.py --project            # 100M / 1B x 768-d on Dataflow
+
+``--json`` (default pipeline/rates.json, the defaults a dry run loads; a dry run reads
+another file from TENSORDEDUP_RATES). Run measurements alone on the machine (wrap in
+``flock /work/BENCH.lock``): they are timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from benchkit import run_watched  # noqa: E402
+
+from tests.embeddings import embeddings, with_near_copies  # noqa: E402
+
+THRESHOLD = 0.01  # cosine: the planted copies are at 0.001-0.02
+
+
+def make_input(folder: Path, n: int, dim: int, files: int = 4) -> str:
+    """``n`` embedding-like unit vectors (10% exact copies, 5% near copies, 2% decoys)
+    as ``files`` Parquet files with an ``id`` column; returns the glob."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    base = embeddings(int(n / 1.17) + 1, dim=dim, clusters=max(50, n // 500))
+    x = with_near_copies(base)
+    rng = np.random.default_rng(2)
+    x = np.concatenate([x, x[rng.integers(0, len(x), n - len(x))]])[:n] if len(x) < n \
+        else x[:n]
+    copies = rng.choice(n, n // 10, replace=False)
+    x[copies] = x[rng.integers(0, n, len(copies))]
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, part in enumerate(np.array_split(np.arange(n), files)):
+        emb = pa.FixedSizeListArray.from_arrays(pa.array(x[part].reshape(-1)), dim)
+        pq.write_table(pa.table({"id": [f"r{j}" for j in part], "emb": emb}),
+                       folder / f"part-{i:03d}.parquet", row_group_size=65536)
+    return str(folder / "*.parquet")
+
+
+def job_config(data: str, out: Path, near: bool = True, workers: int = 1) -> dict:
+    """The calibration and check job: exact + near (cosine), keep first, local runner."""
+    cfg = {"input": {"format": "parquet", "path": data, "tensor": "emb", "id": "id"},
+           "output": {"path": str(out / "clean"), "overwrite": True},
+           "report": str(out / "report"), "runner": {"name": "local", "workers": workers}}
+    if near:
+        cfg["near"] = {"metric": "cosine", "threshold": THRESHOLD}
+    return cfg
+
+
+# ------------------------------------------------------------------ one calibration run
+STEPS = (("Read/", "read"), ("Dedup/Fingerprint/", "fingerprint"),
+         ("Dedup/DedupExact/", "exact"), ("Dedup/Decide/", "exact"),
+         ("Dedup/DedupNear/SampleAndPlan/CombinePerKey/ExtractOutputs", "plan"),
+         ("Dedup/DedupNear/SampleAndPlan", "sample"), ("Dedup/DedupNear/AssignCells", "assign"),
+         ("Dedup/DedupNear/DecideCells", "search"), ("Dedup/DedupNear/Recall", "recall"),
+         ("Dedup/DedupNear/GatherSample", "recall"), ("Dedup/DedupNear/GatherTruth", "recall"),
+         ("Dedup/DedupNear/", "merge"), ("Write/", "write"), ("Report", "report"),
+         ("CollectResults", "report"), ("Publish", "report"))
+
+
+def step_of(transform: str) -> str:
+    """The plan's step a leaf transform's time counts for; the rest is the framework's."""
+    return next((step for prefix, step in STEPS if transform.startswith(prefix)), "framework")
+
+
+def run_inside(config: dict, result: Path) -> None:
+    """The job in this process, as ``api.execute`` runs it, keeping Beam's result for its
+    per-transform times; writes them, the pipeline's wall time and summary.json there."""
+    from collections import defaultdict
+
+    from pipeline.api import publication, to_config
+    from pipeline.graph import build
+    from pipeline.preflight import prepare
+    from pipeline.publish import own_stages
+    from pipeline.runner import make_pipeline
+    from transforms.fs import delete_tree
+
+    job = prepare(to_config(config))
+    pub = publication(job)
+    p = make_pipeline(job.cfg.runner)
+    build(p, job, pub)
+    start = time.perf_counter()
+    r = p.run()
+    r.wait_until_finish()
+    wall = time.perf_counter() - start
+    for stage in own_stages(pub):
+        delete_tree(stage)
+    steps: dict[str, float] = defaultdict(float)
+    for c in r.monitoring_metrics().query()["counters"]:
+        if c.key.metric.name.endswith("ptransform_execution_time:total_msecs:v1"):
+            steps[step_of(c.key.step)] += c.committed / 1000
+    steps["framework"] += wall - sum(steps.values())  # shuffles, coders, bundles
+    summary = json.loads((Path(job.report) / "summary.json").read_text())
+    out_bytes = sum(f.stat().st_size for f in Path(job.output).rglob("*") if f.is_file())
+    result.write_text(json.dumps({"steps": steps, "pipeline_s": wall, "summary": summary,
+                                  "files": job.files, "out_bytes": out_bytes}))
+
+
+def one_core_env() -> dict:
+    """One BLAS/OpenMP thread: the rates are one core's."""
+    return {**os.environ, **{k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                              "MKL_NUM_THREADS")}}
+
+
+def calibrate(folder: Path, n: int, dim: int, near: bool = True) -> dict:
+    """One run in its own process: step times, whole-process wall and peak memory."""
+    data = make_input(folder / f"in-{n}-{dim}", n, dim)
+    cfg, result = folder / f"cfg-{n}-{dim}.json", folder / f"result-{n}-{dim}.json"
+    cfg.write_text(json.dumps(job_config(data, folder / f"out-{n}-{dim}", near)))
+    got = run_watched([sys.executable, __file__, "--inside", str(cfg), str(result)],
+                      cwd=ROOT, log=folder / f"log-{n}-{dim}.txt", env=one_core_env())
+    if got["rc"] != 0:
+        raise RuntimeError(f"calibration run failed: {got['stderr_tail']}")
+    run = {**json.loads(result.read_text()), "n": n, "dim": dim, "wall_s": got["wall_s"],
+           "peak_rss": got["peak_rss_bytes"]}
+    result.write_text(json.dumps(run))  # --refit reads it again
+    return run
+
+
+def kmeans_rate(cells: int = 400, dim: int = 128, repeats: int = 3) -> float:
+    """The planner's k-means (``near_plan.plan``, as the job's plan step runs it) on one
+    thread: multiply-adds per second, the best of ``repeats`` (the step is short and the
+    machine shared, so one slow repeat says little)."""
+    from pipeline.capacity import training_rows
+    from pipeline.workload import NearCost, Workload
+    from transforms import cores
+    from transforms.near_plan import KMEANS_ITERATIONS, plan
+
+    x = embeddings(80 * cells, dim=dim, clusters=cells)
+    w = Workload(1000 * cells, 0, 4 * dim, dim, near=NearCost(cells, 1, 0, 0, "", ""))
+    best = float("inf")
+    with cores.threads(1):
+        for _ in range(repeats):
+            start = time.perf_counter()
+            plan(x, 1000 * cells, 0.14, "auto", 3, cells)
+            best = min(best, time.perf_counter() - start)
+    return training_rows(w) * cells * dim * KMEANS_ITERATIONS / best
+
+
+def observed(run: dict):
+    """The model's inputs for a finished run, from its files and summary.json (the near
+    figures are the job's own prediction, as a dry run's are)."""
+    from pipeline.workload import NearCost, Workload
+
+    s = run["summary"]
+    near = None
+    if s.get("near"):
+        p, mode = s["near"]["prediction"], s["near"]["mode"]
+        if p is None:
+            near = NearCost(1, 1.0, float(s["read"]) ** 2, s["read"], mode, "one cell")
+        else:
+            key = "exact" if mode == "exact" else "bounded"
+            near = NearCost(p["cells"], p[f"joins_{key}"], p[f"work_{key}"],
+                            p[f"largest_{key}"], mode, "the job's prediction")
+    return Workload(s["read"], sum(os.path.getsize(f) for f in run["files"]),
+                    run["dim"] * 4, run["dim"], near=near,
+                    recall_sample=s["config"]["near"]["recall_sample"] if near else 0)
+
+
+def fit(runs: list[dict], kmeans: float) -> dict[str, dict[str, float]]:
+    """Each step's seconds per unit: non-negative least squares over the runs; the plan's
+    k-means from its own timing (``kmeans``: multiply-adds per second per core), since
+    in the job it is a second or two of every run and the machine is shared."""
+    from scipy.optimize import nnls
+
+    from pipeline.capacity import units
+
+    table: dict[str, list[tuple[dict, float]]] = {}
+    for run in runs:
+        for step, amounts in units(observed(run), run["out_bytes"]).items():
+            table.setdefault(step, []).append((amounts, run["steps"].get(step, 0.0)))
+    rates = {"plan": {"madd": 1 / kmeans}}
+    del table["plan"]
+    for step, rows in table.items():
+        keys = sorted({k for amounts, _ in rows for k in amounts})
+        a = np.array([[amounts.get(k, 0.0) for k in keys] for amounts, _ in rows], float)
+        scale = np.maximum(a.max(axis=0), 1e-300)  # columns of very different sizes
+        x, _ = nnls(a / scale, np.array([s for _, s in rows]))
+        rates[step] = {k: float(v) for k, v in zip(keys, x / scale, strict=True)}
+    return rates
+
+
+# ------------------------------------------------------------------ measure, check, project
+# Sizes and widths other than the check's (128 values): fixed costs are told apart from
+# per-record ones by runs of 50k to 600k records, per-byte ones by 32 to 384 values.
+CALIBRATION = ((50_000, 64), (200_000, 32), (150_000, 256), (600_000, 64), (400_000, 96),
+               (60_000, 384))
+TINY = (3_000, 16)  # the process's start-up and baseline memory
+CHECK_DIM = 128
+
+
+def held(runs: list[dict], raw: dict) -> tuple[float, float]:
+    """What the local runner holds between steps: each run's peak less the process's
+    baseline and its largest step's working set, fitted as bytes + bytes per tensor
+    byte (non-negative least squares)."""
+    from scipy.optimize import nnls
+
+    from pipeline.capacity import Cluster, Rates, peak_memory
+
+    rates = Rates(raw["steps"], raw["startup_s"], raw["baseline_rss"], 0.0, 0.0, "")
+    one = Cluster("local", 1, 1, None, None, 0, False, 1, 0.0)
+    ws = [observed(r) for r in runs]
+    tensor = np.array([w.records * w.record_bytes for w in ws], float)
+    extra = np.array([r["peak_rss"] - peak_memory(w, one, rates) for r, w in zip(runs, ws,
+                                                                             strict=True)])
+    (fixed, per_byte), _ = nnls(np.stack([np.full(len(ws), 1e9), tensor], axis=1), extra)
+    return float(fixed * 1e9), float(per_byte)
+
+
+def show(rates: dict) -> None:
+    """The rates as a Markdown table (docs/scale.md quotes it)."""
+    print(f"start-up {rates['startup_s']:.2f} s, baseline memory "
+          f"{rates['baseline_rss'] / 2**20:.0f} MB, the local runner holds "
+          f"{rates['held_fixed'] / 2**20:.0f} MB + {rates['held_per_byte']:.2f} x the "
+          "tensor bytes")
+    print("| step | rate per core |\n| --- | --- |")
+    per = {"record": ("records/s", 1), "byte": ("MB/s", 1e6), "score": ("M scores/s", 1e6),
+           "madd": ("G multiply-adds/s", 1e9), "value": ("dimensions/s", 1)}
+    for step, r in rates["steps"].items():
+        parts = [f"{v:.3g} s per run" if k == "run" else
+                 f"{1 / (v * per[k][1]):.3g} {per[k][0]}" for k, v in r.items() if v > 0]
+        print(f"| {step} | {', '.join(parts) or 'negligible'} |")
+
+
+def measure(folder: Path, out: Path, refit: bool = False) -> None:
+    """Calibration runs (``refit``: those saved in ``folder`` by an earlier measurement,
+    and the k-means rate of ``out``), the fit, the rates JSON and a table of them."""
+    import platform
+
+    if refit:
+        tiny, *runs = [json.loads((folder / f"result-{n}-{d}.json").read_text())
+                       for n, d in (TINY, *CALIBRATION)]
+    else:
+        tiny = calibrate(folder, *TINY)
+        runs = [calibrate(folder, n, d) for n, d in CALIBRATION]
+    rates = {"measured": f"{time.strftime('%Y-%m-%d')} on {platform.node()} "
+                         f"({os.cpu_count()} cores), scripts/bench_rates.py",
+             "startup_s": float(np.median([r["wall_s"] - r["pipeline_s"]
+                                           for r in [tiny, *runs]])),
+             "baseline_rss": float(tiny["peak_rss"]),
+             "steps": fit(runs, 1 / json.loads(out.read_text())["steps"]["plan"]["madd"]
+                          if refit else kmeans_rate())}
+    rates["held_fixed"], rates["held_per_byte"] = held(runs, rates)
+    out.write_text(json.dumps(rates, indent=1) + "\n")
+    show(rates)
+    for run in runs:
+        print(f"calibration {run['n']:,} x {run['dim']}: pipeline {run['pipeline_s']:.1f} s, "
+              + ", ".join(f"{k} {v:.1f}" for k, v in sorted(run["steps"].items())))
+    print(f"wrote {out}")
+
+
+def check(folder: Path, sizes: list[int], workers: int) -> list[dict]:
+    """The CLI on each size (exact + near, ``workers`` local workers, one BLAS thread per
+    worker), whole processes, against the dry run's plan of the same config."""
+    from pipeline.api import to_config
+    from pipeline.capacity import Rates, cluster, predict
+    from pipeline.preflight import prepare
+    from pipeline.workload import workload
+
+    rates, rows = Rates.load(), []
+    for n in sizes:
+        data = make_input(folder / f"check-{n}", n, CHECK_DIM)
+        cfg = job_config(data, folder / f"check-out-{n}", workers=workers)
+        cfg_path = folder / f"check-{n}.json"
+        cfg_path.write_text(json.dumps(cfg))
+        job = prepare(to_config(cfg))
+        w = workload(job)
+        plan = predict(w, cluster(job.cfg.runner, rates), rates, remote_spill=False)
+        got = run_watched([sys.executable, "-m", "pipeline.run", "--config", str(cfg_path),
+                           "--quiet"], cwd=ROOT, log=folder / f"check-{n}.log",
+                          env=one_core_env(), timeout_s=1800)
+        if got["rc"] != 0:
+            raise RuntimeError(f"check run failed: {got['stderr_tail']}")
+        rows.append({"records": n, "dim": CHECK_DIM, "workers": workers,
+                     "predicted_s": plan.wall_s, "actual_s": got["wall_s"],
+                     "error": plan.wall_s / got["wall_s"] - 1,
+                     "predicted_peak_mb": plan.peak_memory / 2**20,
+                     "actual_peak_mb": got["peak_rss_bytes"] / 2**20,
+                     "cells": w.near.cells, "joins": w.near.joins, "mode": w.near.mode})
+        r = rows[-1]
+        print(f"| {n:,} x {CHECK_DIM} | {workers} | {r['mode']}, {r['cells']} cells, "
+              f"{r['joins']:.2f} joins | {r['predicted_s']:.1f} s | {r['actual_s']:.1f} s | "
+              f"{r['error']:+.0%} | {r['predicted_peak_mb']:.0f} MB | "
+              f"{r['actual_peak_mb']:.0f} MB |", flush=True)
+    return rows
+
+
+PROJECTION = {  # docs/scale.md: Dataflow workers for 768-d embeddings
+    "CPU": {"machine_type": "n1-standard-16", "max_workers": 100},
+    "GPU": {"machine_type": "n1-standard-8", "max_workers": 100,
+            "accelerator": {"type": "nvidia-tesla-t4", "count": 1}},
+}
+
+
+def project(records: list[int], dim: int = 768) -> None:
+    """The plan for ``records`` x ``dim`` float32 embeddings (ids of 12 bytes, Parquet of
+    the tensor bytes plus 3%), exact + near (cosine 0.01, bounded closed form) on
+    Dataflow CPU and GPU workers."""
+    from pipeline.capacity import Rates, cluster, lines
+    from pipeline.config import RunnerConfig
+    from pipeline.workload import Workload, closed_form
+    from transforms.near import NearSpec
+
+    rates = Rates.load()
+    spec = NearSpec("cosine", threshold=THRESHOLD)  # the near section's defaults
+    for n in records:
+        w = Workload(n, int(n * dim * 4 * 1.03), dim * 4, dim,
+                     near=closed_form(spec, n, dim), near_spec=spec,
+                     recall_sample=spec.recall_sample)
+        for name, keys in PROJECTION.items():
+            cfg = RunnerConfig(name="dataflow", project="my-project", region="us-central1",
+                               temp_location="gs://my-bucket/tmp",
+                               worker_image="us-docker.pkg.dev/my-project/w:1", **keys)
+            print(f"\n{n:,} x {dim} on Dataflow {name} workers ({keys['machine_type']}):")
+            print("\n".join(lines(w, cluster(cfg, rates), rates, remote_spill=True)))
+
+
+def main() -> None:
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path, default=ROOT / "pipeline" / "rates.json")
+    ap.add_argument("--check", type=int, nargs="*", metavar="RECORDS")
+    ap.add_argument("--workers", type=int, default=1, help="--check: local workers")
+    ap.add_argument("--project", action="store_true")
+    ap.add_argument("--refit", action="store_true",
+                    help="fit the rates again from the calibration runs saved in --dir")
+    ap.add_argument("--inside", nargs=2, metavar=("CONFIG", "RESULT"), help=argparse.SUPPRESS)
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/tensordedup-rates"))
+    args = ap.parse_args()
+    if args.inside:
+        run_inside(json.loads(Path(args.inside[0]).read_text()), Path(args.inside[1]))
+    elif args.project:
+        project([100_000_000, 1_000_000_000])
+    elif args.check:
+        json.dump(check(args.dir, args.check, args.workers), sys.stdout, indent=1)
+    else:
+        measure(args.dir, args.json, args.refit)
+
+
+if __name__ == "__main__":
+    main()

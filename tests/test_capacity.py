@@ -1,0 +1,176 @@
+"""The capacity plan of ``--dry-run``: on real small inputs its figures are present and
+sane, it follows the input and the runner, and a dry run that cannot read its input
+names what the model lacks. No timings are asserted (docs/scale.md checks the model
+against real runs)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipeline.api import to_config
+from pipeline.capacity import Rates, cluster, plan_lines, predict
+from pipeline.preflight import prepare
+from pipeline.run import main
+from pipeline.workload import workload
+from tests import slowfs  # noqa: F401  (registers deniedfs://)
+from tests.embeddings import embeddings
+
+ROWS, DIM = 30_000, 16
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def vectors(tmp_path_factory) -> str:
+    """30k embedding-like 16-d vectors in two Parquet files (the near stage plans 30
+    cells for them, so the planner runs on a sample)."""
+    folder = tmp_path_factory.mktemp("capacity")
+    x = embeddings(ROWS, dim=DIM, clusters=200)
+    for i, part in enumerate(np.array_split(np.arange(ROWS), 2)):
+        emb = pa.FixedSizeListArray.from_arrays(pa.array(x[part].reshape(-1)), DIM)
+        pq.write_table(pa.table({"id": [f"r{j}" for j in part], "emb": emb}),
+                       folder / f"part-{i}.parquet")
+    return str(folder / "*.parquet")
+
+
+def config(tmp_path: Path, data: str, near: bool = True, **runner) -> dict:
+    cfg = {"input": {"format": "parquet", "path": data, "tensor": "emb", "id": "id"},
+           "output": {"path": str(tmp_path / "out" / "clean")},
+           "report": str(tmp_path / "out" / "report"),
+           "runner": {"name": "local", "workers": 1, **runner}}
+    if near:
+        cfg["near"] = {"metric": "cosine", "threshold": 0.01}
+    return cfg
+
+
+def dry_run(tmp_path: Path, cfg: dict, *extra: str) -> tuple[int, str, str]:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    code = main(["--config", str(path), "--dry-run", *extra])
+    return code, path.read_text(), str(path)
+
+
+def figure(out: str, label: str) -> str:
+    found = re.search(rf"^  {label}: (.*)$", out, re.M)
+    assert found, f"no {label!r} line in:\n{out}"
+    return found.group(1)
+
+
+def seconds(text: str) -> float:
+    value, unit = re.match(r"([\d.]+) (s|min|h)", text).groups()
+    return float(value) * {"s": 1, "min": 60, "h": 3600}[unit]
+
+
+def test_dry_run_prints_a_plan_of_the_input(tmp_path, vectors, capsys):
+    code, _, _ = dry_run(tmp_path, config(tmp_path, vectors))
+    out = capsys.readouterr().out
+    assert code == 0 and "steps: " in out  # the graph is still built and described
+    assert re.search(r"^capacity plan \(local, 1 worker\(s\) x 1 core\(s\); rates: ", out, re.M)
+    assert figure(out, "input").startswith(f"{ROWS:,} records of {DIM} values (64 B each)")
+    near = figure(out, "near")
+    cells = int(re.match(r"(exact|bounded) search in ([\d,]+) cell\(s\)", near).group(2))
+    assert cells == 30 and "the job's planner on" in near
+    wall = figure(out, "wall time")
+    assert 1 < seconds(wall) < 600 and "start-up" in wall
+    assert re.match(r"[\d.]+ [kMG]?B; spilled: [\d.]+ [kMG]?B", figure(out, "shuffled"))
+    assert re.match(r"[\d.]+ (MB|GB)$", figure(out, "peak memory per worker"))
+    assert 0 < float(figure(out, "worker-hours")) < 1
+    assert not (tmp_path / "out").exists()  # a dry run writes nothing
+
+
+def test_plan_follows_records_workers_and_the_near_stage(tmp_path, vectors):
+    """More records cost more; the job's input is counted exactly; a second worker
+    shortens the wall time; no near section, no spill."""
+    rates = Rates.load()
+    job = prepare(to_config(config(tmp_path, vectors)))
+    w = workload(job)
+    assert w.records == ROWS and w.record_bytes == 4 * DIM and w.dim == DIM
+    assert w.file_bytes == sum(p.stat().st_size for p in Path(vectors).parent.iterdir())
+    one = predict(w, cluster(job.cfg.runner, rates), rates, remote_spill=False)
+    big = predict(workload(job, 10 * ROWS), cluster(job.cfg.runner, rates), rates, False)
+    assert big.wall_s > one.wall_s and big.shuffled > 9 * one.shuffled
+    assert big.spilled > 9 * one.spilled > 0
+    two = job.cfg.runner.model_copy(update={"name": "dask", "workers": 2})
+    assert predict(w, cluster(two, rates), rates, False).wall_s < one.wall_s
+    exact = prepare(to_config(config(tmp_path, vectors, near=False)))
+    plain = predict(workload(exact), cluster(exact.cfg.runner, rates), rates, False)
+    assert plain.spilled == 0 and plain.wall_s < one.wall_s
+
+
+def test_plan_records_scales_a_sample_to_the_full_set(tmp_path, vectors, capsys):
+    code, _, _ = dry_run(tmp_path, config(tmp_path, vectors, near=False),
+                         "--plan-records", "100000000")
+    out = capsys.readouterr().out
+    assert code == 0 and figure(out, "input").startswith("100,000,000 records")
+    assert seconds(figure(out, "wall time")) > 60
+
+
+def test_dataflow_plan_names_workers_and_assumptions(tmp_path, vectors):
+    """A Dataflow config's plan: its machine type's vCPUs and memory, its GPU, and the
+    assumptions the plan makes about them, in words."""
+    cfg = config(tmp_path, vectors)
+    cfg["runner"] = {"name": "dataflow", "project": "my-project", "region": "us-central1",
+                     "temp_location": "gs://my-bucket/tmp", "machine_type": "n1-standard-8",
+                     "max_workers": 4, "worker_image": "us-docker.pkg.dev/my-project/w:1",
+                     "accelerator": {"type": "nvidia-tesla-t4", "count": 1}}
+    job = prepare(to_config(cfg))
+    out = "\n".join(plan_lines(job, 1_000_000_000))
+    assert "(dataflow, 4 worker(s) x 8 core(s) + nvidia-tesla-t4;" in out
+    assert "of 32.2 GB" in figure(out, "peak memory per worker")
+    assert "vCPU-hours" in figure(out, "worker-hours")
+    assert "assumed: nvidia-tesla-t4: " in out and "closed form" in figure(out, "near")
+
+
+def test_offline_dry_run_names_what_the_model_lacks(tmp_path, capsys):
+    """An input the dry run cannot read (a filesystem that refuses every call, as GCS
+    does without credentials): exit 2, the error in one line, and the plan's missing
+    inputs instead of numbers."""
+    cfg = config(tmp_path, "deniedfs://bucket/data/*.parquet")
+    code, _, _ = dry_run(tmp_path, cfg)
+    out, err = capsys.readouterr()
+    assert code == 2 and err.startswith("error: input.path: ") and len(err.splitlines()) == 1
+    assert "capacity plan: not computed; the model lacks:" in out
+    assert "records and file bytes: the input could not be read" in out
+    assert "record size: input.shape and input.dtype are not both set" in out
+    assert "near cells per record" in out and "--plan-records N" in out
+    assert "wall time" not in out
+
+
+def test_bad_rates_file_and_plan_records_are_one_line(tmp_path, vectors, capsys,
+                                                       monkeypatch):
+    bad = tmp_path / "rates.json"
+    bad.write_text(json.dumps({"steps": {}}))
+    monkeypatch.setenv("TENSORDEDUP_RATES", str(bad))
+    code, _, _ = dry_run(tmp_path, config(tmp_path, vectors))
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: TENSORDEDUP_RATES: ")
+    assert len(err.splitlines()) == 1
+    monkeypatch.delenv("TENSORDEDUP_RATES")
+    path = tmp_path / "job.yaml"
+    assert main(["--config", str(path), "--plan-records", "10"]) == 2
+    assert capsys.readouterr().err == ("error: --plan-records: give a number of records >= 1, "
+                                       "with --dry-run\n")
+
+
+def test_tfrecord_input_needs_a_record_count(tmp_path, capsys, monkeypatch):
+    """TFRecord files have no index: the plan names what it lacks, and plans once it is
+    given the count."""
+    monkeypatch.chdir(ROOT)
+    sets = ["--set", f"output.path={tmp_path / 'clean'}", "--set", f"report={tmp_path / 'r'}"]
+    assert main(["--config", "configs/dedupe-tfrecord.yaml", "--dry-run", *sets]) == 0
+    out = capsys.readouterr().out
+    assert "capacity plan: not computed; the model lacks:" in out
+    assert "records: tfrecord files have no index to count them from: give --plan-records N" \
+        in out
+    assert main(["--config", "configs/dedupe-tfrecord.yaml", "--dry-run", *sets,
+                 "--plan-records", "5000000"]) == 0
+    out = capsys.readouterr().out
+    assert figure(out, "input").startswith("5,000,000 records of 64 values (256 B each), "
+                                           "1.28 GB in files")
