@@ -126,7 +126,6 @@ def inspect_files(files: list[str], source: InputConfig, spec: TensorSpec, key: 
     return [r for _, r in seen]
 
 
-
 def common_dir(files: list[str]) -> str:
     """The inputs' deepest common directory (output names are relative to it)."""
     if fs.is_local(files[0]):
@@ -134,12 +133,20 @@ def common_dir(files: list[str]) -> str:
     return "/".join(os.path.commonprefix([f.split("/")[:-1] for f in files]))
 
 
-def list_files(pattern: str, key: str, timeout: float) -> list[str]:
+GLOBS = {"parquet": "*.parquet", "tfrecord": "*.tfrecord*", "hdf5": "*.h5"}  # for hints
+
+
+def list_files(pattern: str, key: str, timeout: float, fmt: str = "parquet") -> list[str]:
     try:
         files = bounded(pattern, fs.glob, key, "listing the files", timeout)
     except OSError as e:  # a local directory that cannot be listed
         raise InputError(f"{key}: cannot list {pattern!r}: {error_line(e)}") from None
     if not files:
+        if fs.is_local(pattern) and os.path.isdir(pattern):
+            base, glob = pattern.rstrip("/"), GLOBS.get(fmt, "*")
+            raise InputError(f"{key}: {pattern!r} is a directory: name its files with a glob, "
+                             f"e.g. '{base}/{glob}' (or '{base}/**/{glob}' to include "
+                             "subdirectories)")
         where = f" (relative to {os.getcwd()})" if fs.is_local(pattern) else ""
         raise InputError(f"{key}: no files match {pattern!r}{where}: fix the path or glob")
     return files
@@ -173,7 +180,7 @@ def references(cfg: DedupeConfig, resolved: TensorSpec) -> References | None:
                          "(only path may differ): run sets with other keys separately")
     timeout = cfg.tuning.remote_timeout_s
     files = sorted({f for r in cfg.reference
-                    for f in list_files(r.path, "reference.path", timeout)})
+                    for f in list_files(r.path, "reference.path", timeout, r.format)})
     spec = tensor_spec(src, None, cfg.tuning.decoded_chunk_bytes)
     for path, got in zip(files, inspect_files(files, src, spec, "reference.path", timeout),
                          strict=True):

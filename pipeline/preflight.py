@@ -214,7 +214,7 @@ def prepare(cfg: DedupeConfig) -> Job:
     report = _target(cfg.report.replace(RUN_ID_FIELD, run_id))
     replace = _replaces(cfg)
     timeout = cfg.tuning.remote_timeout_s
-    files = list_files(cfg.input.path, "input.path", timeout)
+    files = list_files(cfg.input.path, "input.path", timeout, cfg.input.format)
     root = common_dir(files)
     keep = keep_policy(cfg.keep)
     spec = tensor_spec(cfg.input, keep[1], cfg.tuning.decoded_chunk_bytes)

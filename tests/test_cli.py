@@ -162,3 +162,12 @@ def test_shipped_sample_jobs_match_expected(tmp_path, config):
         assert summary["near"]["settings"]["threshold"] == near["threshold"]
         assert (summary["removed_near"], summary["kept"]) == (near["removed_near"], near["kept"])
         assert (tmp_path / "report" / "near_distances.png").exists()
+
+
+def test_input_path_naming_a_directory_suggests_a_glob(tmp_path, capsys):
+    """Users point input.path at the folder their files are in: one line, exit 2, the
+    glob to write."""
+    (tmp_path / "data").mkdir()
+    assert run_job(tmp_path, "tfrecord", str(tmp_path / "data")) == 2
+    line = one_error_line(capsys)
+    assert "is a directory" in line and f"'{tmp_path / 'data'}/*.tfrecord*'" in line
