@@ -371,11 +371,6 @@ def _check_runner(cfg: DedupeConfig) -> None:
         raise InputError("runner.options.direct_running_mode: multi_threading loses shuffle "
                          "elements in Beam 2.77's local runner; leave it out and set "
                          "runner.workers: N (parallel, with the workaround)")
-    if cfg.runner.name == "dask" and cfg.near is not None:
-        raise InputError("near: the near stage does not run on Dask (runner.name: dask): Beam "
-                         "2.77's DaskRunner computes a side input again inside every task, so "
-                         "workers could see different cell plans; run near-duplicate jobs with "
-                         "runner.name: local or dataflow (docs/pipeline.md#runners)")
     if cfg.runner.name == "portable" and cfg.runner.address is not None:
         from pipeline.portable import check_address
 
