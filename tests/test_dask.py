@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,40 @@ def near_input(tmp_path_factory) -> Path:
                   f"store.path={root / 'store'}", "run_id=earlier", "near.metric=l2",
                   "near.threshold=0.1") is not None
     return root
+
+
+def _mark(folder: str, what: str, value):
+    """Leave a file per call (the calls are counted across worker processes)."""
+    Path(folder, f"{what}-{os.getpid()}-{uuid.uuid4().hex}").touch()
+    return value
+
+
+def _pair(x, count: int) -> tuple:
+    return x, count
+
+
+def test_a_side_input_is_computed_once_with_its_value(tmp_path, dask_address):
+    """Beam 2.77's DaskRunner alone: ``Count.Globally`` of 64 elements read as a side
+    input by 16 tasks was 128 in each, and the step making it ran in every task. Here:
+    64 everywhere, that step run once, the shared upstream read once."""
+    import apache_beam as beam
+
+    from pipeline.runner import make_pipeline
+
+    marks = str(tmp_path)
+    p = make_pipeline(RunnerConfig(name="dask", address=dask_address))
+    src = (p | beam.Create(list(range(64)), reshuffle=False)
+           | "Read" >> beam.Map(lambda x: _mark(marks, "read", x)))
+    count = beam.pvalue.AsSingleton(
+        src | beam.combiners.Count.Globally()
+        | "Plan" >> beam.Map(lambda n: _mark(marks, "plan", n)))
+    seen = (src | "Use" >> beam.Map(_pair, count) | "Counts" >> beam.Map(lambda kv: kv[1])
+            | beam.combiners.ToList())
+    seen | "Write" >> beam.Map(lambda c: Path(marks, "seen").write_text(repr(sorted(c))))
+    p.run().wait_until_finish()
+    assert Path(marks, "seen").read_text() == repr([64] * 64)
+    calls = [f.name.split("-")[0] for f in tmp_path.iterdir() if "-" in f.name]
+    assert (calls.count("plan"), calls.count("read")) == (1, 64)
 
 
 def near_sets(grouping: str, root: Path, store: Path) -> tuple[str, ...]:
