@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import RunnerConfig
-from transforms import digest_segment
 from tests.test_runners import DIM, ROWS, comparable, outputs, run_on, write_inputs
+from transforms import digest_segment
 
 distributed = pytest.importorskip("distributed")
 
@@ -148,3 +148,13 @@ def store_files(store: Path) -> dict[str, bytes]:
         elif p.suffix == ".parquet":
             out[p.parent.parent.name, p.name] = p.read_bytes()
     return out
+
+
+def test_the_first_plan_written_is_the_one_every_task_gets(tmp_path):
+    """A recomputed step (a lost worker's, a retried bundle's) returns the value the
+    first computation wrote, not its own."""
+    from pipeline.steps.agreed import first_written
+
+    path = str(tmp_path / "plan" / "plan.pickle")
+    assert first_written(path, {"cells": 25}) == {"cells": 25}
+    assert first_written(path, {"cells": 173}) == {"cells": 25}

@@ -23,8 +23,8 @@ from apache_beam.runners.portability.fn_api_runner import worker_handlers
 from apache_beam.runners.worker import data_plane
 
 from pipeline import runner
-from pipeline.dask_cluster import DASK_PARTITIONS
 from pipeline.config import ConfigError, RunnerConfig, load_config
+from pipeline.dask_cluster import DASK_PARTITIONS
 from tests.jobkit import run_job
 
 ROOT = Path(__file__).resolve().parents[1]

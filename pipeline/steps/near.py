@@ -27,6 +27,7 @@ import apache_beam as beam
 import numpy as np
 
 from pipeline.steps import progress
+from pipeline.steps.agreed import first_written
 from pipeline.steps.elements import NEAR_REPORT, REMOVED, VecBatch
 from pipeline.steps.near_cells import assign_batch, collapse, decide_one
 from pipeline.steps.near_merge import NearReport, merge_cells
@@ -36,7 +37,7 @@ from transforms.near_plan import Partitions, plan
 from transforms.near_recall import PARTNERS, Truth, in_sample
 from transforms.near_search import rows_for
 
-__all__ = ["DedupNear", "NearReport"]
+__all__ = ["DedupNear", "NearReport", "working_dirs"]
 
 HISTOGRAM_ROWS = 20_000  # about this many records get a nearest-neighbour distance (kNN)
 RECALL_BLOCK_ROWS = 16_384  # a chunk's rows per brute-force call (progress between them)
@@ -89,10 +90,11 @@ def _say(what: str, done: int, total: int) -> None:
 
 
 class SampleForPlan(beam.CombineFn):
-    """VecBatch -> Plan (cells, mode and search radius) on one worker."""
+    """VecBatch -> Plan (cells, mode and search radius) on one worker; the first plan
+    made is kept at ``agree_at`` and any recomputation returns it (``agreed``)."""
 
-    def __init__(self, spec: near.NearSpec):
-        self.spec = spec
+    def __init__(self, spec: near.NearSpec, agree_at: str):
+        self.spec, self.agree_at = spec, agree_at
 
     def create_accumulator(self) -> Sample:
         return Sample([], [])
@@ -139,7 +141,7 @@ class SampleForPlan(beam.CombineFn):
                          self.spec.probes, cells, progress=_say)
         progress.note(f"near: {parts.mode} search in {len(parts):,} cell(s)"
                       + (f" ({_cost_line(parts)})" if parts.prediction else ""))
-        return Plan(parts, acc.n, max(1, acc.n // HISTOGRAM_ROWS))
+        return first_written(self.agree_at, Plan(parts, acc.n, max(1, acc.n // HISTOGRAM_ROWS)))
 
 
 def _cost_line(parts: Partitions) -> str:
@@ -234,11 +236,19 @@ class GatherTruth(beam.CombineFn):
         return acc
 
 
-def _drop_spill(done: object, spill: str) -> object:
-    """``done`` (every cell decided, or the report made): the spilled vectors are no
-    longer needed."""
-    fs.delete_tree(spill)
+def _drop_spill(done: object, *spills: str) -> object:
+    """``done`` (every cell decided, or the report made): the spilled vectors (or the
+    recall sample and the plan) are no longer needed."""
+    for spill in spills:
+        fs.delete_tree(spill)
     return done
+
+
+def working_dirs(spill: str) -> tuple[str, str, str]:
+    """The near stage's working directories: the cells' vectors (``spill``), the recall
+    sample's values and the plan every task uses."""
+    spill = spill.rstrip("/")
+    return spill, spill + "-recall", spill + "-plan"
 
 
 class DedupNear(beam.PTransform):
@@ -248,18 +258,19 @@ class DedupNear(beam.PTransform):
       spec: the metric, tolerance and search settings.
       spill: a directory (any filesystem) for the cells' vectors while they wait for
         their search; deleted once every cell was searched. The recall sample's values
-        wait in its sibling ``<spill>-recall`` until the report is made.
+        wait in its sibling ``<spill>-recall``, and the plan every task uses in
+        ``<spill>-plan``, until the report is made.
       borderline_pairs: pairs kept on each side of the tolerance for the report.
     """
 
     def __init__(self, spec: near.NearSpec, *, spill: str, borderline_pairs: int = 500):
         super().__init__()
         self.spec, self.per_side, self.spill = spec, borderline_pairs, spill
-        self.recall_spill = spill.rstrip("/") + "-recall"
+        _, self.recall_spill, self.plan_spill = working_dirs(spill)
 
     def expand(self, vecs):
         plan = beam.pvalue.AsSingleton(vecs | "SampleAndPlan" >> beam.CombineGlobally(
-            SampleForPlan(self.spec)))
+            SampleForPlan(self.spec, fs.join(self.plan_spill, "plan.pickle"))))
         samples = beam.pvalue.AsSingleton(
             vecs | "RecallSample" >> beam.FlatMap(recall_rows, plan, self.spec)
             | "GatherSample" >> beam.CombineGlobally(GatherSample(self.recall_spill)))
@@ -276,5 +287,5 @@ class DedupNear(beam.PTransform):
                                               samples, truth, main=REMOVED,
                                               tags=(NEAR_REPORT,)))
         out[NEAR_REPORT] = out[NEAR_REPORT] | "DropRecallSample" >> beam.Map(
-            _drop_spill, self.recall_spill)  # the merge judged the sample: done with it
+            _drop_spill, self.recall_spill, self.plan_spill)  # the merge judged the sample
         return out
