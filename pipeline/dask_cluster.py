@@ -7,10 +7,12 @@ the task), so the side input's whole upstream runs once per reading task, from t
 read on. Measured (tests/test_dask.py): ``Count.Globally`` of 64 elements read as a
 side input was 128 in every task (its main output: 64), and the near stage's cell plan
 was computed in several tasks from row counts of 49,975 and 344,635, so workers cut
-the data into 25 and 173 cells. Here each collection that is read as a side input, or
-by more than one step, is persisted on the cluster as soon as the graph reaches it:
-it is computed once, the tasks that read it fetch the stored result, and the steps
-after it build on those results rather than on a second copy of its upstream. A lost
+the data into 25 and 173 cells. Here each collection read as a side input is
+persisted on the cluster as soon as the graph reaches it and held until the job ends:
+it is computed once and the tasks that read it fetch the stored result. So that its
+upstream is not computed twice (once for it, once for the job's graph), the points
+where that upstream also feeds other steps are persisted too, and let go once the
+job's graph is submitted (Dask frees them when their readers are done). A lost
 worker's share is recomputed by Dask from the same graph.
 """
 
@@ -36,22 +38,34 @@ def dask_options() -> dict[str, Any]:
     return {"dask_npartitions": DASK_PARTITIONS}
 
 
-def shared_producers(pipeline) -> set:
-    """The leaf steps whose output is read as a side input or by more than one step:
-    the collections to compute once."""
+def shared_producers(pipeline) -> tuple[set, set]:
+    """The leaf steps to compute once: those whose output is read as a side input (held
+    until the job ends: tasks fetch it while they run), and the steps upstream of those
+    whose output is also read by another step (the side input's graph and the job's
+    graph start from one copy; released once the job's graph is submitted, so Dask frees
+    it when its readers are done)."""
     from apache_beam.pipeline import PipelineVisitor
 
     readers: dict[Any, int] = {}
+    feeds: dict[Any, set] = {}  # step -> the steps whose output it reads
     side: set = set()
 
     class Count(PipelineVisitor):
         def visit_transform(self, node) -> None:
+            sides = {si.pvalue.producer for si in node.side_inputs}
             for pv in node.inputs:
                 readers[pv.producer] = readers.get(pv.producer, 0) + 1
-            side.update(si.pvalue.producer for si in node.side_inputs)
+            feeds[node] = {pv.producer for pv in node.inputs} | sides
+            side.update(sides)
 
     pipeline.visit(Count())
-    return side | {p for p, n in readers.items() if n > 1}
+    upstream, todo = set(), list(side)
+    while todo:
+        for p in feeds.get(todo.pop(), ()):
+            if p not in upstream:
+                upstream.add(p)
+                todo.append(p)
+    return side, {p for p in upstream - side if readers.get(p, 0) > 1}
 
 
 def dask_runner(cfg: RunnerConfig):
@@ -68,7 +82,7 @@ def dask_runner(cfg: RunnerConfig):
 
     class ClosingResult(DaskRunnerResult):
         """Stops the client, and the local cluster if this job started it, once done;
-        holds the persisted collections until then."""
+        holds the persisted side inputs until then."""
 
         cluster: Any = None
         persisted: list = []
@@ -91,16 +105,18 @@ def dask_runner(cfg: RunnerConfig):
             from distributed import get_client
 
             base = type(DaskRunner.to_dask_bag_visitor(bag_kwargs))
-            shared, persisted = self.shared, self.persisted
+            side, fanout, persisted = self.side, self.fanout, self.persisted
 
             class Visitor(base):
                 def visit_transform(self, node) -> None:
                     for pv in [*node.inputs, *(si.pvalue for si in node.side_inputs)]:
                         producer = getattr(pv, "producer", None)
-                        if producer in shared and producer in self.bags:
-                            shared.discard(producer)
+                        if producer in side | fanout and producer in self.bags:
                             self.bags[producer] = get_client().persist(self.bags[producer])
-                            persisted.append(self.bags[producer])
+                            if producer in side:
+                                persisted.append(self.bags[producer])
+                            side.discard(producer)
+                            fanout.discard(producer)
                     super().visit_transform(node)
 
             return Visitor()
@@ -121,7 +137,7 @@ def dask_runner(cfg: RunnerConfig):
             from apache_beam.runners.dask.overrides import dask_overrides
 
             pipeline.replace_all(dask_overrides())  # Beam does it again: a no-op then
-            self.shared, self.persisted = shared_producers(pipeline), []
+            (self.side, self.fanout), self.persisted = shared_producers(pipeline), []
             try:
                 result = super().run_pipeline(pipeline, options)
             except BaseException:
