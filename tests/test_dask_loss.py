@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.jobkit import run_job
 from tests.test_dask import near_input, near_sets  # noqa: F401 - a module fixture
 from tests.test_runners import comparable, outputs, run_on
 from transforms import conditional
@@ -115,9 +116,9 @@ def undisturbed(near_input, tmp_path_factory) -> tuple[dict, dict]:  # noqa: F81
     return comparable(summary), outputs(where / "run")
 
 
-@pytest.mark.parametrize("stage", ["read", "search", "write"])
-def test_a_worker_killed_mid_task_changes_nothing(tmp_path, near_input, undisturbed,  # noqa: F811
-                                                  stage):
+def run_killing(tmp_path: Path, root: Path, stage: str, run) -> tuple:
+    """``run(address)`` on a new cluster of two workers whose first task at ``stage``
+    is killed; returns what ``run`` returned, once it is sure a worker was killed."""
     folder = tmp_path / "hold"
     folder.mkdir()
     killed: list[int] = []
@@ -130,15 +131,41 @@ def test_a_worker_killed_mid_task_changes_nothing(tmp_path, near_input, undistur
         killer = threading.Thread(target=kill_when_held, args=(folder, killed, stop))
         killer.start()
         try:
-            summary = run_near(tmp_path, near_input, "runner.name=dask",
-                               f"runner.address={cluster.scheduler_address}")
+            out = run(cluster.scheduler_address)
         finally:
             stop.set()
             killer.join()
     assert killed and killed[0] in workers, "no task reached the hold"
+    return out
+
+
+@pytest.mark.parametrize("stage", ["read", "search", "write"])
+def test_a_worker_killed_mid_task_changes_nothing(tmp_path, near_input, undisturbed,  # noqa: F811
+                                                  stage):
+    summary = run_killing(tmp_path, near_input, stage, lambda address: run_near(
+        tmp_path, near_input, "runner.name=dask", f"runner.address={address}"))
     summary["store"].pop("path")
     expected_summary, expected = undisturbed
     assert comparable(summary) == expected_summary
     got = outputs(tmp_path / "run")
     assert got.keys() == expected.keys()
     assert [k for k in got if got[k] != expected[k]] == []
+
+
+def test_a_task_whose_worker_dies_too_often_fails_the_job_in_one_line(
+        tmp_path, near_input, capsys, monkeypatch):  # noqa: F811
+    """With no retry allowed (``allowed-failures: 0``), one kill mid-search fails the
+    job: one line, exit 1, nothing published."""
+    import dask
+
+    store = tmp_path / "store"
+    shutil.copytree(near_input / "store", store)
+    (tmp_path / "run").mkdir()
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        rc = run_killing(tmp_path, near_input, "search", lambda address: run_job(
+            tmp_path / "run", "parquet", str(near_input / "in" / "*.parquet"),
+            "runner.name=dask", f"runner.address={address}",
+            *near_sets("representative", near_input, store)))
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert rc == 1 and len(err) == 1 and "KilledWorker" in err[0], err
+    assert list((tmp_path / "run" / "out").iterdir()) == []  # nothing published or left
