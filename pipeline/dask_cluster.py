@@ -53,9 +53,10 @@ def shared_producers(pipeline) -> tuple[set, set]:
     class Count(PipelineVisitor):
         def visit_transform(self, node) -> None:
             sides = {si.pvalue.producer for si in node.side_inputs}
-            for pv in node.inputs:
-                readers[pv.producer] = readers.get(pv.producer, 0) + 1
-            feeds[node] = {pv.producer for pv in node.inputs} | sides
+            mains = [pv.producer for pv in node.inputs if pv.producer is not None]  # not PBegin
+            for p in mains:
+                readers[p] = readers.get(p, 0) + 1
+            feeds[node] = {*mains, *sides}
             side.update(sides)
 
     pipeline.visit(Count())
@@ -85,20 +86,18 @@ def dask_runner(cfg: RunnerConfig):
         holds the persisted side inputs until then."""
 
         cluster: Any = None
-        persisted: list = []
+        persisted: list | None = None
 
         def wait_until_finish(self, duration: int | None = None) -> str:
             try:
                 return super().wait_until_finish(duration)
             finally:
-                self.persisted.clear()
+                self.persisted = None
                 self.client.close()
                 if self.cluster is not None:
                     self.cluster.close()
 
     class ClusterDaskRunner(DaskRunner):
-        persisted: list = []
-
         def to_dask_bag_visitor(self, bag_kwargs=None):
             """Beam's visitor, persisting each shared collection before its first reader
             is translated (``shared_producers``)."""
