@@ -47,7 +47,8 @@ def _wait_to_be_killed(folder: str) -> None:
 def install_hold(stage: str, folder: str) -> None:
     """Run in every worker process (``client.run``): hold the first task of ``stage``:
     read (after a unit's first chunk), search (a cell, before its search) or write (a
-    clean shard written, then cut to half its size, as by a write cut short)."""
+    clean shard written, then cut to half its size and a partial temporary file left
+    beside it, as by a write cut short)."""
     if stage == "read":
         from pipeline.steps.read import ReadChunks
 
@@ -80,9 +81,10 @@ def install_hold(stage: str, folder: str) -> None:
 
         def process(self, decision):
             out = list(write(self, decision))
-            if _held(folder):
+            if _held(folder):  # as if killed mid-write: a torn shard and a writer's temp
                 dst = fs.join(self.staging, output_name(decision.path, self.root))
                 os.truncate(dst, os.path.getsize(dst) // 2)
+                Path(fs.temp_path(dst, "tmp")).write_bytes(Path(dst).read_bytes())
                 _wait_to_be_killed(folder)
             yield from out
 
