@@ -19,6 +19,7 @@ worker's share is recomputed by Dask from the same graph.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from pipeline.config import RunnerConfig
@@ -67,6 +68,22 @@ def shared_producers(pipeline) -> tuple[set, set]:
                 upstream.add(p)
                 todo.append(p)
     return side, {p for p in upstream - side if readers.get(p, 0) > 1}
+
+
+def replicate_when_done(client, bags: list) -> None:
+    """Copy each side input to every worker once it is computed (in a thread of its own,
+    ending with the client): a task reading it fetches the stored keys, and Dask cannot
+    recompute a persisted result whose upstream it has already forgotten, so one copy
+    on a worker that dies would fail the job (``lost dependencies``)."""
+    from distributed import futures_of, wait
+
+    try:
+        for bag in bags:
+            futures = futures_of(bag)
+            wait(futures)
+            client.replicate(futures)
+    except Exception:  # noqa: BLE001 - the job ended (client closed) or failed: its error is the job's
+        return
 
 
 def dask_runner(cfg: RunnerConfig):
@@ -145,6 +162,8 @@ def dask_runner(cfg: RunnerConfig):
                 raise
             closing = ClosingResult(result.client, result.futures)
             closing.cluster, closing.persisted = cluster, self.persisted
+            threading.Thread(target=replicate_when_done, args=(result.client, self.persisted),
+                             daemon=True, name="dask-side-inputs").start()
             return closing
 
     return ClusterDaskRunner()

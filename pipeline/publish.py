@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import report
-from pipeline.steps.near import working_dirs
 from pipeline.steps.store import StoreCommit
 from transforms import fs
 from transforms.lease import Lease, acquire_all, dir_lease_path, release_all, store_lease_path
@@ -85,8 +84,7 @@ def publish_run(taken: dict, store_parts: list[dict], pub: Publication) -> dict:
     for lease in pub.leases:
         lease.check()
     if pub.spill is not None:  # every reader of the spilled vectors has finished
-        for folder in working_dirs(pub.spill):
-            fs.delete_tree(folder)
+        fs.delete_tree(pub.spill)
     files = taken["files"]
     totals = report.totals(files)
     moves = [(pub.out_stage, pub.output), (pub.report_stage, pub.report)]
@@ -189,8 +187,7 @@ def own_stages(pub: Publication) -> Sequence[str]:
     """What this attempt may leave beside its outputs (staging, spill, journals): the
     driver deletes them when the job ends, however it ends."""
     stages = [pub.out_stage, pub.report_stage]
-    return stages + [_journal(s) for s in stages] + (
-        list(working_dirs(pub.spill)) if pub.spill else [])
+    return stages + [_journal(s) for s in stages] + ([pub.spill] if pub.spill else [])
 
 
 def _hold_for_tests() -> None:

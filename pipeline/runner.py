@@ -58,6 +58,13 @@ LOCAL_MODE = "multi_threading"
 FLUSH_RACE_BEAM = "2.77."
 
 
+def recomputes_finished_steps(cfg: RunnerConfig) -> bool:
+    """Whether a lost worker's finished steps run again (from their inputs, files the
+    job wrote included): on Dask what the worker held is recomputed from the graph; the
+    other runners keep finished stages' outputs (shuffle files, the runner's memory)."""
+    return cfg.name == "dask"
+
+
 def available_cores() -> int:
     """Cores this process may run on: a container's or taskset's limit, not the host's."""
     try:

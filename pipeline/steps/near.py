@@ -37,7 +37,7 @@ from transforms.near_plan import Partitions, plan
 from transforms.near_recall import PARTNERS, Truth, in_sample
 from transforms.near_search import rows_for
 
-__all__ = ["DedupNear", "NearReport", "working_dirs"]
+__all__ = ["DedupNear", "NearReport"]
 
 HISTOGRAM_ROWS = 20_000  # about this many records get a nearest-neighbour distance (kNN)
 RECALL_BLOCK_ROWS = 16_384  # a chunk's rows per brute-force call (progress between them)
@@ -236,19 +236,12 @@ class GatherTruth(beam.CombineFn):
         return acc
 
 
-def _drop_spill(done: object, *spills: str) -> object:
+def _drop_spill(done: object, spills: tuple[str, ...]) -> object:
     """``done`` (every cell decided, or the report made): the spilled vectors (or the
     recall sample and the plan) are no longer needed."""
     for spill in spills:
         fs.delete_tree(spill)
     return done
-
-
-def working_dirs(spill: str) -> tuple[str, str, str]:
-    """The near stage's working directories: the cells' vectors (``spill``), the recall
-    sample's values and the plan every task uses."""
-    spill = spill.rstrip("/")
-    return spill, spill + "-recall", spill + "-plan"
 
 
 class DedupNear(beam.PTransform):
@@ -261,12 +254,17 @@ class DedupNear(beam.PTransform):
         wait in its sibling ``<spill>-recall``, and the plan every task uses in
         ``<spill>-plan``, until the report is made.
       borderline_pairs: pairs kept on each side of the tolerance for the report.
+      keep_spill: leave all three to whoever deletes ``spill``'s parent (the job's
+        Publish): a runner that recomputes a lost worker's finished steps (Dask) may
+        read them again after the search.
     """
 
-    def __init__(self, spec: near.NearSpec, *, spill: str, borderline_pairs: int = 500):
+    def __init__(self, spec: near.NearSpec, *, spill: str, borderline_pairs: int = 500,
+                 keep_spill: bool = False):
         super().__init__()
-        self.spec, self.per_side, self.spill = spec, borderline_pairs, spill
-        _, self.recall_spill, self.plan_spill = working_dirs(spill)
+        self.spec, self.per_side, self.spill = spec, borderline_pairs, spill.rstrip("/")
+        self.recall_spill, self.plan_spill = self.spill + "-recall", self.spill + "-plan"
+        self.keep_spill = keep_spill
 
     def expand(self, vecs):
         plan = beam.pvalue.AsSingleton(vecs | "SampleAndPlan" >> beam.CombineGlobally(
@@ -282,10 +280,13 @@ class DedupNear(beam.PTransform):
                | "GroupByCell" >> beam.GroupByKey()
                | "DecideCells" >> beam.Map(decide_one, plan, self.spec, self.per_side)
                | "GatherCells" >> beam.combiners.ToList()
-               | "DropSpill" >> beam.Map(_drop_spill, self.spill)
+               | "DropSpill" >> beam.Map(_drop_spill, self._drops(self.spill))
                | "MergeCells" >> SplitOutputs(merge_cells, plan, self.spec, self.per_side,
                                               samples, truth, main=REMOVED,
                                               tags=(NEAR_REPORT,)))
         out[NEAR_REPORT] = out[NEAR_REPORT] | "DropRecallSample" >> beam.Map(
-            _drop_spill, self.recall_spill, self.plan_spill)  # the merge judged the sample
+            _drop_spill, self._drops(self.recall_spill, self.plan_spill))  # sample judged
         return out
+
+    def _drops(self, *folders: str) -> tuple[str, ...]:
+        return () if self.keep_spill else folders
