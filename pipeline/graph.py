@@ -13,6 +13,7 @@ from pipeline import layout
 from pipeline.job import Job
 from pipeline.publish import Publication, publish_run
 from pipeline.report import TensorSource, write_report
+from pipeline.runner import recomputes_finished_steps
 from pipeline.steps import (
     DECISIONS,
     FACTS,
@@ -57,7 +58,8 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
         keep=Keep(*job.keep), near=job.near, exact=cfg.exact,
         reference=None if ref is None else ref["chunks"], store=job.store, survivors=updates,
         spill=job.spill, shards=cfg.tuning.shards,
-        borderline_pairs=cfg.near.borderline_pairs if cfg.near else 0)
+        borderline_pairs=cfg.near.borderline_pairs if cfg.near else 0,
+        keep_spill=recomputes_finished_steps(cfg.runner))
     store_parts = p | "NoStoreUpdate" >> beam.Create([])
     if updates:
         update = {k: dedup[k] for k in (SURVIVORS, DECISIONS, VECTORS) if k in dedup}

@@ -18,6 +18,7 @@ URLs), and ``<attempt>`` unique per attempt (``Job.attempt``)::
     .<name>.old-<ns>                                        the replaced output while swapped
     .<name>.lease.json                                      one-writer lease (dir_lease)
     .<out>.staging-<attempt>.near/values|cells              near spill (spill, spill_values...)
+    .<out>.staging-<attempt>.near/cells-recall|cells-plan   recall sample, agreed plan
     .<out>.staging-<attempt>.near-recall/                   the recall sample's values
     $TMPDIR/tensordedup-<hex>/                              a Dedup step's spill in your own
                                                             pipeline, given no spill= path
@@ -54,7 +55,7 @@ EMBEDDINGS = "embeddings"
 REPORT_TABLES = (DUPLICATES, INVALID, SUMMARY)
 
 STAGING, OLD, JOURNAL, LEASE = "staging", "old", ".publishing", "lease.json"
-SPILL, RECALL, VALUES, CELLS = ".near", "-recall", "values", "cells"
+SPILL, RECALL, PLAN, VALUES, CELLS = ".near", "-recall", "-plan", "values", "cells"
 STORE_LEASE = "LEASE.json"
 
 
@@ -110,6 +111,12 @@ def spill_cells(spill_dir: str) -> str:
 def recall_spill(spill_dir: str) -> str:
     """The recall sample's values until the report is made (a sibling of the spill)."""
     return spill_dir.rstrip("/") + RECALL
+
+
+def plan_spill(spill_dir: str) -> str:
+    """The near plan every task uses, written once (create-if-absent: a runner that
+    recomputes the plan's step gets the first plan back); a sibling of the spill."""
+    return spill_dir.rstrip("/") + PLAN
 
 
 def embeddings(report_stage: str) -> str:

@@ -126,19 +126,13 @@ def _check_paths(cfg: DedupeConfig, files: list[str], root: str, output: str, re
 def _check_runner(cfg: DedupeConfig) -> None:
     """Runner settings that would lose records or cannot run this job: Beam 2.77's
     multi_threading mode set by hand skips the flush-race workaround ``runner.workers``
-    applies (docs/beam-flush-race.md), and Beam 2.77's DaskRunner recomputes side inputs
-    per task, so the near stage's cell plan could differ between workers. A portable
-    job service at ``runner.address`` must answer (``tuning.remote_timeout_s``)."""
+    applies (docs/beam-flush-race.md). A portable job service at ``runner.address`` must
+    answer (``tuning.remote_timeout_s``)."""
     mode = cfg.runner.options.get("direct_running_mode")
     if cfg.runner.name == "local" and mode == "multi_threading":
         raise InputError("runner.options.direct_running_mode: multi_threading loses shuffle "
                          "elements in Beam 2.77's local runner; leave it out and set "
                          "runner.workers: N (parallel, with the workaround)")
-    if cfg.runner.name == "dask" and cfg.near is not None:
-        raise InputError("near: the near stage does not run on Dask (runner.name: dask): Beam "
-                         "2.77's DaskRunner computes a side input again inside every task, so "
-                         "workers could see different cell plans; run near-duplicate jobs with "
-                         "runner.name: local or dataflow (docs/pipeline.md#runners)")
     if cfg.runner.name == "portable" and cfg.runner.address is not None:
         from pipeline.portable import check_address
 

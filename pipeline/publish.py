@@ -93,6 +93,7 @@ def publish_run(taken: dict, store_parts: list[dict], pub: Publication) -> dict:
             raise FileExistsError(_appeared(final))
     fs.delete(fs.join(pub.report, layout.SUMMARY))  # old run: no longer complete
     for stage, final in moves:
+        fs.clear_temps_under(stage)  # every writer has finished: a temp is a killed one's
         _move_in(stage, final)
     store = pub.header.get("store")
     if pub.store is not None:

@@ -58,6 +58,13 @@ LOCAL_MODE = "multi_threading"
 FLUSH_RACE_BEAM = "2.77."
 
 
+def recomputes_finished_steps(cfg: RunnerConfig) -> bool:
+    """Whether a lost worker's finished steps run again (from their inputs, files the
+    job wrote included): on Dask what the worker held is recomputed from the graph; the
+    other runners keep finished stages' outputs (shuffle files, the runner's memory)."""
+    return cfg.name == "dask"
+
+
 def available_cores() -> int:
     """Cores this process may run on: a container's or taskset's limit, not the host's."""
     try:
@@ -134,21 +141,6 @@ def kernel_threads(cfg: RunnerConfig, options) -> Iterator[None]:
         yield
 
 
-# Partitions per Create on Dask: one per element (read unit, input file) up to this many,
-# more elements share them evenly; bounded because a GroupByKey keeps its input's
-# partitions and Dask's shuffle grows faster than linearly with them.
-DASK_PARTITIONS = 256
-
-
-def dask_options() -> dict[str, Any]:
-    """DaskRunner options. ``dask_npartitions``: Beam's Dask translation makes a Create
-    into partitions of 128 elements and runs Reshuffle as nothing, so the read units
-    (a few dozen) would all land in one partition and be read one after another; a
-    partition per element (up to DASK_PARTITIONS) restores what the Reshuffle is there
-    for. Later steps keep their input's partitions (a GroupByKey too)."""
-    return {"dask_npartitions": DASK_PARTITIONS}
-
-
 def pipeline_options(cfg: RunnerConfig, dry_run: bool = False):
     """Beam ``PipelineOptions``: ``runner.options`` as given plus the typed keys (on the
     local runner and Dask, ``runner.options`` win over what ``runner.workers`` sets). A dry
@@ -169,6 +161,8 @@ def pipeline_options(cfg: RunnerConfig, dry_run: bool = False):
         except ImportError as e:
             raise RuntimeError(f"runner.name: dask needs dask and distributed ({e.name} is "
                                "missing): pip install -c constraints.txt -e '.[dask]'") from e
+        from pipeline.dask_cluster import dask_options
+
         opts = {**dask_options(), **opts}
     elif cfg.name == "portable" and cfg.address is None and (problem := flush_race_problem()):
         print(f"warning: runner.name: portable: the job service's data plane may lose "
@@ -182,7 +176,7 @@ def pipeline_options(cfg: RunnerConfig, dry_run: bool = False):
 
 def make_pipeline(cfg: RunnerConfig, dry_run: bool = False):
     """A ``beam.Pipeline`` for the configured runner: ``local`` is the FnApiRunner in this
-    process, ``dask`` the DaskRunner (``dask_runner``), ``portable`` the PortableRunner
+    process, ``dask`` the DaskRunner (``pipeline.dask_cluster``), ``portable`` the PortableRunner
     with the services it needs (``pipeline.portable``), ``dataflow`` the DataflowRunner,
     any other name is Beam's to resolve."""
     import apache_beam as beam
@@ -201,6 +195,8 @@ def make_pipeline(cfg: RunnerConfig, dry_run: bool = False):
 
         return beam.Pipeline(runner=DataflowRunner(), options=options)
     if cfg.name == "dask":
+        from pipeline.dask_cluster import dask_runner
+
         return beam.Pipeline(runner=dask_runner(cfg), options=options)
     if cfg.name == "portable":
         from pipeline.portable import portable_runner
@@ -208,58 +204,6 @@ def make_pipeline(cfg: RunnerConfig, dry_run: bool = False):
         return beam.Pipeline(runner=portable_runner(cfg, cfg.workers or available_cores()),
                              options=options)
     return beam.Pipeline(runner=cfg.name, options=options)
-
-
-def dask_runner(cfg: RunnerConfig):
-    """Beam's DaskRunner on the cluster at ``runner.address``, or on a local cluster of
-    ``runner.workers`` processes (one thread each: the kernels hold the GIL) that lives
-    as long as the job: Beam's runner would start a default one and never stop it."""
-    from apache_beam.runners.dask.dask_runner import (
-        DaskOptions,
-        DaskRunner,
-        DaskRunnerResult,
-    )
-
-    class ClosingResult(DaskRunnerResult):
-        """Stops the client, and the local cluster if this job started it, once done."""
-
-        cluster: Any = None
-
-        def wait_until_finish(self, duration: int | None = None) -> str:
-            try:
-                return super().wait_until_finish(duration)
-            finally:
-                self.client.close()
-                if self.cluster is not None:
-                    self.cluster.close()
-
-    class ClusterDaskRunner(DaskRunner):
-        def run_pipeline(self, pipeline, options):
-            dask = options.view_as(DaskOptions)
-            cluster = None
-            if cfg.address is not None:
-                dask.address = cfg.address
-            elif dask.address is None and dask.scheduler_file is None:
-                import logging
-
-                from distributed import LocalCluster
-
-                logging.getLogger("distributed").setLevel(logging.WARNING)  # no INFO per worker
-                cluster = LocalCluster(n_workers=cfg.workers or available_cores(),
-                                       threads_per_worker=1, processes=True,
-                                       dashboard_address=":0")
-                dask.address = cluster.scheduler_address
-            try:
-                result = super().run_pipeline(pipeline, options)
-            except BaseException:
-                if cluster is not None:
-                    cluster.close()
-                raise
-            closing = ClosingResult(result.client, result.futures)
-            closing.cluster = cluster
-            return closing
-
-    return ClusterDaskRunner()
 
 
 @dataclass

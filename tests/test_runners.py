@@ -24,6 +24,7 @@ from apache_beam.runners.worker import data_plane
 
 from pipeline import runner
 from pipeline.config import ConfigError, RunnerConfig, load_config
+from pipeline.dask_cluster import DASK_PARTITIONS
 from tests.jobkit import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,7 +173,7 @@ def test_dask_options_give_each_create_element_a_partition():
     from apache_beam.runners.dask.dask_runner import DaskOptions
 
     opts = runner.pipeline_options(RunnerConfig(name="dask")).view_as(DaskOptions)
-    assert opts.npartitions == runner.DASK_PARTITIONS
+    assert opts.npartitions == DASK_PARTITIONS
 
 
 # --- the job on Dask vs the local runner ---------------------------------------------
@@ -268,13 +269,3 @@ def test_local_runner_on_two_workers_matches_one(tmp_path, job_input):
     two = run_on(tmp_path / "two", root, "runner.workers=2")
     assert comparable(two) == comparable(one)
     assert outputs(tmp_path / "two") == outputs(tmp_path / "one")
-
-
-def test_near_stage_is_refused_on_dask(tmp_path, parquet_in, capsys):
-    """Beam 2.77's DaskRunner recomputes side inputs per task (the near plan): refused
-    before any work, one line, exit 2."""
-    assert run_job(tmp_path, "parquet", parquet_in, "runner.name=dask",
-                   near={"metric": "l2", "threshold": 0.1}) == 2
-    assert "near stage does not run on Dask" in capsys.readouterr().err
-    assert not (tmp_path / "out" / "clean").exists()
-    assert not (tmp_path / "out" / "report").exists()

@@ -97,6 +97,17 @@ def clear_dead_temps(path: str) -> None:
             _remove_quietly(os.path.join(folder, name))
 
 
+def clear_temps_under(folder: str) -> None:
+    """Delete every temporary file (``temp_path``) below a local ``folder``: once no
+    writer is left (a staging directory at Publish), each is what a killed one left."""
+    if not is_local(folder):
+        return
+    for at, _, names in os.walk(folder):
+        for name in names:
+            if name.startswith(".") and _TEMP.search(name):
+                _remove_quietly(os.path.join(at, name))
+
+
 def exists(path: str) -> bool:
     return os.path.exists(path) if is_local(path) else _beam().exists(path)
 
@@ -256,12 +267,19 @@ def local_dir_for(path: str) -> Iterator[str]:
 
 @contextmanager
 def local_file_for(path: str) -> Iterator[str]:
-    """A local file name to write ``path`` through (see ``local_dir_for``): ``path`` itself
-    when local (its directory created); else a temporary file, uploaded if the block
-    created it."""
+    """A local file name to write ``path`` through (see ``local_dir_for``), moved to
+    ``path`` if the block created it: a hidden temporary name beside it when local
+    (renamed over it: a retried or duplicated task never leaves a torn file under the
+    final name), else a temporary file, uploaded."""
     if is_local(path):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        yield path
+        tmp = temp_path(path, "tmp")
+        try:
+            yield tmp
+            if os.path.exists(tmp):
+                os.replace(tmp, path)
+        finally:
+            _remove_quietly(tmp)
         return
     head, _, name = path.rstrip("/").rpartition("/")
     with local_dir_for(head) as folder:

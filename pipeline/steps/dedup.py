@@ -59,7 +59,9 @@ class Dedup(beam.PTransform):
       survivors: also return SURVIVORS (and VECTORS) for ``StoreUpdate``.
       spill: a folder every worker can reach for the near stage's vectors (default: a
         new folder under the local temp directory, fine for local runners); deleted
-        after the search unless ``survivors`` (a store update still reads them).
+        after the search unless ``survivors`` (a store update still reads them) or
+        ``keep_spill`` (left to the job's Publish: Dask recomputes a lost worker's
+        finished steps, which read them again).
       shards, borderline_pairs, chunk_rows: tuning (digest shards, report pairs, records
         per element over records).
     """
@@ -68,13 +70,14 @@ class Dedup(beam.PTransform):
                  keep: Keep | str = "first", near: NearSpec | None = None, exact: bool = True,
                  reference: beam.PCollection | None = None, store: StoreView | None = None,
                  survivors: bool = False, spill: str | None = None, shards: int = 16,
-                 borderline_pairs: int = 500, chunk_rows: int = 4096):
+                 borderline_pairs: int = 500, chunk_rows: int = 4096, keep_spill: bool = False):
         super().__init__()
         self.key, self.id, self.keep, self.near = key, id, Keep.of(keep), near
         self.exact, self.reference, self.store = exact, reference, store
         self.survivors = survivors
         self.spill = spill or layout.library_spill()
         self.shards, self.borderline_pairs, self.chunk_rows = shards, borderline_pairs, chunk_rows
+        self.keep_spill = keep_spill
 
     def expand(self, pvalue):
         if isinstance(pvalue, dict):
@@ -117,10 +120,10 @@ class Dedup(beam.PTransform):
                 vectors = (vectors, stored) | "WithStored" >> beam.Flatten()
             near = vectors | "DedupNear" >> DedupNear(
                 self.near, spill=layout.spill_cells(self.spill),
-                borderline_pairs=self.borderline_pairs)
+                borderline_pairs=self.borderline_pairs, keep_spill=self.keep_spill)
             streams["near"] = near[REMOVED]
             out[NEAR_REPORT] = near[NEAR_REPORT]
-            if not self.survivors:  # nothing reads the spilled values after the search
+            if not (self.survivors or self.keep_spill):  # no reader after the search
                 out[NEAR_REPORT] = out[NEAR_REPORT] | "DropSpill" >> beam.Map(
                     lambda report, spill: (fs.delete_tree(spill), report)[1], self.spill)
         out[DECISIONS] = streams | "Decide" >> Decide()

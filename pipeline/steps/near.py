@@ -28,6 +28,7 @@ import numpy as np
 
 from pipeline import layout
 from pipeline.steps import progress
+from pipeline.steps.agreed import first_written
 from pipeline.steps.elements import NEAR_REPORT, REMOVED, VecBatch
 from pipeline.steps.near_cells import assign_batch, collapse, decide_one
 from pipeline.steps.near_merge import NearReport, merge_cells
@@ -103,10 +104,11 @@ def _say(what: str, done: int, total: int) -> None:
 
 
 class SampleForPlan(beam.CombineFn):
-    """VecBatch -> Plan (cells, mode and search radius) on one worker."""
+    """VecBatch -> Plan (cells, mode and search radius) on one worker; the first plan
+    made is kept at ``agree_at`` and any recomputation returns it (``agreed``)."""
 
-    def __init__(self, spec: near.NearSpec):
-        self.spec = spec
+    def __init__(self, spec: near.NearSpec, agree_at: str):
+        self.spec, self.agree_at = spec, agree_at
 
     def create_accumulator(self) -> Sample:
         return Sample([], [])
@@ -156,7 +158,7 @@ class SampleForPlan(beam.CombineFn):
                          self.spec.probes, cells, progress=_say)
         progress.note(f"near: {parts.mode} search in {len(parts):,} cell(s)"
                       + (f" ({_cost_line(parts)})" if parts.prediction else ""))
-        return Plan(parts, acc.n, max(1, acc.n // HISTOGRAM_ROWS))
+        return first_written(self.agree_at, Plan(parts, acc.n, max(1, acc.n // HISTOGRAM_ROWS)))
 
 
 def _cost_line(parts: Partitions) -> str:
@@ -251,10 +253,11 @@ class GatherTruth(beam.CombineFn):
         return acc
 
 
-def _drop_spill(done: object, spill: str) -> object:
-    """``done`` (every cell decided, or the report made): the spilled vectors are no
-    longer needed."""
-    fs.delete_tree(spill)
+def _drop_spill(done: object, spills: tuple[str, ...]) -> object:
+    """``done`` (every cell decided, or the report made): the spilled vectors (or the
+    recall sample and the plan) are no longer needed."""
+    for spill in spills:
+        fs.delete_tree(spill)
     return done
 
 
@@ -265,18 +268,25 @@ class DedupNear(beam.PTransform):
       spec: the metric, tolerance and search settings.
       spill: a directory (any filesystem) for the cells' vectors while they wait for
         their search; deleted once every cell was searched. The recall sample's values
-        wait in its sibling ``<spill>-recall`` until the report is made.
+        wait in its sibling ``<spill>-recall``, and the plan every task uses in
+        ``<spill>-plan``, until the report is made.
       borderline_pairs: pairs kept on each side of the tolerance for the report.
+      keep_spill: leave all three to whoever deletes ``spill``'s parent (the job's
+        Publish): a runner that recomputes a lost worker's finished steps (Dask) may
+        read them again after the search.
     """
 
-    def __init__(self, spec: near.NearSpec, *, spill: str, borderline_pairs: int = 500):
+    def __init__(self, spec: near.NearSpec, *, spill: str, borderline_pairs: int = 500,
+                 keep_spill: bool = False):
         super().__init__()
-        self.spec, self.per_side, self.spill = spec, borderline_pairs, spill
-        self.recall_spill = layout.recall_spill(spill)
+        self.spec, self.per_side, self.spill = spec, borderline_pairs, spill.rstrip("/")
+        self.recall_spill = layout.recall_spill(self.spill)
+        self.plan_spill = layout.plan_spill(self.spill)
+        self.keep_spill = keep_spill
 
     def expand(self, vecs):
         plan = beam.pvalue.AsSingleton(vecs | "SampleAndPlan" >> beam.CombineGlobally(
-            SampleForPlan(self.spec)))
+            SampleForPlan(self.spec, fs.join(self.plan_spill, "plan.pickle"))))
         samples = beam.pvalue.AsSingleton(
             vecs | "RecallSample" >> beam.FlatMap(recall_rows, plan, self.spec)
             | "GatherSample" >> beam.CombineGlobally(GatherSample(self.recall_spill)))
@@ -288,10 +298,13 @@ class DedupNear(beam.PTransform):
                | "GroupByCell" >> beam.GroupByKey()
                | "DecideCells" >> beam.Map(decide_one, plan, self.spec, self.per_side)
                | "GatherCells" >> beam.combiners.ToList()
-               | "DropSpill" >> beam.Map(_drop_spill, self.spill)
+               | "DropSpill" >> beam.Map(_drop_spill, self._drops(self.spill))
                | "MergeCells" >> SplitOutputs(merge_cells, plan, self.spec, self.per_side,
                                               samples, truth, main=REMOVED,
                                               tags=(NEAR_REPORT,)))
         out[NEAR_REPORT] = out[NEAR_REPORT] | "DropRecallSample" >> beam.Map(
-            _drop_spill, self.recall_spill)  # the merge judged the sample: done with it
+            _drop_spill, self._drops(self.recall_spill, self.plan_spill))  # sample judged
         return out
+
+    def _drops(self, *folders: str) -> tuple[str, ...]:
+        return () if self.keep_spill else folders

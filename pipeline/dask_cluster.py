@@ -1,0 +1,169 @@
+"""The job on Dask: Beam 2.77's DaskRunner on a cluster of the config's choosing, with
+every side input computed once per job.
+
+Why: Beam 2.77's DaskRunner hands a side input to a task as the Dask bag that makes it,
+and the task computes that bag again (``DaskBagWindowedIterator``: ``list(bag)`` inside
+the task), so the side input's whole upstream runs once per reading task, from the
+read on. Measured (tests/test_dask.py): ``Count.Globally`` of 64 elements read as a
+side input was 128 in every task (its main output: 64), and the near stage's cell plan
+was computed in several tasks from row counts of 49,975 and 344,635, so workers cut
+the data into 25 and 173 cells. Here each collection read as a side input is
+persisted on the cluster as soon as the graph reaches it and held until the job ends:
+it is computed once and the tasks that read it fetch the stored result. So that its
+upstream is not computed twice (once for it, once for the job's graph), the points
+where that upstream also feeds other steps are persisted too, and let go once the
+job's graph is submitted (Dask frees them when their readers are done). A lost
+worker's share is recomputed by Dask from the same graph.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from pipeline.config import RunnerConfig
+
+# Partitions per Create on Dask: one per element (read unit, input file) up to this many,
+# more elements share them evenly; bounded because a GroupByKey keeps its input's
+# partitions and Dask's shuffle grows faster than linearly with them.
+DASK_PARTITIONS = 256
+
+
+def dask_options() -> dict[str, Any]:
+    """DaskRunner options. ``dask_npartitions``: Beam's Dask translation makes a Create
+    into partitions of 128 elements and runs Reshuffle as nothing, so the read units
+    (a few dozen) would all land in one partition and be read one after another; a
+    partition per element (up to DASK_PARTITIONS) restores what the Reshuffle is there
+    for. Later steps keep their input's partitions (a GroupByKey too)."""
+    return {"dask_npartitions": DASK_PARTITIONS}
+
+
+def shared_producers(pipeline) -> tuple[set, set]:
+    """The leaf steps to compute once: those whose output is read as a side input (held
+    until the job ends: tasks fetch it while they run), and the steps upstream of those
+    whose output is also read by another step (the side input's graph and the job's
+    graph start from one copy; released once the job's graph is submitted, so Dask frees
+    it when its readers are done)."""
+    from apache_beam.pipeline import PipelineVisitor
+
+    readers: dict[Any, int] = {}
+    feeds: dict[Any, set] = {}  # step -> the steps whose output it reads
+    side: set = set()
+
+    class Count(PipelineVisitor):
+        def visit_transform(self, node) -> None:
+            sides = {si.pvalue.producer for si in node.side_inputs}
+            mains = [pv.producer for pv in node.inputs if pv.producer is not None]  # not PBegin
+            for p in mains:
+                readers[p] = readers.get(p, 0) + 1
+            feeds[node] = {*mains, *sides}
+            side.update(sides)
+
+    pipeline.visit(Count())
+    upstream, todo = set(), list(side)
+    while todo:
+        for p in feeds.get(todo.pop(), ()):
+            if p not in upstream:
+                upstream.add(p)
+                todo.append(p)
+    return side, {p for p in upstream - side if readers.get(p, 0) > 1}
+
+
+def replicate_when_done(client, bags: list) -> None:
+    """Copy each side input to every worker once it is computed (in a thread of its own,
+    ending with the client): a task reading it fetches the stored keys, and Dask cannot
+    recompute a persisted result whose upstream it has already forgotten, so one copy
+    on a worker that dies would fail the job (``lost dependencies``)."""
+    from distributed import futures_of, wait
+
+    try:
+        for bag in bags:
+            futures = futures_of(bag)
+            wait(futures)
+            client.replicate(futures)
+    except Exception:  # noqa: BLE001 - the job ended (client closed) or failed: its error is the job's
+        return
+
+
+def dask_runner(cfg: RunnerConfig):
+    """Beam's DaskRunner on the cluster at ``runner.address``, or on a local cluster of
+    ``runner.workers`` processes (one thread each: the kernels hold the GIL) that lives
+    as long as the job: Beam's runner would start a default one and never stop it."""
+    from apache_beam.runners.dask.dask_runner import (
+        DaskOptions,
+        DaskRunner,
+        DaskRunnerResult,
+    )
+
+    from pipeline.runner import available_cores
+
+    class ClosingResult(DaskRunnerResult):
+        """Stops the client, and the local cluster if this job started it, once done;
+        holds the persisted side inputs until then."""
+
+        cluster: Any = None
+        persisted: list | None = None
+
+        def wait_until_finish(self, duration: int | None = None) -> str:
+            try:
+                return super().wait_until_finish(duration)
+            finally:
+                self.persisted = None
+                self.client.close()
+                if self.cluster is not None:
+                    self.cluster.close()
+
+    class ClusterDaskRunner(DaskRunner):
+        def to_dask_bag_visitor(self, bag_kwargs=None):
+            """Beam's visitor, persisting each shared collection before its first reader
+            is translated (``shared_producers``)."""
+            from distributed import get_client
+
+            base = type(DaskRunner.to_dask_bag_visitor(bag_kwargs))
+            side, fanout, persisted = self.side, self.fanout, self.persisted
+
+            class Visitor(base):
+                def visit_transform(self, node) -> None:
+                    for pv in [*node.inputs, *(si.pvalue for si in node.side_inputs)]:
+                        producer = getattr(pv, "producer", None)
+                        if producer in side | fanout and producer in self.bags:
+                            self.bags[producer] = get_client().persist(self.bags[producer])
+                            if producer in side:
+                                persisted.append(self.bags[producer])
+                            side.discard(producer)
+                            fanout.discard(producer)
+                    super().visit_transform(node)
+
+            return Visitor()
+
+        def run_pipeline(self, pipeline, options):
+            dask = options.view_as(DaskOptions)
+            cluster = None
+            if cfg.address is not None:
+                dask.address = cfg.address
+            elif dask.address is None and dask.scheduler_file is None:
+                from distributed import LocalCluster
+
+                logging.getLogger("distributed").setLevel(logging.WARNING)  # no INFO per worker
+                cluster = LocalCluster(n_workers=cfg.workers or available_cores(),
+                                       threads_per_worker=1, processes=True,
+                                       dashboard_address=":0")
+                dask.address = cluster.scheduler_address
+            from apache_beam.runners.dask.overrides import dask_overrides
+
+            pipeline.replace_all(dask_overrides())  # Beam does it again: a no-op then
+            (self.side, self.fanout), self.persisted = shared_producers(pipeline), []
+            try:
+                result = super().run_pipeline(pipeline, options)
+            except BaseException:
+                if cluster is not None:
+                    cluster.close()
+                raise
+            closing = ClosingResult(result.client, result.futures)
+            closing.cluster, closing.persisted = cluster, self.persisted
+            threading.Thread(target=replicate_when_done, args=(result.client, self.persisted),
+                             daemon=True, name="dask-side-inputs").start()
+            return closing
+
+    return ClusterDaskRunner()

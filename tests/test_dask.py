@@ -1,0 +1,160 @@
+"""The whole job on Dask (exact + near, a reference set and a fingerprint store) against
+the local runner, byte for byte, on real clusters of worker processes; and Beam's side
+inputs computed once per job there (``pipeline.dask_cluster``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.config import RunnerConfig
+from tests.test_runners import DIM, ROWS, comparable, outputs, run_on, write_inputs
+from transforms import digest_segment
+
+distributed = pytest.importorskip("distributed")
+
+NEAR_ROWS = 1_500  # input rows made near copies of others (l2 ~ 0.006, threshold 0.1)
+
+
+def near_copies(x: np.ndarray, rng: np.random.Generator, n: int) -> np.ndarray:
+    return x[rng.integers(0, len(x), n)] + rng.normal(0, 1e-3, (n, x.shape[1])).astype(
+        np.float32)
+
+
+def write_table(path: Path, x: np.ndarray, prefix: str) -> None:
+    offsets = pa.array(np.arange(len(x) + 1, dtype=np.int32) * x.shape[1])
+    emb = pa.ListArray.from_arrays(offsets, pa.array(x.reshape(-1)))
+    pq.write_table(pa.table({"id": [f"{prefix}{i}" for i in range(len(x))], "emb": emb,
+                             "label": np.arange(len(x)) % 7}), path)
+
+
+@pytest.fixture(scope="module")
+def near_input(tmp_path_factory) -> Path:
+    """tests.test_runners' 50k rows with near copies across files, a reference set (near
+    and exact copies of input rows, and others) and a store made by an earlier run."""
+    root = tmp_path_factory.mktemp("dask_near")
+    (root / "in").mkdir()
+    write_inputs(root / "in")
+    rng = np.random.default_rng(22)
+    files = sorted((root / "in").glob("*.parquet"))
+    x = np.concatenate([pq.read_table(f)["emb"].combine_chunks().drop_null().flatten()
+                        .to_numpy().reshape(-1, DIM) for f in files])
+    write_table(root / "in" / "part9.parquet", near_copies(x, rng, NEAR_ROWS), "n")
+    (root / "ref").mkdir()
+    write_table(root / "ref" / "ref.parquet", np.concatenate(
+        [near_copies(x, rng, 200), x[rng.integers(0, len(x), 100)],
+         rng.standard_normal((200, x.shape[1])).astype(np.float32)]), "ref")
+    (root / "earlier").mkdir()
+    write_table(root / "earlier" / "e.parquet", np.concatenate(
+        [near_copies(x, rng, 200), x[rng.integers(0, len(x), 100)]]), "e")
+    assert run_on(root / "first", root / "earlier", "runner.workers=1",
+                  f"store.path={root / 'store'}", "run_id=earlier", "near.metric=l2",
+                  "near.threshold=0.1") is not None
+    return root
+
+
+def _mark(folder: str, what: str, value):
+    """Leave a file per call (the calls are counted across worker processes)."""
+    Path(folder, f"{what}-{os.getpid()}-{uuid.uuid4().hex}").touch()
+    return value
+
+
+def _pair(x, count: int) -> tuple:
+    return x, count
+
+
+def test_a_side_input_is_computed_once_with_its_value(tmp_path, dask_address):
+    """Beam 2.77's DaskRunner alone: ``Count.Globally`` of 64 elements read as a side
+    input by 16 tasks was 128 in each, and the step making it ran in every task. Here:
+    64 everywhere, that step run once, the shared upstream read once."""
+    import apache_beam as beam
+
+    from pipeline.runner import make_pipeline
+
+    marks = str(tmp_path)
+    p = make_pipeline(RunnerConfig(name="dask", address=dask_address))
+    src = (p | beam.Create(list(range(64)), reshuffle=False)
+           | "Read" >> beam.Map(lambda x: _mark(marks, "read", x)))
+    count = beam.pvalue.AsSingleton(
+        src | beam.combiners.Count.Globally()
+        | "Plan" >> beam.Map(lambda n: _mark(marks, "plan", n)))
+    seen = (src | "Use" >> beam.Map(_pair, count) | "Counts" >> beam.Map(lambda kv: kv[1])
+            | beam.combiners.ToList())
+    seen | "Write" >> beam.Map(lambda c: Path(marks, "seen").write_text(repr(sorted(c))))
+    p.run().wait_until_finish()
+    assert Path(marks, "seen").read_text() == repr([64] * 64)
+    calls = [f.name.split("-")[0] for f in tmp_path.iterdir() if "-" in f.name]
+    assert (calls.count("plan"), calls.count("read")) == (1, 64)
+
+
+def near_sets(grouping: str, root: Path, store: Path) -> tuple[str, ...]:
+    return ("near.metric=l2", "near.threshold=0.1", f"near.grouping={grouping}",
+            "near.single_index_rows=4000", "near.partition_rows=2000",
+            f"reference.path={root / 'ref' / '*.parquet'}", "reference.format=parquet",
+            "reference.tensor=emb", "reference.id=id", f"store.path={store}")
+
+
+@pytest.fixture(scope="module")
+def dask_address():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as cluster:
+        yield cluster.scheduler_address
+
+
+@pytest.mark.parametrize("grouping", ["representative", "components"])
+def test_near_job_on_dask_matches_the_local_runner(tmp_path, near_input, dask_address,
+                                                   grouping):
+    """Exact + near with a reference set and a store: the same clean shards, report
+    files and counts as the local runner, on a cluster the job starts (representative)
+    or one given by address (components), and the same store afterwards."""
+    dask = (("runner.workers=2",) if grouping == "representative"
+            else (f"runner.address={dask_address}",))
+    runs = {}
+    for name, sets in (("local", ("runner.workers=1",)), ("dask", ("runner.name=dask", *dask))):
+        store = tmp_path / f"{name}-store"
+        shutil.copytree(near_input / "store", store)
+        runs[name] = run_on(tmp_path / name, near_input / "in", *sets,
+                            *near_sets(grouping, near_input, store))
+    local, dask_run = runs["local"], runs["dask"]
+    assert local["near"]["cells"] > 1
+    for kind in ("near", "reference_near", "reference_exact", "store_near", "store_exact"):
+        assert local[f"removed_{kind}"] > 0, kind
+    for run in (local, dask_run):
+        run["store"].pop("path")
+    assert comparable(dask_run) == comparable(local)
+    expected, got = outputs(tmp_path / "local"), outputs(tmp_path / "dask")
+    assert got.keys() == expected.keys()
+    assert [k for k in got if got[k] != expected[k]] == []
+    stored = store_files(tmp_path / "local-store")
+    assert len(stored) > 2 and store_files(tmp_path / "dask-store") == stored
+    assert local["read"] == ROWS + NEAR_ROWS
+
+
+def store_files(store: Path) -> dict[str, bytes]:
+    """What the store holds, by run and file name: each segment's digests and ids (its
+    header names the attempt) and each value file's bytes."""
+    out = {}
+    for p in sorted(store.glob("runs/*/*/*")):
+        if p.suffix == ".seg":
+            words, _run, ids, _runs = digest_segment.read_all(str(p))
+            out[p.parent.parent.name, p.name] = (words.tobytes(), ids.to_pylist())
+        elif p.suffix == ".parquet":
+            out[p.parent.parent.name, p.name] = p.read_bytes()
+    return out
+
+
+def test_the_first_plan_written_is_the_one_every_task_gets(tmp_path):
+    """A recomputed step (a lost worker's, a retried bundle's) returns the value the
+    first computation wrote, not its own."""
+    from pipeline.steps.agreed import first_written
+
+    path = str(tmp_path / "plan" / "plan.pickle")
+    assert first_written(path, {"cells": 25}) == {"cells": 25}
+    assert first_written(path, {"cells": 173}) == {"cells": 25}
