@@ -4,6 +4,7 @@ back with the real readers, run the CLI in-process."""
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import h5py
@@ -16,6 +17,13 @@ from pipeline.run import main
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 EXT = {"parquet": "parquet", "tfrecord": "tfrecord", "hdf5": "h5"}
+
+
+def interruptible() -> None:
+    """``Popen(preexec_fn=interruptible)``: SIGINT back to its default in the child. A test
+    run started in the background by a non-interactive shell (``pytest &`` in a script)
+    ignores SIGINT, its children inherit that, and a test's Ctrl-C never reaches them."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def write_input(fmt: str, path: Path, ids: list[str], tensors: np.ndarray,

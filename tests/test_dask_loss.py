@@ -73,7 +73,7 @@ def install_hold(stage: str, folder: str) -> None:
 
         near_cells.decide_one = decide_one
     else:
-        from pipeline.steps.elements import output_name
+        from pipeline.layout import output_shard
         from pipeline.steps.write import WriteFile
         from transforms import fs
 
@@ -82,7 +82,7 @@ def install_hold(stage: str, folder: str) -> None:
         def process(self, decision):
             out = list(write(self, decision))
             if _held(folder):  # as if killed mid-write: a torn shard and a writer's temp
-                dst = fs.join(self.staging, output_name(decision.path, self.root))
+                dst = fs.join(self.staging, output_shard(decision.path, self.root))
                 os.truncate(dst, os.path.getsize(dst) // 2)
                 Path(fs.temp_path(dst, "tmp")).write_bytes(Path(dst).read_bytes())
                 _wait_to_be_killed(folder)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.publish import HOLD_ENV
-from tests.jobkit import run_job
+from tests.jobkit import interruptible, run_job
 from tests.test_runners import ROWS, comparable, outputs, removed, run_on, write_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -228,7 +228,8 @@ def run_cli(tmp_path: Path, *sets: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "pipeline.run", "--config", str(cfg),
                              "--quiet", *[a for s in sets for a in ("--set", s)]],
                             cwd=ROOT, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, HOLD_ENV: str(tmp_path / "hold")})
+                            env={**os.environ, HOLD_ENV: str(tmp_path / "hold")},
+                            preexec_fn=interruptible)
 
 
 def wait_until_held(tmp_path: Path, proc: subprocess.Popen) -> None:

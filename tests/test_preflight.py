@@ -22,7 +22,7 @@ import yaml
 
 from pipeline.inputs import sniff
 from tests import slowfs
-from tests.jobkit import run_job, write_input
+from tests.jobkit import interruptible, run_job, write_input
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -290,6 +290,7 @@ def test_ctrl_c_is_one_line_exit_130_and_publishes_nothing(tmp_path):
     assert first.returncode == 0, first.stderr
     before = snapshot(tmp_path / "out")
     child = subprocess.Popen(_cli(tmp_path, glob), cwd=ROOT, stderr=subprocess.PIPE,
+                             preexec_fn=interruptible,
                              stdout=subprocess.DEVNULL, text=True)
     deadline = time.monotonic() + 300
     while not any(p.name.startswith(".clean.staging-") for p in (tmp_path / "out").iterdir()):
