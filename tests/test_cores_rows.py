@@ -71,3 +71,47 @@ def test_a_spilled_batch_gives_the_values_of_the_rows_asked(tmp_path, few):
     assert spilled.x.shape == (n, 0)
     assert np.array_equal(spilled.values_of(rows), x[rows])
     assert np.array_equal(batch.values_of(rows), x[rows])
+
+
+def test_the_planning_sample_names_spilled_rows_and_reads_the_same_values(tmp_path,
+                                                                          monkeypatch):
+    """Parts of the planning sample that wait in local spill files travel as (file, rows)
+    (a few MB, not the values: 134 MB per worker at 1M x 384) and are read back at the
+    plan: the rows with the smallest digests (one per digest), in digest order, as a
+    sample that carried the values, and as computed directly."""
+    import pyarrow as pa
+
+    import transforms.near as near_mod
+    from pipeline.steps.elements import VecBatch
+    from pipeline.steps.near import SampleForPlan
+
+    rng = np.random.default_rng(3)
+    spec = near_mod.NearSpec("cosine", threshold=0.01)
+    fn = SampleForPlan(spec, str(tmp_path / "plan"))
+    cap = 1000
+    monkeypatch.setattr(near_mod, "sample_cap", lambda dim: cap)
+    accs: dict[bool, list] = {True: [], False: []}
+    seen_lo, seen_x = [], []
+    for part in range(6):  # two workers' accumulators, three chunks each, > cap rows
+        n = 700
+        words = rng.integers(0, 1 << 62, (n, 2), dtype=np.uint64)
+        words[:50, 1] = words[50:100, 1]  # copies: one row stands for their digest
+        x = rng.standard_normal((n, 16)).astype(np.float32)
+        x[:50] = x[50:100]
+        seen_lo.append(words[:, 1])
+        seen_x.append(x)
+        b = VecBatch(words, np.zeros(n), np.arange(n), np.zeros(n, np.int32), np.arange(n),
+                     pa.array([str(i) for i in range(n)]), x)
+        for spilled in (True, False):
+            if part % 3 == 0:
+                accs[spilled].append(fn.create_accumulator())
+            fn.add_input(accs[spilled][-1], b.spill(str(tmp_path)) if spilled else b)
+    got = {}
+    for spilled in (True, False):
+        merged = fn.merge_accumulators([fn.compact(a) for a in accs[spilled]])
+        assert all((r is None) != spilled for r in merged.ref)
+        got[spilled] = merged.rows(spec)
+    lo, first = np.unique(np.concatenate(seen_lo), return_index=True)
+    want = near_mod.search_space(np.concatenate(seen_x)[first[:cap]], spec).astype(np.float32)
+    assert got[True].shape == (cap, 16) and np.array_equal(got[True], got[False])
+    assert np.array_equal(got[True], want)

@@ -48,32 +48,59 @@ RECALL_BLOCK_ROWS = 16_384  # a chunk's rows per brute-force call (progress betw
 class Sample:
     """Accumulator: the rows with the smallest digests (a uniform sample that does not
     depend on chunking or worker order), the row count and the largest |value|. Rows
-    arrive in parts and are cut back to the cap when they hold a quarter more (two
-    workers' samples of 128 MB each, moved and merged, were the crowds job's peak);
-    once the cap is full, only rows below the largest digest kept (``below``) enter."""
+    arrive in parts and are cut back to the cap when they hold a quarter more; once the
+    cap is full, only rows below the largest digest kept (``below``) enter. A part whose
+    rows wait in a local spill file names them (file, rows) instead of carrying their
+    values: two workers' samples of 134 MB each took 4.6 s to move to the merge at
+    1M x 384 (and were the crowds job's peak); their references take a few MB."""
 
     lo: list[np.ndarray]  # (k,) uint64 digest word, per part
-    v: list[np.ndarray]  # (k, d) float32 rows of the search space, per part
+    v: list[np.ndarray | None]  # (k, d) float32 rows of the search space, or None ...
+    ref: list[tuple[str, np.ndarray, np.dtype] | None]  # ... (value file, rows, dtype)
     n: int = 0
     scale: float = 0.0
     below: int = 1 << 64
     widths: set[int] = field(default_factory=set)  # values per record (one, or an error)
 
     def cap(self) -> int:
-        dim = self.v[0].shape[1] if self.v else 1
-        return near.sample_cap(dim)
+        return near.sample_cap(next(iter(self.widths), 1))
 
     def compact(self) -> Sample:
+        """Keep the ``cap`` smallest digests (the first row of each), part by part."""
         if not self.lo:
             return self
-        lo, v = np.concatenate(self.lo), np.concatenate(self.v)
+        lo = np.concatenate(self.lo)
         _, first = np.unique(lo, return_index=True)  # sorted: the smallest digests first
         cap = self.cap()
-        keep = first[:cap]
-        self.lo, self.v = [lo[keep]], [v[keep]]
-        if len(keep) == cap:
-            self.below = int(lo[keep[-1]])
+        keep = np.zeros(len(lo), bool)
+        keep[first[:cap]] = True
+        parts, at = [], 0
+        for p, v, ref in zip(self.lo, self.v, self.ref, strict=True):
+            m = keep[at:at + len(p)]
+            at += len(p)
+            if m.any():
+                parts.append((p[m], None if v is None else v[m],
+                              None if ref is None else (ref[0], ref[1][m], ref[2])))
+        self.lo, self.v, self.ref = (list(c) for c in zip(*parts, strict=True))
+        if len(first) >= cap:
+            self.below = int(lo[first[cap - 1]])
         return self
+
+    def rows(self, spec: near.NearSpec) -> np.ndarray:
+        """The sample's search-space rows, float32, in digest order (values read back
+        from the spill files they name)."""
+        self.compact()
+        lo = np.concatenate(self.lo)
+        x = np.empty((len(lo), next(iter(self.widths))), np.float32)
+        at = 0
+        for p, v, ref in zip(self.lo, self.v, self.ref, strict=True):
+            if ref is not None:
+                raw = np.empty((len(p), x.shape[1]), ref[2])
+                fs.read_rows_into(ref[0], ref[1], raw, np.arange(len(p)))
+                v = near.search_space(raw, spec)
+            x[at:at + len(p)] = v
+            at += len(p)
+        return x[np.argsort(lo)]
 
 
 @dataclass
@@ -111,7 +138,7 @@ class SampleForPlan(beam.CombineFn):
         self.spec, self.agree_at = spec, agree_at
 
     def create_accumulator(self) -> Sample:
-        return Sample([], [])
+        return Sample([], [], [])
 
     def add_input(self, acc: Sample, batch: VecBatch) -> Sample:
         acc.widths = _one_size(acc.widths | {batch.width})
@@ -124,7 +151,13 @@ class SampleForPlan(beam.CombineFn):
             acc.scale = max(acc.scale, near.value_scale(batch.x, self.spec))
         if len(pick):
             acc.lo.append(lo[pick])
-            acc.v.append(near.search_space(batch.values_of(pick), self.spec).astype(np.float32))
+            if batch.spilled is not None and fs.is_local(batch.spilled[0]):
+                acc.v.append(None)
+                acc.ref.append((batch.spilled[0], pick.astype(np.int64), batch.x.dtype))
+            else:
+                acc.v.append(near.search_space(batch.values_of(pick), self.spec).astype(
+                    np.float32))
+                acc.ref.append(None)
         if sum(len(p) for p in acc.lo) > acc.cap() * 5 // 4:
             acc.compact()
         return acc
@@ -137,16 +170,15 @@ class SampleForPlan(beam.CombineFn):
     def merge_accumulators(self, accs: Iterable[Sample]) -> Sample:
         accs = list(accs)
         out = Sample([p for a in accs for p in a.lo], [p for a in accs for p in a.v],
-                     sum(a.n for a in accs), max(a.scale for a in accs),
-                     min(a.below for a in accs),
+                     [p for a in accs for p in a.ref], sum(a.n for a in accs),
+                     max(a.scale for a in accs), min(a.below for a in accs),
                      _one_size(set().union(*(a.widths for a in accs))))
         return out.compact()
 
     def extract_output(self, acc: Sample) -> Plan:
-        if not acc.v:
+        if not acc.lo:
             return Plan(plan(np.zeros((0, 1)), 0, 0.0, "exact", 1, 1), 0, 1)
-        acc.compact()
-        sample = acc.v[0]
+        sample = acc.rows(self.spec)
         radius = near.search_radius(self.spec, sample.shape[1], acc.scale)
         cells = self.spec.cells(acc.n, sample.shape[1])
         if cells > 1:
