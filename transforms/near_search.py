@@ -275,8 +275,7 @@ def _earlier_top(m: np.ndarray, q_rank: tuple, y_rank: tuple, k: int
     only; a block of a crowd, where many do, is ranked and partitioned whole."""
     flat = np.flatnonzero(m.reshape(-1) >= 0)
     if len(flat) > 4 * k * len(m):  # a crowd: most of the block passes
-        qp, qo, yp, yo = q_rank[0][:, None], q_rank[1][:, None], y_rank[0], y_rank[1]
-        m[~((yp < qp) | ((yp == qp) & (yo < qo)))] = -np.inf
+        m[~_before((y_rank[0], y_rank[1]), (q_rank[0][:, None], q_rank[1][:, None]))] = -np.inf
         ok = m >= 0
         kk = min(k, m.shape[1])
         top = np.argpartition(-m, kk - 1, axis=1)[:, :kk]
@@ -284,11 +283,15 @@ def _earlier_top(m: np.ndarray, q_rank: tuple, y_rank: tuple, k: int
         hit = ok[i, j]
         return i[hit], j[hit], ok.sum(axis=1)
     i, j = np.divmod(flat, m.shape[1])
-    qp, qo, yp, yo = q_rank[0][i], q_rank[1][i], y_rank[0][j], y_rank[1][j]
-    earlier = (yp < qp) | ((yp == qp) & (yo < qo))
+    earlier = _before((y_rank[0][j], y_rank[1][j]), (q_rank[0][i], q_rank[1][i]))
     i, j, score = i[earlier], j[earlier], m.reshape(-1)[flat[earlier]]
     by = np.lexsort((-score, i))  # per query, the largest products first
     i, j = i[by], j[by]
     first = np.searchsorted(i, i)  # where each query's run starts
     keep = np.arange(len(i)) - first < k
     return i[keep], j[keep], np.bincount(i, minlength=len(m))
+
+
+def _before(a: tuple, b: tuple) -> np.ndarray:
+    """(prio, order) ``a`` comes before ``b`` in keep order (arrays that broadcast)."""
+    return (a[0] < b[0]) | ((a[0] == b[0]) & (a[1] < b[1]))
