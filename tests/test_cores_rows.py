@@ -52,27 +52,6 @@ def test_read_rows_into_places_each_named_row(tmp_path, dtype):
         fs.read_rows_into(path, np.array([1000]), out, np.array([0]))
 
 
-@pytest.mark.parametrize("few", [True, False])
-def test_a_spilled_batch_gives_the_values_of_the_rows_asked(tmp_path, few):
-    """The planning sample reads a few rows of each chunk's value file (positioned
-    reads), or the whole file when it wants many: the same values either way."""
-    import pyarrow as pa
-
-    from pipeline.steps.elements import VecBatch
-
-    rng = np.random.default_rng(1)
-    n = 2000
-    x = rng.standard_normal((n, 24)).astype(np.float32)
-    batch = VecBatch(np.zeros((n, 2), np.uint64), np.zeros(n), np.arange(n),
-                     np.zeros(n, np.int32), np.arange(n), pa.array([str(i) for i in range(n)]),
-                     x)
-    rows = np.sort(rng.choice(n, 50 if few else 1500, replace=False))[::-1]
-    spilled = batch.spill(str(tmp_path))
-    assert spilled.x.shape == (n, 0)
-    assert np.array_equal(spilled.values_of(rows), x[rows])
-    assert np.array_equal(batch.values_of(rows), x[rows])
-
-
 def test_the_planning_sample_names_spilled_rows_and_reads_the_same_values(tmp_path,
                                                                           monkeypatch):
     """Parts of the planning sample that wait in local spill files travel as (file, rows)

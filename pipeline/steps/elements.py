@@ -139,18 +139,6 @@ class VecBatch:
         """Values per record (also of a spilled batch)."""
         return self.x.shape[1] if self.spilled is None else self.spilled[1]
 
-    def values_of(self, rows: np.ndarray) -> np.ndarray:
-        """The values of ``rows`` only: from a local spill file by positioned reads (a
-        sample of a few rows per chunk need not read the chunk's whole file back)."""
-        if self.spilled is None:
-            return self.x[rows]
-        path, dim = self.spilled
-        if not fs.is_local(path) or len(rows) > len(self) // 8:
-            return self.loaded().x[rows]
-        out = np.empty((len(rows), dim), self.x.dtype)
-        fs.read_rows_into(path, np.asarray(rows), out, np.arange(len(rows)))
-        return out
-
     def to_arrow(self, **flags: np.ndarray) -> pa.RecordBatch:
         """The rows as one Arrow record batch, plus boolean ``flags`` columns (for spill
         files). Values travel as fixed-width bytes with their dtype in the schema, so

@@ -154,8 +154,8 @@ class SampleForPlan(beam.CombineFn):
             if batch.spilled is not None and fs.is_local(batch.spilled[0]):
                 acc.v.append(None)
                 acc.ref.append((batch.spilled[0], pick.astype(np.int64), batch.x.dtype))
-            else:
-                acc.v.append(near.search_space(batch.values_of(pick), self.spec).astype(
+            else:  # values in memory, or in a remote file: carried
+                acc.v.append(near.search_space(batch.loaded().x[pick], self.spec).astype(
                     np.float32))
                 acc.ref.append(None)
         if sum(len(p) for p in acc.lo) > acc.cap() * 5 // 4:
