@@ -108,7 +108,7 @@ def _check_text_ids(path: str, column: str) -> None:
 
 
 def inspect_files(files: list[str], source: InputConfig, spec: TensorSpec, key: str,
-             timeout: float) -> list[TensorSpec]:
+                  timeout: float) -> list[TensorSpec]:
     """Each file's first bytes against ``source.format``, then the format's own check
     (schema / first record); remote files in parallel, each bounded by ``timeout``."""
     fmt = get_format(source.format, spec)
