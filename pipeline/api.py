@@ -432,8 +432,8 @@ def run_prepared(job: Job, *, quiet: bool = False, verbose: bool = False) -> Run
     try:
         progress.note(f"deduplicating {len(job.files)} {job.cfg.input.format} file(s) "
                       f"({job.cfg.runner.name} runner)")  # the start line (not when quiet)
-        if job.store is not None and job.store.replacing_line():
-            progress.note(job.store.replacing_line())
+        if job.store is not None and (line := job.store.replacing_line()):
+            progress.note(line)
         with beam_quiet(verbose, quiet):
             return execute(job)
     except LeaseHeld:  # another run holds the output or store: nothing was touched
