@@ -161,7 +161,7 @@ def _nbytes(got: tuple[Any, bytes] | str) -> int:
     return got[0].nbytes if isinstance(got[0], np.ndarray) else len(got[0])
 
 
-def decode_values(vals: Values, spec: TensorSpec, rows: int, seen: Decoded | None = None
+def decode_values(vals: Values, spec: TensorSpec, rows: int, seen: Decoded
                   ) -> Iterator[Chunk]:
     """Chunks of the decoded values: cut at ``rows`` records or ``Decode.chunk_bytes``
     decoded bytes; values that cannot be decoded become invalid records with the reason.
@@ -185,7 +185,6 @@ def decode_values(vals: Values, spec: TensorSpec, rows: int, seen: Decoded | Non
         keep.clear(), tensors.clear(), digests.clear(), invalid.clear()
         return out
 
-    seen = Decoded() if seen is None else seen
     for start in range(0, len(vals.values), window):
         results = seen.decode(vals.values[start:start + window], spec)
         for i, got in enumerate(results, start):
