@@ -85,11 +85,17 @@ def largest_groups(dups: pa.Table, k: int = MAX_GROUPS, members: int = MAX_MEMBE
     if dups.num_rows == 0 or k <= 0:
         return []
     vc = pc.value_counts(dups.column("group"))
-    ids, n = vc.field("values").to_pylist(), vc.field("counts").to_numpy()
-    order = sorted(range(len(ids)), key=lambda i: (-int(n[i]), ids[i]))[:k]
+    top = pc.select_k_unstable(pa.table({"id": vc.field("values"), "n": vc.field("counts")}), k,
+                               sort_keys=[("n", "descending"), ("id", "ascending")])
+    ids = vc.field("values").take(top).to_pylist()  # C++ top-k: a run can have 1e6+ groups
+    group = dups.column("group")
+    members_of = dups.filter(pc.is_in(group, pa.array(ids, group.type)))
+    by_group: dict[str, list[dict]] = {g: [] for g in ids}
+    for r in members_of.to_pylist():
+        by_group[r["group"]].append(r)
     out = []
-    for i in order:
-        rows = dups.filter(pc.equal(dups.column("group"), ids[i])).to_pylist()
+    for gid in ids:
+        rows = by_group[gid]
         mine = {(r["file"], r["row"]) for r in rows}
         # the record the group keeps: the one a member names that is not a member itself
         root = next(r for r in rows
@@ -101,7 +107,7 @@ def largest_groups(dups: pa.Table, k: int = MAX_GROUPS, members: int = MAX_MEMBE
         rows.sort(key=lambda r: (-r["distance"], r["file"], r["row"]))
         shown = [Rec(r["record_id"], r["file"], r["row"], _removal_note(r))
                  for r in rows[:max(members - 1, 0)]]
-        out.append(Group(ids[i], len(rows) + 1, kept, shown))
+        out.append(Group(gid, len(rows) + 1, kept, shown))
     return out
 
 

@@ -39,3 +39,24 @@ def test_no_duplicates_no_removals():
     words = digest_words(fingerprint_batch(np.arange(10, dtype=np.int64).reshape(10, 1)))
     removed, kept = find_exact_duplicates(words, np.zeros(10, int), np.arange(10))
     assert len(removed) == len(kept) == 0
+
+
+def test_rows_sharing_only_the_first_digest_word_are_not_duplicates():
+    """Digests built to collide on their first 64 bits (the kernel's pre-sort key) but not
+    the second: at shard size, against a dict over whole digests, keep first and last."""
+    rng = np.random.default_rng(5)
+    n = 200_000
+    hi = rng.integers(0, 2**16, n, dtype=np.uint64)  # ~3 rows share each hi word
+    lo = rng.integers(0, 4, n, dtype=np.uint64)  # few lo values: real duplicates too
+    words = np.stack([hi, lo], axis=1)
+    file_index, position = rng.integers(0, 3, n), rng.permutation(n)
+    for keep in ("first", "last"):
+        removed, kept = find_exact_duplicates(words, file_index, position, keep)
+        best: dict[tuple[int, int], int] = {}
+        for i in np.lexsort((position, file_index)).tolist()[:: 1 if keep == "first" else -1]:
+            best.setdefault((int(hi[i]), int(lo[i])), i)
+        want = {i: best[(int(hi[i]), int(lo[i]))] for i in range(n)
+                if best[(int(hi[i]), int(lo[i]))] != i}
+        assert dict(zip(removed.tolist(), kept.tolist(), strict=True)) == want
+        pairs = set(zip(hi.tolist(), lo.tolist(), strict=True))
+        assert len(want) > 10_000 and len(pairs) > n // 2

@@ -150,3 +150,38 @@ def test_page_filters_by_record_id_from_a_link(run):
     assert visible and hidden and len(visible) + len(hidden) == len(blocks)
     assert all(target in ids.split() for _, ids in visible)  # the blocks that show it
     assert not any(target in ids.split() for _, ids in hidden)
+
+
+def test_largest_groups_are_the_biggest_with_ties_by_group_id():
+    """The page's groups against a plain sort over every group: size descending, ties by
+    id, among 50k groups (one of 3,000 members, many tied sizes), and each group's kept
+    record the one its members name."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(3)
+    sizes = np.concatenate([[3000], rng.integers(1, 6, 50_000)])
+    groups = [f"g{rng.integers(1 << 40):012x}" for _ in sizes]
+    rows = {"record_id": [], "duplicate_of": [], "kind": [], "distance": [],
+            "duplicate_of_run": [], "file": [], "row": [], "duplicate_of_file": [],
+            "duplicate_of_row": [], "group": []}
+    pos = 0
+    for g, m in zip(groups, sizes.tolist(), strict=True):
+        keeper = pos
+        for j in range(1, m + 1):
+            for k, v in (("record_id", f"r{pos + j}"), ("duplicate_of", f"r{keeper}"),
+                         ("kind", "exact"), ("distance", 0.0), ("duplicate_of_run", None),
+                         ("file", 0), ("row", pos + j), ("duplicate_of_file", 0),
+                         ("duplicate_of_row", keeper), ("group", g)):
+                rows[k].append(v)
+        pos += m + 1
+    table = pa.table(rows)
+    got = report_html.largest_groups(table, k=10, members=4)
+    counts: dict[str, int] = {}
+    for g in rows["group"]:
+        counts[g] = counts.get(g, 0) + 1
+    want = sorted(counts, key=lambda g: (-counts[g], g))[:10]
+    assert [g.group for g in got] == want
+    assert [g.size for g in got] == [counts[g] + 1 for g in want]
+    starts = np.cumsum(np.concatenate([[0], sizes[:-1] + 1])).tolist()
+    first = dict(zip(groups, starts, strict=True))
+    assert all(g.kept.row == first[g.group] and len(g.members) == 3 for g in got)

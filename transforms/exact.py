@@ -64,6 +64,18 @@ def tier_of(prio: np.ndarray, order: np.ndarray) -> np.ndarray:
     return np.where(~is_protected(prio), NEW, np.where(order < ref_end, REFERENCE, STORE))
 
 
+def _sharing_first_word(hi: np.ndarray) -> np.ndarray:
+    """Rows whose first digest word another row has too: only they can be duplicates.
+    One sort of a single word (~0.05 s per 1e6 rows) sets the rest aside, so the
+    three-key ``lexsort`` (~4x slower per row) runs over the duplicates, not the shard."""
+    by_hi = np.argsort(hi)
+    same = np.zeros(len(hi), dtype=bool)
+    eq = hi[by_hi[1:]] == hi[by_hi[:-1]]
+    same[1:] |= eq
+    same[:-1] |= eq
+    return np.sort(by_hi[same])
+
+
 def find_exact_duplicates(words: np.ndarray, file_index: np.ndarray, position: np.ndarray,
                           keep: str = "first", rank: np.ndarray | None = None,
                           tier: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -76,13 +88,13 @@ def find_exact_duplicates(words: np.ndarray, file_index: np.ndarray, position: n
     index arrays: row ``removed[i]`` is a duplicate of the surviving row ``kept[i]``;
     ``removed`` is sorted by input order.
     """
-    n = len(words)
     prio, in_order = keep_order(file_index, position, keep, rank, tier)
+    shared = _sharing_first_word(words[:, 0])
     keys = (in_order, words[:, 1], words[:, 0]) if keep in ("first", "last") else (
         in_order, prio, words[:, 1], words[:, 0])  # protected orders sort first either way
-    order = np.lexsort(keys)
+    order = shared[np.lexsort([k[shared] for k in keys])]
     w = words[order]
-    starts = np.ones(n, dtype=bool)
+    starts = np.ones(len(order), dtype=bool)
     starts[1:] = (w[1:] != w[:-1]).any(axis=1)
     keeper = order[np.flatnonzero(starts)][np.cumsum(starts) - 1]
     removed, kept = order[~starts], keeper[~starts]
