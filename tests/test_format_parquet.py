@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.jobkit import run_job
-from transforms.formats import parquet
+from transforms.formats import parquet, parquet_write
 from transforms.formats.base import InputError, TensorSpec, Unit
 
 
@@ -177,9 +177,9 @@ def test_job_keeps_int96_timestamps_and_format_version(tmp_path, version):
 
 def test_codec_mapping_keeps_writable_codecs_and_maps_the_others():
     for name in ("UNCOMPRESSED", "SNAPPY", "GZIP", "BROTLI", "LZ4", "ZSTD"):
-        codec, note = parquet._codec(name, "c")
+        codec, note = parquet_write._codec(name, "c")
         assert note is None and codec in WRITABLE_CODECS
-    codec, note = parquet._codec("UNKNOWN", "c")  # how pyarrow reports Hadoop-framed LZ4
+    codec, note = parquet_write._codec("UNKNOWN", "c")  # how pyarrow reports Hadoop-framed LZ4
     assert codec == "lz4" and "'c'" in note and "LZ4_RAW" in note
-    codec, note = parquet._codec("LZO", "c")
+    codec, note = parquet_write._codec("LZO", "c")
     assert codec in WRITABLE_CODECS and "LZO" in note

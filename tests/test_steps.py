@@ -216,3 +216,47 @@ def test_public_names():
             "WriteClean"} <= set(steps.__all__)
     for name in steps.__all__:
         assert getattr(steps, name) is not None
+
+
+def _decisions(files: list[str], lie_about: int | None = None) -> list:
+    """One decision per file dropping every 5th record (as invalid ones); ``lie_about``:
+    that file's decision counts one record more than the file holds (a file that
+    changed while the job ran)."""
+    from pipeline.steps.elements import FileDecision
+    from transforms.formats.base import InvalidRecord
+
+    out = []
+    for i, f in enumerate(files):
+        n = pq.ParquetFile(f).metadata.num_rows
+        drop = [InvalidRecord(p, f"r{p}", "test") for p in range(0, n, 5)]
+        out.append(FileDecision(i, f, n + (i == lie_about), [], drop))
+    return out
+
+
+def test_write_clean_copies_several_files_at_once(tmp_path):
+    """More files than a worker copies at once: every copy complete and right (read back
+    by pyarrow), one result per file; a file whose count no longer matches fails the
+    step with the reason, also when other copies are still running beside it."""
+    x = with_copies(4, 5000, 16)
+    files = []
+    for k, rows in enumerate(np.array_split(np.arange(len(x)), 5)):
+        path = tmp_path / "in" / f"part-{k}.parquet"
+        write_input("parquet", path, [f"r{i}" for i in rows], x[rows], rows % 3,
+                    row_group_size=200)
+        files.append(str(path))
+    spec = TensorSpec("emb", "id")
+    with pipeline() as p:
+        results = (p | beam.Create(_decisions(files))
+                   | WriteClean(str(tmp_path / "clean"), format="parquet", spec=spec))
+        sizes = [pq.ParquetFile(f).metadata.num_rows for f in files]
+        assert_that(results | beam.Map(lambda r: (r.output, r.kept)),
+                    equal_to([(Path(f).name, n - len(range(0, n, 5)))
+                              for f, n in zip(files, sizes, strict=True)]))
+    for k, (f, n) in enumerate(zip(files, sizes, strict=True)):
+        got = pq.read_table(tmp_path / "clean" / Path(f).name)
+        want = pq.read_table(f).filter(pa.array(np.arange(n) % 5 != 0))
+        assert got.equals(want), k
+    with pytest.raises(Exception, match="did the file change while the job ran"):
+        with pipeline() as p:
+            _ = (p | beam.Create(_decisions(files, lie_about=3))
+                 | WriteClean(str(tmp_path / "clean2"), format="parquet", spec=spec))

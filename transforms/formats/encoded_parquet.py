@@ -29,7 +29,8 @@ from transforms.formats.base import (
     error_line,
 )
 from transforms.formats.encoded import byte_slices
-from transforms.formats.parquet import _open, _prefetched, groups_at
+from transforms.formats.parquet import groups_at
+from transforms.formats.parquet_files import open_file, prefetched
 
 
 def value_kind(t: pa.DataType) -> str | None:
@@ -90,7 +91,7 @@ def _resolve(data: list, paths: list | None, file: str, name: str
 def check(path: str, spec: TensorSpec) -> tuple[bytes | str, str] | None:
     """(first value, where) after checking that the columns exist and the tensor column
     holds encoded values; None when the file has no usable value to try."""
-    pf = _open(path)
+    pf = open_file(path)
     if isinstance(pf, Exception):
         return None
     schema = pf.schema_arrow
@@ -145,14 +146,14 @@ def _values(unit: Unit, table: pa.Table, first: int, spec: TensorSpec) -> Values
 
 
 def read_values(unit: Unit, spec: TensorSpec, rows: int, max_bytes: int) -> Iterator[Values]:
-    pf = _open(unit.path)
+    pf = open_file(unit.path)
     if isinstance(pf, Exception):
         yield Values(unit.file_index, np.empty(0, np.int64), np.empty(0, object), [], None,
                      [InvalidRecord(0, unit.path, f"unreadable Parquet file: {error_line(pf)}")])
         return
     stop = pf.metadata.num_rows if unit.stop is None else unit.stop
     columns = list(dict.fromkeys(c for c in (spec.tensor, spec.id, spec.rank) if c is not None))
-    for rg, first, n, table in _prefetched(pf, unit.start, stop, columns):
+    for rg, first, n, table in prefetched(unit.path, pf, unit.start, stop, columns):
         if isinstance(table, Exception):
             positions = np.arange(first, first + n, dtype=np.int64)
             why = f"unreadable row group {rg}: {error_line(table)}"

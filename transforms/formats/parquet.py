@@ -3,25 +3,25 @@
 Why row groups: they are Parquet's unit of independent reading, so a unit never
 reads a byte twice and big files are read in parallel. Tensors come out of Arrow
 without a Python loop: list levels are validated with vectorized length checks,
-then the leaf values are reshaped in one go. Output keeps the schema (with its
-metadata), the codecs and the row-group boundaries of the input. Files on other Beam
-filesystems (gs://, ...) are read through a seekable reader, so only the footer and the
-column chunks a step needs are fetched; output to them is written locally and uploaded.
+then the leaf values are reshaped in one go. Files on other Beam filesystems (gs://,
+...) are read through a seekable reader, so only the footer and the column chunks a step
+needs are fetched. The clean copy: ``parquet_write``; opening files and reading row
+groups ahead: ``parquet_files``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from transforms import fs
 from transforms.canonical import DTYPE_CODES
+from transforms.formats.ahead import ahead, in_order
 from transforms.formats.base import (
     Chunk,
     InputError,
@@ -34,15 +34,10 @@ from transforms.formats.base import (
     record_nbytes,
     rows_within,
 )
+from transforms.formats.parquet_files import open_file, read_group, row_groups
+from transforms.formats.parquet_write import write, write_notes  # noqa: F401 (the format's)
 
 _LIST_TYPES = (pa.ListType, pa.LargeListType, pa.FixedSizeListType)
-
-
-def _open(path: str) -> pq.ParquetFile | Exception:
-    try:
-        return pq.ParquetFile(path if fs.is_local(path) else fs.open_read(path))
-    except (OSError, pa.ArrowException) as e:
-        return e
 
 
 def _layout(t: pa.DataType) -> tuple[list[int | None], pa.DataType]:
@@ -65,7 +60,7 @@ def _leaf_dtype(t: pa.DataType) -> str | None:
 
 
 def check(path: str, spec: TensorSpec) -> TensorSpec:
-    pf = _open(path)
+    pf = open_file(path)
     if isinstance(pf, Exception):
         return spec  # reported as invalid by read()
     schema = pf.schema_arrow
@@ -108,7 +103,7 @@ def _is_numeric(t: pa.DataType) -> bool:
 
 def plan(path: str, file_index: int, target_rows: int,
          spec: TensorSpec | None = None) -> list[Unit]:
-    pf = _open(path)
+    pf = open_file(path)
     if isinstance(pf, Exception):
         return [Unit(file_index, path, 0, None)]
     units, start, rows = [], 0, 0
@@ -118,16 +113,6 @@ def plan(path: str, file_index: int, target_rows: int,
             units.append(Unit(file_index, path, start, rows))
             start = rows
     return units or [Unit(file_index, path, 0, 0)]
-
-
-def _row_groups(pf: pq.ParquetFile, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
-    """(index, first position, rows) of the row groups inside [start, stop)."""
-    offset = 0
-    for i in range(pf.metadata.num_row_groups):
-        n = pf.metadata.row_group(i).num_rows
-        if start <= offset and offset + n <= stop:
-            yield i, offset, n
-        offset += n
 
 
 def _not_null(col: pa.Array) -> np.ndarray:
@@ -263,7 +248,7 @@ def _batches(pf: pq.ParquetFile, start: int, stop: int, columns: list[str], spec
     """(row group, first position, rows, table or the read error) of the batches of the
     row groups in [start, stop). Why batches, not whole row groups: a row group can hold
     GBs of wide tensors, and Arrow needs about 5x a group's size to read it whole."""
-    for rg, first, n in _row_groups(pf, start, stop):
+    for rg, first, n in row_groups(pf, start, stop):
         rows = rows_within(batch_rows, batch_bytes, _row_bytes(pf, rg, spec))
         done = 0
         try:
@@ -274,30 +259,30 @@ def _batches(pf: pq.ParquetFile, start: int, stop: int, columns: list[str], spec
             yield rg, first + done, n - done, e
 
 
-_END = object()
-
-
-def _ahead(items: Iterator) -> Iterator:
-    """The items, the next one produced in a second thread while the caller works on this
-    one (Arrow releases the GIL), so reading overlaps hashing."""
-    with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(next, items, _END)
-        while (item := pending.result()) is not _END:
-            pending = pool.submit(next, items, _END)
-            yield item
+def _pieces(path: str, pf: pq.ParquetFile, start: int, stop: int, columns: list[str],
+            spec: TensorSpec, batch_rows: int, batch_bytes: int | None
+            ) -> Iterator[tuple[int, int, int, pa.Table | Exception]]:
+    """``_batches``, read ahead: when every row group is one batch, groups are read
+    DEPTH at a time (each thread with its own reader); else in order, one ahead."""
+    groups = list(row_groups(pf, start, stop))
+    if all(rows_within(batch_rows, batch_bytes, _row_bytes(pf, rg, spec)) >= n
+           for rg, _, n in groups):
+        return in_order(partial(read_group, path, rg, first, n, columns)
+                        for rg, first, n in groups)
+    return ahead(_batches(pf, start, stop, columns, spec, batch_rows, batch_bytes))
 
 
 def read(unit: Unit, spec: TensorSpec, batch_rows: int,
          batch_bytes: int | None = None) -> Iterator[Chunk]:
-    pf = _open(unit.path)
+    pf = open_file(unit.path)
     if isinstance(pf, Exception):
         yield Chunk.of_invalid(unit.file_index, [
             InvalidRecord(0, unit.path, f"unreadable Parquet file: {error_line(pf)}")])
         return
     stop = pf.metadata.num_rows if unit.stop is None else unit.stop
     columns = list(dict.fromkeys(c for c in (spec.tensor, spec.id, spec.rank) if c is not None))
-    for rg, first, n, table in _ahead(_batches(pf, unit.start, stop, columns, spec,
-                                               batch_rows, batch_bytes)):
+    for rg, first, n, table in _pieces(unit.path, pf, unit.start, stop, columns, spec,
+                                       batch_rows, batch_bytes):
         if isinstance(table, Exception):
             why = f"unreadable row group {rg}: {error_line(table)}"
             for a in range(first, first + n, batch_rows):
@@ -309,133 +294,25 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int,
         yield from table_chunks(unit.file_index, unit.path, table, first, spec)
 
 
-DICTIONARY_PAGE_LIMIT = 1 << 20  # Arrow's default: a dictionary page this big was abandoned
-
-
-# Codec names as ColumnChunkMetaData.compression reports them -> ParquetWriter's names.
-# pyarrow reports LZ4_RAW as "LZ4" and the deprecated Hadoop-framed LZ4 as "UNKNOWN"
-# (it reads that codec but cannot write it); it writes no LZO at all.
-_CODECS = {"UNCOMPRESSED": "none", "SNAPPY": "snappy", "GZIP": "gzip", "BROTLI": "brotli",
-           "LZ4": "lz4", "ZSTD": "zstd"}
-# Codecs pyarrow cannot write -> the nearest it can, and what the summary says about it.
-_MAPPED = {"UNKNOWN": ("lz4", "Hadoop-framed LZ4 (deprecated) written as LZ4_RAW"),
-           "LZO": ("snappy", "LZO written as SNAPPY")}
-# Encodings a writer can be asked for per column (others are chosen by the writer itself).
-_ENCODINGS = ("BYTE_STREAM_SPLIT", "DELTA_BINARY_PACKED", "DELTA_LENGTH_BYTE_ARRAY",
-              "DELTA_BYTE_ARRAY")
-
-
-def _codec(name: str, column: str) -> tuple[str, str | None]:
-    """(writer codec, note or None) for a column's input codec: the same codec when
-    pyarrow can write it, else its nearest equivalent with a note saying so."""
-    if name in _CODECS:
-        return _CODECS[name], None
-    codec, note = _MAPPED.get(name, ("snappy", f"codec {name} written as SNAPPY"))
-    return codec, f"column {column!r}: {note}, which pyarrow cannot write"
-
-
-def _writer_plan(pf: pq.ParquetFile) -> tuple[dict, list[str]]:
-    """(ParquetWriter options, notes) that mirror the input: the format version, each
-    column's codec (one pyarrow cannot write is mapped, and noted), INT96 timestamps,
-    decimals stored as integers, per-column encodings (byte stream split, delta), and
-    dictionary encoding only for columns whose input dictionary was kept. A column whose
-    dictionary page hit the size limit fell back to plain pages, so building a dictionary
-    again would only cost time (~15% of the copy for float tensors)."""
-    schema = pf.schema
-    physical = [schema.column(i).physical_type for i in range(len(schema))]
-    options: dict = {"version": pf.metadata.format_version,
-                     "use_deprecated_int96_timestamps": "INT96" in physical}
-    decimals = [p for i, p in enumerate(physical)
-                if schema.column(i).converted_type == "DECIMAL"]
-    if decimals and all(p in ("INT32", "INT64") for p in decimals):
-        options["store_decimal_as_integer"] = True
-    if pf.metadata.num_row_groups == 0:
-        return {**options, "compression": "snappy"}, []
-    rg = pf.metadata.row_group(0)
-    cols = [rg.column(j) for j in range(rg.num_columns)]
-    codecs, notes = {}, []
-    for c in cols:
-        codecs[c.path_in_schema], note = _codec(c.compression, c.path_in_schema)
-        notes += [note] if note else []
-    names = set(codecs.values())
-    encoding = {c.path_in_schema: e for c in cols for e in _ENCODINGS if e in c.encodings}
-    dictionary = [c.path_in_schema for c in cols if c.has_dictionary_page
-                  and c.data_page_offset - c.dictionary_page_offset < DICTIONARY_PAGE_LIMIT
-                  and c.path_in_schema not in encoding]
-    if encoding:
-        options["column_encoding"] = encoding
-    return {**options, "compression": names.pop() if len(names) == 1 else codecs,
-            "use_dictionary": dictionary}, notes
-
-
-def write_notes(src: str) -> list[str]:
-    """What the clean copy of ``src`` cannot keep as it was (codecs pyarrow cannot
-    write), one line each, for the file's entry in summary.json."""
-    pf = _open(src)
-    return [] if isinstance(pf, Exception) else _writer_plan(pf)[1]
-
-
-def _prefetched(pf: pq.ParquetFile, start: int, stop: int, columns: list[str] | None = None
-                ) -> Iterator[tuple[int, int, int, pa.Table | Exception]]:
-    """(row group, first position, rows, table or the read error) for the row groups in
-    [start, stop). The next group is read in a second thread while the caller works on
-    this one (Arrow releases the GIL), so reading overlaps hashing or writing."""
-
-    def load(rg: int) -> pa.Table | Exception:
-        try:
-            return pf.read_row_group(rg, columns=columns)
-        except (OSError, pa.ArrowException) as e:
-            return e
-
-    groups = list(_row_groups(pf, start, stop))
-    with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(load, groups[0][0]) if groups else None
-        for k, (rg, first, n) in enumerate(groups):
-            table = pending.result()
-            if k + 1 < len(groups):
-                pending = pool.submit(load, groups[k + 1][0])
-            yield rg, first, n, table
-
-
-def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) -> int:
-    pf = _open(src)
-    if isinstance(pf, Exception):
-        return 0
-    written = 0
-    with fs.local_file_for(dst) as local, pq.ParquetWriter(
-            local, pf.schema_arrow, **_writer_plan(pf)[0]) as out:
-        for _, first, n, table in _prefetched(pf, 0, pf.metadata.num_rows):
-            if isinstance(table, Exception):
-                continue  # every row of an unreadable group is invalid, so in `drop`
-            lo, hi = np.searchsorted(drop, [first, first + n])
-            if hi > lo:
-                keep = np.ones(n, dtype=bool)
-                keep[drop[lo:hi] - first] = False
-                table = table.filter(pa.array(keep))
-            out.write_table(table, row_group_size=max(table.num_rows, 1))
-            written += table.num_rows
-    return written
-
-
 def groups_at(path: str, column: str, positions: list[int]
               ) -> Iterator[tuple[int, list[int], pa.Table]]:
     """(first position, positions within the group, the group's ``column``) for each
     readable row group of one file that holds some of ``positions``: only those groups
-    are read, only that column (the report's page shows a few records)."""
-    pf = _open(path)
+    are read, only that column, DEPTH at a time (the report's page shows a few records
+    of many groups)."""
+    pf = open_file(path)
     want = sorted(set(int(p) for p in positions))
     if isinstance(pf, Exception) or not want:
         return
-    offset = 0
-    for rg in range(pf.metadata.num_row_groups):
-        n = pf.metadata.row_group(rg).num_rows
-        local = [p - offset for p in want if offset <= p < offset + n]
-        if local:
-            try:
-                yield offset, local, pf.read_row_group(rg, columns=[column])
-            except (OSError, pa.ArrowException):
-                pass
-        offset += n
+    local = {}
+    for rg, first, n in row_groups(pf, 0, pf.metadata.num_rows):
+        mine = [p - first for p in want if first <= p < first + n]
+        if mine:
+            local[rg] = (first, n, mine)
+    for rg, first, _, table in in_order(partial(read_group, path, rg, first, n, [column])
+                                        for rg, (first, n, _) in local.items()):
+        if not isinstance(table, Exception):
+            yield first, local[rg][2], table
 
 
 def read_rows(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, np.ndarray]:

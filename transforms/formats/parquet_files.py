@@ -1,0 +1,71 @@
+"""Parquet files as the format's readers and writer open them: the file (local, or a
+seekable reader for other filesystems), its row groups in a range, and whole row
+groups read ahead in other threads, each thread with its own reader.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from functools import partial
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from transforms import fs
+from transforms.formats.ahead import in_order
+
+
+def open_file(path: str) -> pq.ParquetFile | Exception:
+    """The file's reader, or the error that kept it from opening (the caller reports it).
+    Local files are read without pre-buffering: Arrow's coalesced read of a whole column
+    chunk into a new buffer saves requests on object stores, but from local disk it only
+    copies: reading 3 M rows x 128 float32 took 1.3 s without it against 1.6-1.9 s."""
+    try:
+        if fs.is_local(path):
+            return pq.ParquetFile(path, pre_buffer=False)
+        return pq.ParquetFile(fs.open_read(path))
+    except (OSError, pa.ArrowException) as e:
+        return e
+
+
+def row_groups(pf: pq.ParquetFile, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
+    """(index, first position, rows) of the row groups inside [start, stop)."""
+    offset = 0
+    for i in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(i).num_rows
+        if start <= offset and offset + n <= stop:
+            yield i, offset, n
+        offset += n
+
+
+_readers = threading.local()
+
+
+def read_group(path: str, rg: int, first: int, n: int, columns: list[str] | None,
+               then: Callable[[pa.Table, int, int], pa.Table] | None = None
+               ) -> tuple[int, int, int, pa.Table | Exception]:
+    """(row group, first position, rows, its table or the read error), read with this
+    thread's own reader of ``path`` (a remote file's reader seeks: threads can't share
+    one); ``then(table, first, n)`` runs here too, beside the caller."""
+    files = _readers.__dict__.setdefault("files", {})
+    if path not in files:
+        files[path] = open_file(path)
+    pf = files[path]
+    try:
+        if isinstance(pf, Exception):
+            raise pf
+        table = pf.read_row_group(rg, columns=columns)
+    except (OSError, pa.ArrowException) as e:
+        return rg, first, n, e
+    return rg, first, n, table if then is None else then(table, first, n)
+
+
+def prefetched(path: str, pf: pq.ParquetFile, start: int, stop: int,
+               columns: list[str] | None = None,
+               then: Callable[[pa.Table, int, int], pa.Table] | None = None
+               ) -> Iterator[tuple[int, int, int, pa.Table | Exception]]:
+    """(row group, first position, rows, table or the read error) for the row groups in
+    [start, stop), whole, read ahead DEPTH at a time (``then`` runs in the reader)."""
+    return in_order(partial(read_group, path, rg, first, n, columns, then)
+                    for rg, first, n in row_groups(pf, start, stop))
