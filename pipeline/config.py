@@ -249,7 +249,8 @@ class RunnerConfig(_Strict):
     options: dict[str, Any] = Field(default_factory=dict, description="other Beam pipeline "
                                     "options, passed through as given")
     workers: int | None = Field(None, gt=0, description="local: parallel workers (unset: the "
-                                "cores this process may use; 1: one in-process worker) | dask: "
+                                "cores this process may use, or 1 for an exact-only job over "
+                                "stored tensors; 1: one in-process worker) | dask: "
                                 "worker processes of the local cluster (unset: the cores) | "
                                 "portable: SDK worker processes of the job's own job service "
                                 "(unset: the cores)")

@@ -65,6 +65,13 @@ def recomputes_finished_steps(cfg: RunnerConfig) -> bool:
     return cfg.name == "dask"
 
 
+def keeps_finish_bundle_output(cfg: RunnerConfig) -> bool:
+    """Whether what a DoFn emits from ``finish_bundle`` reaches the next step: Beam 2.77's
+    DaskRunner collects a partition's outputs before it calls ``finish_bundle`` and drops
+    the rest; every other runner keeps them."""
+    return cfg.name != "dask"
+
+
 def available_cores() -> int:
     """Cores this process may run on: a container's or taskset's limit, not the host's."""
     try:

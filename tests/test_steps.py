@@ -247,7 +247,8 @@ def test_write_clean_copies_several_files_at_once(tmp_path):
     spec = TensorSpec("emb", "id")
     with pipeline() as p:
         results = (p | beam.Create(_decisions(files))
-                   | WriteClean(str(tmp_path / "clean"), format="parquet", spec=spec))
+                   | WriteClean(str(tmp_path / "clean"), format="parquet", spec=spec,
+                                files_at_once=2))
         sizes = [pq.ParquetFile(f).metadata.num_rows for f in files]
         assert_that(results | beam.Map(lambda r: (r.output, r.kept)),
                     equal_to([(Path(f).name, n - len(range(0, n, 5)))
@@ -259,4 +260,5 @@ def test_write_clean_copies_several_files_at_once(tmp_path):
     with pytest.raises(Exception, match="did the file change while the job ran"):
         with pipeline() as p:
             _ = (p | beam.Create(_decisions(files, lie_about=3))
-                 | WriteClean(str(tmp_path / "clean2"), format="parquet", spec=spec))
+                 | WriteClean(str(tmp_path / "clean2"), format="parquet", spec=spec,
+                              files_at_once=2))
