@@ -439,6 +439,8 @@ def run_prepared(job: Job, *, quiet: bool = False, verbose: bool = False) -> Run
     except LeaseHeld:  # another run holds the output or store: nothing was touched
         raise
     except Exception as e:  # a worker error (Beam's log: verbose)
+        if isinstance(_innermost(e), KeyboardInterrupt):  # Ctrl-C inside a step: Beam
+            raise KeyboardInterrupt from e  # wraps it when the step runs in this thread
         raise JobFailed(failure_line(e)) from e
     finally:
         progress.close()
