@@ -50,11 +50,9 @@ class WriteFile(beam.DoFn):
             yield self._done(self.pending.popleft())
 
     def finish_bundle(self):
-        try:
-            while self.pending:
-                yield GlobalWindows.windowed_value(self._done(self.pending.popleft()))
-        finally:
-            self.pool.shutdown(cancel_futures=True)
+        while self.pending:
+            yield GlobalWindows.windowed_value(self._done(self.pending.popleft()))
+        self.pool.shutdown()
 
     def teardown(self) -> None:
         if getattr(self, "pool", None) is not None:  # a bundle that failed mid-way
@@ -62,8 +60,15 @@ class WriteFile(beam.DoFn):
 
     def _done(self, copy: Future) -> FileResult:
         """A finished copy's result, counted here: metrics and progress belong to the
-        bundle's thread."""
-        result: FileResult = copy.result()
+        bundle's thread. When the bundle fails here (a failed copy, Ctrl-C while waiting),
+        the other copies are cancelled or waited for, so none writes into a staging
+        directory the job is about to delete."""
+        try:
+            result: FileResult = copy.result()
+        except BaseException:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pending.clear()
+            raise
         self.kept.inc(result.kept)
         progress.tick("write", self.total_files, result.kept, "files")
         return result
