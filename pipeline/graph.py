@@ -13,7 +13,7 @@ from pipeline import layout
 from pipeline.job import Job
 from pipeline.publish import Publication, publish_run
 from pipeline.report import TensorSource, write_report
-from pipeline.runner import keeps_finish_bundle_output, recomputes_finished_steps
+from pipeline.runner import copies_at_once, recomputes_finished_steps
 from pipeline.steps import (
     DECISIONS,
     FACTS,
@@ -69,7 +69,7 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
     (dedup[DECISIONS]
      | "Write" >> WriteClean(job.staging(job.output), format=cfg.input.format, spec=job.spec,
                              root=job.root, total_files=len(job.files),
-                             files_at_once=2 if keeps_finish_bundle_output(cfg.runner) else 1)
+                             files_at_once=copies_at_once(cfg.runner))
      | "CollectResults" >> beam.combiners.ToList()
      | "Report" >> beam.Map(write_report, job.staging(job.report), job.near, near_report,
                             refs.files if refs else None,

@@ -65,11 +65,13 @@ def recomputes_finished_steps(cfg: RunnerConfig) -> bool:
     return cfg.name == "dask"
 
 
-def keeps_finish_bundle_output(cfg: RunnerConfig) -> bool:
-    """Whether what a DoFn emits from ``finish_bundle`` reaches the next step: Beam 2.77's
-    DaskRunner collects a partition's outputs before it calls ``finish_bundle`` and drops
-    the rest; every other runner keeps them."""
-    return cfg.name != "dask"
+def copies_at_once(cfg: RunnerConfig) -> int:
+    """Files each worker's clean-copy step writes at once: two on the local runner's one
+    worker (the copies' encoding releases the GIL, so the second uses the other core),
+    one where parallel workers or threads share the cores already. Never more than one
+    on Dask: Beam 2.77's DaskRunner collects a task's outputs before it calls
+    ``finish_bundle``, which emits the last copies of a bundle."""
+    return 2 if cfg.name == "local" and cfg.workers == 1 else 1
 
 
 def available_cores() -> int:

@@ -183,3 +183,30 @@ def test_codec_mapping_keeps_writable_codecs_and_maps_the_others():
     assert codec == "lz4" and "'c'" in note and "LZ4_RAW" in note
     codec, note = parquet_write._codec("LZO", "c")
     assert codec in WRITABLE_CODECS and "LZO" in note
+
+
+def test_row_groups_read_ahead_within_a_byte_budget(tmp_path, monkeypatch):
+    """Two row groups are read at once while two fit the budget, one when a group is
+    bigger (wide tensors); the chunks read and the clean copy are the same either way."""
+    from transforms.formats import parquet_files
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6000, 64)).astype(np.float32)
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(len(x))],
+                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 64)}),
+                   path, row_group_size=500)
+    pf = pq.ParquetFile(path)
+    groups = list(parquet_files.row_groups(pf, 0, len(x)))
+    spec = TensorSpec("emb", "id")
+    outputs = []
+    for budget, depth in ((1 << 30, 2), (pf.metadata.row_group(0).total_byte_size - 1, 1)):
+        monkeypatch.setattr(parquet_files, "AHEAD_BYTES", budget)
+        assert parquet_files.ahead_depth(pf, groups) == depth
+        chunks = list(parquet.read(Unit(0, str(path)), spec, 500))
+        np.testing.assert_array_equal(np.concatenate([c.tensors for c in chunks]), x)
+        out = tmp_path / f"out-{depth}.parquet"
+        assert parquet.write(str(path), str(out), np.arange(0, len(x), 3)) == 4000
+        outputs.append(pq.read_table(out))
+    assert outputs[0].equals(outputs[1])
+    assert outputs[0].column("id").to_pylist() == [f"r{i}" for i in range(len(x)) if i % 3]

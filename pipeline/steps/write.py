@@ -100,8 +100,8 @@ class WriteClean(beam.PTransform):
       total_files: for progress lines only.
       files_at_once: files a worker copies at once (threads); above 1 the last copies of
         a bundle are emitted from ``finish_bundle``, which Beam 2.77's DaskRunner drops:
-        keep 1 there (the job sets 2 on the other runners; 10 files of 1 M x 128 float32
-        on one local worker: 12.0 s against 13.5 s one at a time).
+        keep 1 there (the job sets 2 on the local runner's one worker; 10 files of
+        1 M x 128 float32: 12.0 s against 13.5 s one at a time).
     """
 
     def __init__(self, output: str, *, format: str, spec: TensorSpec, root: str | None = None,

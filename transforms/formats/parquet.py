@@ -34,7 +34,7 @@ from transforms.formats.base import (
     record_nbytes,
     rows_within,
 )
-from transforms.formats.parquet_files import open_file, read_group, row_groups
+from transforms.formats.parquet_files import ahead_depth, open_file, read_group, row_groups
 from transforms.formats.parquet_write import write, write_notes  # noqa: F401 (the format's)
 
 _LIST_TYPES = (pa.ListType, pa.LargeListType, pa.FixedSizeListType)
@@ -262,13 +262,14 @@ def _batches(pf: pq.ParquetFile, start: int, stop: int, columns: list[str], spec
 def _pieces(path: str, pf: pq.ParquetFile, start: int, stop: int, columns: list[str],
             spec: TensorSpec, batch_rows: int, batch_bytes: int | None
             ) -> Iterator[tuple[int, int, int, pa.Table | Exception]]:
-    """``_batches``, read ahead: when every row group is one batch, groups are read
-    DEPTH at a time (each thread with its own reader); else in order, one ahead."""
+    """``_batches``, read ahead: when every row group is one batch, whole groups are read
+    several at a time (``ahead_depth``; each thread with its own reader); else in
+    order, one batch ahead."""
     groups = list(row_groups(pf, start, stop))
     if all(rows_within(batch_rows, batch_bytes, _row_bytes(pf, rg, spec)) >= n
            for rg, _, n in groups):
-        return in_order(partial(read_group, path, rg, first, n, columns)
-                        for rg, first, n in groups)
+        return in_order((partial(read_group, path, rg, first, n, columns)
+                         for rg, first, n in groups), ahead_depth(pf, groups))
     return ahead(_batches(pf, start, stop, columns, spec, batch_rows, batch_bytes))
 
 
@@ -309,8 +310,9 @@ def groups_at(path: str, column: str, positions: list[int]
         mine = [p - first for p in want if first <= p < first + n]
         if mine:
             local[rg] = (first, n, mine)
-    for rg, first, _, table in in_order(partial(read_group, path, rg, first, n, [column])
-                                        for rg, (first, n, _) in local.items()):
+    groups = [(rg, first, n) for rg, (first, n, _) in local.items()]
+    for rg, first, _, table in in_order((partial(read_group, path, rg, first, n, [column])
+                                         for rg, first, n in groups), ahead_depth(pf, groups)):
         if not isinstance(table, Exception):
             yield first, local[rg][2], table
 

@@ -13,7 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from transforms import fs
-from transforms.formats.ahead import in_order
+from transforms.formats.ahead import DEPTH, in_order
+
+AHEAD_BYTES = 256 << 20  # row groups being read ahead hold at most this (at least one group)
 
 
 def open_file(path: str) -> pq.ParquetFile | Exception:
@@ -61,11 +63,21 @@ def read_group(path: str, rg: int, first: int, n: int, columns: list[str] | None
     return rg, first, n, table if then is None else then(table, first, n)
 
 
+def ahead_depth(pf: pq.ParquetFile, groups: list[tuple[int, int, int]]) -> int:
+    """How many of ``groups`` to read at once ahead of the caller: ``DEPTH``, fewer when
+    that many of the largest would hold more than ``AHEAD_BYTES`` decoded (a row group
+    of wide tensors can be GBs), never fewer than one."""
+    largest = max((pf.metadata.row_group(rg).total_byte_size for rg, _, _ in groups),
+                  default=0)
+    return max(1, min(DEPTH, AHEAD_BYTES // max(largest, 1)))
+
+
 def prefetched(path: str, pf: pq.ParquetFile, start: int, stop: int,
                columns: list[str] | None = None,
                then: Callable[[pa.Table, int, int], pa.Table] | None = None
                ) -> Iterator[tuple[int, int, int, pa.Table | Exception]]:
     """(row group, first position, rows, table or the read error) for the row groups in
-    [start, stop), whole, read ahead DEPTH at a time (``then`` runs in the reader)."""
-    return in_order(partial(read_group, path, rg, first, n, columns, then)
-                    for rg, first, n in row_groups(pf, start, stop))
+    [start, stop), whole, read ahead (``ahead_depth``; ``then`` runs in the reader)."""
+    groups = list(row_groups(pf, start, stop))
+    return in_order((partial(read_group, path, rg, first, n, columns, then)
+                     for rg, first, n in groups), ahead_depth(pf, groups))
