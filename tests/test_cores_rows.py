@@ -29,12 +29,16 @@ def test_threads_limit_and_restore():
 
 
 def test_parallel_local_workers_get_one_thread_each_and_one_worker_keeps_all():
+    """... and one Parquet row group read ahead each, where one worker reads two."""
+    from transforms.formats import ahead
+
     two, one = RunnerConfig(name="local", workers=2), RunnerConfig(name="local", workers=1)
     with kernel_threads(two, pipeline_options(two)):
-        assert _blas_threads() == {1}
+        assert _blas_threads() == {1} and ahead.depth() == 1
+    assert ahead.depth() == ahead.DEPTH == 2
     cores_now = faiss.omp_get_max_threads()
     with kernel_threads(one, pipeline_options(one)):
-        assert faiss.omp_get_max_threads() == cores_now
+        assert faiss.omp_get_max_threads() == cores_now and ahead.depth() == 2
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.uint8, ml_dtypes.bfloat16])

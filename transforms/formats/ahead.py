@@ -9,6 +9,7 @@ waiting (10 M x 128 float32: 4.2 s of decoding in 5.3 s), two keep up with it.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,24 @@ from typing import TypeVar
 T = TypeVar("T")
 DEPTH = 2  # pieces being read while the caller works on one (memory: DEPTH + 1 pieces)
 _END = object()
+_depth = DEPTH  # what ``depth()`` says now: ``at_once`` lowers it for a while
+
+
+def depth() -> int:
+    """Pieces to read at once ahead of a caller, process-wide (``at_once``)."""
+    return _depth
+
+
+@contextlib.contextmanager
+def at_once(n: int) -> Iterator[None]:
+    """Read at most ``n`` pieces at once ahead of each caller while the block runs (the
+    local runner's parallel workers: they use the cores and memory already)."""
+    global _depth
+    was, _depth = _depth, n
+    try:
+        yield
+    finally:
+        _depth = was
 
 
 def ahead(items: Iterator[T]) -> Iterator[T]:

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from transforms import fs
-from transforms.formats.ahead import DEPTH, in_order
+from transforms.formats.ahead import depth, in_order
 
 AHEAD_BYTES = 256 << 20  # row groups being read ahead hold at most this (at least one group)
 
@@ -64,12 +64,12 @@ def read_group(path: str, rg: int, first: int, n: int, columns: list[str] | None
 
 
 def ahead_depth(pf: pq.ParquetFile, groups: list[tuple[int, int, int]]) -> int:
-    """How many of ``groups`` to read at once ahead of the caller: ``DEPTH``, fewer when
-    that many of the largest would hold more than ``AHEAD_BYTES`` decoded (a row group
-    of wide tensors can be GBs), never fewer than one."""
+    """How many of ``groups`` to read at once ahead of the caller: ``ahead.depth()``,
+    fewer when that many of the largest would hold more than ``AHEAD_BYTES`` decoded (a
+    row group of wide tensors can be GBs), never fewer than one."""
     largest = max((pf.metadata.row_group(rg).total_byte_size for rg, _, _ in groups),
                   default=0)
-    return max(1, min(DEPTH, AHEAD_BYTES // max(largest, 1)))
+    return max(1, min(depth(), AHEAD_BYTES // max(largest, 1)))
 
 
 def prefetched(path: str, pf: pq.ParquetFile, start: int, stop: int,
