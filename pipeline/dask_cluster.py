@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from pipeline.config import RunnerConfig
@@ -86,6 +87,24 @@ def replicate_when_done(client, bags: list) -> None:
         return
 
 
+def _executing(dask_worker) -> int:
+    return len(dask_worker.state.executing)
+
+
+def stop_running_tasks(client, futures, limit_s: float = 60.0) -> None:
+    """A failed job's tasks that still run on the workers (the others of a task that
+    failed) would write into the run's staging and spill after the driver deleted them:
+    cancel the job's tasks, then wait until the workers run none (at most ``limit_s``:
+    a shared cluster may be busy with other work). Best effort: the cluster may be gone."""
+    try:
+        client.cancel(futures, force=True)
+        deadline = time.monotonic() + limit_s
+        while any(client.run(_executing).values()) and time.monotonic() < deadline:
+            time.sleep(0.05)  # no event says a cancelled task stopped: ask the workers
+    except Exception:  # the cluster or its workers are gone: nothing runs there
+        pass
+
+
 def dask_runner(cfg: RunnerConfig):
     """Beam's DaskRunner on the cluster at ``runner.address``, or on a local cluster of
     ``runner.workers`` processes (one thread each: the kernels hold the GIL) that lives
@@ -108,6 +127,9 @@ def dask_runner(cfg: RunnerConfig):
         def wait_until_finish(self, duration: int | None = None) -> str:
             try:
                 return super().wait_until_finish(duration)
+            except BaseException:
+                stop_running_tasks(self.client, self.futures)
+                raise
             finally:
                 self.persisted = None
                 self.client.close()
