@@ -71,7 +71,7 @@ def copies_at_once(cfg: RunnerConfig) -> int:
     one where parallel workers or threads share the cores already. Never more than one
     on Dask: Beam 2.77's DaskRunner collects a task's outputs before it calls
     ``finish_bundle``, which emits the last copies of a bundle."""
-    return 2 if cfg.name == "local" and cfg.workers == 1 else 1
+    return 2 if cfg.name == "local" and (cfg.workers or available_cores()) == 1 else 1
 
 
 def available_cores() -> int:

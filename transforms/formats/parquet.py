@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
-from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from transforms.canonical import DTYPE_CODES
-from transforms.formats.ahead import ahead, in_order
+from transforms.formats.ahead import ahead
 from transforms.formats.base import (
     Chunk,
     InputError,
@@ -34,7 +33,7 @@ from transforms.formats.base import (
     record_nbytes,
     rows_within,
 )
-from transforms.formats.parquet_files import ahead_depth, open_file, read_group, row_groups
+from transforms.formats.parquet_files import open_file, read_groups, row_groups
 from transforms.formats.parquet_write import write, write_notes  # noqa: F401 (the format's)
 
 _LIST_TYPES = (pa.ListType, pa.LargeListType, pa.FixedSizeListType)
@@ -268,8 +267,7 @@ def _pieces(path: str, pf: pq.ParquetFile, start: int, stop: int, columns: list[
     groups = list(row_groups(pf, start, stop))
     if all(rows_within(batch_rows, batch_bytes, _row_bytes(pf, rg, spec)) >= n
            for rg, _, n in groups):
-        return in_order((partial(read_group, path, rg, first, n, columns)
-                         for rg, first, n in groups), ahead_depth(pf, groups))
+        return read_groups(path, pf, groups, columns)
     return ahead(_batches(pf, start, stop, columns, spec, batch_rows, batch_bytes))
 
 
@@ -299,8 +297,8 @@ def groups_at(path: str, column: str, positions: list[int]
               ) -> Iterator[tuple[int, list[int], pa.Table]]:
     """(first position, positions within the group, the group's ``column``) for each
     readable row group of one file that holds some of ``positions``: only those groups
-    are read, only that column, DEPTH at a time (the report's page shows a few records
-    of many groups)."""
+    are read, only that column, several at a time (the report's page shows a few
+    records of many groups)."""
     pf = open_file(path)
     want = sorted(set(int(p) for p in positions))
     if isinstance(pf, Exception) or not want:
@@ -311,8 +309,7 @@ def groups_at(path: str, column: str, positions: list[int]
         if mine:
             local[rg] = (first, n, mine)
     groups = [(rg, first, n) for rg, (first, n, _) in local.items()]
-    for rg, first, _, table in in_order((partial(read_group, path, rg, first, n, [column])
-                                         for rg, first, n in groups), ahead_depth(pf, groups)):
+    for rg, first, _, table in read_groups(path, pf, groups, [column]):
         if not isinstance(table, Exception):
             yield first, local[rg][2], table
 

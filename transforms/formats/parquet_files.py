@@ -72,12 +72,20 @@ def ahead_depth(pf: pq.ParquetFile, groups: list[tuple[int, int, int]]) -> int:
     return max(1, min(depth(), AHEAD_BYTES // max(largest, 1)))
 
 
+def read_groups(path: str, pf: pq.ParquetFile, groups: list[tuple[int, int, int]],
+                columns: list[str] | None = None,
+                then: Callable[[pa.Table, int, int], pa.Table] | None = None
+                ) -> Iterator[tuple[int, int, int, pa.Table | Exception]]:
+    """(row group, first position, rows, table or the read error) for ``groups`` ((row
+    group, first position, rows), as ``row_groups`` gives them), each whole, read ahead
+    (``ahead_depth``; ``then`` runs in the reader)."""
+    return in_order((partial(read_group, path, rg, first, n, columns, then)
+                     for rg, first, n in groups), ahead_depth(pf, groups))
+
+
 def prefetched(path: str, pf: pq.ParquetFile, start: int, stop: int,
                columns: list[str] | None = None,
                then: Callable[[pa.Table, int, int], pa.Table] | None = None
                ) -> Iterator[tuple[int, int, int, pa.Table | Exception]]:
-    """(row group, first position, rows, table or the read error) for the row groups in
-    [start, stop), whole, read ahead (``ahead_depth``; ``then`` runs in the reader)."""
-    groups = list(row_groups(pf, start, stop))
-    return in_order((partial(read_group, path, rg, first, n, columns, then)
-                     for rg, first, n in groups), ahead_depth(pf, groups))
+    """``read_groups`` of the row groups in [start, stop)."""
+    return read_groups(path, pf, list(row_groups(pf, start, stop)), columns, then)
