@@ -1,5 +1,7 @@
 """The job's Beam graph, a client of the public steps (``pipeline.steps``):
 ReadTensors (+ a reference set) -> Dedup -> WriteClean -> Report -> Publish.
+With ``embed:``, Dedup reads the input a second time after exact dedup and embeds the
+records it kept (``EmbedKept``).
 
 A fingerprint store joins Dedup (earlier runs' records count as references), and this
 run's kept records are appended to it (StoreUpdate) once Dedup knows which they are.
@@ -43,13 +45,17 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
         ref = p | "ReadReference" >> ReadTensors(refs.files, format=refs.format, spec=refs.spec,
                                                  chunking=chunking, reference=True,
                                                  nonfinite_invalid=nonfinite_invalid)
-    if job.embed is not None:  # exact dedup stays on the raw values (the chunks' digests)
-        from pipeline.steps.embed import Embed  # imports torch: only for jobs that embed
+    embed = None
+    if job.embed is not None:  # exact dedup on the raw values, then its survivors embedded
+        from pipeline.steps.embed import Embed, EmbedKept  # imports torch: only when embedding
 
         e = job.embed
         write_to = layout.embeddings(job.staging(job.report)) if e.cfg.write else None
-        read = read | "Embed" >> Embed(e.handler, batch_size=e.cfg.batch_size,
-                                       prepare=e.prepare, write_to=write_to)
+        embed = EmbedKept(Embed(e.handler, batch_size=e.cfg.batch_size, prepare=e.prepare,
+                                write_to=write_to),
+                          source=ReadTensors(job.files, format=cfg.input.format, spec=job.spec,
+                                             chunking=chunking, nonfinite_invalid=nonfinite_invalid,
+                                             stage="read for the model"))
         if ref is not None:
             ref = ref | "EmbedReference" >> Embed(e.handler, batch_size=e.cfg.batch_size,
                                                   prepare=e.prepare)
@@ -59,7 +65,7 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
         reference=None if ref is None else ref["chunks"], store=job.store, survivors=updates,
         spill=job.spill, shards=cfg.tuning.shards,
         borderline_pairs=cfg.near.borderline_pairs if cfg.near else 0,
-        keep_spill=recomputes_finished_steps(cfg.runner))
+        keep_spill=recomputes_finished_steps(cfg.runner), embed=embed)
     store_parts = p | "NoStoreUpdate" >> beam.Create([])
     if updates:
         update = {k: dedup[k] for k in (SURVIVORS, DECISIONS, VECTORS) if k in dedup}

@@ -230,7 +230,7 @@ def test_dataflow_dry_run_with_embed_builds_the_gpu_job_offline(tmp_path, capsys
                                                                monkeypatch, no_network):
     """An embed: job (texts, all-MiniLM-L6-v2 from its package folder, GPU workers): the
     model loads on the launcher, the Embed step (RunInference) is in the graph Dataflow
-    would get, the accelerator option is set, nothing is written or contacted."""
+    would get, after exact dedup, the accelerator option is set, nothing is written or contacted."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from all_minilm_l6_v2 import extract_model
@@ -255,8 +255,8 @@ def test_dataflow_dry_run_with_embed_builds_the_gpu_job_offline(tmp_path, capsys
     plan = seen["plan"]
     assert list(plan.job.proto.environment.service_options) == [T4]
     steps = plan.steps
-    assert steps.index("Read") < steps.index("Embed") < steps.index(
-        "Dedup/DedupExact") < steps.index("Dedup/DedupNear"), steps
+    assert steps.index("Read") < steps.index("Dedup/DedupExact") < steps.index(
+        "Dedup/EmbedKept") < steps.index("Dedup/DedupNear"), steps  # copies never embedded
     assert not (tmp_path / "out").exists()
 
 

@@ -70,11 +70,13 @@ def test_minilm_finds_paraphrases_and_copies_on_raw_text(tmp_path, minilm):
     close = {(i, j) for i in range(len(texts)) for j in range(i) if cos[i, j] <= 0.15}
     assert close == {(r, s) for r, (s, _) in PARAPHRASES.items()} | {
         (r, s) for r, s in COPIES.items()} | {(17, 16)}
-    # every embedding written, equal to the direct call up to float rounding
+    # the embedding of every record exact dedup kept (the copies never reach the model),
+    # equal to the direct call up to float rounding
     emb = pq.read_table(report / "embeddings").sort_by("row")
-    assert emb["row"].to_pylist() == list(range(len(texts)))
+    kept = [i for i in range(len(texts)) if i not in COPIES]
+    assert emb["row"].to_pylist() == kept
     x = np.stack(emb["embedding"].to_numpy(zero_copy_only=False))
-    np.testing.assert_allclose(x, direct, atol=2e-5)
+    np.testing.assert_allclose(x, direct[kept], atol=2e-5)
     page = (report / "index.html").read_text()
     assert '<div class="text">A monkey plays the drums.</div>' in page
     summary = json.loads((report / "summary.json").read_text())
@@ -156,7 +158,8 @@ def test_reruns_write_the_same_bytes(tmp_path, minilm):
         files = sorted((report / "embeddings").iterdir())
         outputs.append({f.name: f.read_bytes() for f in files}
                        | {"duplicates": (report / "duplicates.parquet").read_bytes()})
-    assert len(outputs[0]) == 1 + -(-len(texts) // 7)  # one embeddings file per chunk
+    # one embeddings file per chunk holding a record exact dedup kept: rows 0..15
+    assert len(outputs[0]) == 1 + -(-16 // 7)
     assert outputs[0] == outputs[1]
     dups = pq.read_table(tmp_path / "a" / "out" / "report" / "duplicates.parquet")
     assert dups.num_rows == len(texts) - 13  # the second half: exact copies of the first
@@ -194,3 +197,85 @@ def test_a_chunk_sends_each_distinct_raw_value_to_the_model_once():
     assert handler.seen == ["a b", "c d e", "f"]  # first appearances, in order
     assert out.tensors[:, 0].tolist() == [3, 5, 3, 1, 5, 3]
     assert out.digests.tobytes() == chunk.digests.tobytes()  # exact dedup stays on raw text
+
+
+class Logged(ModelHandler):
+    """A real handler that appends each value it embeds to a file (the pipeline runs a
+    pickled copy of it): its length and first character code as the embedding."""
+
+    def __init__(self, log: str) -> None:
+        super().__init__()
+        self.log = log
+
+    def load_model(self):
+        return None
+
+    def run_inference(self, batch, model, inference_args=None):
+        with open(self.log, "a") as f:
+            f.writelines(v + "\n" for v in batch)
+        return [np.array([len(v), ord(v[0])], np.float32) for v in batch]
+
+
+def test_exact_copies_in_other_chunks_never_reach_the_model(tmp_path):
+    """Chunks of 5 records, each text copied into several other chunks, an invalid record
+    and a reference set: the model sees each distinct text of the input once (none that
+    is a copy of a reference text), and the decisions equal those of embedding
+    everything first, the invalid record reported once."""
+    from pipeline.steps import DECISIONS, Dedup, Embed, NearSpec, ReadTensors, TensorSpec
+    from pipeline.steps.embed import EmbedKept
+    from pipeline.steps.settings import Chunking
+    from transforms.formats.base import Decode
+
+    rng = np.random.default_rng(5)
+    words = ["a" * k + e for k in range(1, 15) for e in "bc"]  # same length: near
+    texts = [words[i] for i in rng.integers(0, len(words), 60)]
+    texts[7] = None  # invalid: no text
+    texts[10] = "a" * 20 + "r"  # near a reference text
+    pq.write_table(pa.table({"t": texts}), tmp_path / "in.parquet")
+    pq.write_table(pa.table({"t": [words[3], "a" * 20 + "q"]}), tmp_path / "ref.parquet")
+    spec = TensorSpec("t", decode=Decode("text"))
+    chunking = Chunking(unit_rows=20, chunk_rows=5)
+    near = NearSpec("l2", threshold=0.5)  # near = same length and first letter
+    files, ref = [str(tmp_path / "in.parquet")], [str(tmp_path / "ref.parquet")]
+
+    def decisions(embed_first: bool, log: str) -> list:
+        out = tmp_path / f"decisions-{embed_first}.json"
+        with beam.Pipeline(runner=FnApiRunner()) as p:
+            model = Embed(Logged(log), batch_size=3)
+            read = p | "Read" >> ReadTensors(files, format="parquet", spec=spec,
+                                             chunking=chunking)
+            refs = (p | "Ref" >> ReadTensors(ref, format="parquet", spec=spec,
+                                              reference=True))["chunks"]
+            refs = refs | "EmbedRef" >> Embed(Logged(log + ".ref"), batch_size=3)
+            if embed_first:
+                dedup = read | model | Dedup(near=near, reference=refs,
+                                             spill=str(tmp_path / "spill-a"))
+            else:
+                again = ReadTensors(files, format="parquet", spec=spec, chunking=chunking)
+                dedup = read | Dedup(near=near, reference=refs, spill=str(tmp_path / "spill-b"),
+                                     embed=EmbedKept(model, source=again))
+            rows = dedup[DECISIONS] | beam.FlatMap(
+                lambda d: [[int(q), r.kind, r.duplicate_of[i].as_py()]
+                           for r in d.removed for i, q in enumerate(r.position)]
+                + [[b.position, "invalid", b.reason] for b in d.invalid]
+                + [[-1, "read", d.n_read]])
+            _ = (rows | "Collect" >> beam.combiners.ToList()
+                 | beam.Map(lambda r: out.write_text(json.dumps(sorted(r)))))
+        return json.loads(out.read_text())
+
+    after = decisions(False, str(tmp_path / "after.log"))
+    before = decisions(True, str(tmp_path / "before.log"))
+    assert after == before
+    seen = (tmp_path / "after.log").read_text().splitlines()
+    distinct = {t for t in texts if t is not None}
+    assert sorted(seen) == sorted(distinct - {words[3]})  # each once; the reference copy never
+    assert len((tmp_path / "before.log").read_text().splitlines()) > len(seen)
+    exact = {r for r, kind, _ in after if kind.endswith("exact")}
+    assert {r for r, kind, _ in after if kind == "reference_exact"} == {
+        i for i, t in enumerate(texts) if t == words[3]}
+    assert exact == {i for i, t in enumerate(texts) if t is not None
+                     and (t == words[3] or texts.index(t) < i)}
+    assert any(kind == "near" for _, kind, _ in after)
+    assert [r[0] for r in after if r[1] == "reference_near"] == [10]
+    assert [r[0] for r in after if r[1] == "invalid"] == [7]
+    assert [r[2] for r in after if r[1] == "read"] == [60]

@@ -46,7 +46,8 @@ from transforms.formats.base import TensorSpec
 from transforms.near import NearSpec
 
 __all__ = [
-    "ReadTensors", "Embed", "Fingerprint", "DedupExact", "DedupNear", "Dedup", "WriteClean",
+    "ReadTensors", "Embed", "EmbedKept", "Fingerprint", "DedupExact", "DedupNear", "Dedup",
+    "WriteClean",
     "StoreVectors", "StoreUpdate",
     "TensorSpec", "NearSpec", "Keep", "Chunking",
     "Chunk", "KeyBatch", "VecBatch", "Removed", "ReadFacts", "FileDecision", "FileResult",
@@ -57,10 +58,11 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """``Embed`` on first use: it imports Beam's RunInference, which imports torch (about
-    1.5 s, and its threads) into every job that never embeds."""
-    if name == "Embed":
-        from pipeline.steps.embed import Embed
+    """``Embed`` and ``EmbedKept`` on first use: their module imports Beam's inference
+    package, which imports torch (about 1.5 s, and its threads), into every job that never
+    embeds."""
+    if name in ("Embed", "EmbedKept"):
+        from pipeline.steps import embed
 
-        return Embed
+        return getattr(embed, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

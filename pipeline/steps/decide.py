@@ -10,7 +10,16 @@ from collections.abc import Iterable
 
 import apache_beam as beam
 
-from pipeline.steps.elements import FACTS, FILES, REMOVED, SEEN, FileDecision, ReadFacts, Removed
+from pipeline.steps.elements import (
+    EMBEDDED,
+    FACTS,
+    FILES,
+    REMOVED,
+    SEEN,
+    FileDecision,
+    ReadFacts,
+    Removed,
+)
 
 
 def _merge(parts: list[Removed]) -> list[Removed]:
@@ -28,21 +37,29 @@ def decide(file_index: int, joined: dict[str, Iterable], checked: bool) -> FileD
         raise RuntimeError(f"{path}: {n_read - len(invalid)} valid records were read but "
                            f"{sum(joined[SEEN])} reached the duplicate check: refusing to "
                            "write a clean copy that was not fully checked")
-    return FileDecision(file_index, path, n_read, _merge(list(joined[REMOVED])), invalid)
+    removed = _merge(list(joined[REMOVED]))
+    if EMBEDDED in joined:  # every record exact dedup kept went through the model
+        kept = n_read - len(invalid) - sum(len(r.position) for r in removed
+                                           if r.kind.endswith("exact"))
+        if sum(joined[EMBEDDED]) != kept:
+            raise RuntimeError(f"{path}: exact dedup kept {kept} records but "
+                               f"{sum(joined[EMBEDDED])} were embedded: refusing to write a "
+                               "clean copy whose near duplicates were not all searched")
+    return FileDecision(file_index, path, n_read, removed, invalid)
 
 
 class Decide(beam.PTransform):
-    """{FILES: (i, path), FACTS: (i, ReadFacts), SEEN: (i, rows) (optional), removal
-    streams (any other key): (i, Removed)} -> FileDecision."""
+    """{FILES: (i, path), FACTS: (i, ReadFacts), SEEN: (i, rows) and EMBEDDED: (i, rows)
+    (optional, checked), removal streams (any other key): (i, Removed)} -> FileDecision."""
 
     def expand(self, streams: dict):
         pipeline = streams[FACTS].pipeline
-        removals = [v for k, v in sorted(streams.items()) if k not in (FILES, FACTS, SEEN)]
+        counts = (FILES, FACTS, SEEN, EMBEDDED)
+        removals = [v for k, v in sorted(streams.items()) if k not in counts]
         removed = (removals | "FlattenRemovals" >> beam.Flatten() if removals
                    else pipeline | "NoRemovals" >> beam.Create([]))
         joined = {FILES: streams[FILES], FACTS: streams[FACTS], REMOVED: removed}
-        if SEEN in streams:
-            joined[SEEN] = streams[SEEN]
+        joined.update({k: streams[k] for k in (SEEN, EMBEDDED) if k in streams})
         return (joined
                 | "JoinByFile" >> beam.CoGroupByKey()
                 | "DecidePerFile" >> beam.Map(lambda kv, checked: decide(*kv, checked),

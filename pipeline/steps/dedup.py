@@ -15,6 +15,7 @@ from pipeline.steps.decide import Decide
 from pipeline.steps.elements import (
     CHUNKS,
     DECISIONS,
+    EMBEDDED,
     FACTS,
     FILES,
     KEYS,
@@ -25,7 +26,7 @@ from pipeline.steps.elements import (
     VECTORS,
 )
 from pipeline.steps.exact import DedupExact
-from pipeline.steps.fingerprint import Fingerprint
+from pipeline.steps.fingerprint import Fingerprint, chunk_vectors
 from pipeline.steps.near import DedupNear
 from pipeline.steps.records import FromDecisions, ToChunks
 from pipeline.steps.settings import Keep
@@ -64,26 +65,34 @@ class Dedup(beam.PTransform):
         finished steps, which read them again).
       shards, borderline_pairs, chunk_rows: tuning (digest shards, report pairs, records
         per element over records).
+      embed: ``EmbedKept(Embed(handler), source=ReadTensors(...))``: the near stage
+        compares embeddings of the records exact dedup kept, made after it (no exact copy
+        reaches the model); ``reference`` chunks must be embedded already. Over
+        ``ReadTensors``' output only.
     """
 
     def __init__(self, *, key: str | None = None, id: str | None = None,
                  keep: Keep | str = "first", near: NearSpec | None = None, exact: bool = True,
                  reference: beam.PCollection | None = None, store: StoreView | None = None,
                  survivors: bool = False, spill: str | None = None, shards: int = 16,
-                 borderline_pairs: int = 500, chunk_rows: int = 4096, keep_spill: bool = False):
+                 borderline_pairs: int = 500, chunk_rows: int = 4096, keep_spill: bool = False,
+                 embed: beam.PTransform | None = None):
         super().__init__()
         self.key, self.id, self.keep, self.near = key, id, Keep.of(keep), near
         self.exact, self.reference, self.store = exact, reference, store
         self.survivors = survivors
         self.spill = spill or layout.library_spill()
         self.shards, self.borderline_pairs, self.chunk_rows = shards, borderline_pairs, chunk_rows
-        self.keep_spill = keep_spill
+        self.keep_spill, self.embed = keep_spill, embed
 
     def expand(self, pvalue):
         if isinstance(pvalue, dict):
             return self._decide(pvalue)
         if self.key is None:
             raise ValueError("Dedup over records needs key= (the field with the tensor)")
+        if self.embed is not None:
+            raise ValueError("Dedup(embed=...) reads its input again: apply it to "
+                             "ReadTensors' output, not to records")
         spec = TensorSpec(self.key, self.id, rank=self.keep.column)
         read = pvalue | "ToChunks" >> ToChunks(spec, self.chunk_rows)
         out = self._decide(read)
@@ -103,16 +112,27 @@ class Dedup(beam.PTransform):
             chunks | "DiscardChunks" >> beam.Filter(lambda _: False)
             out[DECISIONS] = streams | "Decide" >> Decide()
             return out
+        values = layout.spill_values(self.spill)
         keys = chunks | "Fingerprint" >> Fingerprint(
             keep=self.keep, shards=self.shards,
-            spill=layout.spill_values(self.spill) if self.near else None)
+            spill=values if self.near and self.embed is None else None)
         exact = keys[KEYS] | "DedupExact" >> DedupExact(
             keep=self.keep, store=self.store, survivors=self.survivors)
         streams.update({"exact": exact[REMOVED], SEEN: exact[SEEN]})
         if self.survivors:
             out[SURVIVORS] = exact[SURVIVORS]
-        if self.near is not None:
+        if self.embed is not None:
+            embedded = exact[REMOVED] | "EmbedKept" >> self.embed
+            streams[EMBEDDED] = embedded | "CountEmbedded" >> beam.Map(
+                lambda c: (c.file_index, len(c.positions)))
+            if self.reference is not None:
+                embedded = (embedded, self.reference) | "WithEmbeddedReference" >> beam.Flatten()
+            if self.near is not None:
+                vectors = embedded | "EmbeddedVectors" >> beam.Map(
+                    chunk_vectors, self.keep.rule, values)
+        elif self.near is not None:
             vectors = keys[VECTORS]
+        if self.near is not None:
             if self.survivors:
                 out[VECTORS] = vectors
             if self.store is not None:

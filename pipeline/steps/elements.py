@@ -32,6 +32,7 @@ KEYS = "keys"  # Fingerprint: (shard, KeyBatch)
 VECTORS = "vectors"  # Fingerprint: VecBatch (near stage on)
 REMOVED = "removed"  # DedupExact, DedupNear: (file_index, Removed); Dedup over records: dicts
 SEEN = "seen"  # DedupExact: (file_index, rows that reached the duplicate check)
+EMBEDDED = "embedded"  # Dedup(embed=): (file_index, rows the model embedded)
 SURVIVORS = "survivors"  # DedupExact: (shard, KeyBatch) this run's rows exact dedup kept
 NEAR_REPORT = "near_report"  # DedupNear: one NearReport
 DECISIONS = "decisions"  # Dedup over ReadTensors: FileDecision

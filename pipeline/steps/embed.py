@@ -1,15 +1,22 @@
 """Embed: chunks of raw values -> chunks of embeddings, by the user's model, on workers.
 
 Why a step: text, and pictures that differ by a crop or a flip, have no useful distance
-as stored; an embedding model gives them one. Built on Beam's ``RunInference``: the
-model is loaded once per worker process and shared by its threads (on a GPU when the
-handler asks for one), each element is a whole chunk (chunks stay the unit of work), and
-the chunk's values reach the model in batches of ``batch_size``.
+as stored; an embedding model gives them one. The user's model comes as a Beam
+``ModelHandler`` (what ``RunInference`` takes): the model is loaded once per worker
+process and shared by its threads (Beam's ``Shared``, as ``RunInference`` does; on a GPU
+when the handler asks for one), each element is a whole chunk (chunks stay the unit of
+work), and the chunk's values reach the model in batches of ``batch_size``. A DoFn of
+our own calls it rather than ``RunInference`` itself: a chunk is a batch already, and
+``RunInference``'s batching step hands batches out in ``finish_bundle``, which Beam
+2.77's DaskRunner drops (chunks lost without an error).
 
 Exact dedup stays on the raw values: an embedded chunk keeps the digests of what was
 read (decoded pixels, text bytes), so ``Dedup`` removes exact copies by them, and the
-near stage compares the embeddings. Inside a chunk each distinct raw value is embedded
-once; copies in other chunks are embedded again and then removed as exact copies.
+near stage compares the embeddings. Composed by hand (``ReadTensors | Embed | Dedup``),
+each distinct raw value of a chunk is embedded once, and copies in other chunks are
+embedded again before exact dedup removes them. ``Dedup(embed=EmbedKept(...))`` (the
+job's way) runs exact dedup first and embeds only the records it kept: a second read of
+the input feeds the model, so no copy reaches it and nothing read is held meanwhile.
 """
 
 from __future__ import annotations
@@ -22,9 +29,11 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.ml.inference.base import ModelHandler, RunInference
+from apache_beam.metrics import Metrics
+from apache_beam.ml.inference.base import ModelHandler
+from apache_beam.utils import shared
 
-from pipeline.steps.elements import CHUNKS
+from pipeline.steps.elements import CHUNKS, Removed
 from transforms import fs
 from transforms.exact import digest_words
 from transforms.fingerprint import fingerprint_batch
@@ -72,8 +81,8 @@ def embed_chunk(chunk: Chunk, handler: ModelHandler, model: Any, batch_size: int
 
 class ChunkModel(ModelHandler):
     """A ModelHandler over whole chunks, around the user's handler (Beam's PyTorch,
-    TensorFlow or scikit-learn handlers, ``SentenceTransformerHandler``, your own):
-    RunInference batches chunks one at a time and this one batches their values."""
+    TensorFlow or scikit-learn handlers, ``SentenceTransformerHandler``, your own): each
+    chunk is one batch (also under ``RunInference``), and this one batches its values."""
 
     def __init__(self, handler: ModelHandler, batch_size: int,
                  prepare: Callable[[list], Sequence] | None = None) -> None:
@@ -104,6 +113,29 @@ class ChunkModel(ModelHandler):
         return self.handler.get_resource_hints()
 
 
+class _Loaded:
+    """The loaded model, in a holder Beam's ``Shared`` can keep a weak reference to."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+
+class EmbedChunks(beam.DoFn):
+    """Chunk -> the chunk embedded by ``ChunkModel``: the model loaded once per process."""
+
+    def __init__(self, model: ChunkModel) -> None:
+        self.model, self.shared = model, shared.Shared()
+        self.records = Metrics.counter("tensordedup", "records_embedded")
+
+    def setup(self) -> None:
+        self.loaded = self.shared.acquire(lambda: _Loaded(self.model.load_model()))
+
+    def process(self, chunk: Chunk) -> Iterator[Chunk]:
+        out = self.model.run_inference([chunk], self.loaded.model)
+        self.records.inc(len(chunk.positions))
+        yield from out
+
+
 def embeddings_table(chunk: Chunk) -> pa.Table:
     """record_id, file, row and embedding (fixed-size list of float32) of a chunk."""
     emb = np.ascontiguousarray(chunk.tensors, np.float32)
@@ -115,15 +147,16 @@ def embeddings_table(chunk: Chunk) -> pa.Table:
         "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), d)})
 
 
-def write_embeddings(chunk: Chunk, folder: str) -> Iterator[str]:
-    """One Parquet file per chunk, named by its file index and first row (reruns write
-    the same names and bytes)."""
-    if not len(chunk.positions):
-        return
-    name = f"part-{chunk.file_index:07d}-{int(chunk.positions[0]):012d}.parquet"
-    with fs.local_dir_for(folder) as local:
-        pq.write_table(embeddings_table(chunk), os.path.join(local, name))
-    yield name
+def write_embeddings(chunk: Chunk, folder: str) -> Chunk:
+    """The chunk, once its embeddings are written: one Parquet file per chunk, named by
+    its file index and first row (reruns write the same names and bytes). In the chunks'
+    path, not a branch of its own: Beam 2.77's DaskRunner runs only what the last step
+    depends on."""
+    if len(chunk.positions):
+        name = f"part-{chunk.file_index:07d}-{int(chunk.positions[0]):012d}.parquet"
+        with fs.local_dir_for(folder) as local:
+            pq.write_table(embeddings_table(chunk), os.path.join(local, name))
+    return chunk
 
 
 class Embed(beam.PTransform):
@@ -152,7 +185,58 @@ class Embed(beam.PTransform):
 
     def expand(self, pvalue):
         chunks = pvalue[CHUNKS] if isinstance(pvalue, dict) else pvalue
-        embedded = chunks | "RunInference" >> RunInference(self.model)
+        run, hints = beam.ParDo(EmbedChunks(self.model)), self.model.get_resource_hints()
+        embedded = chunks | "RunModel" >> (run.with_resource_hints(**hints) if hints else run)
         if self.write_to is not None:
-            _ = embedded | "WriteEmbeddings" >> beam.FlatMap(write_embeddings, self.write_to)
+            embedded = embedded | "WriteEmbeddings" >> beam.Map(write_embeddings, self.write_to)
         return {**pvalue, CHUNKS: embedded} if isinstance(pvalue, dict) else embedded
+
+
+def without_rows(chunk: Chunk, gone: dict[int, np.ndarray]) -> Iterator[Chunk]:
+    """The chunk without the rows at positions ``gone[file_index]`` (sorted), and without
+    its invalid records (the first read reported them); nothing when no row is left."""
+    drop = gone.get(chunk.file_index)
+    if drop is None or not len(drop):
+        yield chunk if not chunk.invalid else chunk.take(np.arange(len(chunk.positions)))
+        return
+    at = np.minimum(np.searchsorted(drop, chunk.positions), len(drop) - 1)
+    left = np.flatnonzero(drop[at] != chunk.positions)
+    if len(left):
+        yield chunk.take(left)
+
+
+def _positions(file_removed: tuple[int, Removed]) -> tuple[int, np.ndarray]:
+    return file_removed[0], file_removed[1].position
+
+
+def _sorted(file_parts: tuple[int, Iterable[np.ndarray]]) -> tuple[int, np.ndarray]:
+    return file_parts[0], np.sort(np.concatenate(list(file_parts[1])))
+
+
+class EmbedKept(beam.PTransform):
+    """(file_index, Removed) of exact dedup -> embedded chunks of the records it kept.
+
+    ``Dedup(embed=EmbedKept(...))`` applies it: ``source`` reads the input again (the
+    same ``ReadTensors`` as the first read; nothing is held between the two reads), the
+    rows exact dedup removed are dropped, and ``model`` embeds the rest, so each distinct
+    raw value reaches the model once across the whole input. The removed positions are a
+    side input: 8 bytes per removed record on each worker.
+
+    Args:
+      model: the ``Embed`` step (handler, batch size, where embeddings are written).
+      source: a ``ReadTensors`` of the same files and settings as the first read.
+    """
+
+    def __init__(self, model: Embed, *, source: beam.PTransform):
+        super().__init__()
+        self.model, self.source = model, source
+
+    def expand(self, removed):
+        gone = beam.pvalue.AsDict(removed
+                                  | "RemovedPositions" >> beam.Map(_positions)
+                                  | "ByFile" >> beam.GroupByKey()
+                                  | "Sorted" >> beam.Map(_sorted))
+        again = removed.pipeline | "ReadAgain" >> self.source
+        return (again[CHUNKS]
+                | "SkipExactCopies" >> beam.FlatMap(without_rows, gone)
+                | "Embed" >> self.model)

@@ -31,10 +31,25 @@ def shard_of(words: np.ndarray, shards: int) -> np.ndarray:
     return range_part(words[:, 0], shards).astype(np.int64)
 
 
-def shard_keys(chunk: Chunk, shards: int, keep: str, near: str | None = None
-               ) -> Iterator[tuple[int, KeyBatch] | beam.pvalue.TaggedOutput]:
-    """``near``: a folder; a VecBatch of the chunk's finite rows, its values spilled
-    there, also goes to the VECTORS output. Reference files' rows are protected."""
+def _vectors(batch: KeyBatch, tensors: np.ndarray, keep: str, folder: str) -> VecBatch:
+    """The batch's finite rows with their values (spilled to ``folder``) and keep order."""
+    x = tensors.reshape(len(batch), -1)
+    prio, order = keep_order(batch.file_index, batch.position, keep, batch.rank, batch.tier)
+    vec = VecBatch(batch.words, prio, order, batch.file_index, batch.position, batch.ids, x)
+    finite = finite_rows(x)
+    if not finite.all():  # a copy of the chunk's values: only when rows must go
+        vec = vec.take(np.flatnonzero(finite))
+    return vec.spill(folder)
+
+
+def chunk_vectors(chunk: Chunk, keep: str, folder: str) -> VecBatch:
+    """A chunk's finite rows as a VecBatch, values spilled to ``folder``: what the near
+    stage reads (Fingerprint's VECTORS output, or embedded chunks after exact dedup)."""
+    return _vectors(_keys(chunk, keep), chunk.tensors, keep, folder)
+
+
+def _keys(chunk: Chunk, keep: str) -> KeyBatch:
+    """A chunk's digests and order keys; reference files' rows are protected."""
     digests = chunk.digests  # given for decoded values (full-resolution pixels, raw bytes)
     words = digest_words(fingerprint_batch(chunk.tensors) if digests is None else digests)
     n = len(words)
@@ -44,16 +59,17 @@ def shard_keys(chunk: Chunk, shards: int, keep: str, near: str | None = None
     rank = chunk.rank
     if rank is None and keep in ("max", "min"):  # reference files need no keep-by column
         rank = np.full(n, np.nan)
-    batch = KeyBatch(words, file_index, chunk.positions, arrow_ids(chunk.ids), rank, tier)
+    return KeyBatch(words, file_index, chunk.positions, arrow_ids(chunk.ids), rank, tier)
+
+
+def shard_keys(chunk: Chunk, shards: int, keep: str, near: str | None = None
+               ) -> Iterator[tuple[int, KeyBatch] | beam.pvalue.TaggedOutput]:
+    """``near``: a folder; a VecBatch of the chunk's finite rows, its values spilled
+    there, also goes to the VECTORS output. Reference files' rows are protected."""
+    batch = _keys(chunk, keep)
     if near:
-        x = chunk.tensors.reshape(n, -1)
-        prio, order = keep_order(file_index, chunk.positions, keep, rank, tier)
-        vec = VecBatch(words, prio, order, file_index, chunk.positions, batch.ids, x)
-        finite = finite_rows(x)
-        if not finite.all():  # a copy of the chunk's values: only when rows must go
-            vec = vec.take(np.flatnonzero(finite))
-        yield beam.pvalue.TaggedOutput(VECTORS, vec.spill(near))
-    shard = shard_of(words, shards)
+        yield beam.pvalue.TaggedOutput(VECTORS, _vectors(batch, chunk.tensors, keep, near))
+    shard = shard_of(batch.words, shards)
     order = np.argsort(shard, kind="stable")
     bounds = np.searchsorted(shard[order], np.arange(shards + 1))
     for s in range(shards):

@@ -106,13 +106,15 @@ class ReadTensors(beam.PTransform):
       nonfinite_invalid: rows with NaN/inf count as invalid (distances can't compare them).
       reference: these files are a reference set: their records are compared with the
         input's but never removed (their file indexes start at REFERENCE_FILES).
+      stage: the name progress lines give this read (default "read", "read reference").
 
     Returns {CHUNKS: Chunk, FACTS: (file_index, ReadFacts), FILES: (file_index, path)}.
     """
 
     def __init__(self, files: str | Sequence[str], *, format: str, spec: TensorSpec,
                  chunking: Chunking | None = None, on_invalid: str = "skip",
-                 nonfinite_invalid: bool = False, reference: bool = False):
+                 nonfinite_invalid: bool = False, reference: bool = False,
+                 stage: str | None = None):
         super().__init__()
         if on_invalid not in ("skip", "fail"):
             raise ValueError(f"on_invalid must be skip or fail, got {on_invalid!r}")
@@ -125,7 +127,7 @@ class ReadTensors(beam.PTransform):
         self.read = ReadChunks(format, spec, chunking.chunk_rows, on_invalid == "fail",
                                len(self.units), nonfinite_invalid,
                                sum(u.stop - u.start for u in self.units) if known else 0,
-                               "read reference" if reference else "read",
+                               stage or ("read reference" if reference else "read"),
                                chunking.chunk_bytes)
 
     def expand(self, pbegin):

@@ -116,13 +116,19 @@ class Chunk:
         if not bad.any():
             return self
         ids = arrow_ids(self.ids)
-        out, keep = np.flatnonzero(bad), pa.array(np.flatnonzero(~bad))
+        out = np.flatnonzero(bad)
         moved = [InvalidRecord(p, i, reason) for p, i in zip(
             self.positions[out].tolist(), ids.take(pa.array(out)).to_pylist(), strict=True)]
-        return Chunk(self.file_index, self.positions[~bad], ids.take(keep), self.tensors[~bad],
-                     None if self.rank is None else self.rank[~bad],
-                     sorted(self.invalid + moved, key=lambda r: r.position),
-                     None if self.digests is None else self.digests[~bad])
+        left = self.take(np.flatnonzero(~bad))
+        left.invalid = sorted(self.invalid + moved, key=lambda r: r.position)
+        return left
+
+    def take(self, rows: np.ndarray) -> Chunk:
+        """The valid rows at ``rows`` (int indexes, in order), without invalid records."""
+        return Chunk(self.file_index, self.positions[rows],
+                     arrow_ids(self.ids).take(pa.array(rows, pa.int64())), self.tensors[rows],
+                     None if self.rank is None else self.rank[rows], [],
+                     None if self.digests is None else self.digests[rows])
 
     @staticmethod
     def of_invalid(file_index: int, invalid: list[InvalidRecord]) -> Chunk:
