@@ -29,27 +29,32 @@ def _top(table: pa.Table, k: int, keys: list[tuple[str, str]]) -> pa.Table:
     return table.take(pc.select_k_unstable(table, min(k, table.num_rows), keys))
 
 
-def _select(table: pa.Table, per_side: int) -> pa.Table:
-    """Largest-distance ``within`` pairs and smallest-distance others, ``per_side`` each."""
+def _select(table: pa.Table, per_side: int, distinct: bool = False) -> pa.Table:
+    """Largest-distance ``within`` pairs and smallest-distance others, ``per_side`` each.
+    ``distinct``: no pair is in the table twice (else each counts once, at its least
+    distance: Arrow's group-by, about a millisecond a call)."""
     k = max(per_side, 0)
-    if table.num_rows:  # a pair met twice (two partitions, or search and kNN) counts once
+    if table.num_rows and not distinct:  # a pair met twice (two cells, search and kNN)
         keys = ["record_id", "neighbour_id", *_WHERE]
         table = table.group_by(keys, use_threads=False).aggregate(
             [("distance", "min"), ("within", "max")])
         table = table.rename_columns([{"distance_min": "distance", "within_max": "within"}
                                       .get(n, n) for n in table.column_names])
         table = table.select(BORDERLINE_SCHEMA.names)
-    inside = _top(table.filter(pc.field("within")), k, [("distance", "descending")] + ORDER[1:])
-    outside = _top(table.filter(~pc.field("within")), k, ORDER)
+    within = table.column("within")  # a mask, not an expression: no Acero plan per call
+    inside = _top(table.filter(within), k, [("distance", "descending")] + ORDER[1:])
+    outside = _top(table.filter(pc.invert(within)), k, ORDER)
     return pa.concat_tables([inside, outside]).sort_by(ORDER)
 
 
 def borderline_sample(later_ids: pa.Array, earlier_ids: pa.Array, distance: np.ndarray,
                       within: np.ndarray, per_side: int,
                       later_at: tuple[np.ndarray, np.ndarray] | None = None,
-                      earlier_at: tuple[np.ndarray, np.ndarray] | None = None) -> pa.Table:
+                      earlier_at: tuple[np.ndarray, np.ndarray] | None = None,
+                      distinct: bool = False) -> pa.Table:
     """Pairs nearest the threshold on each side, where a wrong threshold shows first.
-    ``*_at``: (file index, position) of each end (default -1: unknown)."""
+    ``*_at``: (file index, position) of each end (default -1: unknown); ``distinct``:
+    the caller has merged pairs met twice already."""
     distance = np.asarray(distance, dtype=np.float64)
     if np.isnan(distance).any():
         raise ValueError("distance holds NaN")
@@ -62,7 +67,7 @@ def borderline_sample(later_ids: pa.Array, earlier_ids: pa.Array, distance: np.n
                       pa.array(earlier_ids).cast(pa.string()),
                       pa.array(distance), pa.array(np.asarray(within, dtype=bool)), *where],
                      schema=BORDERLINE_SCHEMA)
-    return _select(table, per_side)
+    return _select(table, per_side, distinct)
 
 
 def merge_borderline(tables: list[pa.Table], per_side: int) -> pa.Table:

@@ -123,7 +123,7 @@ class VecBatch:
         """The same rows with their values written to a file in ``folder`` (any
         filesystem): the element a runner holds and shuffles is then a few bytes per row."""
         path = fs.join(folder, f"{uuid.uuid4().hex}.values")
-        fs.write_bytes_atomic(path, np.ascontiguousarray(self.x).reshape(-1).view(np.uint8))
+        fs.write_scratch(path, np.ascontiguousarray(self.x).reshape(-1).view(np.uint8))
         return dataclasses.replace(self, x=np.empty((len(self), 0), self.x.dtype),
                                    spilled=(path, self.x.shape[1]))
 

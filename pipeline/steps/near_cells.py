@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.steps import progress
-from pipeline.steps.borderline import borderline_sample, merge_borderline
+from pipeline.steps.borderline import borderline_sample
 from pipeline.steps.elements import VecBatch
 from pipeline.steps.near_grid import pair_histogram
 from transforms import fs, near
@@ -181,10 +181,10 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
     nb, nn, nn_within = near.nearest_distances(batch.x, z, nn_rows, spec, plan.radius)
     later, earlier, bdist, within = d.border
     has = nb >= 0
-    border = merge_borderline([
-        _borderline(batch, later, earlier, bdist, within, per_side),
-        _borderline(batch, nn_rows[has], nb[has], nn[has], nn_within[has], per_side)],
-        per_side)
+    border = _borderline(batch, np.concatenate([later, nn_rows[has]]),
+                         np.concatenate([earlier, nb[has]]),
+                         np.concatenate([np.asarray(bdist, np.float64), nn[has]]),
+                         np.concatenate([np.asarray(within, bool), nn_within[has]]), per_side)
     mine = home & (d.state == REMOVED)
     sure = np.flatnonzero(mine & ~d.doubt)
     unsure = np.flatnonzero((home & ((d.state == OPEN) | d.doubt)) | d.open_refs)
@@ -209,7 +209,8 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
 def _borderline(batch: VecBatch, later: np.ndarray, earlier: np.ndarray, dist: np.ndarray,
                 within: np.ndarray, per_side: int) -> pa.Table:
     """Pairs named (later, earlier) in keep order (rows are in keep order), so each pair
-    has one spelling; each end with its file and position (-1 for a stored record).
+    has one spelling, met once (the search's and the nearest-neighbour sample's pairs
+    merged here); each end with its file and position (-1 for a stored record).
     Only the pairs that can make either side's ``per_side`` (ties included) become a
     table: a cell counts up to 65,536 pairs, and grouping them all by record id took
     longer than deciding the cell."""
@@ -231,7 +232,7 @@ def _borderline(batch: VecBatch, later: np.ndarray, earlier: np.ndarray, dist: n
         return f, np.where(f < 0, -1, batch.position[rows])
 
     return borderline_sample(batch.ids.take(pa.array(a)), batch.ids.take(pa.array(b)),
-                             dist[keep], within[keep], per_side, at(a), at(b))
+                             dist[keep], within[keep], per_side, at(a), at(b), distinct=True)
 
 
 def _nearest_edge(rows: np.ndarray, score: np.ndarray, k: int) -> np.ndarray:
