@@ -28,6 +28,7 @@ import numpy as np
 
 from transforms.near_greedy import KEPT, OPEN, REMOVED, Decisions, component_labels, decide
 from transforms.near_plan import MODES, Partitions, Progress, assign, partition_count, plan
+from transforms.near_project import project, projected_radius, projection
 from transforms.near_recall import PARTNERS, Recall, Truth, in_sample, judge
 from transforms.near_search import (
     Vectors,
@@ -38,6 +39,7 @@ from transforms.near_search import (
     precision_for,
     rows_for,
 )
+from transforms.near_verify import exact_distance, verify_rows
 
 METRICS = ("allclose", "l2", "cosine")
 GROUPINGS = ("representative", "components")
@@ -46,6 +48,7 @@ DEVICES = ("auto", "cpu", "cuda")
 SAMPLE_ROWS = 200_000  # planning sample cap (rows) ...
 SAMPLE_BYTES = 128 << 20  # ... and bytes (one worker holds it)
 BLOCK_ROWS = 65_536  # rows assigned or brute-forced at once in one process
+PROJECT_QUERIES = 256  # fewer sampled rows: the projection costs more than it saves
 CELL_BYTES = 64 << 20  # float32 search vectors of one cell, about (wide records)
 
 
@@ -145,47 +148,6 @@ def search_vectors(x: np.ndarray, spec: NearSpec, radius: float,
     return centred(x, center, dtype, lambda rows: search_space(rows, spec))
 
 
-def exact_distance(a: np.ndarray, b: np.ndarray, spec: NearSpec
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """(distance, within) for row pairs, in float64; ``b`` is the kept (reference) record.
-
-    l2: Euclidean; cosine: 1 - cos (NaN for a zero vector: never within); allclose:
-    the largest |a_i - b_i|, within when numpy.isclose(a, b, rtol, atol) holds everywhere.
-    """
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    if spec.metric == "l2":
-        d = np.linalg.norm(a - b, axis=1)
-        return d, d <= spec.threshold
-    if spec.metric == "cosine":
-        with np.errstate(invalid="ignore", divide="ignore"):
-            cos = (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-        d = 1.0 - np.clip(cos, -1.0, 1.0)
-        return d, d <= spec.threshold
-    diff = np.abs(a - b)
-    return diff.max(axis=1, initial=0.0), (diff <= spec.atol + spec.rtol * np.abs(b)).all(axis=1)
-
-
-def verify(xa: np.ndarray, xb: np.ndarray, spec: NearSpec
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(distance, a within with b as reference, b within with a as reference) in float64;
-    the two differ only for allclose, which is not symmetric."""
-    d, ab = exact_distance(xa, xb, spec)
-    ba = exact_distance(xb, xa, spec)[1] if spec.metric == "allclose" else ab
-    return d, ab, ba
-
-
-def verify_rows(xa: np.ndarray, a: np.ndarray, xb: np.ndarray, b: np.ndarray,
-                spec: NearSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``verify`` of the pairs (xa[a[k]], xb[b[k]]), a slice of pairs at a time: float64
-    copies of both ends of every pair at once would be gigabytes for wide records or
-    many pairs (32 MB of values per slice)."""
-    step = rows_for(16 * max(1, xa.reshape(len(xa), -1).shape[1]), 32 << 20, 1 << 20, 64)
-    parts = [verify(xa[a[k:k + step]], xb[b[k:k + step]], spec) for k in range(0, len(a), step)]
-    if not parts:
-        return np.empty(0), np.empty(0, bool), np.empty(0, bool)
-    return tuple(np.concatenate(c) for c in zip(*parts, strict=True))
-
-
 def approximate_index(z: Vectors, spec: NearSpec):
     """``index: ivf | hnsw``: an empty FAISS index for a cell's kept rows (IVF trained on
     all the cell's rows), which ``near_greedy.decide`` fills as rows are kept and asks
@@ -244,20 +206,29 @@ def true_partners(sample_x: np.ndarray, sample_rank: tuple, data_x: np.ndarray,
     """Brute force for the recall check: each sampled row's earlier data rows (by
     ``*_rank``: (prio, order)) within tolerance, it within them as the reference; only
     the ``k`` nearest candidates by the products are verified (inside a crowd a record
-    has thousands). Returns (sample row, data row, distance, candidates per sample row).
+    has thousands). Pairs go through a projected product first (``near_project``: a
+    proven lower bound of the distance, no pair lost) when the sample is big enough to
+    pay for the projection. Returns (sample row, data row, distance, candidates per
+    sample row).
     The sample's search vectors are made a slice at a time (2,000 wide records are
     256 MB in float64)."""
     dim = sample_x.reshape(len(sample_x), -1).shape[1]
     norm = max(largest_norm(sample_x, spec, center), largest_norm(data_x, spec, center))
     dtype = precision_for(norm, dim, radius)
     y = search_vectors(data_x, spec, radius, center, dtype)
+    pr = projection(y.v) if len(sample_x) >= PROJECT_QUERIES else None
+    yp = None if pr is None else project(y, pr)
     found = []
     step = rows_for(8 * dim, 32 << 20, len(sample_x))
     for a in range(0, max(1, len(sample_x)), step):  # one empty slice for no sample
         s = slice(a, a + step)
-        si, dj, count = earlier_candidates(
-            search_vectors(sample_x[s], spec, radius, center, dtype), y, radius,
-            (sample_rank[0][s], sample_rank[1][s]), data_rank, k)
+        q = search_vectors(sample_x[s], spec, radius, center, dtype)
+        narrow = None
+        if pr is not None:
+            qp = project(q, pr)
+            narrow = (qp, yp, projected_radius(pr, radius, q, y))
+        si, dj, count = earlier_candidates(q, y, radius, (sample_rank[0][s], sample_rank[1][s]),
+                                           data_rank, k, narrow)
         found.append((si + a, dj, count))
     si, dj, count = (np.concatenate(c) for c in zip(*found, strict=True))
     d, ab, _ = verify_rows(sample_x, si, data_x, dj, spec)

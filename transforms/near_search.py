@@ -231,12 +231,15 @@ def _signs_torch(qa: np.ndarray, ya: np.ndarray, rows: int, want: np.ndarray,
 
 
 def earlier_candidates(q: Vectors, y: Vectors, radius: float, q_rank: tuple, y_rank: tuple,
-                       k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                       k: int, projected: tuple[Vectors, Vectors, float] | None = None
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each query row: the data rows earlier in keep order (``*_rank``: (prio,
     order) arrays, compared in that order) that may be within ``radius``, the ``k``
     nearest of them by the products (a crowd record has thousands; the caller verifies
     these), and how many there were. Returns (query row, data row, candidates per
-    query)."""
+    query). ``projected``: the same rows projected (``near_project``) and a radius that
+    bounds every pair within ``radius``: a block's pairs go through that narrow product
+    first, and only those it keeps get the full one (unless most pass: a crowd)."""
     nq = len(q.v)
     count = np.zeros(nq, np.int64)
     if not nq or not len(y.v):
@@ -245,8 +248,10 @@ def earlier_candidates(q: Vectors, y: Vectors, radius: float, q_rank: tuple, y_r
     step = rows_for(row_bytes, BLOCK_BYTES, nq)
     if step < nq:  # wide rows: the queries' augmented copy a block at a time
         parts = [earlier_candidates(q.take(np.arange(a, min(a + step, nq))), y, radius,
-                                    (q_rank[0][a:a + step], q_rank[1][a:a + step]),
-                                    y_rank, k) for a in range(0, nq, step)]
+                                    (q_rank[0][a:a + step], q_rank[1][a:a + step]), y_rank, k,
+                                    None if projected is None else (projected[0].take(
+                                        np.arange(a, min(a + step, nq))), *projected[1:]))
+                 for a in range(0, nq, step)]
         return (np.concatenate([p[0] + a for p, a in zip(parts, range(0, nq, step),
                                                           strict=True)]),
                 np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]))
@@ -255,15 +260,40 @@ def earlier_candidates(q: Vectors, y: Vectors, radius: float, q_rank: tuple, y_r
     rows = max(1, BLOCK_ELEMENTS // cols)
     for c in range(0, len(y.v), cols):
         sl = slice(c, min(c + cols, len(y.v)))
-        qa, ya, _ = augmented(q, y.take(np.arange(sl.start, sl.stop)), radius)
+        block = np.arange(sl.start, sl.stop)
+        qa, ya, _ = augmented(q, y.take(block), radius)
+        pa = None if projected is None else augmented(projected[0], projected[1].take(block),
+                                                      projected[2])
         for r in range(0, nq, rows):
-            m = qa[r:r + rows] @ ya.T
             qr = (q_rank[0][r:r + rows], q_rank[1][r:r + rows])
-            i, j, n = _earlier_top(m, qr, (y_rank[0][sl], y_rank[1][sl]), k)
+            yr = (y_rank[0][sl], y_rank[1][sl])
+            near = None if pa is None else _narrowed(pa[0][r:r + rows] @ pa[1].T, qa[r:r + rows],
+                                                     ya, 4 * k * len(qa[r:r + rows]))
+            if near is None:  # no projection, or most pairs pass it: the full product
+                i, j, n = _earlier_top(qa[r:r + rows] @ ya.T, qr, yr, k)
+            else:
+                i, j, n = _earlier_pairs(*near, qr, yr, k, len(qr[0]))
             count[r:r + rows] += n
             qi.append(i + r)
             yj.append(j + c)
     return np.concatenate(qi), np.concatenate(yj), count
+
+
+def _narrowed(mp: np.ndarray, qa: np.ndarray, ya: np.ndarray, most: int
+              ) -> tuple[np.ndarray, ...] | None:
+    """The pairs the projected products ``mp`` keep, with their full products (those
+    passing the full sign test): (query, data, product); None when more than ``most``
+    pass (a crowd block: one full product costs less than gathering them)."""
+    flat = np.flatnonzero(mp.reshape(-1) >= 0)
+    if len(flat) > most:
+        return None
+    i, j = np.divmod(flat, mp.shape[1])
+    score = np.empty(len(i), qa.dtype)
+    for a in range(0, len(i), 8192):  # gathered rows: 8,192 x (d + 2) at a time
+        b = slice(a, a + 8192)
+        score[b] = np.einsum("ij,ij->i", qa[i[b]], ya[j[b]])
+    ok = score >= 0
+    return i[ok], j[ok], score[ok]
 
 
 def _earlier_top(m: np.ndarray, q_rank: tuple, y_rank: tuple, k: int
@@ -283,13 +313,20 @@ def _earlier_top(m: np.ndarray, q_rank: tuple, y_rank: tuple, k: int
         hit = ok[i, j]
         return i[hit], j[hit], ok.sum(axis=1)
     i, j = np.divmod(flat, m.shape[1])
+    return _earlier_pairs(i, j, m.reshape(-1)[flat], q_rank, y_rank, k, len(m))
+
+
+def _earlier_pairs(i: np.ndarray, j: np.ndarray, score: np.ndarray, q_rank: tuple,
+                   y_rank: tuple, k: int, nq: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of the pairs (i, j) that passed the sign test (``score``: their products): those
+    whose data row is earlier, the ``k`` largest per query, and the count per query."""
     earlier = _before((y_rank[0][j], y_rank[1][j]), (q_rank[0][i], q_rank[1][i]))
-    i, j, score = i[earlier], j[earlier], m.reshape(-1)[flat[earlier]]
+    i, j, score = i[earlier], j[earlier], score[earlier]
     by = np.lexsort((-score, i))  # per query, the largest products first
     i, j = i[by], j[by]
     first = np.searchsorted(i, i)  # where each query's run starts
     keep = np.arange(len(i)) - first < k
-    return i[keep], j[keep], np.bincount(i, minlength=len(m))
+    return i[keep], j[keep], np.bincount(i, minlength=nq)
 
 
 def _before(a: tuple, b: tuple) -> np.ndarray:

@@ -1,0 +1,111 @@
+"""The projected prefilter of the recall brute force (``transforms.near_project``): no
+pair within the radius is ever ruled out, at the radius's edge, along the projected
+directions (where the projection keeps the whole distance) and in both precisions; and
+the brute force finds exactly what it found without it, on embedding-shaped data with a
+crowd and on norms far from one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.embeddings import embeddings, planted_copies
+from transforms import near, near_project, near_search
+from transforms.near import NearSpec
+
+
+def _passes(q: near_search.Vectors, y: near_search.Vectors, radius: float) -> np.ndarray:
+    """The projected sign test of each (q_i, y_i) pair, as earlier_candidates runs it."""
+    pr = near_project.projection(y.v)
+    qp, yp = near_project.project(q, pr), near_project.project(y, pr)
+    qa, ya, _ = near_search.augmented(qp, yp, near_project.projected_radius(pr, radius, q, y))
+    return np.einsum("ij,ij->i", qa, ya) >= 0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
+def test_no_pair_within_the_radius_is_ruled_out(dtype, scale):
+    """Pairs at 1 - 1e-7 of the radius (in float64, before the search's rounding),
+    their difference along the top principal direction (the projection keeps all of it),
+    along a mix of the projected ones, and at random; norms from 1e-3 to 1e3."""
+    rng = np.random.default_rng(7)
+    x = embeddings(4000, dim=256, seed=2).astype(np.float64) * scale
+    radius = 0.05 * scale
+    y = near_search.Vectors(x.astype(dtype), np.linalg.norm(x, axis=1))
+    basis = near_project.projection(y.v).basis.astype(np.float64)
+    way = [np.tile(basis[:, 0], (len(x), 1)),
+           rng.standard_normal((len(x), near_project.DIM)) @ basis.T,
+           rng.standard_normal(x.shape)]
+    for d in way:
+        d = d / np.linalg.norm(d, axis=1, keepdims=True) * radius * (1 - 1e-7)
+        xq = x + d
+        assert (np.linalg.norm(xq - x, axis=1) <= radius).all()
+        q = near_search.Vectors(xq.astype(dtype), np.linalg.norm(xq, axis=1))
+        assert _passes(q, y, radius).all()
+    far = x + rng.standard_normal(x.shape) / np.sqrt(x.shape[1]) * 10 * radius
+    q = near_search.Vectors(far.astype(dtype), np.linalg.norm(far, axis=1))
+    assert _passes(q, y, radius).mean() < 0.01  # and it does rule out far pairs
+
+
+@pytest.mark.parametrize("case", ["embeddings", "crowd", "large norms"])
+def test_the_brute_force_finds_the_same_with_the_projection(case, monkeypatch):
+    """true_partners with the prefilter (1,500 sampled rows of 27,500 x 384) equals it
+    without, pair for pair and count for count, and every pair it returns is within
+    tolerance by the float64 oracle."""
+    rng = np.random.default_rng(3)
+    x, _ = planted_copies(embeddings(25_000, seed=5), copies=0.1, decoys=0.1)
+    spec = NearSpec("cosine", threshold=0.01)
+    if case == "crowd":  # 3,000 rows within a quarter of the tolerance of one record
+        x[:3000] = near_search_rows(x[0], 3000, 0.0025, rng)
+    if case == "large norms":
+        x = x * np.float32(3e3)  # l2 on raw values: pairs within 3e3 x 0.14 of norms 3e3
+        spec = NearSpec("l2", threshold=420.0)
+    n = len(x)
+    radius = near.search_radius(spec, x.shape[1], near.value_scale(x, spec))
+    center = near.search_space(x[:2000], spec).mean(axis=0)
+    sample = np.sort(rng.choice(n, 1500, replace=False))
+    if case == "crowd":
+        sample = np.union1d(sample, np.arange(0, 3000, 10))
+    rank, zero = np.arange(n), np.zeros(n)
+    out = {}
+    for label, at_least in (("projected", near.PROJECT_QUERIES), ("full", 10 ** 9)):
+        monkeypatch.setattr(near, "PROJECT_QUERIES", at_least)
+        out[label] = near.true_partners(x[sample], (zero[sample], rank[sample]), x,
+                                        (zero, rank), spec, radius, center, 32)
+    a, b = out["projected"], out["full"]
+    assert np.array_equal(a[3], b[3])  # candidates per sampled row
+    assert _pairs(a) == _pairs(b)
+    assert len(a[0]) > 30 and (a[3] > 32).any() == (case == "crowd")
+    _, ab, _ = near.verify_rows(x[sample], a[0], x, a[1], spec)
+    assert ab.all()
+    if case != "crowd":  # no row was cut to its 32 nearest: all earlier partners, by float64
+        got = _pairs(a)
+        sure, maybe = _oracle(x, sample, spec)
+        assert sure <= got <= maybe and len(sure) > 30
+
+
+def _oracle(x: np.ndarray, sample: np.ndarray, spec: NearSpec) -> tuple[set, set]:
+    """(sample row, earlier data row) pairs within tolerance by a float64 product, with a
+    relative margin of 1e-6 either way for its own rounding: (surely within, maybe)."""
+    v = x.astype(np.float64)
+    if spec.metric == "cosine":
+        v /= np.linalg.norm(v, axis=1, keepdims=True)
+    q = v[sample]
+    if spec.metric == "cosine":
+        d = 1 - q @ v.T
+    else:
+        d = np.sqrt(np.maximum((q * q).sum(1)[:, None] + (v * v).sum(1)[None] - 2 * q @ v.T, 0))
+    earlier = np.arange(len(x))[None, :] < sample[:, None]
+    t = spec.threshold
+    return (_pairs(np.nonzero(earlier & (d <= t * (1 - 1e-6)))),
+            _pairs(np.nonzero(earlier & (d <= t * (1 + 1e-6)))))
+
+
+def _pairs(found) -> set:
+    return set(zip(found[0].tolist(), found[1].tolist(), strict=True))
+
+
+def near_search_rows(center: np.ndarray, m: int, cos: float, rng) -> np.ndarray:
+    from tests.embeddings import rotated
+
+    return rotated(np.tile(center, (m, 1)), rng.uniform(0, cos, m), rng).astype(np.float32)
