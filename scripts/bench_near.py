@@ -176,7 +176,7 @@ def _grouped(x: np.ndarray, a: np.ndarray, b: np.ndarray, spec: NearSpec
     """Candidate pairs -> verified in float64 -> representative grouping (keep first):
     rows in order, each removed in favour of its nearest earlier kept partner (the pair
     list is the peers' method; the job never builds one)."""
-    from transforms.near import verify
+    from transforms.near_verify import verify
 
     later, earlier = np.maximum(a, b), np.minimum(a, b)
     keep = later != earlier
