@@ -85,9 +85,19 @@ def units(w: Workload, out_bytes: float | None = None) -> dict[str, dict[str, fl
         # one matrix product (n x p x d), then passes over the n x p scores
         u["assign"] = {"madd": n * p * d, "score": n * p} if p > 1 else {}
         u["search"] = {"madd": w.near.work * d, "record": n * w.near.joins}
-        u["recall"] = {"madd": min(w.recall_sample, n) * n * d, "record": n}
+        s = min(w.recall_sample, n)  # sampled x every record, through a projection when wide
+        u["recall"] = {"madd": s * n * recall_width(d, s), "score": s * n, "record": n}
         u["merge"] = {"record": n}
     return u
+
+
+def recall_width(dim: int, sampled: int) -> int:
+    """Columns of the recall brute force's products: the projected ones
+    (``transforms.near_project``) when it applies, else the records' own."""
+    from transforms.near import PROJECT_QUERIES
+    from transforms.near_project import DIM, MIN_DIM
+
+    return DIM + 2 if dim >= MIN_DIM and sampled >= PROJECT_QUERIES else dim
 
 
 def training_rows(w: Workload) -> int:
