@@ -109,3 +109,27 @@ def near_search_rows(center: np.ndarray, m: int, cos: float, rng) -> np.ndarray:
     from tests.embeddings import rotated
 
     return rotated(np.tile(center, (m, 1)), rng.uniform(0, cos, m), rng).astype(np.float32)
+
+
+@pytest.mark.parametrize("mode", ["exact", "bounded"])
+def test_cells_decide_the_same_with_the_projection(mode, monkeypatch):
+    """find_near over 30,000 x 384 embeddings with near copies and a crowd of 2,000, in 24
+    cells: the cells' searches through the projection (the plan's basis) remove the same
+    records in favour of the same ones, at the same distances, as without it."""
+    from transforms import near_plan
+
+    rng = np.random.default_rng(9)
+    x, _ = planted_copies(embeddings(27_000, seed=8), copies=0.08, decoys=0.03)
+    x[:2000] = near_search_rows(x[5], 2000, 0.0025, rng)
+    spec = NearSpec("cosine", threshold=0.01, mode=mode, recall_sample=0)
+    runs = {}
+    for label in ("projected", "full"):
+        if label == "full":
+            monkeypatch.setattr(near_plan, "projection", lambda *a, **k: None)
+        r = near.find_near(x, np.arange(len(x)), spec, partitions=24)
+        assert (r.partitions.projection is not None) == (label == "projected")
+        runs[label] = r
+    a, b = runs["projected"], runs["full"]
+    assert a.partitions.mode == mode and len(a.removed) > 2000
+    assert np.array_equal(a.removed, b.removed) and np.array_equal(a.kept, b.kept)
+    assert np.array_equal(a.distance, b.distance) and a.pairs == b.pairs

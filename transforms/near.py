@@ -311,7 +311,7 @@ def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int |
         mine = home[members] == p
         if len(members):
             d = decide_cell(xs[members], mine, spec, radius, parts.mean + parts.centroids[p],
-                            exact=parts.mode == "exact")
+                            exact=parts.mode == "exact", projection=parts.projection)
             h = members[mine]
             state[h], doubt[h], dist[h] = d.state[mine], d.doubt[mine], d.dist[mine]
             dup[h] = np.where(d.dup[mine] >= 0, members[np.maximum(d.dup[mine], 0)], -1)

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from transforms.near_components import component_labels, join_nets, labels_of
-from transforms.near_search import Vectors, pairs_within, rows_for, thresholds
+from transforms.near_project import Projection, project, projected_radius
+from transforms.near_search import Vectors, pairs_within, rows_for, thresholds, use_cuda
 
 __all__ = ["KEPT", "OPEN", "REMOVED", "Census", "Decisions", "component_labels", "decide"]
 
@@ -104,10 +105,16 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 
 class _Pairs:
-    """Verified pairs (query row, data row) within the search radius, both ways."""
+    """Verified pairs (query row, data row) within the search radius, both ways; with a
+    projection, candidates pass its narrow product first (``near_project``)."""
 
-    def __init__(self, z: Vectors, verify, radius: float, device: str):
+    def __init__(self, z: Vectors, verify, radius: float, device: str,
+                 projection: Projection | None = None):
         self.z, self.verify, self.radius, self.device = z, verify, radius, device
+        self.zp = self.radius_p = None
+        if projection is not None and len(z.v) and not use_cuda(device):
+            self.zp = project(z, projection)
+            self.radius_p = projected_radius(projection, radius, z, z)
 
     def between(self, q: np.ndarray, y: np.ndarray, earlier_only: bool = False
                 ) -> tuple[np.ndarray, ...]:
@@ -119,7 +126,10 @@ class _Pairs:
             cols = rows_for(self.z.v.itemsize * self.z.v.shape[1], 64 << 20, COLUMNS, 64)
             for c in range(0, len(y), cols):
                 ys = y[c:c + cols]
-                i, j, _ = pairs_within(zq, self.z.take(ys), self.radius, self.device)
+                narrow = None if self.zp is None else (self.zp.take(q), self.zp.take(ys),
+                                                       self.radius_p)
+                i, j, _ = pairs_within(zq, self.z.take(ys), self.radius, self.device,
+                                       projected=narrow)
                 a, b = q[i], ys[j]
                 keep = (a > b) if earlier_only else (a != b)
                 if keep.any():
@@ -193,7 +203,7 @@ def decide(x: np.ndarray, z: Vectors, verify, radius: float, *, home: np.ndarray
            kept: np.ndarray | None = None, components: bool = False, exact: bool = True,
            best_dist: np.ndarray | None = None, best_rank: np.ndarray | None = None,
            keys: np.ndarray | None = None, census: bool = True, device: str = "cpu",
-           index=None) -> Decisions:
+           index=None, projection: Projection | None = None) -> Decisions:
     """Decide the rows of one cell, visited in keep order (row i before row i + 1).
 
     ``x``: the rows' values; ``z``: search vectors; ``verify(a, b)``: for rows a[k],
@@ -206,12 +216,13 @@ def decide(x: np.ndarray, z: Vectors, verify, radius: float, *, home: np.ndarray
     a fractional row number). ``keys``: (n, 2) uint64 identities that choose the census sample.
     ``index``: an empty approximate FAISS index (IVF/HNSW) that holds the kept rows and
     is asked instead of comparing with each (recall below 1, measured by the caller).
+    ``projection``: a prefilter for the flat search's products (no pair lost).
     """
     n = len(x)
     own = np.asarray(home, bool)  # this cell's rows: the census counts their pairs
     all_home = own | components
     fixed = np.zeros(n, bool) if kept is None else np.asarray(kept, bool)
-    pairs = _Pairs(z, verify, radius, device)
+    pairs = _Pairs(z, verify, radius, device, projection)
     state = np.zeros(n, np.int8)
     dup = np.full(n, -1, np.int64)
     bd = np.full(n, np.inf) if best_dist is None else np.array(best_dist, np.float64)

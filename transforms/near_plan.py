@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from transforms.near_project import SAMPLE as PROJECTION_SAMPLE
+from transforms.near_project import Projection, projection
 from transforms.near_search import UNIT_ROUNDOFF, Vectors, centred, gamma, rows_for
 
 MODES = ("auto", "exact", "bounded")
@@ -159,6 +161,7 @@ class Partitions:
     mode: str = "exact"
     reason: str = ""
     prediction: Prediction | None = None
+    projection: Projection | None = None  # the cells' prefilter (``near_project``)
     gap: np.ndarray = field(init=False, repr=False)  # (cells, cells) |c_p - c_q|
 
     def __post_init__(self) -> None:
@@ -291,4 +294,7 @@ def plan(sample: np.ndarray, rows: int, radius: float, mode: str, probes: int, c
         why = ("auto chose " + ("exact" if exact else "bounded") + ": " + why)
     parts.mode, parts.probes = ("exact", None) if exact else ("bounded", probes)
     parts.reason, parts.prediction = why, p
+    train_rows = np.flatnonzero(~held)
+    parts.projection = projection(centred(sample[train_rows[:: max(
+        1, len(train_rows) // PROJECTION_SAMPLE)]], mean, np.float32).v)
     return parts

@@ -134,20 +134,24 @@ NO_NEAREST = -2  # ``own`` value: this query needs no nearest neighbour
 
 
 def pairs_within(q: Vectors, y: Vectors, radius: float, device: str = "cpu",
-                 own: np.ndarray | None = None, pairs: bool = True
+                 own: np.ndarray | None = None, pairs: bool = True,
+                 projected: tuple[Vectors, Vectors, float] | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(query row, data row) for every pair whose distance may be within ``radius`` (a
     superset of the true pairs; same-row pairs included when q and y share rows), and
     the nearest data row of each query (by float32 distance, from the same products) for
     queries whose ``own`` entry is not NO_NEAREST: ``own[i]`` is the data row that is
     query i itself (skipped), or -1. -1 where no nearest is wanted or there is none.
-    ``pairs`` False: the nearest rows only (no pair is listed: a crowd has millions)."""
+    ``pairs`` False: the nearest rows only (no pair is listed: a crowd has millions).
+    ``projected``: as for ``earlier_candidates`` (pairs only, on the CPU)."""
     nq = len(q.v)
     best = np.full(nq, -1, np.int64)
     if not nq or not len(y.v):
         return np.empty(0, np.int64), np.empty(0, np.int64), best
     if q.v.dtype != y.v.dtype:
         raise ValueError("queries and data must have one precision")
+    if projected is not None and own is None and pairs and not use_cuda(device):
+        return (*_narrowed_pairs(q, y, radius, projected), best)
     row_bytes = q.v.itemsize * (q.v.shape[1] + 2)
     step = rows_for(row_bytes, BLOCK_BYTES, nq)
     if step < nq:  # wide rows: the queries' augmented copy a block at a time
@@ -173,6 +177,31 @@ def pairs_within(q: Vectors, y: Vectors, radius: float, device: str = "cpu",
         better = d < best_d[w]
         best[w[better]], best_d[w[better]] = top[better] + c, d[better]
     return np.concatenate(qs).astype(np.int64), np.concatenate(ys).astype(np.int64), best
+
+
+def _narrowed_pairs(q: Vectors, y: Vectors, radius: float,
+                    projected: tuple[Vectors, Vectors, float]) -> tuple[np.ndarray, np.ndarray]:
+    """``pairs_within``'s pairs through the projected product first (``_narrowed``);
+    a block where more than one pair in 128 passes it takes the full product."""
+    qp, yp, radius_p = projected
+    row_bytes = q.v.itemsize * (q.v.shape[1] + 2)
+    cols = rows_for(row_bytes, BLOCK_BYTES, min(len(y.v), BLOCK_ELEMENTS // 256), 1)
+    rows = max(1, min(BLOCK_ELEMENTS // cols, rows_for(row_bytes, BLOCK_BYTES, len(q.v))))
+    qs, ys = [], []
+    for c in range(0, len(y.v), cols):
+        block = np.arange(c, min(c + cols, len(y.v)))
+        for r in range(0, len(q.v), rows):
+            part = np.arange(r, min(r + rows, len(q.v)))
+            qa, ya, _ = augmented(q.take(part), y.take(block), radius)
+            pq, py, _ = augmented(qp.take(part), yp.take(block), radius_p)
+            near = _narrowed(pq @ py.T, qa, ya, len(part) * len(block) // 128)
+            if near is None:
+                i, j = np.divmod(np.flatnonzero((qa @ ya.T).reshape(-1) >= 0), len(block))
+            else:
+                i, j = near[0], near[1]
+            qs.append(i + r)
+            ys.append(j + c)
+    return np.concatenate(qs).astype(np.int64), np.concatenate(ys).astype(np.int64)
 
 
 def _signs(qa: np.ndarray, ya: np.ndarray, rows: int, want: np.ndarray, own: np.ndarray,

@@ -176,7 +176,7 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
                             plan.parts.mean + plan.parts.centroids[cell])
     d = near.decide_cell(batch.x, home, spec, plan.radius, None, z=z,
                          exact=plan.parts.mode == "exact", kept=is_protected(batch.prio),
-                         keys=batch.words)
+                         keys=batch.words, projection=plan.parts.projection)
     nn_rows = np.flatnonzero(home & (batch.words[:, 1] % np.uint64(plan.nn_mod) == 0))
     nb, nn, nn_within = near.nearest_distances(batch.x, z, nn_rows, spec, plan.radius)
     later, earlier, bdist, within = d.border
