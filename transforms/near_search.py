@@ -58,6 +58,10 @@ class Vectors:
     def take(self, rows: np.ndarray) -> Vectors:
         return Vectors(self.v[rows], self.norm[rows])
 
+    def rows(self, part: slice) -> Vectors:
+        """A slice of the rows, as views (no copy)."""
+        return Vectors(self.v[part], self.norm[part])
+
 
 def centred_blocks(z: np.ndarray, center: np.ndarray | None,
                    space: Callable[[np.ndarray], np.ndarray] | None = None
@@ -189,14 +193,15 @@ def _narrowed_pairs(q: Vectors, y: Vectors, radius: float,
     rows = max(1, min(BLOCK_ELEMENTS // cols, rows_for(row_bytes, BLOCK_BYTES, len(q.v))))
     qs, ys = [], []
     for c in range(0, len(y.v), cols):
-        block = np.arange(c, min(c + cols, len(y.v)))
+        block = slice(c, min(c + cols, len(y.v)))  # slices: views, no copies
+        width = block.stop - block.start
         for r in range(0, len(q.v), rows):
-            part = np.arange(r, min(r + rows, len(q.v)))
-            qa, ya, _ = augmented(q.take(part), y.take(block), radius)
-            pq, py, _ = augmented(qp.take(part), yp.take(block), radius_p)
-            near = _narrowed(pq @ py.T, qa, ya, len(part) * len(block) // 128)
+            part = slice(r, min(r + rows, len(q.v)))
+            qa, ya, _ = augmented(q.rows(part), y.rows(block), radius)
+            pq, py, _ = augmented(qp.rows(part), yp.rows(block), radius_p)
+            near = _narrowed(pq @ py.T, qa, ya, (part.stop - part.start) * width // 128)
             if near is None:
-                i, j = np.divmod(np.flatnonzero((qa @ ya.T).reshape(-1) >= 0), len(block))
+                i, j = np.divmod(np.flatnonzero((qa @ ya.T).reshape(-1) >= 0), width)
             else:
                 i, j = near[0], near[1]
             qs.append(i + r)
