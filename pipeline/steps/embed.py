@@ -33,6 +33,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler
 from apache_beam.utils import shared
 
+from pipeline.steps import progress
 from pipeline.steps.elements import CHUNKS, Removed
 from transforms import fs
 from transforms.exact import digest_words
@@ -131,8 +132,10 @@ class EmbedChunks(beam.DoFn):
         self.loaded = self.shared.acquire(lambda: _Loaded(self.model.load_model()))
 
     def process(self, chunk: Chunk) -> Iterator[Chunk]:
+        progress.tick("embed", 0, 0, "chunks", units=0)  # starts the stage's clock
         out = self.model.run_inference([chunk], self.loaded.model)
         self.records.inc(len(chunk.positions))
+        progress.tick("embed", 0, len(chunk.positions), "chunks")  # records/s of the model
         yield from out
 
 
