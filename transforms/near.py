@@ -28,7 +28,8 @@ import numpy as np
 
 from transforms.near_greedy import KEPT, OPEN, REMOVED, Decisions, component_labels, decide
 from transforms.near_plan import MODES, Partitions, Progress, assign, partition_count, plan
-from transforms.near_project import project, projected_radius, projection
+from transforms.near_project import SAMPLE as PROJECTION_SAMPLE
+from transforms.near_project import Projection, project, projected_radius, projection
 from transforms.near_recall import PARTNERS, Recall, Truth, in_sample, judge
 from transforms.near_search import (
     Vectors,
@@ -202,21 +203,21 @@ def _blocks(n: int, dim: int = 1) -> Iterator[slice]:
 
 def true_partners(sample_x: np.ndarray, sample_rank: tuple, data_x: np.ndarray,
                   data_rank: tuple, spec: NearSpec, radius: float, center: np.ndarray,
-                  k: int) -> tuple[np.ndarray, ...]:
+                  k: int, basis: Projection | None = None) -> tuple[np.ndarray, ...]:
     """Brute force for the recall check: each sampled row's earlier data rows (by
     ``*_rank``: (prio, order)) within tolerance, it within them as the reference; only
     the ``k`` nearest candidates by the products are verified (inside a crowd a record
-    has thousands). Pairs go through a projected product first (``near_project``: a
-    proven lower bound of the distance, no pair lost) when the sample is big enough to
-    pay for the projection. Returns (sample row, data row, distance, candidates per
-    sample row).
+    has thousands). With ``basis``, pairs go through a projected product first
+    (``near_project``: a proven lower bound of the distance, no pair lost) when the
+    sample is big enough to pay for the projection. Returns (sample row, data row,
+    distance, candidates per sample row).
     The sample's search vectors are made a slice at a time (2,000 wide records are
     256 MB in float64)."""
     dim = sample_x.reshape(len(sample_x), -1).shape[1]
     norm = max(largest_norm(sample_x, spec, center), largest_norm(data_x, spec, center))
     dtype = precision_for(norm, dim, radius)
     y = search_vectors(data_x, spec, radius, center, dtype)
-    pr = projection(y.v) if len(sample_x) >= PROJECT_QUERIES else None
+    pr = basis if len(sample_x) >= PROJECT_QUERIES else None
     yp = None if pr is None else project(y, pr)
     found = []
     step = rows_for(8 * dim, 32 << 20, len(sample_x))
@@ -374,12 +375,14 @@ def measure_recall(xs: np.ndarray, rank: np.ndarray, spec: NearSpec, removed: np
     keys = np.stack([np.zeros(n, np.uint64), np.arange(n, dtype=np.uint64)], axis=1)
     size = spec.recall_sample if sample is None else sample
     sample = np.flatnonzero(in_sample(keys, n, size))
+    basis = projection(search_vectors(xs[::max(1, n // PROJECTION_SAMPLE)], spec, radius,
+                                      center, np.float32).v)  # one for every block
     truth = Truth.empty()
     zero = np.zeros(n)
     for blk in _blocks(n, xs.shape[1]):
         si, dj, d, count = true_partners(xs[sample], (zero[sample], pos[sample]), xs[blk],
                                          (zero[blk], pos[blk]), spec, radius, center,
-                                         PARTNERS)
+                                         PARTNERS, basis)
         s, dj = sample[si], dj + blk.start
         truth = truth.add(Truth(keys[s], keys[dj], d, zero[dj], pos[dj],
                                 {(0, int(r)): int(c) for r, c in

@@ -254,7 +254,7 @@ def true_partners(batch: VecBatch, plan: Plan, spec: near.NearSpec, sample: VecB
         part = batch.take(np.arange(a, b))
         si, dj, d, count = near.true_partners(
             sample.x, (sample.prio, sample.order), part.x, (part.prio, part.order), spec,
-            plan.radius, plan.parts.mean, PARTNERS)
+            plan.radius, plan.parts.mean, PARTNERS, plan.parts.projection)
         other = (sample.words[si] != part.words[dj]).any(axis=1)
         si, dj, d = si[other], dj[other], d[other]
         counts = {tuple(w): int(c) for w, c in zip(sample.words.tolist(), count.tolist(),
