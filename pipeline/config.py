@@ -195,7 +195,7 @@ DATAFLOW_KEYS: dict[str, tuple[str, ...]] = {
 # Keys only some runners read -> those runners (others refuse the key).
 RUNNER_KEYS: dict[str, tuple[str, ...]] = {
     **{key: ("dataflow",) for key in DATAFLOW_KEYS}, "workers": ("local", "dask", "portable"),
-    "address": ("dask", "portable")}
+    "processes": ("local",), "address": ("dask", "portable")}
 # Compute Engine attaches each GPU model to one machine series (custom-* is N1):
 # the prefixes it accepts and an example type for the error line.
 _N1 = (("n1-", "custom-"), "n1-standard-8")
@@ -254,6 +254,11 @@ class RunnerConfig(_Strict):
                                 "worker processes of the local cluster (unset: the cores) | "
                                 "portable: SDK worker processes of the job's own job service "
                                 "(unset: the cores)")
+    processes: bool | None = Field(None, description="local: parallel workers as processes of "
+                                   "their own, not threads of this one (unset: processes for a "
+                                   "job with a near stage and no embed section, whose cells' "
+                                   "many small steps queue on one interpreter's lock in "
+                                   "threads; threads otherwise)")
     address: str | None = Field(None, description="dask: the scheduler of an existing cluster, "
                                 "e.g. tcp://scheduler:8786 (unset: a local cluster of "
                                 "runner.workers processes, stopped when the job ends) | "

@@ -28,33 +28,16 @@ import threading
 import time
 from typing import Any
 
+from pipeline.processes import Relay, worker_env
 from pipeline.steps import progress
 
 START_TIMEOUT_S = 60.0  # a service's first answer: it imports Beam (seconds when loaded)
 STOP_TIMEOUT_S = 10.0  # SIGTERM, then SIGKILL
 POLL_S = 0.05  # how often a starting service is looked at
-RELAY_S = 0.1  # how often the workers' forwarded progress is read
 
 
 class ServiceError(RuntimeError):
     """A job service or worker pool did not start, or an address has none."""
-
-
-def worker_env() -> dict[str, str]:
-    """The environment of the worker pool and its workers: this interpreter first on PATH
-    (the pool starts each worker as ``python -c ...``) and this process's import paths
-    outside the installation on PYTHONPATH, so workers import the same project modules
-    (a checkout on PYTHONPATH wins over an installed copy there as it does here)."""
-    installed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    paths = []
-    for p in sys.path:
-        p = os.path.realpath(p or os.getcwd())
-        if os.path.isdir(p) and not any(p == d or p.startswith(d + os.sep) for d in installed):
-            paths.append(p)
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    return env
 
 
 def _answers(address: str, timeout: float) -> str | None:
@@ -155,7 +138,7 @@ class Services:
         self._need_jobs, self._need_pool = address is None, not environment_given
         self._workers, self._services = workers, []
         self.tmp = tempfile.mkdtemp(prefix="tensordedup-portable-")
-        self._relay: _Relay | None = None
+        self._relay: Relay | None = None
 
     def start(self) -> Services:
         if not (self._need_jobs or self._need_pool):
@@ -165,7 +148,7 @@ class Services:
         show = logging.getLogger("apache_beam").isEnabledFor(logging.WARNING)  # not --quiet-ed
         env = worker_env()
         if self._need_pool and progress.enabled:  # the workers' progress, shown here
-            self._relay = _Relay(os.path.join(self.tmp, "progress.jsonl"))
+            self._relay = Relay(os.path.join(self.tmp, "progress.jsonl"))
             env[progress.FORWARD_ENV] = self._relay.path
         try:  # both start at once: each imports Beam for a few seconds
             kinds = ["pool"] * self._need_pool + ["jobs"] * self._need_jobs
@@ -192,39 +175,6 @@ class Services:
             self._relay.stop()
             self._relay = None
         shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-class _Relay:
-    """Replays in this process's progress tally the calls the worker processes append
-    to a file (``pipeline.steps.progress.FORWARD_ENV``), so the launcher shows the whole
-    job's progress, as on the local runner."""
-
-    def __init__(self, path: str):
-        self.path, self._pos, self._partial = path, 0, b""
-        open(path, "wb").close()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tensordedup-progress-relay",
-                                        daemon=True)
-        self._thread.start()
-
-    def _drain(self) -> None:
-        with open(self.path, "rb") as f:
-            f.seek(self._pos)
-            data = f.read()
-        self._pos += len(data)
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        for line in lines:
-            with contextlib.suppress(Exception):  # progress is not worth an error
-                progress.replay(line.decode())
-
-    def _run(self) -> None:
-        while not self._stop.wait(RELAY_S):
-            self._drain()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._drain()
 
 
 def portable_runner(cfg: Any, workers: int):

@@ -188,16 +188,23 @@ def _with_run_id(cfg: DedupeConfig, run_id: str) -> DedupeConfig:
                                   "reference": [fill(r) for r in cfg.reference]})
 
 
-def _local_workers(cfg: DedupeConfig, exact_only: bool) -> DedupeConfig:
+def _local_workers(cfg: DedupeConfig, exact_only: bool, embeds: bool) -> DedupeConfig:
     """``runner.workers`` unset on the local runner: one worker for an exact-only job over
     stored tensors. Its steps keep both cores busy themselves (row groups read ahead,
     two files copied at once), and the data plane between parallel local workers costs
     more than it gains there: 10 M x 128 float32 in 10 Parquet files took 22.7 s on one
     worker and 27.5 s on two (docs/pipeline.md). Decoding, embedding and the near search
-    gain from parallel workers: they keep all cores."""
-    if cfg.runner.name != "local" or cfg.runner.workers is not None or not exact_only:
+    gain from parallel workers: they keep all cores. ``runner.processes`` unset: worker
+    processes for a near job without a model (``pipeline.processes`` says why), threads
+    where one model in one process serves every worker."""
+    if cfg.runner.name != "local":
         return cfg
-    return cfg.model_copy(update={"runner": cfg.runner.model_copy(update={"workers": 1})})
+    update = {}
+    if cfg.runner.workers is None and exact_only:
+        update["workers"] = 1
+    if cfg.runner.processes is None:
+        update["processes"] = cfg.near is not None and not embeds
+    return cfg.model_copy(update={"runner": cfg.runner.model_copy(update=update)})
 
 
 def _replaces(cfg: DedupeConfig) -> bool:
@@ -231,7 +238,8 @@ def prepare(cfg: DedupeConfig) -> Job:
         _check_writable(key, target, timeout)
     embed = embedding(cfg.embed)
     near = near_spec(cfg, "float32" if embed else resolved[0].dtype)
-    cfg = _local_workers(cfg, near is None and embed is None and spec.decode is None)
+    cfg = _local_workers(cfg, near is None and embed is None and spec.decode is None,
+                         embed is not None)
     store = None
     if cfg.store is not None:
         meta = store_meta(resolved[0], near, _settings(resolved[0], embed))

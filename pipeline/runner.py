@@ -48,10 +48,11 @@ def dataflow_options(cfg: RunnerConfig) -> dict[str, Any]:
     return out
 
 
-# The local runner's parallel mode: threads in this process (progress lines keep one
-# tally). Measured on the 1 M x 128 Parquet job (docs/pipeline.md#runners): 2 processes
-# took 14.1 s and 14.4 CPU-s against 10.9 s and 10.3 CPU-s for 2 threads (worker
-# start-up, every element pickled between processes).
+# The local runner's parallel mode unless ``runner.processes``: threads in this process.
+# Measured on the 1 M x 128 Parquet job (docs/pipeline.md#runners): 2 processes took
+# 14.1 s and 14.4 CPU-s against 10.9 s and 10.3 CPU-s for 2 threads (worker start-up,
+# every element pickled between processes). A near job's cells are the other way round
+# (``pipeline.processes``).
 LOCAL_MODE = "multi_threading"
 # The Beam release whose data plane was read and whose workaround is tested
 # (docs/beam-flush-race.md, tests/test_runners.py).
@@ -120,7 +121,8 @@ def avoid_flush_race() -> str | None:
 def local_options(cfg: RunnerConfig) -> dict[str, Any]:
     """Beam options for ``runner.workers`` on the local runner: none for one worker (the
     in-process runner, no data plane); otherwise parallel workers, with the flush race
-    avoided, or one worker and a warning where the workaround does not apply."""
+    avoided, or one worker and a warning where the workaround does not apply. Worker
+    processes (``runner.processes``) log to the runner from warnings up."""
     workers = cfg.workers or available_cores()
     if workers == 1:
         return {}
@@ -130,7 +132,19 @@ def local_options(cfg: RunnerConfig) -> dict[str, Any]:
               "Beam's parallel local runner loses elements without the workaround "
               "(docs/beam-flush-race.md)", file=sys.stderr)
         return {}
+    if cfg.processes:  # started by local_process_runner, in Beam's default mode
+        return {"direct_num_workers": workers, "default_sdk_harness_log_level": "WARNING"}
     return {"direct_num_workers": workers, "direct_running_mode": LOCAL_MODE}
+
+
+def in_processes(cfg: RunnerConfig, options) -> bool:
+    """Whether the local runner's parallel workers are processes: ``runner.processes``,
+    more than one worker, and no running mode set by hand in ``runner.options``."""
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    return (cfg.name == "local" and bool(cfg.processes)
+            and (options.view_as(DirectOptions).direct_num_workers or 1) > 1
+            and "direct_running_mode" not in cfg.options)
 
 
 @contextlib.contextmanager
@@ -201,6 +215,10 @@ def make_pipeline(cfg: RunnerConfig, dry_run: bool = False):
     if cfg.name == "local":
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
+        if in_processes(cfg, options):
+            from pipeline.processes import local_process_runner
+
+            return beam.Pipeline(runner=local_process_runner(), options=options)
         return beam.Pipeline(runner=FnApiRunner(), options=options)
     if cfg.name == "dataflow":
         from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner

@@ -1,0 +1,157 @@
+"""Worker processes on this machine: the local runner's for jobs with a near stage
+(``runner.processes``), and the portable runner's pool (``pipeline.portable``).
+
+Why processes for the near stage: its cells are many small NumPy and Python steps, and
+two worker threads of one interpreter hand its lock back and forth thousands of times a
+second (a futex wake-up each, costly on a VM); measured on 1M x 384 at cosine 0.01 on 2
+cores, the cells took 18-19.6 s on two threads, 14.4 s on one, 9.8 s on two processes
+(docs/pipeline.md#runners). What the workers need and Beam's own command does not give
+them: this interpreter and the project's import paths (``worker_env``), one BLAS/OpenMP
+thread per call (``THREAD_VARS``: the processes share the cores) and one Parquet row
+group read ahead each (``kernel_threads`` does both for threads), their progress shown
+by the launcher (``Relay``) and their log lines below warnings kept off the terminal
+(``python -m pipeline.processes``: Beam's SDK worker with a quiet handler; this module
+imports Beam and the steps only inside functions, so that handler comes first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+
+RELAY_S = 0.1  # how often the workers' forwarded progress is read
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+# Beam's warning that in-memory mode ignores the worker count: the local process runner
+# keeps that mode's name while it starts its own worker processes.
+_IN_MEMORY_WARNING = "If direct_num_workers is not equal to 1"
+QUIET_WORKER = ("apitools not found",  # Beam's GCP modules on import
+                "No semi_persistent_directory found")  # Dataflow's worker cache
+
+
+def worker_env() -> dict[str, str]:
+    """The environment of worker processes: this interpreter first on PATH (Beam's pool
+    starts each worker as ``python -c ...``) and this process's import paths outside the
+    installation on PYTHONPATH, so workers import the same project modules (a checkout
+    on PYTHONPATH wins over an installed copy there as it does here)."""
+    installed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    paths = []
+    for p in sys.path:
+        p = os.path.realpath(p or os.getcwd())
+        if os.path.isdir(p) and not any(p == d or p.startswith(d + os.sep) for d in installed):
+            paths.append(p)
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
+class Relay:
+    """Replays in this process's progress tally the calls the worker processes append
+    to a file (``pipeline.steps.progress.FORWARD_ENV``), so the launcher shows the whole
+    job's progress, as for in-process workers."""
+
+    def __init__(self, path: str):
+        self.path, self._pos, self._partial = path, 0, b""
+        open(path, "wb").close()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tensordedup-progress-relay",
+                                        daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        from pipeline.steps import progress
+
+        with open(self.path, "rb") as f:
+            f.seek(self._pos)
+            data = f.read()
+        self._pos += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for line in lines:
+            with contextlib.suppress(Exception):  # progress is not worth an error
+                progress.replay(line.decode())
+
+    def _run(self) -> None:
+        while not self._stop.wait(RELAY_S):
+            self._drain()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._drain()
+
+
+@contextlib.contextmanager
+def _local_workers() -> Iterator[str]:
+    """The shell command that starts one local worker process, valid inside the block
+    (its progress file lives in a directory removed after it)."""
+    from pipeline.steps import progress
+
+    tmp = tempfile.mkdtemp(prefix="tensordedup-workers-")
+    env = {v: "1" for v in THREAD_VARS}
+    env["PYTHONPATH"] = worker_env()["PYTHONPATH"]
+    relay = None
+    if progress.enabled:
+        relay = Relay(os.path.join(tmp, "progress.jsonl"))
+        env[progress.FORWARD_ENV] = relay.path
+    sets = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    try:
+        yield f"{sets} exec {shlex.quote(sys.executable)} -m pipeline.processes"
+    finally:
+        if relay is not None:  # after the run: the workers' last calls are in
+            relay.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def local_process_runner():
+    """Beam's FnApiRunner with its parallel workers (``direct_num_workers``) in processes
+    started by ``python -m pipeline.processes`` (Beam's ``multi_processing`` mode starts
+    its own command, which sets none of the above)."""
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner, fn_runner
+    from apache_beam.transforms.environments import SubprocessSDKEnvironment
+
+    class LocalProcesses(FnApiRunner):
+        def run_pipeline(self, pipeline, options):
+            beam_log = logging.getLogger(fn_runner.__name__)
+            quiet = _drop(_IN_MEMORY_WARNING)
+            beam_log.addFilter(quiet)
+            try:
+                with _local_workers() as command:
+                    self._default_environment = (
+                        SubprocessSDKEnvironment.from_command_string(command))
+                    return super().run_pipeline(pipeline, options)
+            finally:
+                beam_log.removeFilter(quiet)
+
+    return LocalProcesses()
+
+
+def _drop(*texts: str):
+    return lambda record: not any(t in record.getMessage() for t in texts)
+
+
+def main() -> None:
+    """A local worker process: Beam's SDK worker, which reports to the runner as Beam's
+    ``multi_processing`` workers do; on its own stderr only warnings and errors (Beam
+    logs every channel it opens at INFO; ``QUIET_WORKER``: its warnings that say nothing
+    about this job)."""
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.WARNING)
+    handler.addFilter(_drop(*QUIET_WORKER))
+    logging.basicConfig(handlers=[handler], force=True)  # imports may have added one
+    from apache_beam.runners.worker import sdk_worker_main
+
+    from transforms.formats import ahead
+
+    with ahead.at_once(1):  # one row group read ahead per worker, as for threads
+        sdk_worker_main.main(sys.argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""The local runner's worker processes (``runner.processes``, ``pipeline.processes``): a
+near job on them gives the bytes one in-process worker gives, the CLI shows their
+progress and none of Beam's worker chatter, and the default picks them for near jobs
+only."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipeline.config import ConfigError, parse_config
+from pipeline.preflight import prepare
+from tests.test_dask import NEAR_ROWS, near_input, near_sets  # noqa: F401 (a fixture)
+from tests.test_runners import ROOT, ROWS, comparable, outputs, run_on
+
+
+def test_near_job_on_worker_processes_matches_one_worker(tmp_path, near_input):  # noqa: F811
+    """Exact + near with a reference set and a store, 51,500 rows: two worker processes
+    (the default for a near job on 2+ cores) write the same clean shards, report files,
+    counts and store as one in-process worker."""
+    runs = {}
+    for name, sets in (("one", ("runner.workers=1",)),
+                       ("processes", ("runner.workers=2", "runner.processes=true"))):
+        store = tmp_path / f"{name}-store"
+        shutil.copytree(near_input / "store", store)
+        runs[name] = run_on(tmp_path / name, near_input / "in", *sets,
+                            *near_sets("representative", near_input, store))
+    one, procs = runs["one"], runs["processes"]
+    assert procs["config"]["runner"]["processes"] is True
+    assert one["near"]["cells"] > 1 and one["removed_near"] > 0
+    for run in (one, procs):
+        run["store"].pop("path")
+    assert comparable(procs) == comparable(one)
+    expected, got = outputs(tmp_path / "one"), outputs(tmp_path / "processes")
+    assert got.keys() == expected.keys()
+    assert [k for k in got if got[k] != expected[k]] == []
+    assert one["read"] == ROWS + NEAR_ROWS
+
+
+def test_the_cli_shows_the_workers_progress_and_not_their_logs(tmp_path):
+    """A near job on two worker processes through the CLI, stderr a pipe: the workers'
+    stages appear as progress lines, and no worker log line (Beam's INFO chatter, its
+    import warnings) reaches the terminal."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4000, 48)).astype(np.float32)
+    x[3000:] = x[:1000] + rng.normal(0, 1e-4, (1000, 48)).astype(np.float32)
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(len(x))], "emb": list(x)}),
+                   tmp_path / "in.parquet")
+    cfg = {"input": {"format": "parquet", "path": str(tmp_path / "in.parquet"),
+                     "tensor": "emb", "id": "id"},
+           "near": {"metric": "cosine", "threshold": 0.01},
+           "runner": {"workers": 2},
+           "output": {"path": str(tmp_path / "out" / "clean")},
+           "report": str(tmp_path / "out" / "report")}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+    done = subprocess.run([sys.executable, "-m", "pipeline.run", "--config",
+                           str(tmp_path / "job.yaml")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert any(ln.startswith("[near search] 1/1 cells done") for ln in lines), lines
+    assert any(ln.startswith("[write] 1/1 files done") for ln in lines), lines
+    assert [ln for ln in lines if ln.startswith(("INFO:", "WARNING:", "DEBUG:"))] == []
+    summary = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
+    assert summary["config"]["runner"]["processes"] is True
+    assert summary["removed_near"] >= 1000
+
+
+def test_processes_are_the_default_for_near_jobs_without_a_model(tmp_path):
+    """Unset ``runner.processes``: true with a near section, false for an exact-only
+    job, as given when set; only the local runner takes the key."""
+    pq.write_table(pa.table({"id": ["a", "b"], "emb": [[1.0, 2.0], [1.0, 2.0]]}),
+                   tmp_path / "in.parquet")
+    base = {"input": {"format": "parquet", "path": str(tmp_path / "in.parquet"),
+                      "tensor": "emb", "id": "id"},
+            "output": {"path": str(tmp_path / "o")}, "report": str(tmp_path / "r")}
+
+    def resolved(extra: dict, sets: tuple[str, ...] = ()) -> bool | None:
+        return prepare(parse_config({**base, **extra}, list(sets))).cfg.runner.processes
+
+    assert resolved({"near": {"metric": "l2", "threshold": 0.1}}) is True
+    assert resolved({}) is False
+    assert resolved({"near": {"metric": "l2", "threshold": 0.1}},
+                    ("runner.processes=false",)) is False
+    with pytest.raises(ConfigError, match="runner.name: local"):
+        parse_config({**base, "runner": {"name": "dask", "processes": True}}, [])
