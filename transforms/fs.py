@@ -174,33 +174,18 @@ def read_bytes(path: str) -> bytes:
 
 
 def read_rows_into(path: str, rows: np.ndarray, out: np.ndarray, at: np.ndarray) -> None:
-    """``out[at[i]] = rows[i]``-th fixed-width row of a local file of rows like ``out``'s.
-
-    One gather from a memory map, closed before returning: the copy runs in NumPy
-    without the GIL. (A positioned read per row took and gave back the GIL per row:
-    the local runner's worker threads queued on it, 7.8 of the 19 thread-seconds of the
-    1M x 384 job's cells.) The map's pages, the kernel's fault-around included, count
-    toward RSS only while it is open: a few pages per row named."""
-    import mmap
-
-    if not out.flags.c_contiguous:
-        raise ValueError("read_rows_into: out must be C-contiguous")
+    """``out[at[i]] = rows[i]``-th fixed-width row of a local file of rows like ``out``'s,
+    one positioned read each: a memory map of the file would map its neighbouring pages
+    too (the kernel's fault-around), so a few scattered rows cost the whole file's RSS."""
     width = out.shape[1] * out.itemsize
-    rows = np.asarray(rows, np.int64)
-    if not len(rows):
-        return
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if int(rows.max()) >= size // width or int(rows.min()) < 0:
-            raise OSError(f"{path}: row {int(rows.max())} is past the end of the file")
-        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    buf = memoryview(out.reshape(len(out), -1).view(np.uint8)).cast("B")  # C order
+    fd = os.open(path, os.O_RDONLY)
     try:
-        m.madvise(mmap.MADV_RANDOM)  # no read-ahead around the rows named
-        src = np.frombuffer(m, np.uint8, count=size // width * width).reshape(-1, width)
-        out.reshape(len(out), -1).view(np.uint8)[at] = src[rows]
-        del src  # the map closes only once no array views it
+        for r, a in zip(rows.tolist(), at.tolist(), strict=True):
+            if os.preadv(fd, [buf[a * width:(a + 1) * width]], r * width) != width:
+                raise OSError(f"{path}: row {r} is past the end of the file")
     finally:
-        m.close()
+        os.close(fd)
 
 
 def read_parquet(path: str, columns: list[str] | None = None):
