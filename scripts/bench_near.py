@@ -29,7 +29,8 @@ few sampled positives that interval is wide, so the planted pairs (every planted
 edited sentence within tolerance of its original) give a second, population-wide
 recall. Precision: removals within tolerance of the record they name. Each contender runs in
 its own fresh process; seconds time the work (the job: the whole CLI process), peak
-RSS is that process's VmHWM. Prints a table per data set and threshold; writes JSON.
+RSS is that process's VmHWM or its process tree's (the job's worker processes), the
+higher. Prints a table per data set and threshold; writes JSON.
 
 Issue 21's shapes (``--data identical | crowds | magnitudes | blank | blank-l2 | wide |
 wide-128 | wide-u8 | wide-f32 | crowd-1m | crowds-of-20 | distinct-1m``, scripts/benchshapes.py):

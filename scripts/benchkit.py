@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,13 +20,31 @@ PEAK_RSS_MB = ('int([ln for ln in open("/proc/self/status") if ln.startswith("Vm
 
 def run_python(source: str) -> tuple[dict, float]:
     """Run ``source`` with ``python -c`` from the repo root: (its last stdout line, read as
-    JSON; the process's wall seconds). Raises with the stderr tail if it fails."""
+    JSON; the process's wall seconds). Raises with the stderr tail if it fails. The
+    JSON's ``rss_mb`` (the process's own VmHWM, when it reports one) becomes the peak of
+    its whole process tree where that was higher: a job's worker processes count too
+    (sampled every 0.1 s)."""
+    import psutil
+
     start = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", source], cwd=ROOT, capture_output=True, text=True)
+    with subprocess.Popen([sys.executable, "-c", source], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as p:
+        proc, peak = psutil.Process(p.pid), 0
+        reader = ThreadPoolExecutor(1).submit(p.communicate)  # pipes drained meanwhile
+        while not reader.done():
+            try:
+                peak = max(peak, tree_rss(proc))
+            except psutil.NoSuchProcess:
+                pass
+            time.sleep(0.1)
+        stdout, stderr = reader.result()
     wall = time.perf_counter() - start
-    if r.returncode != 0:
-        raise RuntimeError(f"contender failed:\n{r.stderr[-3000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1]), wall
+    if p.returncode != 0:
+        raise RuntimeError(f"contender failed:\n{stderr[-3000:]}")
+    out = json.loads(stdout.strip().splitlines()[-1])
+    if "rss_mb" in out:
+        out["rss_mb"] = max(out["rss_mb"], peak / 2 ** 20)
+    return out, wall
 
 
 def tree_rss(proc) -> int:
