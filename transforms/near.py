@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -139,14 +140,23 @@ def largest_norm(x: np.ndarray, spec: NearSpec, center: np.ndarray | None = None
 
 
 def search_vectors(x: np.ndarray, spec: NearSpec, radius: float,
-                   center: np.ndarray | None = None, dtype: np.dtype | None = None) -> Vectors:
+                   center: np.ndarray | None = None, dtype: np.dtype | None = None,
+                   norm_at_least: float = 0.0) -> Vectors:
     """Rows of the search space centred on ``center`` (computed in float64), stored in
-    ``dtype`` (None: float32 unless rounding at these norms would swamp the radius, see
-    ``precision_for``)."""
+    ``dtype`` (None: float32 unless rounding at the larger of these rows' norms and
+    ``norm_at_least`` would swamp the radius, see ``precision_for``). Choosing costs no
+    pass of its own: the rows are stored in float32 as their norms are found, and made
+    again in float64 only where those norms call for it."""
     x = x.reshape(len(x), -1)
-    if dtype is None:
-        dtype = precision_for(largest_norm(x, spec, center), x.shape[1], radius)
-    return centred(x, center, dtype, lambda rows: search_space(rows, spec))
+    space = partial(search_space, spec=spec)
+    if dtype is not None:
+        return centred(x, center, dtype, space)
+    z = centred(x, center, np.float32, space)
+    # each stored value is within 2^-24 of its own: |z64| <= |z32| / (1 - 2^-24)
+    top = max(float(z.norm.max(initial=0)) * (1 + 1e-6), norm_at_least)
+    if precision_for(top, x.shape[1], radius) == np.float32:
+        return z
+    return centred(x, center, np.float64, space)
 
 
 def approximate_index(z: Vectors, spec: NearSpec):
@@ -214,9 +224,9 @@ def true_partners(sample_x: np.ndarray, sample_rank: tuple, data_x: np.ndarray,
     The sample's search vectors are made a slice at a time (2,000 wide records are
     256 MB in float64)."""
     dim = sample_x.reshape(len(sample_x), -1).shape[1]
-    norm = max(largest_norm(sample_x, spec, center), largest_norm(data_x, spec, center))
-    dtype = precision_for(norm, dim, radius)
-    y = search_vectors(data_x, spec, radius, center, dtype)
+    y = search_vectors(data_x, spec, radius, center,
+                       norm_at_least=largest_norm(sample_x, spec, center))
+    dtype = y.v.dtype
     pr = basis if len(sample_x) >= PROJECT_QUERIES else None
     yp = None if pr is None else project(y, pr)
     found = []
