@@ -47,6 +47,34 @@ def test_no_pair_within_the_radius_is_ruled_out(dtype, scale):
     assert _passes(q, y, radius).mean() < 0.01  # and it does rule out far pairs
 
 
+def test_wide_rows_get_their_directions_from_a_bounded_sample():
+    """Images of 64x64x3 values: the basis comes from the sample's Gram matrix (a
+    12,288-square covariance took minutes and 9 GB in a job), fast and orthonormal, and
+    pairs at the radius's edge still pass while far ones do not."""
+    import time
+
+    rng = np.random.default_rng(11)
+    d = 64 * 64 * 3
+    x = (rng.standard_normal((1500, 40)) @ rng.standard_normal((40, d))
+         + 0.1 * rng.standard_normal((1500, d)))  # images: few directions and noise
+    radius = 0.5
+    y = near_search.Vectors(x.astype(np.float32), np.linalg.norm(x, axis=1))
+    start = time.perf_counter()
+    pr = near_project.projection(y.v)
+    assert time.perf_counter() - start < 5
+    assert near_project.sample_step(len(x), d) > 1  # a sample, not every row
+    b = pr.basis.astype(np.float64)
+    assert b.shape == (d, near_project.DIM)
+    assert np.abs(b.T @ b - np.eye(near_project.DIM)).max() < 1e-5
+    for way in (np.tile(b[:, 0], (len(x), 1)), rng.standard_normal(x.shape)):
+        step = way / np.linalg.norm(way, axis=1, keepdims=True) * radius * (1 - 1e-7)
+        q = near_search.Vectors((x + step).astype(np.float32), np.linalg.norm(x + step, axis=1))
+        assert _passes(q, y, radius).all()
+    far = x + 20 * radius * b[:, 1]  # 20 radii along a projected direction
+    q = near_search.Vectors(far.astype(np.float32), np.linalg.norm(far, axis=1))
+    assert not _passes(q, y, radius).any()
+
+
 @pytest.mark.parametrize("case", ["embeddings", "crowd", "large norms"])
 def test_the_brute_force_finds_the_same_with_the_projection(case):
     """true_partners with the prefilter (1,500 sampled rows of 27,500 x 384) equals it

@@ -29,8 +29,13 @@ import numpy as np
 
 from transforms.near_greedy import KEPT, OPEN, REMOVED, Decisions, component_labels, decide
 from transforms.near_plan import MODES, Partitions, Progress, assign, partition_count, plan
-from transforms.near_project import SAMPLE as PROJECTION_SAMPLE
-from transforms.near_project import Projection, project, projected_radius, projection
+from transforms.near_project import (
+    Projection,
+    project,
+    projected_radius,
+    projection,
+    sample_step,
+)
 from transforms.near_recall import PARTNERS, Recall, Truth, in_sample, judge
 from transforms.near_search import (
     Vectors,
@@ -385,7 +390,7 @@ def measure_recall(xs: np.ndarray, rank: np.ndarray, spec: NearSpec, removed: np
     keys = np.stack([np.zeros(n, np.uint64), np.arange(n, dtype=np.uint64)], axis=1)
     size = spec.recall_sample if sample is None else sample
     sample = np.flatnonzero(in_sample(keys, n, size))
-    basis = projection(search_vectors(xs[::max(1, n // PROJECTION_SAMPLE)], spec, radius,
+    basis = projection(search_vectors(xs[::sample_step(n, xs.shape[1])], spec, radius,
                                       center, np.float32).v)  # one for every block
     truth = Truth.empty()
     zero = np.zeros(n)

@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transforms.near_project import SAMPLE as PROJECTION_SAMPLE
-from transforms.near_project import Projection, projection
+from transforms.near_project import Projection, projection, sample_step
 from transforms.near_search import UNIT_ROUNDOFF, Vectors, centred, gamma, rows_for
 
 MODES = ("auto", "exact", "bounded")
@@ -295,6 +294,6 @@ def plan(sample: np.ndarray, rows: int, radius: float, mode: str, probes: int, c
     parts.mode, parts.probes = ("exact", None) if exact else ("bounded", probes)
     parts.reason, parts.prediction = why, p
     train_rows = np.flatnonzero(~held)
-    parts.projection = projection(centred(sample[train_rows[:: max(
-        1, len(train_rows) // PROJECTION_SAMPLE)]], mean, np.float32).v)
+    parts.projection = projection(centred(sample[train_rows[:: sample_step(
+        len(train_rows), sample.shape[1])]], mean, np.float32).v)
     return parts

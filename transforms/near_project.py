@@ -32,6 +32,7 @@ from transforms.near_search import UNIT_ROUNDOFF, Vectors, gamma
 MIN_DIM = 128  # narrower vectors: the full product costs little more than a projected one
 DIM = 32  # projected dimensions (of 384: 35% of the variance of MiniLM-like embeddings)
 SAMPLE = 4096  # rows the principal directions come from
+SAMPLE_BYTES = 64 << 20  # ... at most, as float64 (512 rows of 16k values)
 
 
 @dataclass
@@ -43,21 +44,39 @@ class Projection:
     eps: float  # a projected, stored vector moves by at most eps x |v|
 
 
+def sample_step(n: int, d: int) -> int:
+    """Every how many of ``n`` rows of ``d`` values one goes into ``projection``'s
+    sample: SAMPLE rows, fewer where they would pass SAMPLE_BYTES (never under 2 DIM)."""
+    rows = max(2 * DIM, min(SAMPLE, SAMPLE_BYTES // (8 * max(d, 1))))
+    return max(1, -(-n // rows))
+
+
 def projection(y: np.ndarray, dim: int = DIM) -> Projection | None:
     """The top ``dim`` principal directions (about the origin: search vectors are
-    centred already) of up to SAMPLE evenly spaced rows of ``y``; None when the rows are
-    too narrow or too few for the prefilter to pay."""
+    centred already) of up to SAMPLE evenly spaced rows of ``y`` (fewer for wide rows:
+    the sample stays within SAMPLE_BYTES); None when the rows are too narrow or too few
+    for the prefilter to pay, or span no direction. Rows wider than the sample is long
+    (images of 16k values) take the directions from the sample's Gram matrix (n x n), not
+    the d x d covariance (a 16k x 16k eigh is minutes and gigabytes)."""
     n, d = y.shape
     if d < MIN_DIM or n < 2 * dim:
         return None
-    s = np.asarray(y[:: max(1, n // SAMPLE)], np.float64)
-    _, vecs = np.linalg.eigh(s.T @ s)
-    basis = np.ascontiguousarray(vecs[:, ::-1][:, :dim]).astype(y.dtype)
+    s = np.asarray(y[:: sample_step(n, d)], np.float64)
+    if d <= len(s):
+        _, vecs = np.linalg.eigh(s.T @ s)
+        basis = vecs[:, ::-1][:, :dim]
+    else:  # s = U S V^T: the top right singular vectors are s^T u / sqrt(lambda)
+        lam, u = np.linalg.eigh(s @ s.T)
+        keep = np.flatnonzero(lam > lam[-1] * 1e-9)[::-1][:dim] if lam[-1] > 0 else lam[:0]
+        if not len(keep):
+            return None
+        basis = (s.T @ u[:, keep]) / np.sqrt(lam[keep])
+    basis = np.ascontiguousarray(basis).astype(y.dtype)
     b = basis.astype(np.float64)
     gram = np.abs(b.T @ b).sum(axis=1).max() * (1 + 4 * d * UNIT_ROUNDOFF[
         np.dtype(np.float64)])  # Gershgorin, its own rounding included
     sigma = math.sqrt(gram) * (1 + 1e-12)
-    return Projection(basis, sigma, math.sqrt(dim) * gamma(d, y.dtype) * sigma)
+    return Projection(basis, sigma, math.sqrt(basis.shape[1]) * gamma(d, y.dtype) * sigma)
 
 
 def project(z: Vectors, pr: Projection) -> Vectors:
