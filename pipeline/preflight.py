@@ -11,6 +11,7 @@ files themselves are opened by ``pipeline.inputs``; remote calls are bounded by
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import posixpath
 import secrets
@@ -19,6 +20,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline import layout
@@ -188,22 +190,33 @@ def _with_run_id(cfg: DedupeConfig, run_id: str) -> DedupeConfig:
                                   "reference": [fill(r) for r in cfg.reference]})
 
 
-def _local_workers(cfg: DedupeConfig, exact_only: bool, embeds: bool) -> DedupeConfig:
+# runner.processes unset: worker processes for near jobs over records of at most this many
+# bytes (embeddings: 1.5 KB at 384 x float32). Wider records spend their time in large
+# products that release the interpreter's lock, and each process's own heap of wide
+# cells cost memory: 100k images of 64x64x3 uint8 peaked at 3.50 GB on two processes
+# against 2.91 GB on two threads (their bound: 3.4 GB).
+PROCESS_ROW_BYTES = 4096
+
+
+def _local_workers(cfg: DedupeConfig, exact_only: bool, embeds: bool,
+                   row_bytes: int | None) -> DedupeConfig:
     """``runner.workers`` unset on the local runner: one worker for an exact-only job over
     stored tensors. Its steps keep both cores busy themselves (row groups read ahead,
     two files copied at once), and the data plane between parallel local workers costs
     more than it gains there: 10 M x 128 float32 in 10 Parquet files took 22.7 s on one
     worker and 27.5 s on two (docs/pipeline.md). Decoding, embedding and the near search
     gain from parallel workers: they keep all cores. ``runner.processes`` unset: worker
-    processes for a near job without a model (``pipeline.processes`` says why), threads
-    where one model in one process serves every worker."""
+    processes for a near job without a model over records of at most PROCESS_ROW_BYTES
+    (or of a size it cannot tell before reading them; ``pipeline.processes`` says why),
+    threads otherwise (one model in one process serves every thread)."""
     if cfg.runner.name != "local":
         return cfg
     update = {}
     if cfg.runner.workers is None and exact_only:
         update["workers"] = 1
     if cfg.runner.processes is None:
-        update["processes"] = cfg.near is not None and not embeds
+        update["processes"] = (cfg.near is not None and not embeds
+                               and (row_bytes or 0) <= PROCESS_ROW_BYTES)
     return cfg.model_copy(update={"runner": cfg.runner.model_copy(update=update)})
 
 
@@ -239,7 +252,7 @@ def prepare(cfg: DedupeConfig) -> Job:
     embed = embedding(cfg.embed)
     near = near_spec(cfg, "float32" if embed else resolved[0].dtype)
     cfg = _local_workers(cfg, near is None and embed is None and spec.decode is None,
-                         embed is not None)
+                         embed is not None, _row_bytes(resolved[0], files[0], cfg.input))
     store = None
     if cfg.store is not None:
         meta = store_meta(resolved[0], near, _settings(resolved[0], embed))
@@ -247,6 +260,25 @@ def prepare(cfg: DedupeConfig) -> Job:
                          "store.path", "reading the store", timeout)
     return Job(cfg, files, root, spec, resolved[0], keep, output, report, run_id,
                f"{os.getpid()}-{time.time_ns()}", replace, near, refs, store, embed)
+
+
+def _row_bytes(resolved: TensorSpec, first: str, source: InputConfig) -> int | None:
+    """About how many bytes one record's values take: exact where every record has one
+    shape, else for Parquet the first record's (read through a 1 MB buffer, not the
+    whole column chunk); None where neither tells."""
+    if resolved.shape is not None and resolved.dtype is not None:
+        import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
+
+        return math.prod(resolved.shape) * np.dtype(resolved.dtype).itemsize
+    if source.format != "parquet":
+        return None
+    import pyarrow.parquet as pq
+
+    with fs.open_read(first) as f:
+        batches = pq.ParquetFile(f, buffer_size=1 << 20).iter_batches(
+            batch_size=1, columns=[source.tensor])
+        one = next(iter(batches), None)
+    return None if one is None else one.nbytes
 
 
 def _settings(resolved: TensorSpec, embed: Embedding | None) -> dict:

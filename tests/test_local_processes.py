@@ -75,8 +75,9 @@ def test_the_cli_shows_the_workers_progress_and_not_their_logs(tmp_path):
 
 
 def test_processes_are_the_default_for_near_jobs_without_a_model(tmp_path):
-    """Unset ``runner.processes``: true with a near section, false for an exact-only
-    job, as given when set; only the local runner takes the key."""
+    """Unset ``runner.processes``: true with a near section over narrow records, false
+    for an exact-only job and for wide records, as given when set; only the local runner
+    takes the key."""
     pq.write_table(pa.table({"id": ["a", "b"], "emb": [[1.0, 2.0], [1.0, 2.0]]}),
                    tmp_path / "in.parquet")
     base = {"input": {"format": "parquet", "path": str(tmp_path / "in.parquet"),
@@ -88,6 +89,11 @@ def test_processes_are_the_default_for_near_jobs_without_a_model(tmp_path):
 
     assert resolved({"near": {"metric": "l2", "threshold": 0.1}}) is True
     assert resolved({}) is False
+    wide = np.zeros((2, 64 * 64 * 3), np.uint8)  # 12 KB records: threads
+    pq.write_table(pa.table({"id": ["a", "b"], "emb": list(wide)}), tmp_path / "in.parquet")
+    assert resolved({"near": {"metric": "l2", "threshold": 0.1}}) is False
+    assert resolved({"near": {"metric": "l2", "threshold": 0.1}},
+                    ("runner.processes=true",)) is True
     assert resolved({"near": {"metric": "l2", "threshold": 0.1}},
                     ("runner.processes=false",)) is False
     with pytest.raises(ConfigError, match="runner.name: local"):
