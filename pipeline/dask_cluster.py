@@ -99,7 +99,10 @@ def stop_running_tasks(client, futures, limit_s: float = 60.0) -> None:
     try:
         client.cancel(futures, force=True)
         deadline = time.monotonic() + limit_s
-        while any(client.run(_executing).values()) and time.monotonic() < deadline:
+        # a worker that does not answer (the one killed, restarting) is skipped, not a
+        # reason to stop asking the others
+        while (any(client.run(_executing, on_error="ignore").values())
+               and time.monotonic() < deadline):
             time.sleep(0.05)  # no event says a cancelled task stopped: ask the workers
     except Exception:  # the cluster or its workers are gone: nothing runs there
         pass
