@@ -86,8 +86,10 @@ def run_day(tmp_path, name: str, run_id: str, *sets: str, **cfg) -> int:
     cfg.setdefault("near", {"metric": "l2", "threshold": THRESHOLD})
     cfg["output"] = {"path": str(tmp_path / "out" / "clean" / "{run_id}")}
     cfg["report"] = str(tmp_path / "out" / "report" / "{run_id}")
+    # the tests patch steps in this process (store.FANIN, simulated crashes): the near
+    # job's local workers must be its threads, not processes of their own
     return run_job(tmp_path, "parquet", str(tmp_path / name / "*.parquet"), f"run_id={run_id}",
-                   *sets, **cfg)
+                   "runner.processes=false", *sets, **cfg)
 
 
 def removals(tmp_path, run_id: str) -> dict[str, tuple[str, str]]:

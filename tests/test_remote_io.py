@@ -54,7 +54,9 @@ def run(tmp_path: Path, fmt: str, input_glob: str, out: str, *sets: str, **cfg) 
     """The CLI in-process; output and report are ``out``/clean and ``out``/report."""
     doc = {"input": {"format": fmt, "path": input_glob, "tensor": "emb", "id": "id",
                      **({"shape": list(SHAPE)} if fmt == "tfrecord" else {})},
-           "output": {"path": f"{out}/clean"}, "report": f"{out}/report", **cfg}
+           "output": {"path": f"{out}/clean"}, "report": f"{out}/report",
+           "runner": {"processes": False},  # fakegs:// is registered in this process only
+           **cfg}
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     return main(["--config", str(path), "--quiet", *[a for s in sets for a in ("--set", s)]])
