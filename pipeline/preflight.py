@@ -264,17 +264,19 @@ def prepare(cfg: DedupeConfig) -> Job:
 
 def _row_bytes(resolved: TensorSpec, first: str, source: InputConfig) -> int | None:
     """About how many bytes one record's values take: exact where every record has one
-    shape, else for Parquet the first record's (read through a 1 MB buffer, not the
-    whole column chunk); None where neither tells."""
+    shape, else for a local Parquet file the first record's (read through a 1 MB buffer,
+    not the whole column chunk; through Arrow's own file, never a Python one:
+    ``fs.read_parquet`` says why); None where neither tells."""
     if resolved.shape is not None and resolved.dtype is not None:
         import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 
         return math.prod(resolved.shape) * np.dtype(resolved.dtype).itemsize
-    if source.format != "parquet":
+    if source.format != "parquet" or not fs.is_local(first):
         return None
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    with fs.open_read(first) as f:
+    with pa.OSFile(first) as f:
         batches = pq.ParquetFile(f, buffer_size=1 << 20).iter_batches(
             batch_size=1, columns=[source.tensor])
         one = next(iter(batches), None)
