@@ -11,9 +11,14 @@ the data into 25 and 173 cells. Here each collection read as a side input is
 persisted on the cluster as soon as the graph reaches it and held until the job ends:
 it is computed once and the tasks that read it fetch the stored result. So that its
 upstream is not computed twice (once for it, once for the job's graph), the points
-where that upstream also feeds other steps are persisted too, and let go once the
-job's graph is submitted (Dask frees them when their readers are done). A lost
-worker's share is recomputed by Dask from the same graph.
+where that upstream also feeds other steps are persisted too, and held until the job
+ends as well, except the reads' outputs (the records' values: not held to the end). A
+lost worker's share is recomputed by Dask from the same graph. With those points let go
+once the job's graph was submitted, Dask could forget a result's upstream and then
+cancel the job ("lost dependencies") when a worker died (tests/test_dask_loss.py failed
+so in about 1 run of 4). Holding them costs the cluster their bytes until the end:
+digests, removals and references to spilled values. A worker lost while it holds a
+read's output can still end the job that way: in one line, nothing published.
 """
 
 from __future__ import annotations
@@ -44,8 +49,8 @@ def shared_producers(pipeline) -> tuple[set, set]:
     """The leaf steps to compute once: those whose output is read as a side input (held
     until the job ends: tasks fetch it while they run), and the steps upstream of those
     whose output is also read by another step (the side input's graph and the job's
-    graph start from one copy; released once the job's graph is submitted, so Dask frees
-    it when its readers are done)."""
+    graph start from one copy; held until the job ends, the reads' outputs excepted, so
+    Dask does not forget the upstream of a result it may have to recompute)."""
     from apache_beam.pipeline import PipelineVisitor
 
     readers: dict[Any, int] = {}
@@ -69,6 +74,12 @@ def shared_producers(pipeline) -> tuple[set, set]:
                 upstream.add(p)
                 todo.append(p)
     return side, {p for p in upstream - side if readers.get(p, 0) > 1}
+
+
+def _carries_tensors(producer) -> bool:
+    """A read step: its output is the records' values (a Chunk per element), which the
+    cluster must not hold until the job ends."""
+    return producer.full_label.endswith("ReadChunks/Run")
 
 
 def replicate_when_done(client, bags: list) -> None:
@@ -122,7 +133,7 @@ def dask_runner(cfg: RunnerConfig):
 
     class ClosingResult(DaskRunnerResult):
         """Stops the client, and the local cluster if this job started it, once done;
-        holds the persisted side inputs until then."""
+        holds the persisted side inputs and their shared upstream until then."""
 
         cluster: Any = None
         persisted: list | None = None
@@ -130,8 +141,11 @@ def dask_runner(cfg: RunnerConfig):
         def wait_until_finish(self, duration: int | None = None) -> str:
             try:
                 return super().wait_until_finish(duration)
-            except BaseException:
-                stop_running_tasks(self.client, self.futures)
+            except BaseException:  # the held collections too: Dask would recompute them
+                from distributed import futures_of
+
+                stop_running_tasks(self.client, [*self.futures, *(
+                    f for bag in self.persisted or () for f in futures_of(bag))])
                 raise
             finally:
                 self.persisted = None
@@ -146,7 +160,7 @@ def dask_runner(cfg: RunnerConfig):
             from distributed import get_client
 
             base = type(DaskRunner.to_dask_bag_visitor(bag_kwargs))
-            side, fanout, persisted = self.side, self.fanout, self.persisted
+            side, fanout, persisted, held = self.side, self.fanout, self.persisted, self.held
 
             class Visitor(base):
                 def visit_transform(self, node) -> None:
@@ -156,6 +170,8 @@ def dask_runner(cfg: RunnerConfig):
                             self.bags[producer] = get_client().persist(self.bags[producer])
                             if producer in side:
                                 persisted.append(self.bags[producer])
+                            elif not _carries_tensors(producer):
+                                held.append(self.bags[producer])
                             side.discard(producer)
                             fanout.discard(producer)
                     super().visit_transform(node)
@@ -179,6 +195,7 @@ def dask_runner(cfg: RunnerConfig):
 
             pipeline.replace_all(dask_overrides())  # Beam does it again: a no-op then
             (self.side, self.fanout), self.persisted = shared_producers(pipeline), []
+            self.held = []
             try:
                 result = super().run_pipeline(pipeline, options)
             except BaseException:
@@ -186,7 +203,7 @@ def dask_runner(cfg: RunnerConfig):
                     cluster.close()
                 raise
             closing = ClosingResult(result.client, result.futures)
-            closing.cluster, closing.persisted = cluster, self.persisted
+            closing.cluster, closing.persisted = cluster, self.persisted + self.held
             threading.Thread(target=replicate_when_done, args=(result.client, self.persisted),
                              daemon=True, name="dask-side-inputs").start()
             return closing

@@ -11,6 +11,7 @@ inputs included) is recomputed from the graph.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -24,6 +25,7 @@ from tests.jobkit import run_job
 from tests.test_dask import near_input, near_sets  # noqa: F401 - a module fixture
 from tests.test_runners import comparable, outputs, run_on
 from transforms import conditional
+from transforms.store import FingerprintStore
 
 distributed = pytest.importorskip("distributed")
 
@@ -118,9 +120,10 @@ def undisturbed(near_input, tmp_path_factory) -> tuple[dict, dict]:  # noqa: F81
     return comparable(summary), outputs(where / "run")
 
 
-def run_killing(tmp_path: Path, root: Path, stage: str, run) -> tuple:
+def run_killing(tmp_path: Path, root: Path, stage: str, run, must_kill: bool = True):
     """``run(address)`` on a new cluster of two workers whose first task at ``stage``
-    is killed; returns what ``run`` returned, once it is sure a worker was killed."""
+    is killed; returns what ``run`` returned, once it is sure a worker was killed
+    (``must_kill``; else also when none was: the job may have ended first)."""
     folder = tmp_path / "hold"
     folder.mkdir()
     killed: list[int] = []
@@ -137,15 +140,40 @@ def run_killing(tmp_path: Path, root: Path, stage: str, run) -> tuple:
         finally:
             stop.set()
             killer.join()
-    assert killed and killed[0] in workers, "no task reached the hold"
+    assert not killed or killed[0] in workers
+    assert killed or not must_kill, "no task reached the hold"
     return out
+
+
+# Dask's own cancellation when a result it must recompute has an upstream the scheduler
+# has forgotten (a read's output, which the job does not hold: pipeline.dask_cluster).
+# The issue allows it as the other outcome: the job fails in one line and publishes
+# nothing. Seen once without any kill, before this test's hold was reached.
+LOST = "cancelled for reason: lost dependencies"
 
 
 @pytest.mark.parametrize("stage", ["read", "search", "write"])
 def test_a_worker_killed_mid_task_changes_nothing(tmp_path, near_input, undisturbed,  # noqa: F811
-                                                  stage):
-    summary = run_killing(tmp_path, near_input, stage, lambda address: run_near(
-        tmp_path, near_input, "runner.name=dask", f"runner.address={address}"))
+                                                  stage, capsys):
+    """Completes with the undisturbed run's outputs, or, where Dask lost a result it
+    cannot recompute (``LOST``), fails with that one line: nothing published, the store
+    untouched. Any other failure or difference fails the test."""
+    store = tmp_path / "store"
+    shutil.copytree(near_input / "store", store)
+    (tmp_path / "run").mkdir()
+    rc = run_killing(tmp_path, near_input, stage, lambda address: run_job(
+        tmp_path / "run", "parquet", str(near_input / "in" / "*.parquet"),
+        "tuning.unit_rows=8192", "tuning.chunk_rows=4096", "runner.name=dask",
+        f"runner.address={address}", *near_sets("representative", near_input, store)),
+        must_kill=False)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    if rc != 0:
+        assert rc == 1 and len(err) == 1 and LOST in err[0], err
+        assert list((tmp_path / "run" / "out").iterdir()) == []
+        assert [r.run_id for r in FingerprintStore(str(store)).runs()] == ["earlier"]
+        return
+    assert (tmp_path / "hold" / "pid").exists(), "no task reached the hold"
+    summary = json.loads((tmp_path / "run" / "out" / "report" / "summary.json").read_text())
     summary["store"].pop("path")
     expected_summary, expected = undisturbed
     assert comparable(summary) == expected_summary
