@@ -102,6 +102,20 @@ def near_sets(grouping: str, root: Path, store: Path) -> tuple[str, ...]:
             "reference.tensor=emb", "reference.id=id", f"store.path={store}")
 
 
+def assert_same_runs(tmp_path: Path, runs: dict, expected: str, got: str) -> None:
+    """Two near runs made by ``run_on`` under ``tmp_path / name`` with their stores at
+    ``tmp_path / f"{name}-store"``: the same counts, report files and clean shards, byte
+    for byte, and the same store contents."""
+    for run in runs.values():
+        run["store"].pop("path")
+    assert comparable(runs[got]) == comparable(runs[expected])
+    want, have = outputs(tmp_path / expected), outputs(tmp_path / got)
+    assert have.keys() == want.keys()
+    assert [k for k in have if have[k] != want[k]] == []
+    stored = store_files(tmp_path / f"{expected}-store")
+    assert len(stored) > 2 and store_files(tmp_path / f"{got}-store") == stored
+
+
 @pytest.fixture(scope="module")
 def dask_address():
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
@@ -123,18 +137,11 @@ def test_near_job_on_dask_matches_the_local_runner(tmp_path, near_input, dask_ad
         shutil.copytree(near_input / "store", store)
         runs[name] = run_on(tmp_path / name, near_input / "in", *sets,
                             *near_sets(grouping, near_input, store))
-    local, dask_run = runs["local"], runs["dask"]
+    local = runs["local"]
     assert local["near"]["cells"] > 1
     for kind in ("near", "reference_near", "reference_exact", "store_near", "store_exact"):
         assert local[f"removed_{kind}"] > 0, kind
-    for run in (local, dask_run):
-        run["store"].pop("path")
-    assert comparable(dask_run) == comparable(local)
-    expected, got = outputs(tmp_path / "local"), outputs(tmp_path / "dask")
-    assert got.keys() == expected.keys()
-    assert [k for k in got if got[k] != expected[k]] == []
-    stored = store_files(tmp_path / "local-store")
-    assert len(stored) > 2 and store_files(tmp_path / "dask-store") == stored
+    assert_same_runs(tmp_path, runs, "local", "dask")
     assert local["read"] == ROWS + NEAR_ROWS
 
 

@@ -18,8 +18,13 @@ import yaml
 
 from pipeline.config import ConfigError, parse_config
 from pipeline.preflight import prepare
-from tests.test_dask import NEAR_ROWS, near_input, near_sets  # noqa: F401 (a fixture)
-from tests.test_runners import ROOT, ROWS, comparable, outputs, run_on
+from tests.test_dask import (  # noqa: F401 (near_input: a fixture)
+    NEAR_ROWS,
+    assert_same_runs,
+    near_input,
+    near_sets,
+)
+from tests.test_runners import ROOT, ROWS, run_on
 
 
 def test_near_job_on_worker_processes_matches_one_worker(tmp_path, near_input):  # noqa: F811
@@ -36,13 +41,8 @@ def test_near_job_on_worker_processes_matches_one_worker(tmp_path, near_input): 
     one, procs = runs["one"], runs["processes"]
     assert procs["config"]["runner"]["processes"] is True
     assert one["near"]["cells"] > 1 and one["removed_near"] > 0
-    for run in (one, procs):
-        run["store"].pop("path")
-    assert comparable(procs) == comparable(one)
-    expected, got = outputs(tmp_path / "one"), outputs(tmp_path / "processes")
-    assert got.keys() == expected.keys()
-    assert [k for k in got if got[k] != expected[k]] == []
     assert one["read"] == ROWS + NEAR_ROWS
+    assert_same_runs(tmp_path, runs, "one", "processes")
 
 
 def test_the_cli_shows_the_workers_progress_and_not_their_logs(tmp_path):
