@@ -78,7 +78,7 @@ STEPS = (("Read/", "read"), ("Dedup/Fingerprint/", "fingerprint"),
          ("Dedup/DedupNear/SampleAndPlan/CombinePerKey/ExtractOutputs", "plan"),
          ("Dedup/DedupNear/SampleAndPlan", "sample"), ("Dedup/DedupNear/AssignCells", "assign"),
          ("Dedup/DedupNear/DecideCells", "search"), ("Dedup/DedupNear/Recall", "recall"),
-         ("Dedup/DedupNear/GatherSample", "recall"), ("Dedup/DedupNear/GatherTruth", "recall"),
+         ("Dedup/DedupNear/GatherTruth", "recall"),
          ("Dedup/DedupNear/", "merge"), ("Write/", "write"), ("Report", "report"),
          ("CollectResults", "report"), ("Publish", "report"))
 

@@ -61,20 +61,24 @@ def test_the_planning_sample_names_spilled_rows_and_reads_the_same_values(tmp_pa
     """Parts of the planning sample that wait in local spill files travel as (file, rows)
     (a few MB, not the values: 134 MB per worker at 1M x 384) and are read back at the
     plan: the rows with the smallest digests (one per digest), in digest order, as a
-    sample that carried the values, and as computed directly."""
+    sample that carried the values, and as computed directly. The recall sample, picked
+    in the same pass, is the rows ``in_sample`` picks at the final count, one per digest
+    in keep order, whichever worker saw them."""
     import pyarrow as pa
 
     import transforms.near as near_mod
     from pipeline.steps.elements import VecBatch
     from pipeline.steps.near import SampleForPlan
+    from pipeline.steps.near_cells import collapse
+    from transforms.near_recall import in_sample
 
     rng = np.random.default_rng(3)
-    spec = near_mod.NearSpec("cosine", threshold=0.01)
-    fn = SampleForPlan(spec, str(tmp_path / "plan"))
+    spec = near_mod.NearSpec("cosine", threshold=0.01, recall_sample=300)
+    fn = SampleForPlan(spec, str(tmp_path / "plan"), str(tmp_path / "recall"))
     cap = 1000
     monkeypatch.setattr(near_mod, "sample_cap", lambda dim: cap)
     accs: dict[bool, list] = {True: [], False: []}
-    seen_lo, seen_x = [], []
+    seen_lo, seen_x, seen = [], [], []
     for part in range(6):  # two workers' accumulators, three chunks each, > cap rows
         n = 700
         words = rng.integers(0, 1 << 62, (n, 2), dtype=np.uint64)
@@ -83,17 +87,31 @@ def test_the_planning_sample_names_spilled_rows_and_reads_the_same_values(tmp_pa
         x[:50] = x[50:100]
         seen_lo.append(words[:, 1])
         seen_x.append(x)
-        b = VecBatch(words, np.zeros(n), np.arange(n), np.zeros(n, np.int32), np.arange(n),
-                     pa.array([str(i) for i in range(n)]), x)
+        b = VecBatch(words, np.zeros(n), np.arange(n) + n * part, np.zeros(n, np.int32),
+                     np.arange(n), pa.array([str(i) for i in range(n)]), x)
+        seen.append(b)
         for spilled in (True, False):
             if part % 3 == 0:
                 accs[spilled].append(fn.create_accumulator())
             fn.add_input(accs[spilled][-1], b.spill(str(tmp_path)) if spilled else b)
-    got = {}
+    got, recall = {}, {}
     for spilled in (True, False):
         merged = fn.merge_accumulators([fn.compact(a) for a in accs[spilled]])
         assert all((r is None) != spilled for r in merged.ref)
         got[spilled] = merged.rows(spec)
+        recall[spilled] = merged.recall.sample(16, str(tmp_path / "recall")).loaded()
+    # the recall sample: every row in_sample at the final count, one per digest (the
+    # first in keep order), whichever worker and chunk it came in
+    every = VecBatch.concat(seen)
+    pick = np.flatnonzero(in_sample(every.words, len(every), 300))
+    rows = every.take(pick)
+    rows = rows.take(np.lexsort((rows.order, rows.prio)))
+    rows = rows.take(collapse(rows))
+    assert 200 < len(rows) < 400
+    for spilled in (True, False):
+        assert np.array_equal(recall[spilled].words, rows.words)
+        assert np.array_equal(recall[spilled].order, rows.order)
+        assert np.array_equal(recall[spilled].x, rows.x)
     lo, first = np.unique(np.concatenate(seen_lo), return_index=True)
     want = near_mod.search_space(np.concatenate(seen_x)[first[:cap]], spec).astype(np.float32)
     assert got[True].shape == (cap, 16) and np.array_equal(got[True], got[False])

@@ -8,8 +8,9 @@ the cells they must (exact) or may (bounded, at most ``probes``) meet; each cell
 searched and verified on its own worker (GroupByKey on the cell); the verified pairs,
 keyed by exact digest, are merged and grouped on one worker. Only pairs travel to
 the merge, never vectors (except, for ``grouping: components``, the vectors of records
-that have a pair). A seeded sample of about ``recall_sample`` records is compared with
-every chunk by brute force, and the merge measures recall against it.
+that have a pair). A seeded sample of about ``recall_sample`` records, picked in the
+planning pass (``near_sample``), is compared with every chunk by brute force, and the
+merge measures recall against it.
 
 Exact copies are collapsed by digest inside each cell (all copies of a value land in
 the same cells), so the search sees exact survivors only and the record that stands
@@ -21,7 +22,7 @@ is removed as ``reference_near`` / ``store_near``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import apache_beam as beam
 import numpy as np
@@ -30,12 +31,13 @@ from pipeline import layout
 from pipeline.steps import progress
 from pipeline.steps.agreed import first_written
 from pipeline.steps.elements import NEAR_REPORT, REMOVED, VecBatch
-from pipeline.steps.near_cells import assign_batch, collapse, decide_one
+from pipeline.steps.near_cells import assign_batch, decide_one
 from pipeline.steps.near_merge import NearReport, merge_cells
+from pipeline.steps.near_sample import RecallRows, Sample
 from pipeline.steps.tagged import SplitOutputs
 from transforms import cores, fs, near
 from transforms.near_plan import Partitions, plan
-from transforms.near_recall import PARTNERS, Truth, in_sample
+from transforms.near_recall import PARTNERS, Truth
 from transforms.near_search import rows_for
 
 __all__ = ["DedupNear", "NearReport"]
@@ -45,69 +47,11 @@ RECALL_BLOCK_ROWS = 16_384  # a chunk's rows per brute-force call (progress betw
 
 
 @dataclass
-class Sample:
-    """Accumulator: the rows with the smallest digests (a uniform sample that does not
-    depend on chunking or worker order), the row count and the largest |value|. Rows
-    arrive in parts and are cut back to the cap when they hold a quarter more; once the
-    cap is full, only rows below the largest digest kept (``below``) enter. A part whose
-    rows wait in a local spill file names them (file, rows) instead of carrying their
-    values: two workers' samples of 134 MB each took 4.6 s to move to the merge at
-    1M x 384 (and were the crowds job's peak); their references take a few MB."""
-
-    lo: list[np.ndarray]  # (k,) uint64 digest word, per part
-    v: list[np.ndarray | None]  # (k, d) float32 rows of the search space, or None ...
-    ref: list[tuple[str, np.ndarray, np.dtype] | None]  # ... (value file, rows, dtype)
-    n: int = 0
-    scale: float = 0.0
-    below: int = 1 << 64
-    widths: set[int] = field(default_factory=set)  # values per record (one, or an error)
-
-    def cap(self) -> int:
-        return near.sample_cap(next(iter(self.widths), 1))
-
-    def compact(self) -> Sample:
-        """Keep the ``cap`` smallest digests (the first row of each), part by part."""
-        if not self.lo:
-            return self
-        lo = np.concatenate(self.lo)
-        _, first = np.unique(lo, return_index=True)  # sorted: the smallest digests first
-        cap = self.cap()
-        keep = np.zeros(len(lo), bool)
-        keep[first[:cap]] = True
-        parts, at = [], 0
-        for p, v, ref in zip(self.lo, self.v, self.ref, strict=True):
-            m = keep[at:at + len(p)]
-            at += len(p)
-            if m.any():
-                parts.append((p[m], None if v is None else v[m],
-                              None if ref is None else (ref[0], ref[1][m], ref[2])))
-        self.lo, self.v, self.ref = (list(c) for c in zip(*parts, strict=True))
-        if len(first) >= cap:
-            self.below = int(lo[first[cap - 1]])
-        return self
-
-    def rows(self, spec: near.NearSpec) -> np.ndarray:
-        """The sample's search-space rows, float32, in digest order (values read back
-        from the spill files they name)."""
-        self.compact()
-        lo = np.concatenate(self.lo)
-        x = np.empty((len(lo), next(iter(self.widths))), np.float32)
-        at = 0
-        for p, v, ref in zip(self.lo, self.v, self.ref, strict=True):
-            if ref is not None:
-                raw = np.empty((len(p), x.shape[1]), ref[2])
-                fs.read_rows_into(ref[0], ref[1], raw, np.arange(len(p)))
-                v = near.search_space(raw, spec)
-            x[at:at + len(p)] = v
-            at += len(p)
-        return x[np.argsort(lo)]
-
-
-@dataclass
 class Plan:
     parts: Partitions  # cells, the join rule (exact or bounded) and the prediction
     n: int  # rows (before exact copies are collapsed)
     nn_mod: int  # rows whose digest % nn_mod == 0 get a nearest-neighbour distance
+    sample: VecBatch | None = None  # the recall sample (values spilled), or none
 
     @property
     def radius(self) -> float:
@@ -131,35 +75,23 @@ def _say(what: str, done: int, total: int) -> None:
 
 
 class SampleForPlan(beam.CombineFn):
-    """VecBatch -> Plan (cells, mode and search radius) on one worker; the first plan
-    made is kept at ``agree_at`` and any recomputation returns it (``agreed``)."""
+    """VecBatch -> Plan (cells, mode, search radius and the recall sample, its values in
+    ``recall_folder``) on one worker; the first plan made is kept at ``agree_at`` and
+    any recomputation returns it (``agreed``)."""
 
-    def __init__(self, spec: near.NearSpec, agree_at: str):
-        self.spec, self.agree_at = spec, agree_at
+    def __init__(self, spec: near.NearSpec, agree_at: str, recall_folder: str):
+        self.spec, self.agree_at, self.recall_folder = spec, agree_at, recall_folder
 
     def create_accumulator(self) -> Sample:
-        return Sample([], [], [])
+        return Sample([], [], [], RecallRows(self.spec.recall_sample))
 
     def add_input(self, acc: Sample, batch: VecBatch) -> Sample:
         acc.widths = _one_size(acc.widths | {batch.width})
-        lo = batch.words[:, 1]
-        full = acc.below < 1 << 64
-        pick = np.flatnonzero(lo < np.uint64(acc.below)) if full else np.arange(len(lo))
         acc.n += len(batch)
         if self.spec.metric == "allclose":  # its radius needs the largest |value|
             batch = batch.loaded()
             acc.scale = max(acc.scale, near.value_scale(batch.x, self.spec))
-        if len(pick):
-            acc.lo.append(lo[pick])
-            if batch.spilled is not None and fs.is_local(batch.spilled[0]):
-                acc.v.append(None)
-                acc.ref.append((batch.spilled[0], pick.astype(np.int64), batch.x.dtype))
-            else:  # values in memory, or in a remote file: carried
-                acc.v.append(near.search_space(batch.loaded().x[pick], self.spec).astype(
-                    np.float32))
-                acc.ref.append(None)
-        if sum(len(p) for p in acc.lo) > acc.cap() * 5 // 4:
-            acc.compact()
+        acc.add(batch, self.spec)
         return acc
 
     def compact(self, acc: Sample) -> Sample:
@@ -168,12 +100,9 @@ class SampleForPlan(beam.CombineFn):
         return acc.compact()
 
     def merge_accumulators(self, accs: Iterable[Sample]) -> Sample:
-        accs = list(accs)
-        out = Sample([p for a in accs for p in a.lo], [p for a in accs for p in a.v],
-                     [p for a in accs for p in a.ref], sum(a.n for a in accs),
-                     max(a.scale for a in accs), min(a.below for a in accs),
-                     _one_size(set().union(*(a.widths for a in accs))))
-        return out.compact()
+        out = Sample.merged(list(accs))
+        _one_size(out.widths)
+        return out
 
     def extract_output(self, acc: Sample) -> Plan:
         if not acc.lo:
@@ -190,7 +119,9 @@ class SampleForPlan(beam.CombineFn):
                          self.spec.probes, cells, progress=_say)
         progress.note(f"near: {parts.mode} search in {len(parts):,} cell(s)"
                       + (f" ({_cost_line(parts)})" if parts.prediction else ""))
-        return first_written(self.agree_at, Plan(parts, acc.n, max(1, acc.n // HISTOGRAM_ROWS)))
+        return first_written(self.agree_at, Plan(
+            parts, acc.n, max(1, acc.n // HISTOGRAM_ROWS),
+            acc.recall.sample(sample.shape[1], self.recall_folder)))
 
 
 def _cost_line(parts: Partitions) -> str:
@@ -202,48 +133,14 @@ def _cost_line(parts: Partitions) -> str:
             " rows")
 
 
-def recall_rows(batch: VecBatch, plan: Plan, spec: near.NearSpec) -> Iterator[VecBatch]:
-    """The chunk's rows that are in the recall sample (a seeded hash of the digest)."""
-    pick = np.flatnonzero(in_sample(batch.words, plan.n, spec.recall_sample))
-    if len(pick):
-        yield batch.loaded().take(pick)
-
-
-class GatherSample(beam.CombineFn):
-    """The recall sample's rows, once: in keep order, a digest's best row standing for it
-    (every chunk's brute force then reads this one batch). Its values go to a file in
-    ``folder``: as a side input, 2,000 wide records (128 MB) were held by the runner and
-    each worker's cache several times over."""
-
-    def __init__(self, folder: str):
-        self.folder = folder
-
-    def create_accumulator(self) -> list[VecBatch]:
-        return []
-
-    def add_input(self, acc: list[VecBatch], batch: VecBatch) -> list[VecBatch]:
-        acc.append(batch)
-        return acc
-
-    def merge_accumulators(self, accs) -> list[VecBatch]:
-        return [b for a in accs for b in a]
-
-    def extract_output(self, acc: list[VecBatch]) -> VecBatch | None:
-        if not acc:
-            return None
-        sample = VecBatch.concat(acc)
-        sample = sample.take(np.lexsort((sample.order, sample.prio)))
-        return sample.take(collapse(sample)).spill(self.folder)
-
-
-def true_partners(batch: VecBatch, plan: Plan, spec: near.NearSpec, sample: VecBatch | None
-                  ) -> Iterator[Truth]:
+def true_partners(batch: VecBatch, plan: Plan, spec: near.NearSpec) -> Iterator[Truth]:
     """Brute force of the recall sample against one chunk: each sampled record's nearest
     earlier partners within tolerance (it within them, as the reference), other records
     only, and how many candidates there were. The chunk is compared in blocks of
     RECALL_BLOCK_ROWS rows (fewer for wide records); the sample's values are read from
     their spill file (a side input of 2,000 wide records was held four times over)."""
     progress.tick("near recall", 0, 0, "chunks", units=0, total_records=plan.n)
+    sample = plan.sample
     if sample is None:
         progress.tick("near recall", 0, len(batch), "chunks", total_records=plan.n)
         return
@@ -318,12 +215,10 @@ class DedupNear(beam.PTransform):
 
     def expand(self, vecs):
         plan = beam.pvalue.AsSingleton(vecs | "SampleAndPlan" >> beam.CombineGlobally(
-            SampleForPlan(self.spec, fs.join(self.plan_spill, "plan.pickle"))))
-        samples = beam.pvalue.AsSingleton(
-            vecs | "RecallSample" >> beam.FlatMap(recall_rows, plan, self.spec)
-            | "GatherSample" >> beam.CombineGlobally(GatherSample(self.recall_spill)))
+            SampleForPlan(self.spec, fs.join(self.plan_spill, "plan.pickle"),
+                          self.recall_spill)))
         truth = beam.pvalue.AsSingleton(
-            vecs | "RecallBruteForce" >> beam.FlatMap(true_partners, plan, self.spec, samples)
+            vecs | "RecallBruteForce" >> beam.FlatMap(true_partners, plan, self.spec)
             | "GatherTruth" >> beam.CombineGlobally(GatherTruth()))
         out = (vecs
                | "AssignCells" >> beam.FlatMap(assign_batch, plan, self.spec, self.spill)
@@ -332,7 +227,7 @@ class DedupNear(beam.PTransform):
                | "GatherCells" >> beam.combiners.ToList()
                | "DropSpill" >> beam.Map(_drop_spill, self._drops(self.spill))
                | "MergeCells" >> SplitOutputs(merge_cells, plan, self.spec, self.per_side,
-                                              samples, truth, main=REMOVED,
+                                              truth, main=REMOVED,
                                               tags=(NEAR_REPORT,)))
         out[NEAR_REPORT] = out[NEAR_REPORT] | "DropRecallSample" >> beam.Map(
             _drop_spill, self._drops(self.recall_spill, self.plan_spill))  # sample judged

@@ -113,8 +113,7 @@ def component_removals(cells: list, spec: near.NearSpec
     return rec, ref, near.exact_distance(lookup(rec.words), lookup(ref.words), spec)[0]
 
 
-def merge_cells(cells: list, plan, spec: near.NearSpec, per_side: int,
-                sample: VecBatch | None, truth: Truth
+def merge_cells(cells: list, plan, spec: near.NearSpec, per_side: int, truth: Truth
                 ) -> Iterator[tuple[int, object] | beam.pvalue.TaggedOutput]:
     """All cells' decisions -> removals per file (kind near) and the NearReport.
 
@@ -145,9 +144,9 @@ def merge_cells(cells: list, plan, spec: near.NearSpec, per_side: int,
         removed = m
         yield from removed_by_file(ends, by_input, m + by_input, "near", dist[by_input],
                                    tier_of(ref.prio[by_input], ref.order[by_input]))
-        judged = _judge(sample, truth, rec, ref, dist, spec)
+        judged = _judge(plan.sample, truth, rec, ref, dist, spec)
     else:
-        judged = _judge(sample, truth, None, None, np.empty(0), spec)
+        judged = _judge(plan.sample, truth, None, None, np.empty(0), spec)
     pairs = weighted_sum([(c.pairs, 1.0) for c in cells]
                          + [(c.pairs_sampled, c.weight) for c in cells
                             if c.pairs_sampled is not None], spec.marker)
