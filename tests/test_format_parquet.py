@@ -71,6 +71,33 @@ def test_write_keeps_schema_metadata_codec_and_row_groups(tmp_path):
     np.testing.assert_array_equal(got["w"].to_numpy(), keep.astype(np.int8))
 
 
+def test_write_drops_the_same_rows_whether_it_slices_or_filters(tmp_path):
+    """A group losing few rows is written from slices of its kept runs, one losing many
+    from a filtered copy: both keep exactly the other rows, values, nulls and nesting
+    as they were (drops at a group's ends and next to each other; a group losing every
+    row keeps an empty group; one losing none is as read)."""
+    rng = np.random.default_rng(1)
+    n, g = 4 * 4096, 4096
+    emb = [None if i % 997 == 0 else [float(v) if i % 13 else None for v in rng.random(3)]
+           for i in range(n)]
+    table = pa.table({"id": [None if i % 501 == 0 else f"r{i}" for i in range(n)],
+                      "emb": pa.array(emb, pa.list_(pa.float32())),
+                      "s": pa.array([{"a": i, "b": str(i)} for i in range(n)])})
+    src, dst = tmp_path / "a.parquet", tmp_path / "out" / "a.parquet"
+    pq.write_table(table, src, row_group_size=g)
+    sparse = np.r_[0, 1, 2, 700, 701, g - 1] + g  # group 1: 6 of 4,096 (sliced)
+    dense = np.sort(rng.choice(g, g // 3, replace=False)) + 2 * g  # group 2: filtered
+    drop = np.concatenate([sparse, dense, np.arange(3 * g, 4 * g)])  # group 3: all
+    assert g // len(sparse) >= parquet_write.SLICES_BELOW > g // len(dense)
+    assert parquet.write(str(src), str(dst), drop) == n - len(drop)
+    out = pq.ParquetFile(dst)
+    assert [out.metadata.row_group(i).num_rows for i in range(out.metadata.num_row_groups)
+            ][:3] == [g, g - len(sparse), g - len(dense)]
+    keep = np.ones(n, bool)
+    keep[drop] = False
+    assert out.read().equals(table.filter(pa.array(keep)))
+
+
 def test_unreadable_row_group_is_reported_and_skipped(tmp_path):
     src = tmp_path / "a.parquet"
     x = np.random.default_rng(1).standard_normal((300, 16)).astype(np.float32)

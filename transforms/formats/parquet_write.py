@@ -16,6 +16,11 @@ from transforms.formats.base import TensorSpec
 from transforms.formats.parquet_files import open_file, prefetched
 
 DICTIONARY_PAGE_LIMIT = 1 << 20  # Arrow's default: a dictionary page this big was abandoned
+# A row group that loses fewer than one row in this many is written from slices of its
+# kept runs instead of a filtered copy. Measured on 65,536 x 384 float32 lists, snappy,
+# one drop in 45: filter and encode 0.23 s a group, slices 0.15 s (the filtered copy is
+# slower to encode too); at one drop in 8 both take the same, at one in 2 filter wins.
+SLICES_BELOW = 16
 
 
 # Codec names as ColumnChunkMetaData.compression reports them -> ParquetWriter's names.
@@ -90,8 +95,13 @@ def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) 
         lo, hi = np.searchsorted(drop, [first, first + n])
         if hi == lo:
             return table
+        gone = drop[lo:hi] - first
+        if (hi - lo) * SLICES_BELOW <= n:  # few drops: the kept runs, not copied
+            starts, ends = np.r_[0, gone + 1], np.r_[gone, n]
+            return pa.concat_tables([table.slice(a, b - a) for a, b in
+                                     zip(starts.tolist(), ends.tolist(), strict=True) if b > a])
         keep = np.ones(n, dtype=bool)
-        keep[drop[lo:hi] - first] = False
+        keep[gone] = False
         return table.filter(pa.array(keep))
 
     with fs.local_file_for(dst) as local, pq.ParquetWriter(
