@@ -93,36 +93,50 @@ def read_cell(slices: Iterable[CellSlice]) -> tuple[VecBatch, np.ndarray, int, i
     """A cell's spilled rows, exact copies collapsed (``collapse``), in keep order (ties by
     digest and place: one order whatever the files' names and the shuffle's order, so
     reports are reproducible): (rows, home flags, home rows that arrived, capped ones).
-    The values are copied once, into the result (16k-value records make a cell big),
-    from the slices or from the chunks' value files they name."""
-    parts = []
+    Slices of one schema become one Arrow batch before any NumPy (converting each slice
+    took longer than reading its rows). The values are copied once, into the result
+    (16k-value records make a cell big), from the slices or from the chunks' value
+    files they name."""
+    batches = []
     for path, group in itertools.groupby(sorted(slices, key=lambda c: (c.path, c.offset)),
                                          key=lambda c: c.path):
         with fs.open_read(path) as f:
             for c in group:
                 f.seek(c.offset)
-                rb = pa.ipc.open_stream(pa.py_buffer(f.read(c.size))).read_next_batch()
-                parts.append((rb, *VecBatch.from_arrow(rb)))
-    meta = VecBatch.concat([b.take(np.arange(len(b)), values=False) for _, b, _ in parts])
-    home = np.concatenate([f["home"] for _, _, f in parts])
-    capped = int(np.concatenate([f["capped"] for _, _, f in parts]).sum())
+                batches.append(pa.ipc.open_stream(pa.py_buffer(f.read(c.size))).read_next_batch())
+    kinds: list[list[pa.RecordBatch]] = []  # file-backed or carrying values; stored runs
+    for rb in batches:
+        same = next((k for k in kinds if k[0].schema.equals(rb.schema)), None)
+        kinds.append([rb]) if same is None else same.append(rb)
+    parts, pieces, at = [], [], 0  # pieces: (first row, values file or None, part, offset)
+    for k in kinds:
+        whole = pa.Table.from_batches(k).combine_chunks().to_batches()
+        part, off = VecBatch.from_arrow(whole[0] if whole else k[0].slice(0, 0)), 0
+        for rb in k:
+            pieces.append((at + off, rb.schema.metadata.get(b"values"), part, off))
+            off += len(rb)
+        parts.append(part)
+        at += off
+    meta = parts[0][0] if len(parts) == 1 else VecBatch.concat(
+        [b.take(np.arange(len(b)), values=False) for b, _ in parts])
+    home = np.concatenate([f["home"] for _, f in parts])
+    capped = int(sum(f["capped"].sum() for _, f in parts))
     rows = np.lexsort((meta.position, meta.file_index, meta.words[:, 1], meta.words[:, 0],
                        meta.order, meta.prio))
     rows = rows[collapse(meta.take(rows, values=False))]
     out = meta.take(rows, values=False)
-    first = parts[0][0].schema.metadata
-    dim = int(first.get(b"values_dim", first[b"dim"]))
-    x = np.empty((len(rows), dim), parts[0][1].x.dtype)
-    starts = np.cumsum([0] + [len(b) for _, b, _ in parts])
-    part = np.searchsorted(starts, rows, side="right") - 1
-    for k, (rb, b, f) in enumerate(parts):
-        mine = np.flatnonzero(part == k)
-        values = rb.schema.metadata.get(b"values")
+    first = batches[0].schema.metadata
+    out.x = np.empty((len(rows), int(first.get(b"values_dim", first[b"dim"]))),
+                     parts[0][0].x.dtype)
+    by_piece = np.argsort(rows, kind="stable")  # a piece's rows are contiguous in ``meta``
+    cuts = np.searchsorted(rows[by_piece], [p[0] for p in pieces] + [len(meta)])
+    for k, (start, values, (b, flags), off) in enumerate(pieces):
+        mine = by_piece[cuts[k]:cuts[k + 1]]
+        local = rows[mine] - start + off
         if values is None:
-            x[mine] = b.x[rows[mine] - starts[k]]
+            out.x[mine] = b.x[local]
         else:  # the rows it names in its chunk's value file
-            fs.read_rows_into(values.decode(), f["row"][rows[mine] - starts[k]], x, mine)
-    out.x = x
+            fs.read_rows_into(values.decode(), flags["row"][local], out.x, mine)
     return out, home[rows], int(home.sum()), capped
 
 
