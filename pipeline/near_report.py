@@ -23,7 +23,7 @@ import csv
 import json
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -235,11 +235,14 @@ def _nulls_for_unknown(table: pa.Table) -> pa.Table:
 
 def write_near_report(report_dir: str, nn_distance: np.ndarray, threshold: float, metric: str,
                       borderline: pa.Table, note: str, pairs: dict | None = None,
-                      removed: int | None = None, every: int = 1) -> dict:
+                      removed: int | None = None, every: int = 1,
+                      drawing: list[Future] | None = None) -> dict:
     """Write near_distances.{json,csv,png} and borderline_pairs.parquet; return the json
     dict. ``pairs``: ``pair_histogram`` of the verified pairs within tolerance;
     ``removed``: the near removals (for the plot's title); ``every``: 1 in how many
-    records got a nearest-neighbour distance."""
+    records got a nearest-neighbour distance. ``drawing``: the plot is left to draw
+    while the caller goes on (its future is appended: the caller waits on it), so its
+    0.6 s overlap the report page's reading back."""
     table = borderline.select(BORDERLINE_SCHEMA.names).cast(BORDERLINE_SCHEMA).sort_by(ORDER)
     outside = table.filter(pc.invert(table.column("within"))).column("distance").to_numpy()
     out = {**distance_histogram(nn_distance, threshold, pairs, outside), "metric": metric,
@@ -262,6 +265,10 @@ def write_near_report(report_dir: str, nn_distance: np.ndarray, threshold: float
             w.writerows((f"zoom_{series}", lo, hi, c) for lo, hi, c in
                         zip(z[:-1], z[1:], out["zoom"][series], strict=True))
     png = os.path.join(report_dir, layout.NEAR_DISTANCES + ".png")
-    _drawing_thread().submit(_plot, png, out, metric, note, removed, every).result()
+    plot = _drawing_thread().submit(_plot, png, out, metric, note, removed, every)
+    if drawing is None:
+        plot.result()
+    else:
+        drawing.append(plot)
     pq.write_table(_nulls_for_unknown(table), os.path.join(report_dir, layout.BORDERLINE))
     return out

@@ -180,12 +180,13 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
         pq.write_table(_invalid_table([(r.decision.path, r.decision.invalid) for r in results]),
                        os.path.join(folder, layout.INVALID))
         near_stats = hist = None
+        drawing: list = []  # the histogram's plot, drawn while the page reads rows back
         if near is not None and near_report is not None:
             stats = near_report.stats
             hist = write_near_report(folder, near_report.nn, near.marker, near.metric,
                                      near_report.borderline, _near_note(near, stats),
                                      near_report.pairs, stats.get("removed"),
-                                     stats.get("histogram_every", 1))
+                                     stats.get("histogram_every", 1), drawing)
             near_stats = {**stats, "histogram_records": hist["nearest_neighbour"]["n"],
                           "borderline_pairs": near_report.borderline.num_rows}
         ref_stats = None
@@ -211,9 +212,12 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
                                                 "stats": near_stats, "histogram": hist},
                 borderline=None if near_report is None else near_report.borderline,
                 read_rows=lambda f, rows: _read_back(where.get(f), sources, rows),
-                reference=ref_stats)
+                reference=ref_stats, drawing=drawing)
         except Exception as e:  # noqa: BLE001  (the page is a view: it never fails the run)
             report_html.write_fallback(folder, _counts(per_file), error_line(e))
+        finally:  # the plot is part of the report whatever became of the page
+            for plot in drawing:
+                plot.result()
     return {"files": per_file, "near": near_stats, "reference": ref_stats}
 
 

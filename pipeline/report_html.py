@@ -22,7 +22,8 @@ import math
 import os
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -487,14 +488,19 @@ thumbnail to enlarge it.</p>
 
 def write_page(folder: str, *, counts: dict, duplicates: pa.Table, files: pa.Table,
                near: dict | None = None, borderline: pa.Table | None = None,
-               read_rows: READ_ROWS | None = None, reference: dict | None = None) -> dict:
+               read_rows: READ_ROWS | None = None, reference: dict | None = None,
+               drawing: Iterable[Future] = ()) -> dict:
     """Write ``folder/index.html`` (after near_distances.png, which it embeds); returns
-    what it shows (for tests). ``read_rows(file, rows)``: {row: tensor} of one file."""
+    what it shows (for tests). ``read_rows(file, rows)``: {row: tensor} of one file.
+    ``drawing``: plots still being drawn into ``folder``, waited for once the rows are
+    read back."""
     groups = largest_groups(duplicates)
     inside, outside = nearest_pairs(borderline)
     recs = [r for g in groups for r in (g.kept, *g.members)]
     recs += [r for p in inside + outside for r in (p.record, p.neighbour)]
     shown = fetch(recs, read_rows)
+    for plot in drawing:
+        plot.result()
     hist_png = None
     if near is not None and os.path.exists(os.path.join(folder, layout.NEAR_DISTANCES + ".png")):
         with open(os.path.join(folder, layout.NEAR_DISTANCES + ".png"), "rb") as f:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import numpy as np
@@ -157,7 +158,10 @@ def test_near_report_files(tmp_path):
     parts, spec = dataset(5, "l2")
     assert run(tmp_path, "parquet", parts, spec, near={"borderline_pairs": 7}) == 0
     rep = tmp_path / "out" / "report"
-    assert (rep / "near_distances.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png = (rep / "near_distances.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    # the page embeds the whole plot (drawn while the page read rows back)
+    assert base64.b64encode(png).decode() in (rep / "index.html").read_text()
     hist = json.loads((rep / "near_distances.json").read_text())
     exact = expected(parts, spec)[0]
     survivors = [i for i, t in values(parts).items() if i not in exact and np.isfinite(t).all()]
