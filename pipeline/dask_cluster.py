@@ -78,8 +78,10 @@ def shared_producers(pipeline) -> tuple[set, set]:
 
 def _carries_tensors(producer) -> bool:
     """A read step: its output is the records' values (a Chunk per element), which the
-    cluster must not hold until the job ends."""
-    return producer.full_label.endswith("ReadChunks/Run")
+    cluster must not hold until the job ends. Its DoFn says so (``CARRIES_VALUES``),
+    wrapped or not by ``SplitOutputs``, whatever the step is named."""
+    fn = getattr(producer.transform, "fn", None)
+    return any(getattr(f, "CARRIES_VALUES", False) for f in (fn, getattr(fn, "fn", None)))
 
 
 def replicate_when_done(client, bags: list) -> None:

@@ -208,3 +208,32 @@ def test_embed_job_on_dask_matches_the_local_runner(tmp_path, dask_address):
     assert [k for k in got if got[k] != expected[k]] == []
     emb = pq.read_table(tmp_path / "dask" / "out" / "report" / "embeddings")
     assert emb.num_rows == 120 - summaries["local"]["removed_exact"]
+
+
+def test_only_the_reads_outputs_are_let_go(tmp_path, near_input):
+    """The job holds every fan-out point on the cluster to the end except what carries
+    the records' values: the read step's, known by its DoFn (``CARRIES_VALUES``), not
+    by its name."""
+    import apache_beam as beam
+
+    from pipeline.api import publication, to_config
+    from pipeline.dask_cluster import _carries_tensors
+    from pipeline.graph import build
+    from pipeline.preflight import prepare
+
+    cfg = {"input": {"format": "parquet", "path": str(near_input / "in" / "*.parquet"),
+                     "tensor": "emb", "id": "id"},
+           "near": {"metric": "cosine", "threshold": 0.01},
+           "output": {"path": str(tmp_path / "clean")}, "report": str(tmp_path / "report")}
+    job = prepare(to_config(cfg))
+    p = beam.Pipeline()
+    build(p, job, publication(job))
+    found = []
+
+    class Visit(beam.pipeline.PipelineVisitor):
+        def visit_transform(self, node):
+            if _carries_tensors(node):
+                found.append(node.full_label)
+
+    p.visit(Visit())
+    assert found == ["Read/ReadChunks/Run"]

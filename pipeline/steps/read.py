@@ -54,6 +54,8 @@ def plan_units(format_name: str, files: list[str], unit_rows: int, spec: TensorS
 class ReadChunks(beam.DoFn):
     """Unit -> chunks (main output) and (file_index, ReadFacts) (``FACTS`` output)."""
 
+    CARRIES_VALUES = True  # its chunks are the records' values: a runner must not hold them
+
     def __init__(self, format_name: str, spec: TensorSpec, chunk_rows: int, fail_on_invalid: bool,
                  total_units: int, nonfinite_invalid: bool = False, total_records: int = 0,
                  stage: str = "read", chunk_bytes: int | None = None):
