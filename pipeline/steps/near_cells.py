@@ -107,7 +107,10 @@ def read_cell(slices: Iterable[CellSlice]) -> tuple[VecBatch, np.ndarray, int, i
     kinds: list[list[pa.RecordBatch]] = []  # file-backed or carrying values; stored runs
     for rb in batches:
         same = next((k for k in kinds if k[0].schema.equals(rb.schema)), None)
-        kinds.append([rb]) if same is None else same.append(rb)
+        if same is None:
+            kinds.append([rb])
+        else:
+            same.append(rb)
     parts, pieces, at = [], [], 0  # pieces: (first row, values file or None, part, offset)
     for k in kinds:
         whole = pa.Table.from_batches(k).combine_chunks().to_batches()
