@@ -77,13 +77,10 @@ STEPS = (("Read/", "read"), ("Dedup/Fingerprint/", "fingerprint"),
          ("Dedup/DedupExact/", "exact"), ("Dedup/Decide/", "exact"),
          ("Dedup/DedupNear/SampleAndPlan/CombinePerKey/ExtractOutputs", "plan"),
          ("Dedup/DedupNear/SampleAndPlan", "sample"), ("Dedup/DedupNear/AssignCells", "assign"),
-         ("Dedup/DedupNear/DecideCells", "search"),
+         ("Dedup/DedupNear/DecideCells", "search"), ("Dedup/DedupNear/Recall", "recall"),
          ("Dedup/DedupNear/GatherTruth", "recall"),
          ("Dedup/DedupNear/", "merge"), ("Write/", "write"), ("Report", "report"),
          ("CollectResults", "report"), ("Publish", "report"))
-
-
-FUSED = "recall_"  # the recall's units inside the assignment step's fit
 
 
 def step_of(transform: str) -> str:
@@ -195,13 +192,7 @@ def fit(runs: list[dict], kmeans: float) -> dict[str, dict[str, float]]:
 
     table: dict[str, list[tuple[dict, float]]] = {}
     for run in runs:
-        amounts_of = units(observed(run), run["out_bytes"])
-        # the job runs the recall brute force in the assignment's step (one read of each
-        # chunk): their time is fitted together, each on its own units
-        if "recall" in amounts_of:
-            amounts_of["assign"] = {**amounts_of["assign"], **{
-                f"{FUSED}{k}": v for k, v in amounts_of.pop("recall").items()}}
-        for step, amounts in amounts_of.items():
+        for step, amounts in units(observed(run), run["out_bytes"]).items():
             table.setdefault(step, []).append((amounts, run["steps"].get(step, 0.0)))
     rates = {"plan": {"madd": 1 / kmeans}}
     del table["plan"]
@@ -211,8 +202,6 @@ def fit(runs: list[dict], kmeans: float) -> dict[str, dict[str, float]]:
         scale = np.maximum(a.max(axis=0), 1e-300)  # columns of very different sizes
         x, _ = nnls(a / scale, np.array([s for _, s in rows]))
         rates[step] = {k: float(v) for k, v in zip(keys, x / scale, strict=True)}
-    fused = rates.get("assign", {})
-    rates["recall"] = {k[len(FUSED):]: fused.pop(k) for k in list(fused) if k.startswith(FUSED)}
     return rates
 
 

@@ -31,7 +31,7 @@ from pipeline import layout
 from pipeline.steps import progress
 from pipeline.steps.agreed import first_written
 from pipeline.steps.elements import NEAR_REPORT, REMOVED, VecBatch
-from pipeline.steps.near_cells import CellSlice, assign_batch, decide_one
+from pipeline.steps.near_cells import assign_batch, decide_one
 from pipeline.steps.near_merge import NearReport, merge_cells
 from pipeline.steps.near_sample import RecallRows, Sample
 from pipeline.steps.tagged import SplitOutputs
@@ -42,7 +42,6 @@ from transforms.near_search import rows_for
 
 __all__ = ["DedupNear", "NearReport"]
 
-CELLS, TRUTH = "cells", "truth"  # AssignCells' outputs: (cell, CellSlice), Truth
 HISTOGRAM_ROWS = 20_000  # about this many records get a nearest-neighbour distance (kNN)
 RECALL_BLOCK_ROWS = 16_384  # a chunk's rows per brute-force call (progress between them)
 
@@ -164,16 +163,6 @@ def true_partners(batch: VecBatch, plan: Plan, spec: near.NearSpec) -> Iterator[
     progress.tick("near recall", 0, 0, "chunks")
 
 
-def assign_and_recall(batch: VecBatch, plan: Plan, spec: near.NearSpec, spill: str
-                      ) -> Iterator[tuple[int, CellSlice] | beam.pvalue.TaggedOutput]:
-    """A chunk's cells (``assign_batch``) and its recall brute force (``true_partners``,
-    tagged TRUTH) from one read of its values: as two steps, each read the chunk back."""
-    loaded = batch.loaded()
-    yield from assign_batch(batch, plan, spec, spill, loaded)
-    for t in true_partners(loaded, plan, spec):
-        yield beam.pvalue.TaggedOutput(TRUTH, t)
-
-
 class GatherTruth(beam.CombineFn):
     """Every chunk's partners, cut to the nearest few per sampled record as they come."""
 
@@ -228,12 +217,11 @@ class DedupNear(beam.PTransform):
         plan = beam.pvalue.AsSingleton(vecs | "SampleAndPlan" >> beam.CombineGlobally(
             SampleForPlan(self.spec, fs.join(self.plan_spill, "plan.pickle"),
                           self.recall_spill)))
-        assigned = vecs | "AssignCells" >> SplitOutputs(
-            assign_and_recall, plan, self.spec, self.spill, main=CELLS, tags=(TRUTH,),
-            types={CELLS: tuple[int, CellSlice]})
         truth = beam.pvalue.AsSingleton(
-            assigned[TRUTH] | "GatherTruth" >> beam.CombineGlobally(GatherTruth()))
-        out = (assigned[CELLS]
+            vecs | "RecallBruteForce" >> beam.FlatMap(true_partners, plan, self.spec)
+            | "GatherTruth" >> beam.CombineGlobally(GatherTruth()))
+        out = (vecs
+               | "AssignCells" >> beam.FlatMap(assign_batch, plan, self.spec, self.spill)
                | "GroupByCell" >> beam.GroupByKey()
                | "DecideCells" >> beam.Map(decide_one, plan, self.spec, self.per_side)
                | "GatherCells" >> beam.combiners.ToList()
