@@ -11,6 +11,7 @@ and are read back on the worker that makes the plan.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -164,9 +165,8 @@ class RecallRows:
         worker's cache several times over)."""
         if not self.parts:
             return None
-        parts = [b if ref is None else VecBatch(
-            b.words, b.prio, b.order, b.file_index, b.position, b.ids, _read(ref, dim), b.run)
-            for b, ref in zip(self.parts, self.refs, strict=True)]
+        parts = [b if ref is None else dataclasses.replace(b, x=_read(ref, dim))
+                 for b, ref in zip(self.parts, self.refs, strict=True)]
         rows = VecBatch.concat(parts)
         rows = rows.take(np.lexsort((rows.order, rows.prio)))
         return rows.take(collapse(rows)).spill(folder)
