@@ -100,22 +100,32 @@ def replicate_when_done(client, bags: list) -> None:
         return
 
 
-def _executing(dask_worker) -> int:
-    return len(dask_worker.state.executing)
+def _busy(dask_worker) -> int:
+    """Tasks a worker runs or is about to run (given, not yet started)."""
+    state = dask_worker.state
+    return len(state.executing) + len(state.long_running) + len(state.ready)
+
+
+QUIET_POLLS = 3  # consecutive answers of "nothing runs", 0.05 s apart
 
 
 def stop_running_tasks(client, futures, limit_s: float = 60.0) -> None:
     """A failed job's tasks that still run on the workers (the others of a task that
     failed) would write into the run's staging and spill after the driver deleted them:
     cancel the job's tasks, then wait until the workers run none (at most ``limit_s``:
-    a shared cluster may be busy with other work). Best effort: the cluster may be gone."""
+    a shared cluster may be busy with other work). One answer of "none" is not enough:
+    a task the scheduler sent just before the cancel may reach its worker after the
+    question (the two travel on different connections), so the workers must say so
+    ``QUIET_POLLS`` times in a row. Best effort: the cluster may be gone."""
     try:
         client.cancel(futures, force=True)
         deadline = time.monotonic() + limit_s
-        # a worker that does not answer (the one killed, restarting) is skipped, not a
-        # reason to stop asking the others
-        while (any(client.run(_executing, on_error="ignore").values())
-               and time.monotonic() < deadline):
+        quiet = 0
+        while quiet < QUIET_POLLS and time.monotonic() < deadline:
+            # a worker that does not answer (the one killed, restarting) is skipped, not
+            # a reason to stop asking the others
+            busy = any(client.run(_busy, on_error="ignore").values())
+            quiet = 0 if busy else quiet + 1
             time.sleep(0.05)  # no event says a cancelled task stopped: ask the workers
     except Exception:  # the cluster or its workers are gone: nothing runs there
         pass

@@ -11,6 +11,7 @@ inputs included) is recomputed from the graph.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -185,17 +186,29 @@ def test_a_worker_killed_mid_task_changes_nothing(tmp_path, near_input, undistur
 def test_a_task_whose_worker_dies_too_often_fails_the_job_in_one_line(
         tmp_path, near_input, capsys, monkeypatch):  # noqa: F811
     """With no retry allowed (``allowed-failures: 0``), one kill mid-search fails the
-    job: one line, exit 1, nothing published."""
+    job: one line, exit 1, nothing published. The line names the killed worker, or
+    Dask's cancellation when the killed worker held a result that others needed
+    (``LOST``; 1 run in 4 here). A run that Dask cancelled so before any task reached
+    the hold is tried again on a fresh cluster, up to twice: it says nothing about the
+    kill (seen twice in about 20 runs of this file)."""
     import dask
 
-    store = tmp_path / "store"
-    shutil.copytree(near_input / "store", store)
-    (tmp_path / "run").mkdir()
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
-        rc = run_killing(tmp_path, near_input, "search", lambda address: run_job(
-            tmp_path / "run", "parquet", str(near_input / "in" / "*.parquet"),
-            "runner.name=dask", f"runner.address={address}",
-            *near_sets("representative", near_input, store)))
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
-    assert rc == 1 and len(err) == 1 and "KilledWorker" in err[0], err
-    assert list((tmp_path / "run" / "out").iterdir()) == []  # nothing published or left
+    for attempt in range(3):
+        where = tmp_path / f"attempt{attempt}"
+        store = where / "store"
+        shutil.copytree(near_input / "store", store)
+        (where / "run").mkdir()
+        job = functools.partial(
+            run_job, where / "run", "parquet", str(near_input / "in" / "*.parquet"),
+            "runner.name=dask", *near_sets("representative", near_input, store))
+        with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+            rc = run_killing(where, near_input, "search",
+                             lambda address, job=job: job(f"runner.address={address}"),
+                             must_kill=False)
+        err = [line for line in capsys.readouterr().err.splitlines()
+               if line.startswith("error")]
+        if (where / "hold" / "pid").exists() or not (len(err) == 1 and LOST in err[0]):
+            break
+    assert (where / "hold" / "pid").exists(), "no task reached the hold"
+    assert rc == 1 and len(err) == 1 and ("KilledWorker" in err[0] or LOST in err[0]), err
+    assert list((where / "run" / "out").iterdir()) == []  # nothing published or left
