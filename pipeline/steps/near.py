@@ -32,6 +32,7 @@ from pipeline.steps import progress
 from pipeline.steps.agreed import first_written
 from pipeline.steps.elements import NEAR_REPORT, REMOVED, VecBatch
 from pipeline.steps.near_cells import assign_batch, decide_one
+from pipeline.steps.near_gather import GatherCells
 from pipeline.steps.near_merge import NearReport, merge_cells
 from pipeline.steps.near_sample import RecallRows, Sample
 from pipeline.steps.tagged import SplitOutputs
@@ -224,7 +225,7 @@ class DedupNear(beam.PTransform):
                | "AssignCells" >> beam.FlatMap(assign_batch, plan, self.spec, self.spill)
                | "GroupByCell" >> beam.GroupByKey()
                | "DecideCells" >> beam.Map(decide_one, plan, self.spec, self.per_side)
-               | "GatherCells" >> beam.combiners.ToList()
+               | "GatherCells" >> beam.CombineGlobally(GatherCells(self.per_side))
                | "DropSpill" >> beam.Map(_drop_spill, self._drops(self.spill))
                | "MergeCells" >> SplitOutputs(merge_cells, plan, self.spec, self.per_side,
                                               truth, main=REMOVED,

@@ -180,6 +180,7 @@ class CellOut:
     arrived: int
     capped: int
     members: int
+    sampled_cells: int  # cells whose pairs were partly sampled (0 or 1; more once joined)
 
 
 def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
@@ -220,7 +221,8 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
                    np.where(role == REMOVED, d.dist[unsure], np.inf), links, values,
                    pair_histogram(exact_d, spec.marker),
                    pair_histogram(sampled_d, spec.marker) if d.census.estimated else None,
-                   d.census.weight, nn, border, int(home.sum()), arrived, capped, len(batch))
+                   d.census.weight, nn, border, int(home.sum()), arrived, capped, len(batch),
+                   int(d.census.estimated))
 
 
 def _borderline(batch: VecBatch, later: np.ndarray, earlier: np.ndarray, dist: np.ndarray,

@@ -151,13 +151,13 @@ def merge_cells(cells: list, plan, spec: near.NearSpec, per_side: int, truth: Tr
                          + [(c.pairs_sampled, c.weight) for c in cells
                             if c.pairs_sampled is not None], spec.marker)
     n_pairs = int(pairs["counts"].sum() + pairs["zero"] + pairs["under"] + pairs["over"])
-    estimated = any(c.pairs_sampled is not None for c in cells)
+    estimated = any(c.sampled_cells for c in cells)
     stats = {"records_searched": int(sum(c.searched for c in cells)),
              "partitions": len(plan.parts), **plan.parts.describe(),
              "capped_records": int(sum(c.capped for c in cells)),
              "rows_searched_against": int(sum(c.members for c in cells)),
              "pairs_within_tolerance": n_pairs, "pairs_estimated": estimated,
-             "cells_with_sampled_pairs": int(sum(c.pairs_sampled is not None for c in cells)),
+             "cells_with_sampled_pairs": int(sum(c.sampled_cells for c in cells)),
              "settled_after_search": int(unsure), "removed": int(removed),
              "search_radius_l2": float(plan.radius), "histogram_every": plan.nn_mod,
              "recall": judged}

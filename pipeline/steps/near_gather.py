@@ -1,0 +1,82 @@
+"""DecideCells -> MergeCells: the cells' outputs gathered on one worker, joined as they come.
+
+Why not ``ToList``: at 1M x 384 it carried 1,278 ``CellOut``s of small arrays, each
+pickled and unpickled twice on its way to the merge (0.7 s a round for all of them;
+the gather and merge stages took 3.0 s). Joined into one ``CellOut`` of long arrays per
+bundle, they travel in milliseconds. Joining is what the merge does to them anyway
+(concatenation, histograms added up, the borderline sample cut to the same pairs), so
+the merge decides the same: ``merge_cells`` of the joined cell equals it of the list.
+"""
+
+from __future__ import annotations
+
+import apache_beam as beam
+import numpy as np
+
+from pipeline.steps.borderline import merge_borderline
+from pipeline.steps.elements import VecBatch
+from pipeline.steps.near_cells import CellOut
+
+JOIN_EVERY = 64  # cells held one by one before they are joined (bounds a bundle's list)
+
+
+def _added(parts: list[tuple[dict, float]]) -> dict:
+    """Histograms on one grid added up, each ``weight`` times, left unrounded (the merge
+    rounds once, as it did when each cell came alone)."""
+    out: dict = {}
+    for hist, w in parts:
+        for k, v in hist.items():
+            out[k] = out.get(k, 0.0) + np.asarray(v, np.float64) * w
+    return out
+
+
+def _cat(batches: list[VecBatch | None]) -> VecBatch | None:
+    present = [b for b in batches if b is not None]
+    return VecBatch.concat(present) if present else None
+
+
+def join_cells(cells: list[CellOut], per_side: int) -> CellOut:
+    """Several cells' outputs as one (the order of their rows is the list's)."""
+    if len(cells) == 1:
+        return cells[0]
+    links = [c.links for c in cells if c.links is not None]
+    sampled = [(c.pairs_sampled, c.weight) for c in cells if c.pairs_sampled is not None]
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(c, name) for c in cells])
+
+    return CellOut(
+        VecBatch.concat([c.gone for c in cells]), VecBatch.concat([c.dup for c in cells]),
+        cat("dist"), VecBatch.concat([c.unsure for c in cells]), cat("role"),
+        VecBatch.concat([c.best for c in cells]), cat("best_dist"),
+        (VecBatch.concat([a for a, _ in links]), VecBatch.concat([b for _, b in links]))
+        if links else None,
+        _cat([c.values for c in cells]), _added([(c.pairs, 1.0) for c in cells]),
+        _added(sampled) if sampled else None, 1.0, cat("nn"),
+        merge_borderline([c.borderline for c in cells], per_side),
+        *(sum(getattr(c, f) for c in cells)
+          for f in ("searched", "arrived", "capped", "members", "sampled_cells")))
+
+
+class GatherCells(beam.CombineFn):
+    """CellOut -> [CellOut]: every cell's output joined into one (an empty list when
+    there were no cells), for ``merge_cells``."""
+
+    def __init__(self, per_side: int):
+        self.per_side = per_side
+
+    def create_accumulator(self) -> list[CellOut]:
+        return []
+
+    def add_input(self, acc: list[CellOut], cell: CellOut) -> list[CellOut]:
+        acc.append(cell)
+        return self.compact(acc) if len(acc) >= JOIN_EVERY else acc
+
+    def merge_accumulators(self, accs) -> list[CellOut]:
+        return self.compact([c for acc in accs for c in acc])
+
+    def compact(self, acc: list[CellOut]) -> list[CellOut]:
+        return [join_cells(acc, self.per_side)] if len(acc) > 1 else acc
+
+    def extract_output(self, acc: list[CellOut]) -> list[CellOut]:
+        return self.compact(acc)

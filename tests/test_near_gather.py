@@ -1,0 +1,110 @@
+"""The cells' outputs joined on their way to the merge (``near_gather``) decide and
+report exactly what the merge decides from the cells one by one: removals, the record
+each duplicates, distances, pair counts (exact and sampled), the histogram sample, the
+borderline pairs and recall. Real cells: the step functions the job runs (plan, assign,
+decide, recall brute force), on data with a crowd large enough that a cell counts its
+pairs on a sample, in both groupings."""
+
+from __future__ import annotations
+
+import pickle
+from collections import defaultdict
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.steps.elements import NEAR_REPORT, VecBatch
+from pipeline.steps.near import GatherTruth, SampleForPlan, true_partners
+from pipeline.steps.near_cells import assign_batch, decide_one
+from pipeline.steps.near_gather import GatherCells
+from pipeline.steps.near_merge import merge_cells
+from tests import shapes
+from transforms.near import NearSpec
+
+PER_SIDE = 20
+
+
+def _batches(tmp_path, x: np.ndarray, rows: int) -> list[VecBatch]:
+    """``x`` as the job's spilled chunks (digests: the row's bytes hashed)."""
+    from transforms.exact import digest_words
+    from transforms.fingerprint import fingerprint_batch
+
+    words = digest_words(fingerprint_batch(x))
+    out = []
+    for a in range(0, len(x), rows):
+        n = min(rows, len(x) - a)
+        b = VecBatch(words[a:a + n], np.zeros(n), np.arange(a, a + n), np.zeros(n, np.int32),
+                     np.arange(a, a + n), pa.array([f"r{i}" for i in range(a, a + n)]),
+                     x[a:a + n])
+        out.append(b.spill(str(tmp_path / "values")))
+    return out
+
+
+def _outputs(gen) -> tuple[list, object]:
+    removed, report = [], None
+    for out in gen:
+        if getattr(out, "tag", None) == NEAR_REPORT:
+            report = out.value
+        else:
+            removed.append(out)
+    return removed, report
+
+
+@pytest.mark.parametrize("mode", ["exact", "bounded"])
+@pytest.mark.parametrize("grouping", ["representative", "components"])
+def test_joined_cells_merge_as_the_cells_one_by_one(tmp_path, grouping, mode):
+    bg = shapes.background(6000, dim=32, seed=4)
+    t = 0.05
+    rng = np.random.default_rng(7)
+    near = bg[:800] + rng.standard_normal((800, 32)) * (t / 8 / np.sqrt(32))  # in every cell
+    x = np.concatenate([bg, near, shapes.crowd(bg[3], 2500, t, "l2", seed=5),
+                        shapes.crowd(bg[9], 200, t, "l2", seed=6)])
+    x = x[rng.permutation(len(x))].astype(np.float32)
+    spec = NearSpec("l2", threshold=t, grouping=grouping, partition_rows=500, mode=mode,
+                    single_index_rows=1000, recall_sample=300)
+    batches = _batches(tmp_path, x, 2048)
+    planner = SampleForPlan(spec, str(tmp_path / "plan.pickle"), str(tmp_path / "recall"))
+    acc = planner.create_accumulator()
+    for b in batches:
+        acc = planner.add_input(acc, b)
+    plan = planner.extract_output(planner.compact(acc))
+    gather = GatherTruth()
+    truth = gather.create_accumulator()
+    for b in batches:
+        for t_part in true_partners(b, plan, spec):
+            truth = gather.add_input(truth, t_part)
+    slices = defaultdict(list)
+    for b in batches:
+        for cell, s in assign_batch(b, plan, spec, str(tmp_path / "cells")):
+            slices[cell].append(s)
+    cells = [decide_one((c, slices[c]), plan, spec, PER_SIDE) for c in sorted(slices)]
+    assert len(cells) > 3 and sum(c.sampled_cells for c in cells) >= 1  # a sampled census
+    assert sum(len(c.gone) > 0 for c in cells) > len(cells) // 2
+    if mode == "exact" and grouping == "representative":
+        assert sum(len(c.unsure) for c in cells) > 0  # records the merge settles
+
+    fn = GatherCells(PER_SIDE)  # three workers' bundles, each encoded as a runner does
+    accs = []
+    for part in np.array_split(np.arange(len(cells)), 3):
+        a = fn.create_accumulator()
+        for i in part:
+            a = fn.add_input(a, cells[i])
+        accs.append(pickle.loads(pickle.dumps(fn.compact(a))))
+    joined = fn.extract_output(fn.merge_accumulators(accs))
+    assert len(joined) == 1
+
+    want_removed, want = _outputs(merge_cells(cells, plan, spec, PER_SIDE, truth))
+    got_removed, got = _outputs(merge_cells(joined, plan, spec, PER_SIDE, truth))
+    assert want.stats["removed"] > 3000 and want.stats["pairs_estimated"]
+    assert got.stats == want.stats
+    assert got.pairs.keys() == want.pairs.keys()
+    assert all(np.array_equal(got.pairs[k], want.pairs[k]) for k in want.pairs)
+    assert np.array_equal(got.nn, want.nn)
+    assert got.borderline.equals(want.borderline)
+    assert len(got_removed) == len(want_removed)
+    for (gf, g), (wf, w) in zip(got_removed, want_removed, strict=True):
+        assert gf == wf
+        assert np.array_equal(g.position, w.position) and g.record_id.equals(w.record_id)
+        assert g.duplicate_of.equals(w.duplicate_of)
+        assert np.array_equal(g.distance, w.distance)
