@@ -14,7 +14,7 @@ import apache_beam as beam
 from pipeline import layout
 from pipeline.job import Job
 from pipeline.publish import Publication, publish_run
-from pipeline.report import TensorSource, write_report
+from pipeline.report import TensorSource, rows_to_show, write_report
 from pipeline.runner import copies_at_once, recomputes_finished_steps
 from pipeline.steps import (
     DECISIONS,
@@ -72,10 +72,14 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
         store_parts = update | "StoreUpdate" >> StoreUpdate(pub.store)
     near_report = (beam.pvalue.AsSingleton(dedup[NEAR_REPORT]) if NEAR_REPORT in dedup
                    else None)
+    # the records the report's page shows, taken by the clean copy from its own pass
+    show = beam.pvalue.AsSingleton(
+        dedup[DECISIONS] | "AllDecisions" >> beam.combiners.ToList()
+        | "RowsToShow" >> beam.Map(rows_to_show, near_report))
     (dedup[DECISIONS]
      | "Write" >> WriteClean(job.staging(job.output), format=cfg.input.format, spec=job.spec,
                              root=job.root, total_files=len(job.files),
-                             files_at_once=copies_at_once(cfg.runner))
+                             files_at_once=copies_at_once(cfg.runner), show=show)
      | "CollectResults" >> beam.combiners.ToList()
      | "Report" >> beam.Map(write_report, job.staging(job.report), job.near, near_report,
                             refs.files if refs else None,

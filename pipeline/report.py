@@ -21,11 +21,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import layout, report_html
+from pipeline import layout, report_html, report_pick
 from pipeline.near_report import write_near_report
 from pipeline.steps.elements import (
     KINDS,
     REFERENCE_FILES,
+    FileDecision,
     FileResult,
     ReadFacts,
     digest_hex,
@@ -58,13 +59,28 @@ class TensorSource:
     spec: TensorSpec
 
 
-def _duplicates_table(results: list[FileResult]) -> pa.Table:
+def rows_to_show(decisions: list[FileDecision], near_report: NearReport | None
+                 ) -> dict[int, list[int]]:
+    """{input file index: positions} of the records the report's page will show (the
+    same selection: ``report_pick.page_records``), for the clean copy to take from its
+    pass over the inputs (``WriteClean``'s ``show``); rows of reference files are read
+    back by the report itself."""
+    decisions = sorted(decisions, key=lambda d: d.file_index)
+    borderline = None if near_report is None else near_report.borderline
+    recs = report_pick.page_records(_duplicates_table(decisions), borderline)[3]
+    out: dict[int, list[int]] = {}
+    for f, row in report_pick.wanted_rows(recs):
+        if f < REFERENCE_FILES:
+            out.setdefault(f, []).append(row)
+    return out
+
+
+def _duplicates_table(decisions: list[FileDecision]) -> pa.Table:
     """One row per removed record, by input order (file, then position), with where it
     and its survivor live and its group: the fingerprint of the record the whole group
     keeps (``group_roots``: an exact copy of a near-removed record joins the near
     survivor's group)."""
-    parts = [(res.decision.file_index, r) for res in results for r in res.decision.removed
-             if len(r)]
+    parts = [(d.file_index, r) for d in decisions for r in d.removed if len(r)]
     if not parts:
         return DUPLICATES_SCHEMA.empty_table()
     file = np.concatenate([np.full(len(r), f, np.int32) for f, r in parts])
@@ -172,7 +188,7 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
     the page shows ids only)."""
     results = sorted(results, key=lambda r: r.decision.file_index)
     check_invalid_fraction(results, max_invalid_fraction)
-    duplicates = _duplicates_table(results)
+    duplicates = _duplicates_table([r.decision for r in results])
     files = _files_table(results, reference_files)
     with fs.local_dir_for(staging) as folder:  # a temporary directory for gs:// & co.
         pq.write_table(duplicates, os.path.join(folder, layout.DUPLICATES))
@@ -211,7 +227,8 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
                 near=None if near is None else {"metric": near.metric, "threshold": near.marker,
                                                 "stats": near_stats, "histogram": hist},
                 borderline=None if near_report is None else near_report.borderline,
-                read_rows=lambda f, rows: _read_back(where.get(f), sources, rows),
+                read_rows=lambda f, rows: _shown(results, f, rows) or _read_back(
+                    where.get(f), sources, rows),
                 reference=ref_stats, drawing=drawing)
         except Exception as e:  # noqa: BLE001  (the page is a view: it never fails the run)
             report_html.write_fallback(folder, _counts(per_file), error_line(e))
@@ -225,6 +242,16 @@ def _counts(files: list[dict]) -> dict:
     """The whole run's counts, as summary.json will have them (not checked here)."""
     keys = ("read", "kept", *[f"removed_{kind}" for kind in KINDS], "invalid")
     return {k: sum(f[k] for f in files) for k in keys}
+
+
+def _shown(results: list[FileResult], file: int, rows: list[int]
+           ) -> dict[int, np.ndarray] | None:
+    """{row: tensor} of an input file's rows as its clean copy took them, if it took
+    them all (``WriteClean``'s ``show``), else None."""
+    have = next((r.shown for r in results if r.decision.file_index == file), None)
+    if have is None or not all(row in have for row in rows):
+        return None
+    return {row: have[row] for row in rows}
 
 
 def _read_back(file: tuple[str, str] | None, sources: dict[str, TensorSource | None],

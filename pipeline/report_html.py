@@ -4,9 +4,10 @@ Why a page: the Parquet reports say what was removed; whether the removals are r
 is seen faster than read. The page shows the counts, the near stage's histogram, the
 largest duplicate groups and the pairs just inside and just outside the tolerance,
 with the tensors themselves: those that look like images (2-D, or 3-D with 1, 3 or 4
-channels) as thumbnails, others as sparklines with their first values. Tensors are
-read back from the input (and reference) files by (file, row), at most ``MAX_ROWS``
-of them, so the page stays small whatever the run's size.
+channels) as thumbnails, others as sparklines with their first values. Which records,
+and their tensors (at most ``MAX_ROWS``, so the page stays small whatever the run's
+size), come from ``report_pick``: taken by the clean copy from its pass over the
+inputs, or read back from the input (and reference) files by (file, row).
 
 Everything is inline (CSS, a little JavaScript, images as data: URIs): the page works
 from a file:// URL, offline, copied anywhere. It is deterministic (no dates, no
@@ -22,148 +23,20 @@ import math
 import os
 import struct
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pipeline import layout
+from pipeline.report_pick import READ_ROWS, Group, Pair, Rec, fetch, page_records
 from transforms.near_recall import recall_line
 
-MAX_GROUPS = 10  # largest groups shown
-MAX_MEMBERS = 8  # records shown per group, the kept one included
-MAX_PAIRS = 8  # borderline pairs shown on each side of the tolerance
-MAX_ROWS = 160  # tensors read back at most (groups first, then pairs)
 THUMB_PX = 72  # thumbnails' longer side on the page
 MAX_IMAGE_PX = 128  # images larger than this are subsampled before encoding
 SPARK_POINTS = 240  # values drawn per sparkline at most
 TEXT_CHARS = 280  # characters of a text record shown
-
-READ_ROWS = Callable[[int, list[int]], dict[int, np.ndarray]]
-
-
-@dataclass
-class Rec:
-    """One record on the page: who it is and where it lives (file None: an earlier run)."""
-
-    id: str
-    file: int | None
-    row: int | None
-    note: str = ""  # kind and distance, or "kept", or "earlier run <run>"
-    tensor: np.ndarray | None = None
-
-    @property
-    def where(self) -> tuple[int, int] | None:
-        return None if self.file is None or self.row is None else (self.file, self.row)
-
-
-@dataclass
-class Group:
-    group: str
-    size: int  # removed records + the kept one
-    kept: Rec
-    members: list[Rec] = field(default_factory=list)
-
-
-@dataclass
-class Pair:
-    record: Rec  # the later record in keep order
-    neighbour: Rec
-    distance: float
-    within: bool
-
-
-# ---------------------------------------------------------------------------- selection
-
-
-def largest_groups(dups: pa.Table, k: int = MAX_GROUPS, members: int = MAX_MEMBERS
-                   ) -> list[Group]:
-    """The ``k`` largest groups (ties by group id); per group the kept record and up to
-    ``members - 1`` removed ones, the farthest from their survivor first."""
-    if dups.num_rows == 0 or k <= 0:
-        return []
-    vc = pc.value_counts(dups.column("group"))
-    top = pc.select_k_unstable(pa.table({"id": vc.field("values"), "n": vc.field("counts")}), k,
-                               sort_keys=[("n", "descending"), ("id", "ascending")])
-    ids = vc.field("values").take(top).to_pylist()  # C++ top-k: a run can have 1e6+ groups
-    group = dups.column("group")
-    members_of = dups.filter(pc.is_in(group, pa.array(ids, group.type)))
-    by_group: dict[str, list[dict]] = {g: [] for g in ids}
-    for r in members_of.to_pylist():
-        by_group[r["group"]].append(r)
-    out = []
-    for gid in ids:
-        rows = by_group[gid]
-        mine = {(r["file"], r["row"]) for r in rows}
-        # the record the group keeps: the one a member names that is not a member itself
-        root = next(r for r in rows
-                    if (r["duplicate_of_file"], r["duplicate_of_row"]) not in mine)
-        note = ("kept" if root["duplicate_of_run"] is None
-                else f"kept by earlier run {root['duplicate_of_run']}")
-        kept = Rec(root["duplicate_of"], root["duplicate_of_file"], root["duplicate_of_row"],
-                   note)
-        rows.sort(key=lambda r: (-r["distance"], r["file"], r["row"]))
-        shown = [Rec(r["record_id"], r["file"], r["row"], _removal_note(r))
-                 for r in rows[:max(members - 1, 0)]]
-        out.append(Group(gid, len(rows) + 1, kept, shown))
-    return out
-
-
-def _removal_note(r: dict) -> str:
-    if r["kind"].endswith("exact"):
-        return r["kind"]
-    return f"{r['kind']} {r['distance']:.4g}"
-
-
-def nearest_pairs(table: pa.Table | None, k: int = MAX_PAIRS) -> tuple[list[Pair], list[Pair]]:
-    """Up to ``k`` pairs just inside the tolerance (largest distances) and ``k`` just
-    outside (smallest)."""
-    if table is None or table.num_rows == 0:
-        return [], []
-    rows = table.to_pylist()
-
-    def pair(r: dict) -> Pair:
-        def rec(pre: str, fid: str) -> Rec:
-            f, row = r[f"{pre}_file"], r[f"{pre}_row"]
-            ok = f is not None and f >= 0
-            return Rec(r[fid], f if ok else None, row if ok else None,
-                       "" if ok else "earlier run")
-        return Pair(rec("record", "record_id"), rec("neighbour", "neighbour_id"),
-                    r["distance"], r["within"])
-
-    inside = sorted((r for r in rows if r["within"]),
-                    key=lambda r: (-r["distance"], r["record_id"], r["neighbour_id"]))[:k]
-    outside = sorted((r for r in rows if not r["within"]),
-                     key=lambda r: (r["distance"], r["record_id"], r["neighbour_id"]))[:k]
-    return [pair(r) for r in inside], [pair(r) for r in outside]
-
-
-def fetch(recs: list[Rec], read_rows: READ_ROWS | None, cap: int = MAX_ROWS) -> int:
-    """Fill ``Rec.tensor`` for the first ``cap`` distinct (file, row)s, one read per file.
-    A file that cannot be read back leaves its records without a tensor (the page
-    still shows their ids). Returns how many tensors were read."""
-    wanted: list[tuple[int, int]] = []
-    for r in recs:
-        if r.where is not None and r.where not in wanted and len(wanted) < cap:
-            wanted.append(r.where)
-    if read_rows is None or not wanted:
-        return 0
-    got: dict[tuple[int, int], np.ndarray] = {}
-    for f in sorted({w[0] for w in wanted}):
-        rows = sorted(w[1] for w in wanted if w[0] == f)
-        try:
-            tensors = read_rows(f, rows)
-        except Exception:  # noqa: BLE001  (a view of the data: never fail the run for it)
-            tensors = {}
-        got.update({(f, r): t for r, t in tensors.items()})
-    for r in recs:
-        if r.where in got:
-            r.tensor = np.asarray(got[r.where])
-    return len(got)
-
 
 # ---------------------------------------------------------------------------- tensors
 
@@ -494,10 +367,7 @@ def write_page(folder: str, *, counts: dict, duplicates: pa.Table, files: pa.Tab
     what it shows (for tests). ``read_rows(file, rows)``: {row: tensor} of one file.
     ``drawing``: plots still being drawn into ``folder``, waited for once the rows are
     read back."""
-    groups = largest_groups(duplicates)
-    inside, outside = nearest_pairs(borderline)
-    recs = [r for g in groups for r in (g.kept, *g.members)]
-    recs += [r for p in inside + outside for r in (p.record, p.neighbour)]
+    groups, inside, outside, recs = page_records(duplicates, borderline)
     shown = fetch(recs, read_rows)
     for plot in drawing:
         plot.result()

@@ -98,6 +98,34 @@ def test_write_drops_the_same_rows_whether_it_slices_or_filters(tmp_path):
     assert out.read().equals(table.filter(pa.array(keep)))
 
 
+def test_write_showing_takes_the_same_tensors_as_read_rows(tmp_path):
+    """The clean copy that also takes some records' tensors for the report writes the
+    same file as ``write`` and returns what ``read_rows`` reads back: rows in several
+    groups, at group edges, among dropped rows, of invalid records (left out by both) and
+    past the end."""
+    rng = np.random.default_rng(4)
+    n, g = 3 * 1000, 1000
+    emb = [None if i in (5, 1500) else [float(v) for v in rng.random(4 if i != 7 else 3)]
+           for i in range(n)]
+    table = pa.table({"id": [f"r{i}" for i in range(n)],
+                      "emb": pa.array(emb, pa.list_(pa.float32()))})
+    src = tmp_path / "a.parquet"
+    pq.write_table(table, src, row_group_size=g)
+    spec = TensorSpec("emb", "id", shape=(4,))
+    drop = np.array([3, 999, 1000, 2001, 2002], np.int64)
+    rows = [0, 3, 5, 7, 999, 1000, 1500, 1777, 2999, 3000, 5000]
+    kept, shown = parquet.write_showing(str(src), str(tmp_path / "s" / "a.parquet"), drop,
+                                        spec, rows)
+    assert kept == parquet.write(str(src), str(tmp_path / "w" / "a.parquet"), drop, spec)
+    assert pq.read_table(tmp_path / "s" / "a.parquet").equals(
+        pq.read_table(tmp_path / "w" / "a.parquet"))
+    want = parquet.read_rows(str(src), spec, rows)
+    assert sorted(shown) == sorted(want) == [0, 3, 999, 1000, 1777, 2999]
+    for r in want:
+        assert shown[r].dtype == want[r].dtype and np.array_equal(shown[r], want[r])
+        np.testing.assert_array_equal(shown[r], np.asarray(emb[r], np.float32))
+
+
 def test_unreadable_row_group_is_reported_and_skipped(tmp_path):
     src = tmp_path / "a.parquet"
     x = np.random.default_rng(1).standard_normal((300, 16)).astype(np.float32)

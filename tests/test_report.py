@@ -339,3 +339,39 @@ def test_records_mode_removals_carry_the_group():
                                              keep=Keep.max("s"), chunk_rows=1))
         assert_that(out[REMOVED] | beam.Map(
             lambda r: {k: r[k] for k in ("record_id", "kind", "duplicate_of", "group")}), check)
+
+
+def test_the_page_takes_parquet_tensors_from_the_clean_copy(tmp_path, monkeypatch):
+    """A Parquet job's page shows its records' tensors without reading the inputs again:
+    the clean copy took them from its own pass (``WriteClean``'s ``show``). With reading
+    back made to fail, every card of a near job over two files still has its tensor;
+    and the same job with the copy's rows withheld shows none (so the page does need
+    them from one of the two)."""
+    from transforms.formats import parquet
+
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(300, 16)).astype(np.float32)
+    x = np.concatenate([x, x[:40] + 0.01, np.repeat(x[:1], 4, axis=0)])
+    for f, rows in enumerate(np.array_split(np.arange(len(x)), 2)):
+        write_input("parquet", tmp_path / "in" / f"part-{f}.parquet",
+                    [f"id-{f}-{i}" for i in rows], x[rows], np.zeros(len(rows), int),
+                    row_group_size=64)
+
+    def unreadable(*_a, **_k):
+        raise OSError("the report must not read the inputs back")
+
+    monkeypatch.setattr(parquet, "read_rows", unreadable)
+    pages = {}
+    for name, show in (("copied", True), ("withheld", False)):
+        if not show:
+            monkeypatch.setattr(parquet, "write_showing", None)
+        out = tmp_path / name
+        out.mkdir()
+        assert run_job(out, "parquet", str(tmp_path / "in" / "*.parquet"),
+                       "runner.processes=false",
+                       near={"metric": "l2", "threshold": 0.1, "borderline_pairs": 10}) == 0
+        pages[name] = (out / "out" / "report" / "index.html").read_text()
+    cards = pages["copied"].count('<figure class="rec')
+    assert cards > 20 and pages["copied"].count('<svg class="spark"') == cards
+    assert "not read back" not in pages["copied"]
+    assert pages["withheld"].count("not read back") == cards

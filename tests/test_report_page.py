@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import report_html
+from pipeline import report_pick
 from tests.jobkit import EXT, run_job, write_input
 
 T = 0.5
@@ -115,12 +115,12 @@ def test_page_loads_and_shows_the_run(run):
     for r in dups:
         sizes[r["group"]] = sizes.get(r["group"], 1) + 1
     shown = re.findall(r'<h3>group <code>(\w+)</code>: <span class="size">([\d,]+)</span>', dom)
-    want = sorted(sizes.items(), key=lambda g: (-g[1], g[0]))[:report_html.MAX_GROUPS]
+    want = sorted(sizes.items(), key=lambda g: (-g[1], g[0]))[:report_pick.MAX_GROUPS]
     assert [(g, int(n.replace(",", ""))) for g, n in shown] == [(g[:12], n) for g, n in want]
     assert want[0][1] == 6  # the planted group: one record and its 5 copies
 
     pairs = dom.split('id="borderline"')[1]
-    assert pairs.count('class="pair"') == 2 * report_html.MAX_PAIRS  # inside and outside
+    assert pairs.count('class="pair"') == 2 * report_pick.MAX_PAIRS  # inside and outside
     # every tensor shown is inline: images as PNG thumbnails, vectors as sparklines
     srcs = re.findall(r'src="([^"]*)"', dom)
     assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)
@@ -175,7 +175,7 @@ def test_largest_groups_are_the_biggest_with_ties_by_group_id():
                 rows[k].append(v)
         pos += m + 1
     table = pa.table(rows)
-    got = report_html.largest_groups(table, k=10, members=4)
+    got = report_pick.largest_groups(table, k=10, members=4)
     counts: dict[str, int] = {}
     for g in rows["group"]:
         counts[g] = counts.get(g, 0) + 1

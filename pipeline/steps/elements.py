@@ -319,6 +319,7 @@ class FileResult:
     output: str | None  # written file, relative to output.path; None if nothing was readable
     kept: int
     notes: list[str] = field(default_factory=list)  # what the copy could not keep as it was
+    shown: dict[int, np.ndarray] | None = None  # tensors the report asked for, read by the copy
 
 
 def removed_by_file(batch: KeyBatch | VecBatch, removed: np.ndarray, kept: np.ndarray,

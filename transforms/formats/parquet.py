@@ -319,8 +319,32 @@ def read_rows(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, np
     few records. Positions that are invalid or out of range are left out."""
     out: dict[int, np.ndarray] = {}
     for offset, local, table in groups_at(path, spec.tensor, positions):
-        part = table.take(pa.array(local, pa.int64()))
-        for chunk in table_chunks(0, path, part, 0, replace(spec, id=None, rank=None)):
-            for i, p in enumerate(chunk.positions.tolist()):
-                out[offset + local[p]] = chunk.tensors[i]
+        out.update(_tensors_at(path, spec, table, offset, local))
     return out
+
+
+def _tensors_at(path: str, spec: TensorSpec, table: pa.Table, offset: int, local: list[int]
+                ) -> dict[int, np.ndarray]:
+    """{offset + row: tensor} of some rows of a row group (invalid ones left out)."""
+    part = table.select([spec.tensor]).take(pa.array(local, pa.int64()))
+    out = {}
+    for chunk in table_chunks(0, path, part, 0, replace(spec, id=None, rank=None)):
+        for i, p in enumerate(chunk.positions.tolist()):
+            out[offset + local[p]] = chunk.tensors[i]
+    return out
+
+
+def write_showing(src: str, dst: str, drop: np.ndarray, spec: TensorSpec,
+                  positions: list[int]) -> tuple[int, dict[int, np.ndarray]]:
+    """``write``, and the tensors at ``positions`` as ``read_rows`` gives them, taken from
+    the row groups the copy reads anyway: the report's page would read those groups
+    again (2.1 s of the 2.2 s report of a 1M x 384 job, for 52 records in 15 groups)."""
+    want = np.asarray(sorted(set(positions)), np.int64)
+    shown: dict[int, np.ndarray] = {}
+
+    def seen(table: pa.Table, first: int, n: int) -> None:  # in the copy's read threads
+        lo, hi = np.searchsorted(want, [first, first + n])
+        if hi > lo:
+            shown.update(_tensors_at(src, spec, table, first, (want[lo:hi] - first).tolist()))
+
+    return write(src, dst, drop, spec, seen=seen), shown

@@ -7,6 +7,8 @@ one encodes, which is the copy's slowest part.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -86,12 +88,18 @@ def write_notes(src: str) -> list[str]:
     return [] if isinstance(pf, Exception) else _writer_plan(pf)[1]
 
 
-def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) -> int:
+def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None,
+          seen: Callable[[pa.Table, int, int], None] | None = None) -> int:
+    """``seen(table, first, n)``: called with each readable row group, whole, before its
+    drops (in a read-ahead thread)."""
     pf = open_file(src)
     if isinstance(pf, Exception):
         return 0
     written = 0
+
     def kept(table: pa.Table, first: int, n: int) -> pa.Table:
+        if seen is not None:
+            seen(table, first, n)
         lo, hi = np.searchsorted(drop, [first, first + n])
         if hi == lo:
             return table
