@@ -38,6 +38,9 @@ class WriteFile(beam.DoFn):
 
     def setup(self) -> None:
         self.fmt = get_format(self.format_name)
+        # what reads the tensors (decoded images: a wrapper) says whether the copy can take
+        # them: only a format whose tensors are the stored values can
+        self.showing = getattr(get_format(self.format_name, self.spec), "write_showing", None)
 
     def start_bundle(self) -> None:
         self.pool = ThreadPoolExecutor(self.at_once, thread_name_prefix="write-clean")
@@ -78,10 +81,9 @@ class WriteFile(beam.DoFn):
         name = output_shard(decision.path, self.root)
         dst = fs.join(self.staging, name)
         drop = decision.drop()
-        showing = getattr(self.fmt, "write_showing", None) if rows else None
         shown = None
-        if showing is not None:  # the rows come from the groups the copy reads anyway
-            kept, shown = showing(decision.path, dst, drop, self.spec, rows)
+        if rows and self.showing is not None:  # from the groups the copy reads anyway
+            kept, shown = self.showing(decision.path, dst, drop, self.spec, rows)
         else:
             kept = self.fmt.write(decision.path, dst, drop, self.spec)
         accounted = kept + len(drop)

@@ -225,6 +225,9 @@ class Encoded:
         self.fmt: ModuleType = importlib.import_module(f"transforms.formats.{name}")
         self.values: ModuleType = importlib.import_module(f"transforms.formats.encoded_{name}")
 
+    # the copy reads stored bytes, not decoded tensors: it cannot take the report's rows
+    write_showing = None
+
     def __getattr__(self, attr: str) -> Any:  # plan, write, write_notes: the format's own
         return getattr(self.fmt, attr)
 
