@@ -82,8 +82,8 @@ def install_hold(stage: str, folder: str) -> None:
 
         write = WriteFile.process
 
-        def process(self, decision):
-            out = list(write(self, decision))
+        def process(self, decision, **side_inputs):
+            out = list(write(self, decision, **side_inputs))
             if _held(folder):  # as if killed mid-write: a torn shard and a writer's temp
                 dst = fs.join(self.staging, output_shard(decision.path, self.root))
                 os.truncate(dst, os.path.getsize(dst) // 2)
