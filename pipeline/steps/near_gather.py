@@ -17,8 +17,6 @@ from pipeline.steps.borderline import merge_borderline
 from pipeline.steps.elements import VecBatch
 from pipeline.steps.near_cells import CellOut
 
-JOIN_EVERY = 64  # cells held one by one before they are joined (bounds a bundle's list)
-
 
 def _added(parts: list[tuple[dict, float]]) -> dict:
     """Histograms on one grid added up, each ``weight`` times, left unrounded (the merge
@@ -60,7 +58,9 @@ def join_cells(cells: list[CellOut], per_side: int) -> CellOut:
 
 class GatherCells(beam.CombineFn):
     """CellOut -> [CellOut]: every cell's output joined into one (an empty list when
-    there were no cells), for ``merge_cells``."""
+    there were no cells), for ``merge_cells``. A bundle's cells are held as they come
+    and joined once, when the runner compacts the accumulator to send it on (joining
+    every few cells would copy the joined part again each time)."""
 
     def __init__(self, per_side: int):
         self.per_side = per_side
@@ -70,7 +70,7 @@ class GatherCells(beam.CombineFn):
 
     def add_input(self, acc: list[CellOut], cell: CellOut) -> list[CellOut]:
         acc.append(cell)
-        return self.compact(acc) if len(acc) >= JOIN_EVERY else acc
+        return acc
 
     def merge_accumulators(self, accs) -> list[CellOut]:
         return self.compact([c for acc in accs for c in acc])
