@@ -446,6 +446,12 @@ def table(b: dict) -> str:
     return "\n".join(lines)
 
 
+def _variants(args: argparse.Namespace) -> list[dict]:
+    """shapes: each --grouping with each --mode (near settings; none given: the defaults)."""
+    return [{k: v for k, v in (("grouping", g), ("mode", m)) if v}
+            for g in args.grouping or [None] for m in args.mode or [None]]
+
+
 def shapes_main(names: list[str], args: argparse.Namespace) -> None:
     """Issue 21's cases, one fresh work folder each; the table and JSON after each."""
     import benchshapes
@@ -453,8 +459,9 @@ def shapes_main(names: list[str], args: argparse.Namespace) -> None:
     out: list[dict] = []
     for name in names:
         with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
-            out.append(benchshapes.run_case(name, args.scale, Path(tmp),
-                                            Path(args.code).resolve(), args.timeout))
+            out.extend(benchshapes.run_case(name, args.scale, Path(tmp),
+                                            Path(args.code).resolve(), args.timeout,
+                                            _variants(args)))
         Path(args.json).write_text(json.dumps(out, indent=2, default=float))
     print(benchshapes.table(out), flush=True)
 
@@ -478,6 +485,10 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="shapes: rows x this")
     ap.add_argument("--code", default=str(ROOT), help="shapes: the checkout the job runs from")
     ap.add_argument("--timeout", type=float, default=900, help="shapes: seconds per job")
+    ap.add_argument("--grouping", action="append", choices=["representative", "components"],
+                    help="shapes: run each case with each grouping given (default: the job's)")
+    ap.add_argument("--mode", action="append", choices=["auto", "exact", "bounded"],
+                    help="shapes: and each mode given (default: the job's)")
     args = ap.parse_args()
     names = [c for n in args.data or ["embeddings"] for c in benchshapes.GROUPS.get(n, [n])]
     shaped = [n for n in names if n in benchshapes.CASES]

@@ -169,14 +169,14 @@ CASES: dict[str, Callable[[float, Path], Data]] = {
 GROUPS = {"wide": ["wide-128", "wide-u8", "wide-f32"]}
 
 
-def _config(work: Path, d: Data) -> Path:
+def _config(work: Path, d: Data, near: dict) -> Path:
     import yaml
 
     cfg = {"input": {"format": "parquet", "path": str(work / "in" / "*.parquet"),
                      "tensor": "emb", "id": "id"},
            "output": {"path": str(work / "job" / "clean"), "overwrite": True},
            "report": str(work / "job" / "report"),
-           "near": {"metric": d.metric, "threshold": d.threshold}}
+           "near": {"metric": d.metric, "threshold": d.threshold, **near}}
     path = work / "job.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -201,21 +201,31 @@ def _outcome(work: Path, d: Data) -> dict:
             "group_survivors": int((~gone[members]).sum())}
 
 
-def run_case(name: str, scale: float, work: Path, code: Path, timeout_s: float) -> dict:
-    """Write the case's input, run the job on it as a CLI process under the watchdog."""
+def run_case(name: str, scale: float, work: Path, code: Path, timeout_s: float,
+             variants: list[dict] | None = None) -> list[dict]:
+    """Write the case's input once, then run the job on it as a CLI process under the
+    watchdog for each variant (near settings such as grouping and mode; default: none)."""
     (work / "in").mkdir(parents=True, exist_ok=True)
     print(f"{name}: writing the input ...", file=sys.stderr, flush=True)
     d = CASES[name](scale, work)
+    return [_run_one(name, scale, work, code, timeout_s, d, v) for v in variants or [{}]]
+
+
+def _run_one(name: str, scale: float, work: Path, code: Path, timeout_s: float, d: Data,
+             near: dict) -> dict:
     env = {**os.environ, "PYTHONPATH": str(code)}
-    print(f"{name}: {d.rows:,} x {list(d.shape)} {d.dtype}, {d.metric} {d.threshold:g}; "
+    said = "".join(f", {k} {v}" for k, v in near.items())
+    print(f"{name}: {d.rows:,} x {list(d.shape)} {d.dtype}, {d.metric} {d.threshold:g}{said}; "
           "running the job ...", file=sys.stderr, flush=True)
-    r = run_watched([sys.executable, "-m", "pipeline.run", "--config", str(_config(work, d))],
+    r = run_watched([sys.executable, "-m", "pipeline.run", "--config",
+                     str(_config(work, d, near))],
                     cwd=code, log=work / "job.stderr", env=env, limit_bytes=LIMIT,
                     timeout_s=timeout_s)
     out = {"data": name, "scale": scale, "rows": d.rows, "shape": list(d.shape),
            "dtype": d.dtype, "metric": d.metric, "threshold": d.threshold,
-           "tensor_bytes": d.tensor_bytes, "budget_bytes": d.budget, "code": str(code),
-           **{k: r[k] for k in ("rc", "wall_s", "peak_rss_bytes", "killed")}}
+           "grouping": near.get("grouping", "representative"), "asked_mode":
+           near.get("mode", "auto"), "tensor_bytes": d.tensor_bytes, "budget_bytes": d.budget,
+           "code": str(code), **{k: r[k] for k in ("rc", "wall_s", "peak_rss_bytes", "killed")}}
     lines = [ln for ln in r["stderr_tail"].splitlines() if ln.strip()]
     if r["killed"]:
         out["status"] = (f"killed by the watchdog at {r['peak_rss_bytes'] / GB:.1f} GB"
@@ -231,8 +241,17 @@ def run_case(name: str, scale: float, work: Path, code: Path, timeout_s: float) 
     return out
 
 
+def _variant(r: dict) -> str:
+    """grouping and mode asked (-> the mode auto chose)."""
+    mode = r.get("asked_mode", "auto")
+    if mode == "auto" and r.get("mode"):
+        mode += f"->{r['mode']}"
+    return f"{r.get('grouping', 'representative')[:4]} {mode}"
+
+
 def table(results: list[dict]) -> str:
-    head = (f"{'case':<14}{'rows':>10} {'shape':<12}{'dtype':<8}{'metric':<13}{'data GB':>8}"
+    head = (f"{'case':<14}{'rows':>10} {'shape':<12}{'dtype':<8}{'metric':<13}{'grouping/mode':<22}"
+            f"{'data GB':>8}"
             f"{'budget':>8}{'wall s':>8}{'peak GB':>8}  {'pass':<5}{'exact':>9}{'near':>9}"
             f"{'survivors':>14}  status")
     lines = [head]
@@ -242,7 +261,7 @@ def table(results: list[dict]) -> str:
                 else "-")
         lines.append(
             f"{r['data']:<14}{r['rows']:>10,} {shape:<12}{r['dtype']:<8}"
-            f"{r['metric'] + ' ' + format(r['threshold'], '.3g'):<13}"
+            f"{r['metric'] + ' ' + format(r['threshold'], '.3g'):<13}{_variant(r):<22}"
             f"{r['tensor_bytes'] / GB:>8.2f}{r['budget_bytes'] / GB:>8.1f}{r['wall_s']:>8.1f}"
             f"{r['peak_rss_bytes'] / GB:>8.2f}  {'yes' if r['within_budget'] else 'NO':<5}"
             f"{r.get('removed_exact', 0):>9,}{r.get('removed_near', 0):>9,}{surv:>14}  "

@@ -78,7 +78,8 @@ def test_joined_cells_merge_as_the_cells_one_by_one(tmp_path, grouping, mode):
     for b in batches:
         for cell, s in assign_batch(b, plan, spec, str(tmp_path / "cells")):
             slices[cell].append(s)
-    cells = [decide_one((c, slices[c]), plan, spec, PER_SIDE) for c in sorted(slices)]
+    cells = [decide_one((c, slices[c]), plan, spec, PER_SIDE, str(tmp_path / "links"))
+             for c in sorted(slices)]
     assert len(cells) > 3 and sum(c.sampled_cells for c in cells) >= 1  # a sampled census
     assert sum(len(c.gone) > 0 for c in cells) > len(cells) // 2
     if mode == "exact" and grouping == "representative":

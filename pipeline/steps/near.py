@@ -198,7 +198,8 @@ class DedupNear(beam.PTransform):
       spec: the metric, tolerance and search settings.
       spill: a directory (any filesystem) for the cells' vectors while they wait for
         their search; deleted once every cell was searched. The recall sample's values
-        wait in its sibling ``<spill>-recall``, and the plan every task uses in
+        wait in its sibling ``<spill>-recall``, and the plan every task uses (with,
+        for components grouping, the linked records' values in ``links/``) in
         ``<spill>-plan``, until the report is made.
       borderline_pairs: pairs kept on each side of the tolerance for the report.
       keep_spill: leave all three to whoever deletes ``spill``'s parent (the job's
@@ -224,7 +225,8 @@ class DedupNear(beam.PTransform):
         out = (vecs
                | "AssignCells" >> beam.FlatMap(assign_batch, plan, self.spec, self.spill)
                | "GroupByCell" >> beam.GroupByKey()
-               | "DecideCells" >> beam.Map(decide_one, plan, self.spec, self.per_side)
+               | "DecideCells" >> beam.Map(decide_one, plan, self.spec, self.per_side,
+                                           fs.join(self.plan_spill, "links"))
                | "GatherCells" >> beam.CombineGlobally(GatherCells(self.per_side))
                | "DropSpill" >> beam.Map(_drop_spill, self._drops(self.spill))
                | "MergeCells" >> SplitOutputs(merge_cells, plan, self.spec, self.per_side,

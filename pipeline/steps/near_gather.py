@@ -28,11 +28,6 @@ def _added(parts: list[tuple[dict, float]]) -> dict:
     return out
 
 
-def _cat(batches: list[VecBatch | None]) -> VecBatch | None:
-    present = [b for b in batches if b is not None]
-    return VecBatch.concat(present) if present else None
-
-
 def join_cells(cells: list[CellOut], per_side: int) -> CellOut:
     """Several cells' outputs as one (the order of their rows is the list's)."""
     if len(cells) == 1:
@@ -49,7 +44,7 @@ def join_cells(cells: list[CellOut], per_side: int) -> CellOut:
         VecBatch.concat([c.best for c in cells]), cat("best_dist"),
         (VecBatch.concat([a for a, _ in links]), VecBatch.concat([b for _, b in links]))
         if links else None,
-        _cat([c.values for c in cells]), _added([(c.pairs, 1.0) for c in cells]),
+        [v for c in cells for v in c.values], _added([(c.pairs, 1.0) for c in cells]),
         _added(sampled) if sampled else None, 1.0, cat("nn"),
         merge_borderline([c.borderline for c in cells], per_side),
         *(sum(getattr(c, f) for c in cells)

@@ -29,6 +29,8 @@ from transforms.exact import is_protected, tier_of
 from transforms.near_greedy import KEPT, component_labels
 from transforms.near_recall import Truth, judge
 
+DISTANCE_ROWS = 4096  # removed records whose distance to their keeper is computed at once
+
 
 @dataclass
 class NearReport:
@@ -100,17 +102,23 @@ def component_removals(cells: list, spec: near.NearSpec
     removed = np.flatnonzero((keeper != np.arange(len(uniq))) & ~is_protected(ends.prio[node]))
     rec, ref = ends.take(node[removed], values=False), ends.take(node[keeper[removed]],
                                                                  values=False)
-    values = VecBatch.concat([c.values for c in cells if c.values is not None])
+    values = VecBatch.concat([v.loaded() for c in cells for v in c.values])
     vkey = keys_of(values.words)
     at = np.argsort(vkey, kind="stable")
+    sorted_key = vkey[at]
 
     def lookup(words: np.ndarray) -> np.ndarray:
-        slot = at[np.minimum(np.searchsorted(vkey[at], keys_of(words)), len(at) - 1)]
+        slot = at[np.minimum(np.searchsorted(sorted_key, keys_of(words)), len(at) - 1)]
         if not (values.words[slot] == words).all():
             raise RuntimeError("near: a linked record's values did not reach the merge")
         return values.x[slot]
 
-    return rec, ref, near.exact_distance(lookup(rec.words), lookup(ref.words), spec)[0]
+    dist = np.empty(len(rec))
+    for s in range(0, len(rec), DISTANCE_ROWS):  # in blocks: float64 copies of a crowd's rows
+        block = slice(s, s + DISTANCE_ROWS)      # would be several times its values
+        dist[block] = near.exact_distance(lookup(rec.words[block]), lookup(ref.words[block]),
+                                          spec)[0]
+    return rec, ref, dist
 
 
 def merge_cells(cells: list, plan, spec: near.NearSpec, per_side: int, truth: Truth
