@@ -1,6 +1,6 @@
 """The job on issue 21's degenerate inputs (tests/shapes.py), small: every one runs,
 accounts for every record, and removes exactly what the exact + all-pairs float64
-oracles remove (keep first, representative grouping)."""
+oracles remove (keep first; representative grouping, and components over k-means cells)."""
 
 from __future__ import annotations
 
@@ -45,10 +45,11 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case,cells", [
-    pytest.param(c, cells, id=f"{c}-{'k-means cells' if cells else 'one cell'}")
-    for c in CASES for cells in (False, True)])
-def test_degenerate_input_matches_oracle(tmp_path, case, cells):
+@pytest.mark.parametrize("case,cells,grouping", [
+    pytest.param(c, cells, g, id=f"{c}-{'k-means cells' if cells else 'one cell'}-{g}")
+    for c in CASES for cells, g in ((False, "representative"), (True, "representative"),
+                                    (True, "components"))])
+def test_degenerate_input_matches_oracle(tmp_path, case, cells, grouping):
     """``cells``: cells of about 100 records (exact mode), so the planning and the
     bisector rule meet these inputs too, not only the single-cell search."""
     make, metric = CASES[case]
@@ -56,10 +57,11 @@ def test_degenerate_input_matches_oracle(tmp_path, case, cells):
     path = tmp_path / "in" / "part-0.parquet"
     path.parent.mkdir()
     shapes.write_parquet(path, x, row_group_rows=500)
-    spec = NearSpec(metric, threshold=TOL)
+    spec = NearSpec(metric, threshold=TOL, grouping=grouping)
     many = {"single_index_rows": 200, "partition_rows": 100, "mode": "exact"} if cells else {}
     assert run_job(tmp_path, "parquet", str(path), input={},
-                   near={"metric": metric, "threshold": TOL, **many}) == 0
+                   near={"metric": metric, "threshold": TOL, "grouping": grouping,
+                         **many}) == 0
     parts = [([str(i) for i in range(len(x))], x)]
     want_exact, want_near = expected(parts, spec)
     dups, invalid = report(tmp_path)
