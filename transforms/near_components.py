@@ -2,16 +2,17 @@
 
 Why apart from the keep-order visit (``near_greedy``): components need no keep order,
 only connectivity. Inside a crowd the visit counts the pairs among removed rows on a
-sample, so some pairs were never looked at; the kept rows form a net (every row is
-within tolerance of one), and two nets' members can be within tolerance only when
-their net points are within three radii, so those are compared member by member.
+sample, so some pairs were never looked at. The kept rows form a net (every removed
+row is within tolerance of one), so a skipped pair lies within two radii of a net
+point: ``join_skipped`` looks there, never at all pairs of two components.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-BLOCK = 512  # member rows compared at once
+BLOCK = 512  # net points whose candidates are looked for at once
+COLUMNS = 8192  # removed members compared at once
 
 
 def labels_of(n: int, edges: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
@@ -41,30 +42,58 @@ def component_labels(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return parent
 
 
-def join_nets(pairs, kept: np.ndarray, label: np.ndarray, radius: float) -> np.ndarray:
-    """Components where pairs with removed rows were only sampled: every row is within
-    tolerance of a kept row (its net point); two net points' members can be within
-    tolerance only when the net points are within three radii, so those nets not yet
-    joined are compared member by member, stopping at the first pair."""
-    net = np.flatnonzero(kept)
-    member_of = label.copy()
-    z = pairs.z
-    c = z.v[net].astype(np.float64)
-    far = 3 * radius * (1 + 1e-6) + 4 * pairs.z.u * (2 * float(z.norm.max(initial=0)))
-    sq = np.einsum("ij,ij->i", c, c)
-    close = sq[:, None] + sq[None, :] - 2 * c @ c.T <= far * far
-    for i, j in zip(*np.nonzero(np.triu(close, 1)), strict=True):
-        ra, rb = member_of[net[i]], member_of[net[j]]
-        if ra == rb:
-            continue
-        ma, mb = np.flatnonzero(member_of == ra), np.flatnonzero(member_of == rb)
-        found = False
-        for s in range(0, len(ma), BLOCK):
-            a, b, _, ab, ba = pairs.between(ma[s:s + BLOCK], mb)
-            if np.where(a > b, ab, ba).any():  # the later row within the earlier
-                found = True
+def join_skipped(pairs, state: np.ndarray, dup: np.ndarray, missed: np.ndarray,
+                 label: np.ndarray, removed: int) -> np.ndarray:
+    """Components where a crowd's pairs were sampled: the pairs the visit skipped are
+    those of a later row left out of the sample (``missed``) with an earlier removed
+    row. A removed row g lies within tolerance of its net point ``dup[g]`` (a kept row),
+    so a missed row within tolerance of g lies within two search radii of that net
+    point: each net point's missed neighbours at 2 radii in another component are
+    compared with its removed members, and joined at their first pair within
+    tolerance. Work: the rows near each net point, not the pairs inside a crowd (all of
+    one component after the first join); memory: one block of candidates at a time."""
+    parent = label.copy()
+
+    def root(r: np.ndarray) -> np.ndarray:
+        while True:
+            up = parent[r]
+            if (up == r).all():
+                return r
+            r = up
+
+    members = np.flatnonzero(state == removed)
+    rows = np.flatnonzero(missed)
+    if not len(members) or not len(rows):
+        return parent
+    net = np.where(dup[members] >= 0, dup[members], members)
+    by_net = members[np.argsort(net, kind="stable")]
+    nets, first = np.unique(np.sort(net), return_index=True)
+    bounds = np.append(first, len(by_net))
+    for s in range(0, len(nets), BLOCK):
+        for e, u in pairs.candidates(nets[s:s + BLOCK], rows, 2.0):
+            far = root(e) != root(u)
+            e, u = e[far], u[far]
+            for k in np.unique(e):
+                at = np.searchsorted(nets, k)
+                _join_first(pairs, root, parent, k, u[e == k],
+                            by_net[bounds[at]:bounds[at + 1]])
+    return root(np.arange(len(parent)))
+
+
+def _join_first(pairs, root, parent: np.ndarray, net: int, cand: np.ndarray,
+                mine: np.ndarray) -> None:
+    """Join net point ``net``'s component with each of ``cand`` (missed rows) that lies
+    within tolerance of one of ``mine`` (its removed members), the later row within the
+    earlier; a candidate stops at its first hit, and the ones a join reaches drop out
+    (BLOCK x COLUMNS pairs verified at most at once)."""
+    for q in range(0, len(cand), BLOCK):
+        left = cand[q:q + BLOCK]
+        for c in range(0, len(mine), COLUMNS):
+            left = left[root(left) != root(np.array([net]))[0]]
+            if not len(left):
                 break
-        if found:
-            lo, hi = min(ra, rb), max(ra, rb)
-            member_of[member_of == hi] = lo
-    return member_of
+            a, b, _, ab, ba = pairs.between(left, mine[c:c + COLUMNS])
+            hit = np.unique(a[np.where(a > b, ab, ba)])
+            if len(hit):
+                top = np.unique(root(np.append(hit, net)))
+                parent[top] = top.min()

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transforms.near_components import component_labels, join_nets, labels_of
+from transforms.near_components import component_labels, join_skipped, labels_of
 from transforms.near_project import Projection, project, projected_radius
 from transforms.near_search import Vectors, pairs_within, rows_for, thresholds, use_cuda
 
@@ -139,6 +139,17 @@ class _Pairs:
             return e, e, np.empty(0), np.empty(0, bool), np.empty(0, bool)
         return tuple(np.concatenate(col) for col in zip(*out, strict=True))
 
+    def candidates(self, q: np.ndarray, y: np.ndarray, times: float):
+        """(q rows, y rows) that may lie within ``times`` search radii (unverified), a
+        chunk of ``y`` at a time."""
+        if not len(q):
+            return
+        zq = self.z.take(q)
+        cols = rows_for(self.z.v.itemsize * self.z.v.shape[1], 64 << 20, COLUMNS, 64)
+        for c in range(0, len(y), cols):
+            ys = y[c:c + cols]
+            i, j, _ = pairs_within(zq, self.z.take(ys), times * self.radius, self.device)
+            yield q[i], ys[j]
 
     def checked(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
         """(a, b, distance, a within b, b within a), verified in float64."""
@@ -235,7 +246,7 @@ def decide(x: np.ndarray, z: Vectors, verify, radius: float, *, home: np.ndarray
     cen, border = Census(), _Border()
     count = census or components
     tally = [0, 0]  # census pairs and row pairs compared beyond the kept rows (budget)
-    lean, sample = False, np.zeros(n, bool)
+    lean, lean_at, sample = False, n, np.zeros(n, bool)
     pools: dict[str, list[np.ndarray]] = {"kept": [], "out": [], "open": [], "gone": []}
 
     def pool(name: str) -> np.ndarray:
@@ -279,7 +290,7 @@ def decide(x: np.ndarray, z: Vectors, verify, radius: float, *, home: np.ndarray
             work = len(bh) * len(rpool)  # expected pairs: this work x the density so far
             if not lean and tally[0] + work * (tally[0] / tally[1] if tally[1] else 0.25) \
                     > CENSUS_EXACT_PAIRS:
-                lean = True  # (this block's open pairs were counted above, exactly)
+                lean, lean_at = True, s  # (this block's open pairs were counted above)
                 sample = _census_sample(n, s, own, keys, tally, cen)
             q = bh[sample[bh]] if lean else bh
             a, b, d, ab, _ = pairs.between(q, rpool, earlier_only=True)
@@ -310,8 +321,9 @@ def decide(x: np.ndarray, z: Vectors, verify, radius: float, *, home: np.ndarray
     label = None
     if components:
         label = labels_of(n, edges)
-        if lean:
-            label = join_nets(pairs, state == KEPT, label, radius)
+        if lean:  # rows from the census sample's start on, outside it: pairs skipped
+            missed = ~sample & (np.arange(n) >= lean_at)
+            label = join_skipped(pairs, state, dup, missed, label, REMOVED)
     open_refs = np.zeros(n, bool)
     h = np.concatenate([p[0] for p in deps])
     o = np.concatenate([p[1] for p in deps])
