@@ -22,7 +22,7 @@ import numpy as np
 from tests.embeddings import embeddings, rotated
 
 __all__ = ["background", "crowd", "with_blanks", "magnitudes", "image_rows", "image_pairs",
-           "images", "image_tolerance", "identical", "one_distinct", "single",
+           "images", "image_tolerance", "satellites", "identical", "one_distinct", "single",
            "nothing_within", "one_cell", "with_nans", "write_parquet", "tensor_bytes"]
 
 
@@ -56,6 +56,23 @@ def crowd(center: np.ndarray, m: int, tolerance: float, metric: str = "l2",
         raise ValueError(f"metric must be l2 or cosine, got {metric!r}")
     turned = rotated(np.repeat(c, m, 0), rng.uniform(0, tolerance / 4, m) * 0.999, rng)
     return (turned * np.linalg.norm(c)).astype(np.float32)
+
+
+def satellites(seed: int = 0, m: int = 1500, k: int = 60, d: int = 16, r: float = 0.05
+               ) -> np.ndarray:
+    """Rows in keep order for l2 tolerance ``r``: a crowd of m (within r/4 of a centre c)
+    whose k edge members g = c + 0.45 r u come early, and late satellites
+    s = c + 1.4 r u (within 0.95 r of g, over 1.15 r from every other member, so from
+    every row a keep-order visit keeps in the crowd) with chains beyond (c + 2.35 r u):
+    a satellite reaches the crowd's component only through a removed member."""
+    rng = np.random.default_rng(seed)
+    bg = rng.standard_normal((1500, d)).astype(np.float32)
+    c = bg[0].astype(np.float64)
+    members = crowd(c, m, r, "l2", seed=seed + 1)
+    u = _unit(rng, (k, d))
+    edge, far, farther = ((c + f * r * u).astype(np.float32) for f in (0.45, 1.4, 2.35))
+    tail = np.concatenate([members[10:], far, farther])
+    return np.concatenate([bg, members[:10], edge, tail[rng.permutation(len(tail))]])
 
 
 def with_blanks(x: np.ndarray, share: float = 0.1, noise: float = 1e-6,

@@ -82,30 +82,13 @@ def test_components_in_a_crowd_match_the_pair_oracle():
     assert dict(zip(r.removed.tolist(), r.kept.tolist(), strict=True)) == near_oracle(x, spec)
 
 
-def satellites(seed: int, m: int = 1500, k: int = 60, d: int = 16, r: float = 0.05
-               ) -> tuple[np.ndarray, NearSpec]:
-    """A crowd of m (l2 within r/4 of a centre c) whose k edge members g = c + 0.45 r u lie
-    early in keep order, and late satellites s = c + 1.4 r u (within 0.95 r of g, over
-    1.15 r from every other member and so from every kept row) with chains beyond
-    (c + 2.35 r u): s reaches the crowd's component only through a removed member."""
-    rng = np.random.default_rng(seed)
-    bg = rng.standard_normal((1500, d)).astype(np.float32)
-    c = bg[0].astype(np.float64)
-    crowd = shapes.crowd(c, m, r, "l2", seed=seed + 1)
-    u = rng.standard_normal((k, d))
-    u /= np.linalg.norm(u, axis=1, keepdims=True)
-    edge, far, farther = ((c + f * r * u).astype(np.float32) for f in (0.45, 1.4, 2.35))
-    tail = np.concatenate([crowd[10:], far, farther])
-    x = np.concatenate([bg, crowd[:10], edge, tail[rng.permutation(len(tail))]])
-    return x, NearSpec("l2", threshold=r, grouping="components", mode="exact",
-                       single_index_rows=500, partition_rows=200)
-
-
 @pytest.mark.parametrize("seed", [0, 1])
 def test_components_join_rows_linked_only_through_removed_members(seed):
     """The pairs of a row left out of the census sample with earlier removed rows were
     never visited: rows linked to a crowd only that way are still in its component."""
-    x, spec = satellites(seed)
+    x = shapes.satellites(seed)
+    spec = NearSpec("l2", threshold=0.05, grouping="components", mode="exact",
+                    single_index_rows=500, partition_rows=200)
     r = find_near(x, np.arange(len(x)), spec)
     assert r.estimated
     assert dict(zip(r.removed.tolist(), r.kept.tolist(), strict=True)) == near_oracle(x, spec)
