@@ -32,15 +32,14 @@ DEFAULT_RATES = Path(__file__).with_name("rates.json")
 # against 15.8 s), so its steps take one core's time however many threads it runs.
 ONE_WORKER = ("plan", "merge", "report")
 # Dataflow assumptions (docs/scale.md names them): a worker VM's start-up and shutdown,
-# the vCPUs and memory of machine families, the default machine and worker count, and
-# what a GPU does for the matrix-product steps.
+# the vCPUs and memory of machine families, the default machine and worker count. A GPU
+# speeds no step up: measured on an H200, the near stage's products there took as long
+# as on 16 CPU cores (1M x 384: 33.1 s against 33.7 s, docs/near.md), since each cell's
+# products are too small for it; the plan counts the worker's vCPUs only.
 DATAFLOW_STARTUP_S = 240.0
 DATAFLOW_DEFAULT_MACHINE = "n1-standard-1"
 DATAFLOW_DEFAULT_WORKERS = 10
 GB_PER_VCPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
-GPU_MADDS_PER_S = {"nvidia-tesla-t4": 2.0e12, "nvidia-l4": 3.0e12, "nvidia-tesla-a100": 8e12}
-GPU_STEPS = ("plan", "assign", "search", "recall")
-PCIE_BYTES_PER_S = 8e9
 REMOVED_SHARE, REMOVAL_BYTES = 0.2, 100  # the merge's lines: a fifth of the records removed
 SHUFFLE_RECORD_BYTES = 33  # a digest, file, position, tier per record (plus its id)
 CELL_REF_BYTES = 32  # a row's reference in a cell's batch: digest, order keys, row number
@@ -122,8 +121,7 @@ class Cluster:
     workers: int
     cores: int  # per worker
     memory: float | None  # bytes per worker, when known
-    gpu: str | None
-    gpus: int  # per worker
+    gpu: str | None  # shown in the plan's heading; it speeds no step up (above)
     threads: bool  # workers are threads of one process (the local runner)
     plan_cores: int  # cores the one-worker k-means uses (all of its machine's)
     startup_s: float  # beyond the pipeline: VMs, or the process
@@ -138,7 +136,7 @@ def cluster(cfg: RunnerConfig, rates: Rates) -> Cluster:
     if cfg.name != "dataflow":
         workers = cfg.workers or available_cores()
         remote = cfg.address is not None
-        return Cluster(cfg.name, workers, 1, None, None, 0, cfg.name == "local" and workers > 1,
+        return Cluster(cfg.name, workers, 1, None, None, cfg.name == "local" and workers > 1,
                        1 if remote else os.cpu_count() or 1, rates.startup_s,
                        ("the cluster at runner.address: runner.workers workers of one core "
                         "like this machine's",) if remote else ())
@@ -157,11 +155,9 @@ def cluster(cfg: RunnerConfig, rates: Rates) -> Cluster:
     assumed.append("a vCPU does what one core of the machine that measured the rates does")
     gpu = cfg.accelerator.type if cfg.accelerator is not None else None
     if gpu is not None:
-        assumed.append(f"{gpu}: {GPU_MADDS_PER_S.get(gpu, 2e12) / 1e12:g}e12 float32 "
-                       "multiply-adds/s for planning, assignment, search and recall, "
-                       f"vectors moved at {PCIE_BYTES_PER_S / 1e9:g} GB/s")
-    gpus = cfg.accelerator.count if gpu is not None else 0
-    return Cluster("dataflow", workers, vcpus, memory, gpu, gpus, False, vcpus,
+        assumed.append(f"{gpu}: speeds no step up (measured: the near products on an H200 "
+                       "took as long as on 16 CPU cores); only the vCPUs count")
+    return Cluster("dataflow", workers, vcpus, memory, gpu, False, vcpus,
                    rates.startup_s + DATAFLOW_STARTUP_S, tuple(assumed))
 
 
@@ -178,30 +174,19 @@ class Capacity:
     cluster: Cluster
 
 
-def _gpu_seconds(step: str, u: dict[str, float], w: Workload, c: Cluster) -> float:
-    """A GPU's seconds for a step's matrix products and for moving its vectors there."""
-    rows = {"plan": training_rows(w), "search": w.records * w.near.joins}.get(step, w.records)
-    moved = rows * w.record_bytes
-    return u.get("madd", 0.0) / GPU_MADDS_PER_S.get(c.gpu, 2e12) + moved / PCIE_BYTES_PER_S
-
-
 def predict(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> Capacity:
     """The plan for workload ``w`` on cluster ``c``; ``remote_spill``: the spill is on an
-    object store (cells carry copies of the vectors, not row numbers). On GPU workers
-    the matrix-product steps' multiply-adds run on the GPUs, the rest of them on CPUs."""
+    object store (cells carry copies of the vectors, not row numbers)."""
     u = units(w)
     steps = {}
     for step, amounts in u.items():
-        gpu = c.gpu is not None and step in GPU_STEPS
-        cpu = step_seconds(rates, {step: {k: v for k, v in amounts.items()
-                                          if not (gpu and k == "madd")}})[step]
-        on_gpu = _gpu_seconds(step, amounts, w, c) / c.gpus if gpu else 0.0
+        cpu = step_seconds(rates, {step: amounts})[step]
         if step in ONE_WORKER:
-            steps[step] = cpu / (c.plan_cores if step == "plan" else 1) + on_gpu
+            steps[step] = cpu / (c.plan_cores if step == "plan" else 1)
         elif c.threads:
             steps[step] = cpu
         else:
-            steps[step] = cpu / (c.workers * c.cores) + on_gpu / c.workers
+            steps[step] = cpu / (c.workers * c.cores)
     wall = c.startup_s + sum(steps.values())
     n, b = w.records, w.record_bytes
     shuffled = n * (SHUFFLE_RECORD_BYTES + w.id_bytes)

@@ -223,7 +223,7 @@ def held(runs: list[dict], raw: dict) -> tuple[float, float]:
     from pipeline.capacity import Cluster, Rates, peak_memory
 
     rates = Rates(raw["steps"], raw["startup_s"], raw["baseline_rss"], 0.0, 0.0, "")
-    one = Cluster("local", 1, 1, None, None, 0, False, 1, 0.0)
+    one = Cluster("local", 1, 1, None, None, False, 1, 0.0)
     ws = [observed(r) for r in runs]
     tensor = np.array([w.records * w.record_bytes for w in ws], float)
     extra = np.array([r["peak_rss"] - peak_memory(w, one, rates) for r, w in zip(runs, ws,
