@@ -189,7 +189,8 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
                per_side: int, links_folder: str) -> CellOut:
     """One cell on one worker: read its rows, collapse exact copies, decide in keep
     order, sample nearest-neighbour distances and borderline pairs. Components: the
-    linked records' values go to a file in ``links_folder`` for the merge."""
+    linked records' values go to a file in ``links_folder`` for the merge (in bounded
+    mode those of rows of other cells too: a capped row may be linked only here)."""
     progress.tick("near search", len(plan.parts), 0, "cells", units=0)  # starts its clock
     cell = kv[0]
     batch, home, arrived, capped = read_cell(kv[1])
@@ -216,7 +217,8 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
         linked = np.flatnonzero(d.label != np.arange(len(batch)))
         links = (batch.take(linked, values=False), batch.take(d.label[linked], values=False))
         paired = np.unique(np.concatenate([linked, d.label[linked]]))
-        paired = paired[home[paired]]
+        if plan.parts.mode == "exact":  # each pair meets in both rows' home cells: a
+            paired = paired[home[paired]]  # linked row's values come from its own cell
         if len(paired):
             values = [batch.take(paired).spill(links_folder)]
     exact_d, sampled_d = d.census.distances()
