@@ -28,8 +28,10 @@ from transforms.digest_segment import keys_of
 from transforms.exact import is_protected, tier_of
 from transforms.near_greedy import KEPT, component_labels
 from transforms.near_recall import Truth, judge
+from transforms.near_search import rows_for
 
-DISTANCE_ROWS = 4096  # removed records whose distance to their keeper is computed at once
+DISTANCE_BYTES = 32 << 20  # float64 values of the removed records whose distance to their
+# keeper is computed at once (each block makes about three such copies)
 
 
 @dataclass
@@ -114,8 +116,9 @@ def component_removals(cells: list, spec: near.NearSpec
         return values.x[slot]
 
     dist = np.empty(len(rec))
-    for s in range(0, len(rec), DISTANCE_ROWS):  # in blocks: float64 copies of a crowd's rows
-        block = slice(s, s + DISTANCE_ROWS)      # would be several times its values
+    step = rows_for(8 * max(1, values.x.shape[1]), DISTANCE_BYTES, 4096, 1)
+    for s in range(0, len(rec), step):  # in blocks: float64 copies of a crowd's rows
+        block = slice(s, s + step)      # would be several times its values
         dist[block] = near.exact_distance(lookup(rec.words[block]), lookup(ref.words[block]),
                                           spec)[0]
     return rec, ref, dist
