@@ -89,6 +89,14 @@ def identical(scale: float, work: Path) -> Data:
     return _write(x, work, "l2", 0.01, groups)
 
 
+def one_crowd(scale: float, work: Path) -> Data:
+    """300k 64-d records all within a quarter of l2 0.01 of one centre: no exact copy,
+    every pair within tolerance (4.5e10 pairs), one record should survive."""
+    n = int(300_000 * scale)
+    x = shapes.crowd(shapes.background(1, 64)[0] * 10, n, 0.01, "l2", seed=7)
+    return _write(x, work, "l2", 0.01, [np.arange(n)])
+
+
 def crowds(scale: float, work: Path) -> Data:
     """300k 384-d embedding-like + one cloud of 60k within cosine 0.002 of one record +
     ten clouds of 3k within 0.0025 of theirs; cosine 0.01."""
@@ -163,8 +171,9 @@ def distinct_1m(scale: float, work: Path) -> Data:
 
 
 CASES: dict[str, Callable[[float, Path], Data]] = {
-    "identical": identical, "crowds": crowds, "magnitudes": magnitudes, "blank": blank,
-    "blank-l2": blank_l2, "wide-128": wide_128, "wide-u8": wide_u8, "wide-f32": wide_f32,
+    "identical": identical, "one-crowd": one_crowd, "crowds": crowds,
+    "magnitudes": magnitudes, "blank": blank, "blank-l2": blank_l2, "wide-128": wide_128,
+    "wide-u8": wide_u8, "wide-f32": wide_f32,
     "crowd-1m": crowd_1m, "crowds-of-20": crowds_of_20, "distinct-1m": distinct_1m}
 GROUPS = {"wide": ["wide-128", "wide-u8", "wide-f32"]}
 
