@@ -534,3 +534,27 @@ def test_earlier_candidates_equal_the_products_oracle(crowd):
         top = np.sort(m[i, ok[i]])[::-1][:k]
         assert len(mine) == len(top) and ok[i, mine].all()
         assert np.array_equal(np.sort(m[i, mine])[::-1], top)
+
+
+@pytest.mark.parametrize("cols", [100, 3000, 20_000])
+def test_top_columns_of_a_crowd_block_are_the_largest_non_negative_entries(cols):
+    """The recall brute force's crowd blocks keep each row's 32 largest non-negative
+    products; the subset bound must never drop one. Rows: all positive, mostly
+    negative or -inf (early in keep order), ties at the subset's floor, a row whose
+    large entries avoid the subset's columns."""
+    rng = np.random.default_rng(cols)
+    m = rng.standard_normal((40, cols)).astype(np.float32) + 3
+    m[1] -= 6  # mostly negative
+    m[2, 5:] = -np.inf
+    m[3] = np.round(m[3])  # many ties
+    m[4, ::search.SUBSET] = 0.5  # the subset sees only small values ...
+    m[4, 1::search.SUBSET] = 10 + np.arange(len(m[4, 1::search.SUBSET]))  # ... the top is off it
+    m[5] = 1.0  # all tied
+    i, j = search._top_columns(m.copy(), 32)
+    keep = m[i, j] >= 0
+    i, j = i[keep], j[keep]
+    for r in range(len(m)):
+        got = np.sort(m[r, j[i == r]])[::-1]
+        pos = np.sort(m[r][m[r] >= 0])[::-1][:32]
+        assert len(set(j[i == r])) == len(got)
+        assert np.array_equal(got, pos)

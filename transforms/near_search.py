@@ -29,6 +29,7 @@ import numpy as np
 UNIT_ROUNDOFF = {np.dtype(np.float32): 2.0 ** -24, np.dtype(np.float64): 2.0 ** -53}
 BLOCK_ELEMENTS = 1 << 24  # query x data distances computed at once (64 MB in float32)
 BLOCK_BYTES = 64 << 20  # query or data rows copied at once (16k-value rows: 1,024 of them)
+SUBSET = 8  # a crowd block's top partners: every SUBSET-th column bounds the rest
 
 
 def rows_for(row_bytes: int, budget: int, most: int, least: int = 16) -> int:
@@ -337,17 +338,38 @@ def _earlier_top(m: np.ndarray, q_rank: tuple, y_rank: tuple, k: int
     products per query among them, and how many there were per query. Few products pass
     the sign test (one pass, 1-d), so the rank test and the selection look at those
     only; a block of a crowd, where many do, is ranked and partitioned whole."""
-    flat = np.flatnonzero(m.reshape(-1) >= 0)
-    if len(flat) > 4 * k * len(m):  # a crowd: most of the block passes
+    passed = m.reshape(-1) >= 0
+    if np.count_nonzero(passed) > 4 * k * len(m):  # a crowd: most of the block passes
         m[~_before((y_rank[0], y_rank[1]), (q_rank[0][:, None], q_rank[1][:, None]))] = -np.inf
-        ok = m >= 0
-        kk = min(k, m.shape[1])
-        top = np.argpartition(-m, kk - 1, axis=1)[:, :kk]
-        i, j = np.repeat(np.arange(len(m)), kk), top.reshape(-1)
-        hit = ok[i, j]
-        return i[hit], j[hit], ok.sum(axis=1)
+        count = np.count_nonzero(m >= 0, axis=1)
+        i, j = _top_columns(m, min(k, m.shape[1]))
+        hit = m[i, j] >= 0
+        return i[hit], j[hit], count
+    flat = np.flatnonzero(passed)
     i, j = np.divmod(flat, m.shape[1])
     return _earlier_pairs(i, j, m.reshape(-1)[flat], q_rank, y_rank, k, len(m))
+
+
+def _top_columns(m: np.ndarray, kk: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) of the ``kk`` largest entries of each row of ``m`` (ties: any), or
+    of its largest non-negative ones, at most kk (the caller drops the others). A
+    wide block first takes each row's kk-th largest over every SUBSET-th column: that is
+    at most the row's own kk-th largest, so the entries at or above it hold the whole
+    top, and about SUBSET x kk of them are ranked instead of the row (a crowd's recall
+    block: 16M entries, argpartition over all of them took most of the brute force)."""
+    rows, cols = m.shape
+    if cols >= 4 * SUBSET * kk:
+        sub = m[:, ::SUBSET]
+        floor = np.partition(sub, sub.shape[1] - kk, axis=1)[:, sub.shape[1] - kk]
+        i, j = np.nonzero(m >= np.maximum(floor, 0)[:, None])  # the caller keeps >= 0 only
+        if len(i) <= 4 * SUBSET * kk * rows:  # else many ties at the floor: rank it all
+            score = m[i, j]
+            by = np.lexsort((-score, i))  # per row, the largest first
+            i, j = i[by], j[by]
+            keep = np.arange(len(i)) - np.searchsorted(i, i) < kk
+            return i[keep], j[keep]
+    top = np.argpartition(m, cols - kk, axis=1)[:, cols - kk:]
+    return np.repeat(np.arange(rows), kk), top.reshape(-1)
 
 
 def _earlier_pairs(i: np.ndarray, j: np.ndarray, score: np.ndarray, q_rank: tuple,
