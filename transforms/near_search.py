@@ -274,7 +274,8 @@ def earlier_candidates(q: Vectors, y: Vectors, radius: float, q_rank: tuple, y_r
     these), and how many there were. Returns (query row, data row, candidates per
     query). ``projected``: the same rows projected (``near_project``) and a radius that
     bounds every pair within ``radius``: a block's pairs go through that narrow product
-    first, and only those it keeps get the full one (unless most pass: a crowd)."""
+    first, and only those it keeps get the full one (a crowd's rows, where most pass,
+    take the full product)."""
     nq = len(q.v)
     count = np.zeros(nq, np.int64)
     if not nq or not len(y.v):
@@ -302,16 +303,54 @@ def earlier_candidates(q: Vectors, y: Vectors, radius: float, q_rank: tuple, y_r
         for r in range(0, nq, rows):
             qr = (q_rank[0][r:r + rows], q_rank[1][r:r + rows])
             yr = (y_rank[0][sl], y_rank[1][sl])
-            near = None if pa is None else _narrowed(pa[0][r:r + rows] @ pa[1].T, qa[r:r + rows],
-                                                     ya, 4 * k * len(qa[r:r + rows]))
-            if near is None:  # no projection, or most pairs pass it: the full product
+            if pa is None:
                 i, j, n = _earlier_top(qa[r:r + rows] @ ya.T, qr, yr, k)
             else:
-                i, j, n = _earlier_pairs(*near, qr, yr, k, len(qr[0]))
+                i, j, n = _earlier_split(pa[0][r:r + rows] @ pa[1].T, qa[r:r + rows], ya,
+                                         qr, yr, k)
             count[r:r + rows] += n
             qi.append(i + r)
             yj.append(j + c)
     return np.concatenate(qi), np.concatenate(yj), count
+
+
+def _earlier_split(mp: np.ndarray, qa: np.ndarray, ya: np.ndarray, q_rank: tuple,
+                   y_rank: tuple, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_earlier_top`` for one block through its projected products ``mp``: the rows of
+    which more than 4 k pairs pass them (a crowd's members) take the full product, the
+    others only their passing pairs' (a block that mixes both, as a file holding a crowd
+    among distinct records gives, took the full product for every row)."""
+    passed = mp >= 0
+    crowded = np.count_nonzero(passed, axis=1) > 4 * k
+    count = np.zeros(len(mp), np.int64)
+    qi, yj = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+    dense, sparse = np.flatnonzero(crowded), np.flatnonzero(~crowded)
+    if len(dense):
+        i, j, count[dense] = _earlier_top(qa[dense] @ ya.T, (q_rank[0][dense],
+                                                             q_rank[1][dense]), y_rank, k)
+        qi.append(dense[i])
+        yj.append(j)
+    if len(sparse):
+        i, j = np.divmod(np.flatnonzero(passed[sparse]), mp.shape[1])
+        i = sparse[i]
+        score = _gathered(qa, ya, i, j)
+        ok = score >= 0
+        i, j, n = _earlier_pairs(i[ok], j[ok], score[ok], q_rank, y_rank, k, len(mp))
+        qi.append(i)
+        yj.append(j)
+        count += n
+    i, j = np.concatenate(qi), np.concatenate(yj)
+    by = np.argsort(i, kind="stable")  # by query row, as one product gives them
+    return i[by], j[by], count
+
+
+def _gathered(qa: np.ndarray, ya: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """The products qa[i[n]] . ya[j[n]] (8,192 pairs' rows gathered at a time)."""
+    score = np.empty(len(i), qa.dtype)
+    for a in range(0, len(i), 8192):
+        b = slice(a, a + 8192)
+        score[b] = np.einsum("ij,ij->i", qa[i[b]], ya[j[b]])
+    return score
 
 
 def _narrowed(mp: np.ndarray, qa: np.ndarray, ya: np.ndarray, most: int
@@ -323,10 +362,7 @@ def _narrowed(mp: np.ndarray, qa: np.ndarray, ya: np.ndarray, most: int
     if len(flat) > most:
         return None
     i, j = np.divmod(flat, mp.shape[1])
-    score = np.empty(len(i), qa.dtype)
-    for a in range(0, len(i), 8192):  # gathered rows: 8,192 x (d + 2) at a time
-        b = slice(a, a + 8192)
-        score[b] = np.einsum("ij,ij->i", qa[i[b]], ya[j[b]])
+    score = _gathered(qa, ya, i, j)
     ok = score >= 0
     return i[ok], j[ok], score[ok]
 
