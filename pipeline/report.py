@@ -33,6 +33,7 @@ from pipeline.steps.elements import (
     group_roots,
     where_key,
 )
+from pipeline.steps.near_cells import NN_PER_CELL
 from transforms import fs
 from transforms.formats.base import InvalidRecord, InvalidRecordError, TensorSpec, error_line
 
@@ -137,6 +138,9 @@ def _near_note(spec: NearSpec, stats: dict) -> str:
             else f"{spec.metric} distance to the nearest neighbour")
     every = stats["histogram_every"]
     who = "every record" if every == 1 else f"about 1 in {every} records (chosen by digest)"
+    if stats.get("cells_with_sampled_nearest"):
+        who += (f"; in {stats['cells_with_sampled_nearest']} crowded cell(s) "
+                f"{NN_PER_CELL} records' distances stand for the others")
     how = ("exact" if stats["partitions"] == 1 else
            f"exact up to the search radius (L2 {stats['search_radius_l2']:.4g} in search "
            "space), an upper bound above it (searched within the record's cell)")

@@ -151,3 +151,9 @@ def test_job_on_crowds_blanks_and_copies(tmp_path):
     assert s["read"] == s["kept"] + s["removed_exact"] + s["removed_near"] + s["invalid"]
     assert s["near"]["pairs_estimated"] and s["near"]["recall"]["recall"] == 1.0
     assert invalid.num_rows == 0
+    # every record gets a nearest-neighbour distance here (fewer than 20,000 searched); a
+    # crowd's cell measures 256 of them and repeats those for the rest
+    nn = json.loads((tmp_path / "out" / "report" / "near_distances.json").read_text())
+    assert s["near"]["histogram_every"] == 1 and s["near"]["cells_with_sampled_nearest"] >= 1
+    assert nn["nearest_neighbour"]["n"] == s["near"]["records_searched"]
+    assert "crowded cell" in nn["note"]

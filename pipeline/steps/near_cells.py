@@ -30,6 +30,8 @@ from transforms.exact import is_protected
 from transforms.near_greedy import KEPT, OPEN, REMOVED
 from transforms.near_plan import assign
 
+NN_PER_CELL = 256  # rows of a cell that get a nearest-neighbour distance, at most
+
 
 @dataclass
 class CellSlice:
@@ -183,6 +185,7 @@ class CellOut:
     capped: int
     members: int
     sampled_cells: int  # cells whose pairs were partly sampled (0 or 1; more once joined)
+    nn_sampled_cells: int  # cells whose nearest-neighbour rows were sampled (likewise)
 
 
 def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
@@ -199,7 +202,7 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
     d = near.decide_cell(batch.x, home, spec, plan.radius, None, z=z,
                          exact=plan.parts.mode == "exact", kept=is_protected(batch.prio),
                          keys=batch.words, projection=plan.parts.projection)
-    nn_rows = np.flatnonzero(home & (batch.words[:, 1] % np.uint64(plan.nn_mod) == 0))
+    nn_rows, nn_all = _nn_rows(batch, home, plan.nn_mod)
     nb, nn, nn_within = near.nearest_distances(batch.x, z, nn_rows, spec, plan.radius)
     later, earlier, bdist, within = d.border
     has = nb >= 0
@@ -228,8 +231,20 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
                    np.where(role == REMOVED, d.dist[unsure], np.inf), links, values,
                    pair_histogram(exact_d, spec.marker),
                    pair_histogram(sampled_d, spec.marker) if d.census.estimated else None,
-                   d.census.weight, nn, border, int(home.sum()), arrived, capped, len(batch),
-                   int(d.census.estimated))
+                   d.census.weight, np.resize(nn, nn_all), border, int(home.sum()), arrived,
+                   capped, len(batch), int(d.census.estimated), int(nn_all > len(nn)))
+
+
+def _nn_rows(batch: VecBatch, home: np.ndarray, every: int) -> tuple[np.ndarray, int]:
+    """The home rows that get a nearest-neighbour distance (1 in ``every``, by digest),
+    at most NN_PER_CELL of them (the first by digest), and how many there were. Each
+    costs a product with every row of the cell: a crowd's cell of m rows has m / every
+    of them, m^2 / every products; there the distances of the NN_PER_CELL stand for
+    all (repeated), all of them tiny alike."""
+    rows = np.flatnonzero(home & (batch.words[:, 1] % np.uint64(every) == 0))
+    if len(rows) <= NN_PER_CELL:
+        return rows, len(rows)
+    return np.sort(rows[np.argsort(batch.words[rows, 0], kind="stable")[:NN_PER_CELL]]), len(rows)
 
 
 def _borderline(batch: VecBatch, later: np.ndarray, earlier: np.ndarray, dist: np.ndarray,

@@ -48,7 +48,8 @@ def join_cells(cells: list[CellOut], per_side: int) -> CellOut:
         _added(sampled) if sampled else None, 1.0, cat("nn"),
         merge_borderline([c.borderline for c in cells], per_side),
         *(sum(getattr(c, f) for c in cells)
-          for f in ("searched", "arrived", "capped", "members", "sampled_cells")))
+          for f in ("searched", "arrived", "capped", "members", "sampled_cells",
+                    "nn_sampled_cells")))
 
 
 class GatherCells(beam.CombineFn):

@@ -169,6 +169,7 @@ def merge_cells(cells: list, plan, spec: near.NearSpec, per_side: int, truth: Tr
              "rows_searched_against": int(sum(c.members for c in cells)),
              "pairs_within_tolerance": n_pairs, "pairs_estimated": estimated,
              "cells_with_sampled_pairs": int(sum(c.sampled_cells for c in cells)),
+             "cells_with_sampled_nearest": int(sum(c.nn_sampled_cells for c in cells)),
              "settled_after_search": int(unsure), "removed": int(removed),
              "search_radius_l2": float(plan.radius), "histogram_every": plan.nn_mod,
              "recall": judged}
