@@ -69,25 +69,32 @@ def largest_groups(dups: pa.Table, k: int = MAX_GROUPS, members: int = MAX_MEMBE
     ids = vc.field("values").take(top).to_pylist()  # C++ top-k: a run can have 1e6+ groups
     group = dups.column("group")
     members_of = dups.filter(pc.is_in(group, pa.array(ids, group.type)))
-    by_group: dict[str, list[dict]] = {g: [] for g in ids}
-    for r in members_of.to_pylist():
-        by_group[r["group"]].append(r)
+    which = pc.index_in(members_of.column("group"), pa.array(ids, group.type)).to_numpy()
+    at, dup_at = (_where(members_of, f"{p}file", f"{p}row") for p in ("", "duplicate_of_"))
+    dist = members_of.column("distance").to_numpy(zero_copy_only=False)
     out = []
-    for gid in ids:
-        rows = by_group[gid]
-        mine = {(r["file"], r["row"]) for r in rows}
+    for g, gid in enumerate(ids):  # a crowd's group has 1e5+ members: none becomes a dict
+        rows = np.flatnonzero(which == g)
         # the record the group keeps: the one a member names that is not a member itself
-        root = next(r for r in rows
-                    if (r["duplicate_of_file"], r["duplicate_of_row"]) not in mine)
+        root = members_of.slice(int(rows[np.argmax(~np.isin(dup_at[rows], at[rows]))]),
+                                1).to_pylist()[0]
         note = ("kept" if root["duplicate_of_run"] is None
                 else f"kept by earlier run {root['duplicate_of_run']}")
         kept = Rec(root["duplicate_of"], root["duplicate_of_file"], root["duplicate_of_row"],
                    note)
-        rows.sort(key=lambda r: (-r["distance"], r["file"], r["row"]))
+        order = np.lexsort((at[rows], -dist[rows]))[:max(members - 1, 0)]  # farthest first
         shown = [Rec(r["record_id"], r["file"], r["row"], _removal_note(r))
-                 for r in rows[:max(members - 1, 0)]]
+                 for r in members_of.take(rows[order]).to_pylist()]
         out.append(Group(gid, len(rows) + 1, kept, shown))
     return out
+
+
+def _where(t: pa.Table, file: str, row: str) -> np.ndarray:
+    """(file, row) of each row as one sortable int64 (file above bit 40; -1: none, a
+    record of an earlier run)."""
+    f = pc.fill_null(t.column(file), -1).to_numpy().astype(np.int64)
+    r = pc.fill_null(t.column(row), -1).to_numpy().astype(np.int64)
+    return np.where((f < 0) | (r < 0), -1, (f << 40) | r)
 
 
 def _removal_note(r: dict) -> str:

@@ -174,8 +174,12 @@ def test_largest_groups_are_the_biggest_with_ties_by_group_id():
                          ("duplicate_of_row", keeper), ("group", g)):
                 rows[k].append(v)
         pos += m + 1
+    rows["distance"][:3000] = rng.uniform(0, 1, 3000).tolist()  # the big group: near
+    rows["kind"][:3000] = ["near"] * 3000
     table = pa.table(rows)
     got = report_pick.largest_groups(table, k=10, members=4)
+    far = np.argsort(-np.array(rows["distance"][:3000]), kind="stable")[:3]
+    assert [m.id for m in got[0].members] == [rows["record_id"][i] for i in far]
     counts: dict[str, int] = {}
     for g in rows["group"]:
         counts[g] = counts.get(g, 0) + 1
