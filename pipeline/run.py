@@ -27,6 +27,7 @@ from pipeline.api import (
 )
 from pipeline.config import ConfigError, describe_keys
 from pipeline.preflight import prepare
+from pipeline.processes import fewer_malloc_arenas
 from transforms.formats.base import InputError
 from transforms.lease import LeaseHeld
 
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    fewer_malloc_arenas()
     args = parse_args(argv)
     if args.plan_records is not None and (args.plan_records < 1 or not args.dry_run):
         print("error: --plan-records: give a number of records >= 1, with --dry-run",
