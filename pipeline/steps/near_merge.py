@@ -187,7 +187,12 @@ def _judge(sample: VecBatch | None, truth: Truth, rec: VecBatch | None, ref: Vec
     sampled = set() if sample is None else {
         tuple(w) for w, p in zip(sample.words.tolist(), sample.prio.tolist(), strict=True)
         if p != -np.inf}
-    gone = {} if rec is None else {
-        tuple(a): (tuple(b), d) for a, b, d in zip(rec.words.tolist(), ref.words.tolist(),
-                                                    dist.tolist(), strict=True)}
+    gone = {}
+    if rec is not None:  # only removals the judgement asks about: a sampled record or a
+        # partner of one (a dict of every removal held about 1 KB per removed record)
+        asked = keys_of(np.concatenate([truth.sample, truth.partner]))
+        mine = np.flatnonzero(np.isin(keys_of(rec.words), asked))
+        gone = {tuple(a): (tuple(b), d) for a, b, d in zip(
+            rec.words[mine].tolist(), ref.words[mine].tolist(), dist[mine].tolist(),
+            strict=True)}
     return judge(truth, sampled, gone, spec.grouping == "components").as_dict()
