@@ -211,7 +211,8 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
                          np.concatenate([np.asarray(bdist, np.float64), nn[has]]),
                          np.concatenate([np.asarray(within, bool), nn_within[has]]), per_side)
     mine = home & (d.state == REMOVED)
-    sure = np.flatnonzero(mine & ~d.doubt)
+    # components: the merge removes by the links alone (a line per removal is not sent)
+    sure = np.flatnonzero(mine & ~d.doubt & (d.label is None))
     unsure = np.flatnonzero((home & ((d.state == OPEN) | d.doubt)) | d.open_refs)
     role = np.where(home[unsure], np.where(d.state[unsure] == OPEN, OPEN, REMOVED), KEPT)
     best = np.where(role == REMOVED, d.dup[unsure], unsure)
