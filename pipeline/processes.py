@@ -73,6 +73,37 @@ def fewer_malloc_arenas() -> None:
         pass
 
 
+TRIM_S = 1.0  # how often a local process hands its freed heap memory back to the system
+
+
+def release_freed_memory() -> None:
+    """Hand this process's freed heap memory back to the system every TRIM_S seconds from
+    a daemon thread (once per process; glibc only: ``malloc_trim``), as jemalloc's and
+    mimalloc's background purging do. glibc returns only the top of its heap by itself;
+    the pieces a finished step freed in the middle stay in the process's resident memory,
+    and the next step's peak stacks on them: one crowd of 750k 64-d records in
+    components grouping peaked at 3.1 GB without it, 2.6 GB with it (docs/pipeline.md)."""
+    if not sys.platform.startswith("linux") or _trimmer:
+        return
+    import ctypes
+
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return
+
+    def run() -> None:
+        while not _trim_stop.wait(TRIM_S):
+            trim(0)
+
+    _trimmer.append(threading.Thread(target=run, name="tensordedup-trim", daemon=True))
+    _trimmer[0].start()
+
+
+_trimmer: list[threading.Thread] = []
+_trim_stop = threading.Event()
+
+
 class Relay:
     """Replays in this process's progress tally the calls the worker processes append
     to a file (``pipeline.steps.progress.FORWARD_ENV``), so the launcher shows the whole
@@ -144,6 +175,7 @@ def local_process_runner():
             quiet = _drop(_IN_MEMORY_WARNING)
             beam_log.addFilter(quiet)
             try:
+                release_freed_memory()  # this process holds the data between stages
                 with _local_workers() as command:
                     self._default_environment = (
                         SubprocessSDKEnvironment.from_command_string(command))
@@ -171,6 +203,7 @@ def main() -> None:
 
     from transforms.formats import ahead
 
+    release_freed_memory()
     with ahead.at_once(1):  # one row group read ahead per worker, as for threads
         sdk_worker_main.main(sys.argv)
 
