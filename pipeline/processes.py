@@ -50,6 +50,7 @@ def worker_env() -> dict[str, str]:
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env.setdefault("MALLOC_ARENA_MAX", str(MALLOC_ARENAS))
+    env.setdefault("MIMALLOC_PURGE_DELAY", MIMALLOC_PURGE)
     return env
 
 
@@ -58,6 +59,14 @@ MALLOC_ARENAS = 2  # glibc's default is 8 per core: each thread's freed memory s
 # with the default and 2.53 GB with 2 (the bound is 3 GB); 1M x 384 near: 2.58-2.68 GB
 # and 51-56 s against 2.41-2.46 GB and 50-56 s. (A 1 MB mmap threshold went lower, 1.9
 # GB, but took 68-80 s: every large array faulted in afresh.)
+
+
+MIMALLOC_PURGE = "0"  # ms before Arrow's allocator (mimalloc) hands freed pages back; its
+# default delay runs out only when the freeing thread allocates again, and a worker
+# thread goes idle after its step: the report's selection of 1M removals left 260 MB
+# resident behind it. Measured with 0 (2 cores): 1M x 384 near 47.5-47.9 s and 1.95-2.05
+# GB against 49.4-49.8 s and 2.78-2.87 GB; one crowd of 1.05M 64-d records 2.81 against
+# 3.05 GB. (Arrow on glibc's malloc went lower, 1.93-2.14 GB, but took 50-52 s.)
 
 
 def fewer_malloc_arenas() -> None:
@@ -76,32 +85,37 @@ def fewer_malloc_arenas() -> None:
 TRIM_S = 1.0  # how often a local process hands its freed heap memory back to the system
 
 
-def release_freed_memory() -> None:
-    """Hand this process's freed heap memory back to the system every TRIM_S seconds from
-    a daemon thread (once per process; glibc only: ``malloc_trim``), as jemalloc's and
+@contextlib.contextmanager
+def freed_memory_released() -> Iterator[None]:
+    """Inside the block, hand this process's freed heap memory back to the system every
+    TRIM_S seconds from a thread (glibc only: ``malloc_trim``), as jemalloc's and
     mimalloc's background purging do. glibc returns only the top of its heap by itself;
     the pieces a finished step freed in the middle stay in the process's resident memory,
     and the next step's peak stacks on them: one crowd of 750k 64-d records in
-    components grouping peaked at 3.1 GB without it, 2.6 GB with it (docs/pipeline.md)."""
-    if not sys.platform.startswith("linux") or _trimmer:
-        return
-    import ctypes
+    components grouping peaked at 3.1 GB without it, 2.7 GB with it (docs/pipeline.md).
+    The thread is joined at the end of the block, never left running at exit."""
+    trim = None
+    if sys.platform.startswith("linux"):
+        import ctypes
 
-    try:
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
+        with contextlib.suppress(OSError, AttributeError):
+            trim = ctypes.CDLL("libc.so.6").malloc_trim
+    if trim is None:
+        yield
         return
+    stop = threading.Event()
 
     def run() -> None:
-        while not _trim_stop.wait(TRIM_S):
+        while not stop.wait(TRIM_S):
             trim(0)
 
-    _trimmer.append(threading.Thread(target=run, name="tensordedup-trim", daemon=True))
-    _trimmer[0].start()
-
-
-_trimmer: list[threading.Thread] = []
-_trim_stop = threading.Event()
+    thread = threading.Thread(target=run, name="tensordedup-trim", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 class Relay:
@@ -147,8 +161,8 @@ def _local_workers() -> Iterator[str]:
 
     tmp = tempfile.mkdtemp(prefix="tensordedup-workers-")
     env = {v: "1" for v in THREAD_VARS}
-    env["PYTHONPATH"], env["MALLOC_ARENA_MAX"] = (worker_env()[k] for k in
-                                                  ("PYTHONPATH", "MALLOC_ARENA_MAX"))
+    for k in ("PYTHONPATH", "MALLOC_ARENA_MAX", "MIMALLOC_PURGE_DELAY"):
+        env[k] = worker_env()[k]
     relay = None
     if progress.enabled:
         relay = Relay(os.path.join(tmp, "progress.jsonl"))
@@ -175,8 +189,8 @@ def local_process_runner():
             quiet = _drop(_IN_MEMORY_WARNING)
             beam_log.addFilter(quiet)
             try:
-                release_freed_memory()  # this process holds the data between stages
-                with _local_workers() as command:
+                # this process holds the data between stages: its freed memory too
+                with freed_memory_released(), _local_workers() as command:
                     self._default_environment = (
                         SubprocessSDKEnvironment.from_command_string(command))
                     return super().run_pipeline(pipeline, options)
@@ -203,8 +217,7 @@ def main() -> None:
 
     from transforms.formats import ahead
 
-    release_freed_memory()
-    with ahead.at_once(1):  # one row group read ahead per worker, as for threads
+    with freed_memory_released(), ahead.at_once(1):  # one row group ahead per worker
         sdk_worker_main.main(sys.argv)
 
 

@@ -103,21 +103,25 @@ def test_processes_are_the_default_for_near_jobs_without_a_model(tmp_path):
 
 def test_worker_processes_start_with_few_malloc_arenas(monkeypatch):
     """glibc keeps each thread's freed memory in its own arena (8 per core): the workers
-    start with MALLOC_ARENA_MAX=2 (1M copies of one record: 3.18 -> 2.7 GB at peak),
-    unless the user set it; the command's environment runs as the shell reads it."""
+    start with MALLOC_ARENA_MAX=2 (1M copies of one record: 3.18 -> 2.7 GB at peak), and
+    Arrow's mimalloc with no purge delay, unless the user set them; the command's
+    environment runs as the shell reads it."""
     from pipeline import processes
 
-    for user, want in ((None, "2"), ("4", "4")):
+    for user, want, purge in ((None, "2", "0"), ("4", "4", "10")):
         if user is None:
             monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+            monkeypatch.delenv("MIMALLOC_PURGE_DELAY", raising=False)
         else:
             monkeypatch.setenv("MALLOC_ARENA_MAX", user)
+            monkeypatch.setenv("MIMALLOC_PURGE_DELAY", purge)
         with processes._local_workers() as command:
             shown = command.replace(f"exec {sys.executable} -m pipeline.processes",
                                     "exec env")
             out = subprocess.run(["sh", "-c", shown], capture_output=True, text=True,
                                  check=True).stdout
         assert f"MALLOC_ARENA_MAX={want}\n" in out
+        assert f"MIMALLOC_PURGE_DELAY={purge}\n" in out  # Arrow's allocator, likewise
 
 
 TRIM_CHECK = """
@@ -133,10 +137,10 @@ kept = blocks[::500]  # a few live blocks all along the heap: its top cannot shr
 del blocks
 gc.collect()
 held = rss() - base
-processes.release_freed_memory()
-deadline = time.monotonic() + 30
-while rss() - base > 100 << 20 and time.monotonic() < deadline:
-    time.sleep(0.05)
+with processes.freed_memory_released():
+    deadline = time.monotonic() + 30
+    while rss() - base > 100 << 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
 print(held >> 20, (rss() - base) >> 20, len(kept))
 """
 
