@@ -26,6 +26,8 @@ import tempfile
 import threading
 from collections.abc import Iterator
 
+from transforms import periodic
+
 RELAY_S = 0.1  # how often the workers' forwarded progress is read
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 # Beam's warning that in-memory mode ignores the worker count: the local process runner
@@ -69,17 +71,25 @@ MIMALLOC_PURGE = "0"  # ms before Arrow's allocator (mimalloc) hands freed pages
 # 3.05 GB. (Arrow on glibc's malloc went lower, 1.93-2.14 GB, but took 50-52 s.)
 
 
-def fewer_malloc_arenas() -> None:
-    """This process's glibc malloc to MALLOC_ARENAS arenas, as its workers get them,
-    unless MALLOC_ARENA_MAX says otherwise (nothing on another C library)."""
-    if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
-        return
+def _libc():
+    """glibc through ctypes, or None (another platform or C library)."""
+    if not sys.platform.startswith("linux"):
+        return None
     import ctypes
 
     try:
-        ctypes.CDLL("libc.so.6").mallopt(-8, MALLOC_ARENAS)  # M_ARENA_MAX
-    except (OSError, AttributeError):
-        pass
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def fewer_malloc_arenas() -> None:
+    """This process's glibc malloc to MALLOC_ARENAS arenas, as its workers get them,
+    unless MALLOC_ARENA_MAX says otherwise (nothing on another C library)."""
+    libc = _libc()
+    if libc is not None and "MALLOC_ARENA_MAX" not in os.environ:
+        libc.mallopt(-8, MALLOC_ARENAS)  # M_ARENA_MAX
 
 
 TRIM_S = 1.0  # how often a local process hands its freed heap memory back to the system
@@ -92,30 +102,13 @@ def freed_memory_released() -> Iterator[None]:
     mimalloc's background purging do. glibc returns only the top of its heap by itself;
     the pieces a finished step freed in the middle stay in the process's resident memory,
     and the next step's peak stacks on them: one crowd of 750k 64-d records in
-    components grouping peaked at 3.1 GB without it, 2.7 GB with it (docs/pipeline.md).
-    The thread is joined at the end of the block, never left running at exit."""
-    trim = None
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        with contextlib.suppress(OSError, AttributeError):
-            trim = ctypes.CDLL("libc.so.6").malloc_trim
-    if trim is None:
+    components grouping peaked at 3.1 GB without it, 2.7 GB with it (docs/pipeline.md)."""
+    libc = _libc()
+    if libc is None:
         yield
         return
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.wait(TRIM_S):
-            trim(0)
-
-    thread = threading.Thread(target=run, name="tensordedup-trim", daemon=True)
-    thread.start()
-    try:
+    with periodic.every(TRIM_S, lambda: libc.malloc_trim(0), "tensordedup-trim"):
         yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 class Relay:
@@ -161,8 +154,9 @@ def _local_workers() -> Iterator[str]:
 
     tmp = tempfile.mkdtemp(prefix="tensordedup-workers-")
     env = {v: "1" for v in THREAD_VARS}
+    shared = worker_env()
     for k in ("PYTHONPATH", "MALLOC_ARENA_MAX", "MIMALLOC_PURGE_DELAY"):
-        env[k] = worker_env()[k]
+        env[k] = shared[k]
     relay = None
     if progress.enabled:
         relay = Relay(os.path.join(tmp, "progress.jsonl"))

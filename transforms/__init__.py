@@ -10,7 +10,8 @@ pipeline (pipeline/ does), and no module imports Beam or TensorFlow when it is i
 - Files: ``fs`` (local paths with ``os``; Beam's FileSystems, imported on first use, for
   gs:// and other schemes), ``formats`` (TFRecord, Parquet, HDF5 readers and writers:
   TFRecord features need TensorFlow, HDF5 needs h5py), ``store``, ``digest_segment`` and
-  ``lease`` (the incremental digest store).
+  ``lease`` (the incremental digest store); ``periodic`` (a function called every few
+  seconds while a block runs: lease renewal, the local processes' memory trimming).
 
 The training filters (filters/) use the kernels and the TFRecord framing, so they run in
 the lean install (``pip install -c constraints.txt "tensordedup[torch]"`` or ``[tf]``).

@@ -31,14 +31,13 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from transforms import conditional, fs
+from transforms import conditional, fs, periodic
 from transforms.owner import HOST, alive, start_time
 
 TTL_S = 600.0  # a lease nobody renews for this long is stale
@@ -163,23 +162,16 @@ def keep_alive(leases: Sequence[Lease], every: float | None = None) -> Iterator[
         yield
         return
     every = min(lease.ttl for lease in leases) / 4 if every is None else every
-    stop = threading.Event()
 
     def renew() -> None:
-        while not stop.wait(every):
-            for lease in leases:
-                try:
-                    lease.renew()
-                except OSError:  # a network blip: the next round tries again
-                    pass
+        for lease in leases:
+            try:
+                lease.renew()
+            except OSError:  # a network blip: the next round tries again
+                pass
 
-    thread = threading.Thread(target=renew, name="lease-renewal", daemon=True)
-    thread.start()
-    try:
+    with periodic.every(every, renew, "lease-renewal"):
         yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 def _read(path: str) -> tuple[bytes, dict] | None:
