@@ -17,7 +17,7 @@ import pytest
 from pipeline.steps.elements import NEAR_REPORT, VecBatch
 from pipeline.steps.near import GatherTruth, SampleForPlan, true_partners
 from pipeline.steps.near_cells import assign_batch, decide_one
-from pipeline.steps.near_gather import GatherCells
+from pipeline.steps.near_gather import GatherCells, Spilled, loaded
 from pipeline.steps.near_merge import merge_cells
 from tests import shapes
 from transforms.near import NearSpec
@@ -88,22 +88,25 @@ def test_joined_cells_merge_as_the_cells_one_by_one(tmp_path, grouping, mode):
     if mode == "exact" and grouping == "representative":
         assert sum(len(c.unsure) for c in cells) > 0  # records the merge settles
 
-    fn = GatherCells(PER_SIDE)  # three workers' bundles, each encoded as a runner does
-    accs = []
+    fn = GatherCells(PER_SIDE, str(tmp_path / "cells"))  # three workers' bundles, each
+    accs = []                                             # encoded as a runner does
     for part in np.array_split(np.arange(len(cells)), 3):
         a = fn.create_accumulator()
         for i in part:
             a = fn.add_input(a, cells[i])
-        accs.append(pickle.loads(pickle.dumps(fn.compact(a))))
-    joined = fn.extract_output(fn.merge_accumulators(accs))
-    assert len(joined) == 1
+        sent = pickle.dumps(fn.compact(a))
+        assert len(sent) < 1000  # the joined bundle waits in a file: only its name travels
+        accs.append(pickle.loads(sent))
+    out = fn.extract_output(fn.merge_accumulators(accs))
+    assert len(out) == 1 and isinstance(out[0], Spilled)
+    joined = [loaded(out[0])]
     if grouping == "components":  # the linked records' values wait in files, not in the
         linked = sum(len(c.links[0]) for c in cells if c.links is not None)  # element
         assert linked > 2500 and sum(len(v) for v in joined[0].values) >= linked
         assert all(v.spilled and v.x.size == 0 for v in joined[0].values)
 
     want_removed, want = _outputs(merge_cells(cells, plan, spec, PER_SIDE, truth))
-    got_removed, got = _outputs(merge_cells(joined, plan, spec, PER_SIDE, truth))
+    got_removed, got = _outputs(merge_cells(out, plan, spec, PER_SIDE, truth))
     assert want.stats["removed"] > 3000 and want.stats["pairs_estimated"]
     assert got.stats == want.stats
     assert got.pairs.keys() == want.pairs.keys()

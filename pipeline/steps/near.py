@@ -227,7 +227,8 @@ class DedupNear(beam.PTransform):
                | "GroupByCell" >> beam.GroupByKey()
                | "DecideCells" >> beam.Map(decide_one, plan, self.spec, self.per_side,
                                            fs.join(self.plan_spill, "links"))
-               | "GatherCells" >> beam.CombineGlobally(GatherCells(self.per_side))
+               | "GatherCells" >> beam.CombineGlobally(
+                   GatherCells(self.per_side, fs.join(self.plan_spill, "cells")))
                | "DropSpill" >> beam.Map(_drop_spill, self._drops(self.spill))
                | "MergeCells" >> SplitOutputs(merge_cells, plan, self.spec, self.per_side,
                                               truth, main=REMOVED,

@@ -6,9 +6,20 @@ the gather and merge stages took 3.0 s). Joined into one ``CellOut`` of long arr
 bundle, they travel in milliseconds. Joining is what the merge does to them anyway
 (concatenation, histograms added up, the borderline sample cut to the same pairs), so
 the merge decides the same: ``merge_cells`` of the joined cell equals it of the list.
+
+Why in a file: the runner's launcher decodes what it groups and what it hands on as a
+side input (Beam's FnApiRunner: ``GroupingBuffer``, ``WindowGroupingBuffer``), so a joined
+cell crossed it decoded and encoded several times over. A crowd's cell names every one
+of its records (one crowd of 1.5M records: about 200 MB pickled), and the launcher
+peaked at about 1 GB while it passed. Joined cells wait in a file in ``folder`` (a
+scratch folder the job deletes), and only its name travels (``Spilled``).
 """
 
 from __future__ import annotations
+
+import pickle
+import uuid
+from dataclasses import dataclass
 
 import apache_beam as beam
 import numpy as np
@@ -16,6 +27,25 @@ import numpy as np
 from pipeline.steps.borderline import merge_borderline
 from pipeline.steps.elements import VecBatch
 from pipeline.steps.near_cells import CellOut
+from transforms import fs
+
+
+@dataclass(frozen=True)
+class Spilled:
+    """A joined ``CellOut`` pickled to a scratch file of this job (never input data)."""
+
+    path: str
+
+
+def spill_cell(cell: CellOut, folder: str) -> Spilled:
+    path = fs.join(folder, f"{uuid.uuid4().hex}.cells")
+    fs.write_scratch(path, pickle.dumps(cell, protocol=5))
+    return Spilled(path)
+
+
+def loaded(cell: CellOut | Spilled) -> CellOut:
+    """The cell itself, read back when it waits in a file."""
+    return pickle.loads(fs.read_bytes(cell.path)) if isinstance(cell, Spilled) else cell
 
 
 def _added(parts: list[tuple[dict, float]]) -> dict:
@@ -53,26 +83,30 @@ def join_cells(cells: list[CellOut], per_side: int) -> CellOut:
 
 
 class GatherCells(beam.CombineFn):
-    """CellOut -> [CellOut]: every cell's output joined into one (an empty list when
-    there were no cells), for ``merge_cells``. A bundle's cells are held as they come
-    and joined once, when the runner compacts the accumulator to send it on (joining
-    every few cells would copy the joined part again each time)."""
+    """CellOut -> [Spilled]: every cell's output joined into one, waiting in a file of
+    ``folder`` (an empty list when there were no cells), for ``merge_cells`` (which
+    reads it back: ``loaded``). A bundle's cells are held as they come and joined once,
+    when the runner compacts the accumulator to send it on (joining every few cells
+    would copy the joined part again each time)."""
 
-    def __init__(self, per_side: int):
-        self.per_side = per_side
+    def __init__(self, per_side: int, folder: str):
+        self.per_side, self.folder = per_side, folder
 
-    def create_accumulator(self) -> list[CellOut]:
+    def create_accumulator(self) -> list:
         return []
 
-    def add_input(self, acc: list[CellOut], cell: CellOut) -> list[CellOut]:
+    def add_input(self, acc: list, cell: CellOut) -> list:
         acc.append(cell)
         return acc
 
-    def merge_accumulators(self, accs) -> list[CellOut]:
+    def merge_accumulators(self, accs) -> list:
         return self.compact([c for acc in accs for c in acc])
 
-    def compact(self, acc: list[CellOut]) -> list[CellOut]:
-        return [join_cells(acc, self.per_side)] if len(acc) > 1 else acc
+    def compact(self, acc: list) -> list[Spilled]:
+        """[] or one ``Spilled``: the cells (and spilled joins) of ``acc`` joined."""
+        if not acc or (len(acc) == 1 and isinstance(acc[0], Spilled)):
+            return acc
+        return [spill_cell(join_cells([loaded(c) for c in acc], self.per_side), self.folder)]
 
-    def extract_output(self, acc: list[CellOut]) -> list[CellOut]:
+    def extract_output(self, acc: list) -> list[Spilled]:
         return self.compact(acc)

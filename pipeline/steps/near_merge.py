@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from pipeline.steps.borderline import BORDERLINE_SCHEMA, merge_borderline
 from pipeline.steps.elements import NEAR_REPORT, VecBatch, removed_by_file
+from pipeline.steps.near_gather import loaded
 from pipeline.steps.near_grid import weighted_sum
 from transforms import near
 from transforms.digest_segment import keys_of
@@ -131,6 +132,7 @@ def merge_cells(cells: list, plan, spec: near.NearSpec, per_side: int, truth: Tr
     Refuses to go on unless every record that entered the stage reached a cell (as
     Decide does for the exact stage): a record lost in the shuffle would be kept
     unchecked."""
+    cells = [loaded(c) for c in cells]
     arrived = sum(c.arrived for c in cells)
     if arrived != plan.n:
         raise RuntimeError(f"near: {plan.n} records entered the near stage but {arrived} "
