@@ -199,8 +199,9 @@ class DedupNear(beam.PTransform):
       spill: a directory (any filesystem) for the cells' vectors while they wait for
         their search; deleted once every cell was searched. The recall sample's values
         wait in its sibling ``<spill>-recall``, and the plan every task uses (with,
-        for components grouping, the linked records' values in ``links/``) in
-        ``<spill>-plan``, until the report is made.
+        for components grouping, the linked records' values in ``links/``, and the
+        cells' joined outputs in ``cells/``) in ``<spill>-plan``, until the report is
+        made.
       borderline_pairs: pairs kept on each side of the tolerance for the report.
       keep_spill: leave all three to whoever deletes ``spill``'s parent (the job's
         Publish): a runner that recomputes a lost worker's finished steps (Dask) may
