@@ -215,13 +215,13 @@ def make_pipeline(cfg: RunnerConfig, dry_run: bool = False):
     if cfg.name == "local":
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-        from pipeline.processes import finished_outputs_dropped
-
-        finished_outputs_dropped()  # bundles that run in this process (one worker, threads)
         if in_processes(cfg, options):
             from pipeline.processes import local_process_runner
 
             return beam.Pipeline(runner=local_process_runner(), options=options)
+        from pipeline.processes import finished_outputs_dropped
+
+        finished_outputs_dropped()  # the bundles run in this process (one worker, threads)
         return beam.Pipeline(runner=FnApiRunner(), options=options)
     if cfg.name == "dataflow":
         from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
