@@ -260,7 +260,7 @@ def publication(job: Job) -> Publication:
                 "config": cfg.model_dump(mode="json"), "resolved": resolved,
                 "store": None if job.store is None else job.store.describe()},
         near_settings=None if cfg.near is None else cfg.near.model_dump(mode="json"),
-        store=store, spill=job.spill if job.near else None)
+        store=store, spill=job.spill if job.near else None, removals=job.removals)
 
 
 def execute(job: Job) -> RunSummary:

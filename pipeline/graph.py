@@ -65,7 +65,7 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
         reference=None if ref is None else ref["chunks"], store=job.store, survivors=updates,
         spill=job.spill, shards=cfg.tuning.shards,
         borderline_pairs=cfg.near.borderline_pairs if cfg.near else 0,
-        keep_spill=recomputes_finished_steps(cfg.runner), embed=embed)
+        keep_spill=recomputes_finished_steps(cfg.runner), embed=embed, removals=job.removals)
     store_parts = p | "NoStoreUpdate" >> beam.Create([])
     if updates:
         update = {k: dedup[k] for k in (SURVIVORS, DECISIONS, VECTORS) if k in dedup}

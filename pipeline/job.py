@@ -54,3 +54,8 @@ class Job:
         """Where the near stage keeps its cells' vectors until they are searched (beside
         the output: cleared with the staging directories, and by the next run if killed)."""
         return layout.spill(self.output, self.attempt)
+
+    @property
+    def removals(self) -> str:
+        """Where large removal lists wait for the copy and the report (``layout.removals``)."""
+        return layout.removals(self.output, self.attempt)

@@ -20,6 +20,7 @@ URLs), and ``<attempt>`` unique per attempt (``Job.attempt``)::
     .<out>.staging-<attempt>.near/values|cells              near spill (spill, spill_values...)
     .<out>.staging-<attempt>.near/cells-recall|cells-plan   recall sample, agreed plan
     .<out>.staging-<attempt>.near-recall/                   the recall sample's values
+    .<out>.staging-<attempt>.removed/                       large removal lists (removals)
     $TMPDIR/tensordedup-<hex>/                              a Dedup step's spill in your own
                                                             pipeline, given no spill= path
     .<name>.probe-<hex>, .tensordedup-probe-*               the checks' write probe (deleted)
@@ -56,6 +57,7 @@ REPORT_TABLES = (DUPLICATES, INVALID, SUMMARY)
 
 STAGING, OLD, JOURNAL, LEASE = "staging", "old", ".publishing", "lease.json"
 SPILL, RECALL, PLAN, VALUES, CELLS = ".near", "-recall", "-plan", "values", "cells"
+REMOVALS = ".removed"
 STORE_LEASE = "LEASE.json"
 
 
@@ -90,6 +92,13 @@ def spill(output: str, attempt: str) -> str:
     """The near stage's working files, beside the output's staging directory: cleared
     with it, and by the next run if this one is killed."""
     return staging(output, attempt) + SPILL
+
+
+def removals(output: str, attempt: str) -> str:
+    """Large removal lists between the duplicate steps and the report (``Removed.spill``),
+    beside the output's staging directory: deleted by Publish, cleared with the staging
+    directories, and by the next run if this one is killed."""
+    return staging(output, attempt) + REMOVALS
 
 
 def library_spill() -> str:

@@ -58,6 +58,7 @@ class Publication:
     near_settings: dict | None = None
     store: StoreCommit | None = None
     spill: str | None = None  # the near stage's working files, deleted first
+    removals: str | None = None  # large removal lists (the report has read them)
     leases: tuple[Lease, ...] = ()  # held by this run; checked before anything is replaced
     release_leases: bool = False  # the driver does not wait (Dataflow): Publish releases
 
@@ -83,8 +84,9 @@ def publish_run(taken: dict, store_parts: list[dict], pub: Publication) -> dict:
         return done
     for lease in pub.leases:
         lease.check()
-    if pub.spill is not None:  # every reader of the spilled vectors has finished
-        fs.delete_tree(pub.spill)
+    for scratch in (pub.spill, pub.removals):  # every reader of them has finished
+        if scratch is not None:
+            fs.delete_tree(scratch)
     files = taken["files"]
     totals = report.totals(files)
     moves = [(pub.out_stage, pub.output), (pub.report_stage, pub.report)]
@@ -183,7 +185,8 @@ def own_stages(pub: Publication) -> Sequence[str]:
     """What this attempt may leave beside its outputs (staging, spill, journals): the
     driver deletes them when the job ends, however it ends."""
     stages = [pub.out_stage, pub.report_stage]
-    return stages + [layout.journal(s) for s in stages] + ([pub.spill] if pub.spill else [])
+    return stages + [layout.journal(s) for s in stages] + [
+        s for s in (pub.spill, pub.removals) if s]
 
 
 def _hold_for_tests() -> None:

@@ -22,13 +22,18 @@ from pipeline.steps.elements import (
 )
 
 
-def _merge(parts: list[Removed]) -> list[Removed]:
-    """One Removed per kind, sorted by position (deterministic whatever the shuffle order)."""
-    return [Removed.concat_sorted([p for p in parts if p.kind == kind])
-            for kind in sorted({p.kind for p in parts})]
+def _merge(parts: list[Removed], spill: str | None) -> list[Removed]:
+    """One Removed per kind, sorted by position (deterministic whatever the shuffle order);
+    with ``spill``, a large one as a stand-in for its file (a lone part is one already)."""
+    out = []
+    for kind in sorted({p.kind for p in parts}):
+        mine = [p for p in parts if p.kind == kind]
+        out.append(mine[0] if len(mine) == 1 else Removed.concat_sorted(mine).spill(spill))
+    return out
 
 
-def decide(file_index: int, joined: dict[str, Iterable], checked: bool) -> FileDecision:
+def decide(file_index: int, joined: dict[str, Iterable], checked: bool,
+           spill: str | None = None) -> FileDecision:
     (path,) = list(joined[FILES])
     facts: list[ReadFacts] = list(joined[FACTS])
     invalid = sorted((r for f in facts for r in f.invalid), key=lambda r: r.position)
@@ -37,7 +42,7 @@ def decide(file_index: int, joined: dict[str, Iterable], checked: bool) -> FileD
         raise RuntimeError(f"{path}: {n_read - len(invalid)} valid records were read but "
                            f"{sum(joined[SEEN])} reached the duplicate check: refusing to "
                            "write a clean copy that was not fully checked")
-    removed = _merge(list(joined[REMOVED]))
+    removed = _merge(list(joined[REMOVED]), spill)
     if EMBEDDED in joined:  # every record exact dedup kept went through the model
         kept = n_read - len(invalid) - sum(len(r.position) for r in removed
                                            if r.kind.endswith("exact"))
@@ -50,7 +55,12 @@ def decide(file_index: int, joined: dict[str, Iterable], checked: bool) -> FileD
 
 class Decide(beam.PTransform):
     """{FILES: (i, path), FACTS: (i, ReadFacts), SEEN: (i, rows) and EMBEDDED: (i, rows)
-    (optional, checked), removal streams (any other key): (i, Removed)} -> FileDecision."""
+    (optional, checked), removal streams (any other key): (i, Removed)} -> FileDecision.
+    ``spill``: a folder for large merged removal lists (``Removed.spill``)."""
+
+    def __init__(self, spill: str | None = None):
+        super().__init__()
+        self.spill = spill
 
     def expand(self, streams: dict):
         pipeline = streams[FACTS].pipeline
@@ -62,5 +72,6 @@ class Decide(beam.PTransform):
         joined.update({k: streams[k] for k in (SEEN, EMBEDDED) if k in streams})
         return (joined
                 | "JoinByFile" >> beam.CoGroupByKey()
-                | "DecidePerFile" >> beam.Map(lambda kv, checked: decide(*kv, checked),
-                                              SEEN in streams))
+                | "DecidePerFile" >> beam.Map(
+                    lambda kv, checked, spill: decide(*kv, checked, spill),
+                    SEEN in streams, self.spill))

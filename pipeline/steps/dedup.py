@@ -65,6 +65,9 @@ class Dedup(beam.PTransform):
         finished steps, which read them again).
       shards, borderline_pairs, chunk_rows: tuning (digest shards, report pairs, records
         per element over records).
+      removals: a folder every worker can reach where large removal lists wait for the
+        copy and the report (``Removed.spill``; the job's Publish deletes it); None: they
+        travel through the runner.
       embed: ``EmbedKept(Embed(handler), source=ReadTensors(...))``: the near stage
         compares embeddings of the records exact dedup kept, made after it (no exact copy
         reaches the model); ``reference`` chunks must be embedded already. Over
@@ -76,14 +79,14 @@ class Dedup(beam.PTransform):
                  reference: beam.PCollection | None = None, store: StoreView | None = None,
                  survivors: bool = False, spill: str | None = None, shards: int = 16,
                  borderline_pairs: int = 500, chunk_rows: int = 4096, keep_spill: bool = False,
-                 embed: beam.PTransform | None = None):
+                 embed: beam.PTransform | None = None, removals: str | None = None):
         super().__init__()
         self.key, self.id, self.keep, self.near = key, id, Keep.of(keep), near
         self.exact, self.reference, self.store = exact, reference, store
         self.survivors = survivors
         self.spill = spill or layout.library_spill()
         self.shards, self.borderline_pairs, self.chunk_rows = shards, borderline_pairs, chunk_rows
-        self.keep_spill, self.embed = keep_spill, embed
+        self.keep_spill, self.embed, self.removals = keep_spill, embed, removals
 
     def expand(self, pvalue):
         if isinstance(pvalue, dict):
@@ -110,7 +113,7 @@ class Dedup(beam.PTransform):
         out = {}
         if not self.exact:
             chunks | "DiscardChunks" >> beam.Filter(lambda _: False)
-            out[DECISIONS] = streams | "Decide" >> Decide()
+            out[DECISIONS] = streams | "Decide" >> Decide(self.removals)
             return out
         values = layout.spill_values(self.spill)
         keys = chunks | "Fingerprint" >> Fingerprint(
@@ -118,11 +121,11 @@ class Dedup(beam.PTransform):
             spill=values if self.near and self.embed is None else None)
         exact = keys[KEYS] | "DedupExact" >> DedupExact(
             keep=self.keep, store=self.store, survivors=self.survivors)
-        streams.update({"exact": exact[REMOVED], SEEN: exact[SEEN]})
+        streams.update({"exact": self._spilled(exact[REMOVED], "Exact"), SEEN: exact[SEEN]})
         if self.survivors:
             out[SURVIVORS] = exact[SURVIVORS]
         if self.embed is not None:
-            embedded = exact[REMOVED] | "EmbedKept" >> self.embed
+            embedded = streams["exact"] | "EmbedKept" >> self.embed
             streams[EMBEDDED] = embedded | "CountEmbedded" >> beam.Map(
                 lambda c: (c.file_index, len(c.positions)))
             if self.reference is not None:
@@ -141,10 +144,18 @@ class Dedup(beam.PTransform):
             near = vectors | "DedupNear" >> DedupNear(
                 self.near, spill=layout.spill_cells(self.spill),
                 borderline_pairs=self.borderline_pairs, keep_spill=self.keep_spill)
-            streams["near"] = near[REMOVED]
+            streams["near"] = self._spilled(near[REMOVED], "Near")
             out[NEAR_REPORT] = near[NEAR_REPORT]
             if not (self.survivors or self.keep_spill):  # no reader after the search
                 out[NEAR_REPORT] = out[NEAR_REPORT] | "DropSpill" >> beam.Map(
                     lambda report, spill: (fs.delete_tree(spill), report)[1], self.spill)
-        out[DECISIONS] = streams | "Decide" >> Decide()
+        out[DECISIONS] = streams | "Decide" >> Decide(self.removals)
         return out
+
+    def _spilled(self, removed: beam.PCollection, name: str) -> beam.PCollection:
+        """(file_index, Removed), large ones as stand-ins for their file (written in the
+        step that made them: only the file's name leaves it)."""
+        if self.removals is None:
+            return removed
+        return removed | f"Spill{name}Removals" >> beam.Map(
+            lambda fr, folder: (fr[0], fr[1].spill(folder)), self.removals)

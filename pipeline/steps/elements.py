@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
+from pipeline.steps.removed import Removed, concat_runs, removed_by_file
 from transforms import fs
-from transforms.exact import NEW, REFERENCE, STORE
 from transforms.formats.base import Chunk, InvalidRecord
 
 __all__ = ["Chunk", "FileDecision", "FileResult", "InvalidRecord", "KeyBatch", "ReadFacts",
-           "Removed", "VecBatch", "KINDS", "CHUNKS", "FACTS", "FILES", "KEYS", "VECTORS",
+           "Removed", "removed_by_file", "VecBatch", "KINDS",
+           "CHUNKS", "FACTS", "FILES", "KEYS", "VECTORS",
            "REMOVED", "SEEN", "REFERENCE_FILES", "SURVIVORS", "NEAR_REPORT", "DECISIONS",
            "KEPT", "INVALID"]
 
@@ -43,19 +43,8 @@ INVALID = "invalid"  # Dedup over records: records that cannot be compared, with
 # their records are protected, never removed.
 REFERENCE_FILES = 1 << 22
 
-TIER_PREFIX = {NEW: "", STORE: "store_", REFERENCE: "reference_"}
-
-
 def _take_opt(a: pa.Array | None, idx: np.ndarray) -> pa.Array | None:
     return None if a is None else a.take(pa.array(idx, pa.int64()))
-
-
-def _concat_runs(runs: list[pa.Array | None], sizes: list[int]) -> pa.Array | None:
-    """Store run ids (null for this run's and reference records), None when none has any."""
-    if all(r is None for r in runs):
-        return None
-    return pa.concat_arrays([pa.nulls(n, pa.string()) if r is None else r
-                             for r, n in zip(runs, sizes, strict=True)])
 
 
 @dataclass
@@ -88,7 +77,7 @@ class KeyBatch:
                         np.concatenate([b.file_index for b in batches]),
                         np.concatenate([b.position for b in batches]),
                         pa.concat_arrays([b.ids for b in batches]), rank, tier,
-                        _concat_runs([b.run for b in batches], [len(b) for b in batches]))
+                        concat_runs([b.run for b in batches], [len(b) for b in batches]))
 
 
 @dataclass
@@ -185,61 +174,12 @@ class VecBatch:
                for f in ("words", "prio", "order", "file_index", "position")]
         return VecBatch(*cat, pa.concat_arrays([b.ids for b in batches]),
                         np.concatenate([b.x for b in batches]),
-                        _concat_runs([b.run for b in batches], [len(b) for b in batches]))
+                        concat_runs([b.run for b in batches], [len(b) for b in batches]))
 
 
 # Why a record was removed: a copy of / near a record of this run, of a reference set
 # (never removed itself), or of the store of earlier runs.
 KINDS = ("exact", "near", "reference_exact", "reference_near", "store_exact", "store_near")
-
-
-@dataclass
-class Removed:
-    """Exact/Near -> Decide: records of one file to drop, what each duplicates, and how.
-
-    Where the survivor lives travels along (a few ints per removed row): its file index
-    and position (-1 for a record of an earlier run, which only ``duplicate_of_run``
-    names), and its digest, from which the report derives the group id
-    (``group_roots``)."""
-
-    position: np.ndarray  # (n,) int64
-    record_id: pa.Array  # (n,) string
-    duplicate_of: pa.Array  # (n,) string: the surviving record's id
-    kind: str  # one of KINDS
-    distance: np.ndarray  # (n,) float64; 0.0 for exact kinds
-    duplicate_of_run: pa.Array | None = None  # (n,) string: store kinds, the record's run
-    duplicate_of_file: np.ndarray | None = None  # (n,) int32: the survivor's file; -1: store
-    duplicate_of_position: np.ndarray | None = None  # (n,) int64: its position; -1: store
-    group: np.ndarray | None = None  # (n, 2) uint64: the survivor's digest (hi, lo)
-
-    def __len__(self) -> int:
-        return len(self.position)
-
-    def survivor_file(self) -> np.ndarray:
-        return (np.full(len(self), -1, np.int32) if self.duplicate_of_file is None
-                else self.duplicate_of_file)
-
-    def survivor_position(self) -> np.ndarray:
-        return (np.full(len(self), -1, np.int64) if self.duplicate_of_position is None
-                else self.duplicate_of_position)
-
-    def survivor_digest(self) -> np.ndarray:
-        return np.zeros((len(self), 2), np.uint64) if self.group is None else self.group
-
-    @staticmethod
-    def concat_sorted(parts: list[Removed]) -> Removed:
-        """Parts of one kind as one Removed sorted by position."""
-        pos = np.concatenate([p.position for p in parts])
-        order = np.argsort(pos, kind="stable")
-        take = pa.array(order)
-        runs = _concat_runs([p.duplicate_of_run for p in parts], [len(p) for p in parts])
-        return Removed(pos[order], pa.concat_arrays([p.record_id for p in parts]).take(take),
-                       pa.concat_arrays([p.duplicate_of for p in parts]).take(take),
-                       parts[0].kind, np.concatenate([p.distance for p in parts])[order],
-                       None if runs is None else runs.take(take),
-                       np.concatenate([p.survivor_file() for p in parts])[order],
-                       np.concatenate([p.survivor_position() for p in parts])[order],
-                       np.concatenate([p.survivor_digest() for p in parts])[order])
 
 
 def where_key(file_index: np.ndarray, position: np.ndarray) -> np.ndarray:
@@ -320,29 +260,3 @@ class FileResult:
     kept: int
     notes: list[str] = field(default_factory=list)  # what the copy could not keep as it was
     shown: dict[int, np.ndarray] | None = None  # tensors the report asked for, read by the copy
-
-
-def removed_by_file(batch: KeyBatch | VecBatch, removed: np.ndarray, kept: np.ndarray,
-                    kind: str, distance: np.ndarray, kept_tier: np.ndarray | None = None
-                    ) -> Iterator[tuple[int, Removed]]:
-    """Split removals (sorted by input order) into one ``Removed`` per input file and kind;
-    ``kept_tier`` (tier of each removal's survivor) names the kind: ``kind``,
-    ``store_<kind>`` or ``reference_<kind>``. Each row carries where its survivor lives
-    (file index and position; -1 for a stored record of an earlier run) and its digest."""
-    if kept_tier is None:
-        kept_tier = np.zeros(len(removed), np.int8)
-    for tier in np.unique(kept_tier).tolist():
-        mine = np.flatnonzero(kept_tier == tier)
-        files = batch.file_index[removed[mine]]
-        cuts = np.flatnonzero(np.diff(files)) + 1
-        for part in np.split(mine, cuts):
-            if len(part):
-                r, k = pa.array(removed[part]), pa.array(kept[part])
-                at = kept[part]
-                k_file = batch.file_index[at].astype(np.int32)
-                k_pos = np.where(k_file < 0, -1, batch.position[at]).astype(np.int64)
-                yield int(batch.file_index[removed[part[0]]]), Removed(
-                    batch.position[removed[part]], batch.ids.take(r), batch.ids.take(k),
-                    TIER_PREFIX[tier] + kind, distance[part],
-                    None if batch.run is None else batch.run.take(k), k_file, k_pos,
-                    np.ascontiguousarray(batch.words[at], np.uint64))
