@@ -66,8 +66,9 @@ class Dedup(beam.PTransform):
       shards, borderline_pairs, chunk_rows: tuning (digest shards, report pairs, records
         per element over records).
       removals: a folder every worker can reach where large removal lists wait for the
-        copy and the report (``Removed.spill``; the job's Publish deletes it); None: they
-        travel through the runner.
+        copy and the report (``Removed.spill``); the job's Publish deletes it, in your
+        own pipeline delete it once the pipeline has finished. None: they travel through
+        the runner.
       embed: ``EmbedKept(Embed(handler), source=ReadTensors(...))``: the near stage
         compares embeddings of the records exact dedup kept, made after it (no exact copy
         reaches the model); ``reference`` chunks must be embedded already. Over
