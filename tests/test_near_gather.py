@@ -119,3 +119,23 @@ def test_joined_cells_merge_as_the_cells_one_by_one(tmp_path, grouping, mode):
         assert np.array_equal(g.position, w.position) and g.record_id.equals(w.record_id)
         assert g.duplicate_of.equals(w.duplicate_of)
         assert np.array_equal(g.distance, w.distance)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8])
+def test_rows_spilled_in_blocks_read_back_as_taken(tmp_path, dtype):
+    """``spill_rows`` writes a cell's linked values block by block (more than one block
+    here: 64 MB of 3 KB rows) and reads back what ``take`` then ``spill`` would."""
+    rng = np.random.default_rng(1)
+    n, dim = 30_000, 768 if dtype == np.float32 else 3072
+    x = (rng.standard_normal((n, dim)) * 50).astype(dtype)
+    b = VecBatch(rng.integers(0, 2**63, (n, 2)).astype(np.uint64), np.zeros(n),
+                 np.arange(n), np.zeros(n, np.int32), np.arange(n),
+                 pa.array([f"r{i}" for i in range(n)]), x)
+    rows = np.sort(rng.choice(n, 25_000, replace=False))[::-1]  # any order
+    got = b.spill_rows(rows, str(tmp_path / "a"))
+    want = b.take(rows).spill(str(tmp_path / "b"))
+    assert got.x.shape == (len(rows), 0) and got.spilled[1] == dim
+    assert np.array_equal(got.words, want.words) and got.ids.equals(want.ids)
+    back = got.loaded().x
+    assert back.dtype == dtype and np.array_equal(back, x[rows])
+    assert np.array_equal(back, want.loaded().x)

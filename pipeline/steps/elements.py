@@ -116,6 +116,17 @@ class VecBatch:
         return dataclasses.replace(self, x=np.empty((len(self), 0), self.x.dtype),
                                    spilled=(path, self.x.shape[1]))
 
+    def spill_rows(self, idx: np.ndarray, folder: str) -> VecBatch:
+        """``take(idx).spill(folder)`` without a copy of all the taken values at once (a
+        crowd's cell spills all its rows): they are written in blocks of about 64 MB."""
+        rows = np.asarray(idx, np.int64)
+        step = max(1, (64 << 20) // max(1, self.x[:1].nbytes))
+        path = fs.join(folder, f"{uuid.uuid4().hex}.values")
+        fs.write_scratch(path, (np.ascontiguousarray(self.x[rows[a:a + step]]).reshape(-1)
+                                .view(np.uint8).data for a in range(0, len(rows), step)))
+        return dataclasses.replace(self.take(rows, values=False),
+                                   spilled=(path, self.x.shape[1]))
+
     def loaded(self) -> VecBatch:
         """The values back in memory (itself when they are)."""
         if self.spilled is None:

@@ -204,6 +204,7 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
                          keys=batch.words, projection=plan.parts.projection)
     nn_rows, nn_all = _nn_rows(batch, home, plan.nn_mod)
     nb, nn, nn_within = near.nearest_distances(batch.x, z, nn_rows, spec, plan.radius)
+    del z  # a crowd's cell: as big as its values, or twice
     later, earlier, bdist, within = d.border
     has = nb >= 0
     border = _borderline(batch, np.concatenate([later, nn_rows[has]]),
@@ -224,7 +225,7 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
         if plan.parts.mode == "exact":  # each pair meets in both rows' home cells: a
             paired = paired[home[paired]]  # linked row's values come from its own cell
         if len(paired):
-            values = [batch.take(paired).spill(links_folder)]
+            values = [batch.spill_rows(paired, links_folder)]
     exact_d, sampled_d = d.census.distances()
     progress.tick("near search", len(plan.parts), arrived, "cells")
     return CellOut(batch.take(sure, values=False), batch.take(d.dup[sure], values=False),

@@ -13,6 +13,7 @@ partners (``transforms.near_recall``).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -86,43 +87,64 @@ def component_removals(cells: list, spec: near.NearSpec
                        ) -> tuple[VecBatch, VecBatch, np.ndarray] | None:
     """Components grouping: the cells' links joined by digest; each component keeps its
     first record in keep order (and its protected records); the others are removed, with
-    their distance to that record (which may exceed the threshold: chains)."""
+    their distance to that record (which may exceed the threshold: chains). A crowd links
+    every record, so what grows with it is held once: the links are dropped from the
+    cells once joined, and the linked values are read into one array."""
     links = [c.links for c in cells if c.links is not None and len(c.links[0])]
     if not links:
         return None
     ends = VecBatch.concat([lk[0] for lk in links] + [lk[1] for lk in links])
-    key = keys_of(ends.words)
-    uniq, inv = np.unique(key, return_inverse=True)
+    del links
+    for c in cells:  # joined into ``ends``: nothing after this reads them (the merge's
+        c.links = None  # own copies of the cells)
+    uniq, inv = np.unique(keys_of(ends.words), return_inverse=True)
     m = len(ends) // 2
     label = component_labels(len(uniq), inv[:m], inv[m:])
     node = np.empty(len(uniq), np.int64)  # one mention per record
     node[inv] = np.arange(len(ends))
+    del inv
     by_rank = np.lexsort((ends.order[node], ends.prio[node]))
+    labels, at_rank = np.unique(label[by_rank], return_index=True)  # each one's best record
     first = np.full(len(uniq), -1, np.int64)
-    for r in by_rank[::-1].tolist():  # the last write per label is the best-ranked record
-        first[label[r]] = r
+    first[labels] = by_rank[at_rank]
     keeper = first[label]
     removed = np.flatnonzero((keeper != np.arange(len(uniq))) & ~is_protected(ends.prio[node]))
     rec, ref = ends.take(node[removed], values=False), ends.take(node[keeper[removed]],
                                                                  values=False)
-    values = VecBatch.concat([v.loaded() for c in cells for v in c.values])
-    vkey = keys_of(values.words)
+    del ends, node, label, by_rank, first, keeper, removed
+    words, x = _linked_values([v for c in cells for v in c.values])
+    vkey = keys_of(words)
     at = np.argsort(vkey, kind="stable")
     sorted_key = vkey[at]
+    del vkey
 
-    def lookup(words: np.ndarray) -> np.ndarray:
-        slot = at[np.minimum(np.searchsorted(sorted_key, keys_of(words)), len(at) - 1)]
-        if not (values.words[slot] == words).all():
+    def lookup(w: np.ndarray) -> np.ndarray:
+        slot = at[np.minimum(np.searchsorted(sorted_key, keys_of(w)), len(at) - 1)]
+        if not (words[slot] == w).all():
             raise RuntimeError("near: a linked record's values did not reach the merge")
-        return values.x[slot]
+        return x[slot]
 
     dist = np.empty(len(rec))
-    step = rows_for(8 * max(1, values.x.shape[1]), DISTANCE_BYTES, 4096, 1)
+    step = rows_for(8 * max(1, x.shape[1]), DISTANCE_BYTES, 4096, 1)
     for s in range(0, len(rec), step):  # in blocks: float64 copies of a crowd's rows
         block = slice(s, s + step)      # would be several times its values
         dist[block] = near.exact_distance(lookup(rec.words[block]), lookup(ref.words[block]),
                                           spec)[0]
     return rec, ref, dist
+
+
+def _linked_values(parts: list[VecBatch]) -> tuple[np.ndarray, np.ndarray]:
+    """(digests, values) of the linked records, the values read from their files one
+    part at a time into one array (not each part, then a copy of them all)."""
+    width = max((v.width for v in parts), default=0)
+    dtype = np.result_type(*[v.x.dtype for v in parts]) if parts else np.float32
+    words = np.concatenate([v.words for v in parts]) if parts else np.empty((0, 2), np.uint64)
+    x = np.empty((len(words), width), dtype)
+    at = 0
+    for v in parts:
+        x[at:at + len(v)] = v.loaded().x
+        at += len(v)
+    return words, x
 
 
 def merge_cells(cells: list, plan, spec: near.NearSpec, per_side: int, truth: Truth
@@ -132,7 +154,7 @@ def merge_cells(cells: list, plan, spec: near.NearSpec, per_side: int, truth: Tr
     Refuses to go on unless every record that entered the stage reached a cell (as
     Decide does for the exact stage): a record lost in the shuffle would be kept
     unchecked."""
-    cells = [loaded(c) for c in cells]
+    cells = [copy.copy(loaded(c)) for c in cells]  # own copies: their links are dropped
     arrived = sum(c.arrived for c in cells)
     if arrived != plan.n:
         raise RuntimeError(f"near: {plan.n} records entered the near stage but {arrived} "
