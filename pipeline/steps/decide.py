@@ -44,7 +44,7 @@ def decide(file_index: int, joined: dict[str, Iterable], checked: bool,
                            "write a clean copy that was not fully checked")
     removed = _merge(list(joined[REMOVED]), spill)
     if EMBEDDED in joined:  # every record exact dedup kept went through the model
-        kept = n_read - len(invalid) - sum(len(r.position) for r in removed
+        kept = n_read - len(invalid) - sum(len(r) for r in removed
                                            if r.kind.endswith("exact"))
         if sum(joined[EMBEDDED]) != kept:
             raise RuntimeError(f"{path}: exact dedup kept {kept} records but "
