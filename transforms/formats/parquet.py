@@ -33,7 +33,7 @@ from transforms.formats.base import (
     record_nbytes,
     rows_within,
 )
-from transforms.formats.parquet_files import open_file, read_groups, row_groups
+from transforms.formats.parquet_files import DECODE_BYTES, open_file, read_groups, row_groups
 from transforms.formats.parquet_write import write, write_notes  # noqa: F401 (the format's)
 
 _LIST_TYPES = (pa.ListType, pa.LargeListType, pa.FixedSizeListType)
@@ -248,12 +248,19 @@ def _batches(pf: pq.ParquetFile, start: int, stop: int, columns: list[str], spec
     row groups in [start, stop). Why batches, not whole row groups: a row group can hold
     GBs of wide tensors, and Arrow needs about 5x a group's size to read it whole."""
     for rg, first, n in row_groups(pf, start, stop):
-        rows = rows_within(batch_rows, batch_bytes, _row_bytes(pf, rg, spec))
-        done = 0
+        row_bytes = _row_bytes(pf, rg, spec)
+        rows = rows_within(batch_rows, batch_bytes, row_bytes)
+        step = rows_within(rows, DECODE_BYTES, row_bytes)  # a batch holds whole decodes
+        done, held, have = 0, [], 0
         try:
-            for b in pf.iter_batches(batch_size=rows, row_groups=[rg], columns=columns):
-                yield rg, first + done, b.num_rows, pa.Table.from_batches([b])
-                done += b.num_rows
+            for b in pf.iter_batches(batch_size=step, row_groups=[rg], columns=columns):
+                if held and have + b.num_rows > rows:
+                    yield rg, first + done, have, pa.Table.from_batches(held)
+                    done, held, have = done + have, [], 0
+                held.append(b)
+                have += b.num_rows
+            if held:
+                yield rg, first + done, have, pa.Table.from_batches(held)
         except (OSError, pa.ArrowException) as e:
             yield rg, first + done, n - done, e
 
