@@ -197,17 +197,22 @@ def read_parquet(path: str, columns: list[str] | None = None):
     object that thread takes the GIL, and when the interpreter is exiting by then the
     process aborts after the work is done (exit 134, "terminate called without an active
     exception"; apache/arrow#34314). A script that ends with ``s.removals()`` did so."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if is_local(path):
-        source = pa.OSFile(path)
-    else:
-        copy = pa.BufferOutputStream()  # Arrow-allocated: nothing Python to release later
-        copy.write(read_bytes(path))
-        source = pa.BufferReader(copy.getvalue())
-    with source:
+    with arrow_source(path) as source:
         return pq.read_table(source, columns=columns)
+
+
+def arrow_source(path: str):
+    """A file for Arrow's readers that Arrow owns (see ``read_parquet``): a local file
+    through Arrow's own file, anything else read into an Arrow buffer first."""
+    import pyarrow as pa
+
+    if is_local(path):
+        return pa.OSFile(path)
+    copy = pa.BufferOutputStream()  # Arrow-allocated: nothing Python to release later
+    copy.write(read_bytes(path))
+    return pa.BufferReader(copy.getvalue())
 
 
 def makedirs(path: str) -> None:

@@ -143,11 +143,7 @@ def _stand_in(path: str, kind: str, rows: int) -> Removed:
 
 def _read(path: str) -> dict:
     """A spilled Removed's columns (our own scratch file, written by ``spill``)."""
-    if fs.is_local(path):
-        source = pa.OSFile(path)
-    else:
-        source = pa.BufferReader(pa.py_buffer(fs.read_bytes(path)))
-    with source:
+    with fs.arrow_source(path) as source:
         t = pa.ipc.open_file(source).read_all().combine_chunks()
     col = {name: t.column(name).chunk(0) if t.column(name).num_chunks
            else pa.array([], t.schema.field(name).type) for name in t.column_names}
