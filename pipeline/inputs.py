@@ -20,7 +20,7 @@ from pipeline.remote import bounded, each_bounded
 from transforms import fs
 from transforms.formats import get_format
 from transforms.formats.base import Decode, InputError, TensorSpec, error_line
-from transforms.formats.tfrecord import record_start
+from transforms.formats.tfrecord_frames import record_start
 
 HEAD_BYTES = 4096  # read from each input file: magic numbers, a TFRecord header
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # at 0, or 512, 1024, 2048 after a user block

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf  # conftest.py quiets its logging
 
-from transforms.formats import tfrecord
+from transforms.formats import tfrecord, tfrecord_frames
 from transforms.formats.base import InputError, TensorSpec, Unit
 
 COMPRESSIONS = ["", "GZIP", "ZLIB"]
@@ -220,14 +220,14 @@ def test_corrupt_length_header_is_one_invalid_region(tmp_path):
 def _frame(data: bytes, crc_ok: bool = True) -> bytes:
     """A TFRecord frame built by hand (for damage TensorFlow's writer cannot make)."""
     length = len(data).to_bytes(8, "little")
-    data_crc = tfrecord._masked_crc(data) ^ (0 if crc_ok else 1)
-    return (length + tfrecord._masked_crc(length).to_bytes(4, "little") + data
+    data_crc = tfrecord_frames._masked_crc(data) ^ (0 if crc_ok else 1)
+    return (length + tfrecord_frames._masked_crc(length).to_bytes(4, "little") + data
             + data_crc.to_bytes(4, "little"))
 
 
 @pytest.mark.parametrize("block", [1 << 20, 37])
 def test_resync_passes_headers_without_valid_data(tmp_path, monkeypatch, block):
-    monkeypatch.setattr(tfrecord, "_BLOCK", block)  # small blocks: every boundary case
+    monkeypatch.setattr(tfrecord_frames, "_BLOCK", block)  # small blocks: every boundary case
     records, vals = _float_records(3)
     junk = (b"\x01" + _frame(b"x" * 30, crc_ok=False) + bytes(50)
             + np.random.default_rng(2).bytes(300))
@@ -242,7 +242,7 @@ def test_resync_passes_headers_without_valid_data(tmp_path, monkeypatch, block):
 
 @pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])
 def test_small_blocks_read_compressed_files(tmp_path, monkeypatch, compression):
-    monkeypatch.setattr(tfrecord, "_BLOCK", 29)
+    monkeypatch.setattr(tfrecord_frames, "_BLOCK", 29)
     records, vals = _float_records(20)
     path = _write(tmp_path / "a.tfrecord", records, compression)
     chunks, positions, _, invalid = _read(path, SPEC, batch_rows=6)

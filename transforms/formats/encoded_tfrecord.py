@@ -23,12 +23,12 @@ from transforms.formats.base import (
     Values,
     default_id,
 )
-from transforms.formats.tfrecord import (
-    _CHECK_ITEMS,
+from transforms.formats.tfrecord import _CHECK_ITEMS
+from transforms.formats.tfrecord_frames import _frames
+from transforms.formats.tfrecord_parse import (
     _ID_KINDS,
     _RANK_KINDS,
     _examples,
-    _frames,
     _kind_in,
     _Layout,
     _parse_one,
