@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from tests import fakefs
-from transforms import digest_segment, fs
+from transforms import digest_segment, fs, store_parts
 from transforms import store as store_mod
 from transforms.store import FingerprintStore, StoreError
 
@@ -374,7 +374,7 @@ def test_crashed_compaction_changes_no_answer(root, monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "complex64"])
 def test_vectors_roundtrip_bit_for_bit(root, monkeypatch, dtype):
-    monkeypatch.setattr(store_mod, "VECTOR_GROUP_BYTES", 1000)  # several row groups
+    monkeypatch.setattr(store_parts, "VECTOR_GROUP_BYTES", 1000)  # several row groups
     rng = np.random.default_rng(8)
     store = FingerprintStore(root)
     dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)

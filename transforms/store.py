@@ -28,6 +28,9 @@ One writer at a time (a run's Publish step or ``compact``), enforced for jobs by
 store's lease (``<store>/LEASE.json``, ``transforms.lease``, taken by a job that updates
 the store before it plans its lookups); readers may run alongside only while nothing
 compacts.
+
+What an attempt writes (its part files) is ``transforms.store_parts``; the reads (lookup
+plans, lookups, stored values) are ``transforms.store_reads``.
 """
 
 from __future__ import annotations
@@ -37,24 +40,26 @@ import re
 import secrets
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-import ml_dtypes  # noqa: F401  (registers bfloat16 & co. with numpy: np.dtype("bfloat16"))
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from transforms import digest_segment, fs
-from transforms.digest_segment import KEY, keys_of, range_part
+from transforms.digest_segment import range_part
+from transforms.store_parts import DTYPE_KEY, Attempt, _bounds, _key
+from transforms.store_reads import LookupPlan, SegmentRef, StoreReads, _pairs
+
+# The store's public names; Attempt, SegmentRef, LookupPlan and DTYPE_KEY are defined in
+# store_parts and store_reads, and imported from here.
+__all__ = ["FORMAT", "VERSION", "FANIN", "RUN_ID", "DTYPE_KEY", "StoreError", "RunInfo",
+           "Attempt", "SegmentRef", "LookupPlan", "FingerprintStore"]
 
 FORMAT = "tensordedup-fingerprint-store"
 VERSION = 2
 FANIN = 4  # compaction: this many units of one size tier merge into one of the next
-VECTOR_GROUP_BYTES = 16 << 20  # vectors parts: bounds the memory of one row group
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]{0,99}")
-DTYPE_KEY = b"tensordedup.dtype"
 
 
 class StoreError(ValueError):
@@ -79,74 +84,7 @@ class RunInfo:
         return bool(self.vector_parts)
 
 
-@dataclass(frozen=True)
-class Attempt:
-    """One try at writing a run's records. Only strings, so Beam ships it to the workers
-    that write the parts in parallel; writing a part again (a retried bundle) overwrites
-    the same file."""
-
-    root: str
-    run_id: str
-    name: str
-
-    @property
-    def path(self) -> str:
-        return fs.join(self.root, "runs", self.run_id, self.name)
-
-    def write_exact(self, part: int, words: np.ndarray, ids: pa.Array) -> dict:
-        """Write one exact part (a digest segment); returns its stats for ``commit``."""
-        words, ids = _checked(words, ids)
-        name = f"exact-{part:05d}.seg"
-        fs.write_bytes_atomic(fs.join(self.path, name), digest_segment.encode(
-            words, np.zeros(len(words), np.uint32), ids, [(self.run_id, self.name)]))
-        return {"kind": "exact", "part": part, "file": name, **_bounds(words)}
-
-    def write_vectors(self, part: int, words: np.ndarray, ids: pa.Array,
-                      x: np.ndarray) -> dict:
-        """Write one part of values ((n, d) in the input dtype, kept bit for bit)."""
-        words, ids = _checked(words, ids)
-        if x.ndim != 2 or len(x) != len(words):
-            raise ValueError(f"x must be ({len(words)}, d), got {x.shape}")
-        x = np.ascontiguousarray(x, x.dtype.newbyteorder("="))
-        row_bytes = x.shape[1] * x.dtype.itemsize
-        try:
-            values, width = pa.array(x.reshape(-1), pa.from_numpy_dtype(x.dtype)), x.shape[1]
-        except pa.ArrowNotImplementedError:  # bfloat16, complex: Arrow lacks them, keep bytes
-            values, width = pa.array(x.reshape(-1).view(np.uint8)), row_bytes
-        table = _key_table(words, ids).append_column(
-            "x", pa.FixedSizeListArray.from_arrays(values, width))
-        table = table.replace_schema_metadata({DTYPE_KEY: x.dtype.name.encode()})
-        name = f"vectors-{part:05d}.parquet"
-        buf = pa.BufferOutputStream()
-        pq.write_table(table, buf, row_group_size=max(1, VECTOR_GROUP_BYTES // max(row_bytes, 1)),
-                       compression="zstd", use_dictionary=False)
-        fs.write_bytes_atomic(fs.join(self.path, name), memoryview(buf.getvalue()))
-        return {"kind": "vectors", "part": part, "file": name, "rows": len(x),
-                "dim": x.shape[1]}
-
-
-@dataclass(frozen=True)
-class SegmentRef:
-    """A digest segment a lookup may open, and the run attempts it answers for."""
-
-    path: str
-    rows: int
-    min: str  # 32 hex digits: the smallest and largest digest in the segment
-    max: str
-    serves: tuple[tuple[str, str, int], ...]  # (run_id, attempt, rank in LookupPlan.runs)
-    unit: str  # the run attempt or compaction that wrote it
-
-
-@dataclass(frozen=True)
-class LookupPlan:
-    """Which segments answer for which runs, fixed once (when a job starts) and shipped
-    to workers, so lookups list no markers."""
-
-    runs: tuple[str, ...]  # visible run ids, oldest commit first: a digest's earliest wins
-    segments: tuple[SegmentRef, ...]
-
-
-class FingerprintStore:
+class FingerprintStore(StoreReads):
     """A fingerprint store at a path on any Beam filesystem (see the module docstring).
 
     ``last_lookup_stats`` says what the last ``lookup`` touched: runs, parts (all of the
@@ -243,69 +181,7 @@ class FingerprintStore:
         visible = self._committed(run_id).get(run_id)
         self._prune(run_id, visible["attempt"] if visible else None)
 
-    # reads
-
-    def plan(self, exclude_run: str | None = None) -> LookupPlan:
-        """The segments that hold the visible runs' digests (all runs but ``exclude_run``):
-        each attempt's newest covering compaction, else its own parts."""
-        runs, served, compactions = self._resolve(exclude_run)
-        rank = {(r.run_id, r.attempt): i for i, r in enumerate(runs)}
-        segments = []
-        for c in compactions:
-            serves = tuple((*pair, rank[pair]) for pair in _pairs(c)
-                           if served.get(pair) == c["id"])
-            if serves:
-                segments += [SegmentRef(self._file("compacted", c["id"], p["file"]), p["rows"],
-                                        p["min"], p["max"], serves, c["id"])
-                             for p in c["parts"] if p["rows"]]
-        for r in runs:
-            pair = (r.run_id, r.attempt)
-            if pair not in served:
-                segments += [SegmentRef(self._data(r, p["file"]), p["rows"], p["min"], p["max"],
-                                        ((*pair, rank[pair]),), f"{r.run_id}/{r.attempt}")
-                             for p in r.parts if p["rows"]]
-        return LookupPlan(tuple(r.run_id for r in runs), tuple(segments))
-
-    def lookup(self, words: np.ndarray, exclude_run: str | None = None,
-               plan: LookupPlan | None = None) -> tuple[np.ndarray, pa.Array, pa.Array]:
-        """For each (hi, lo) digest: (found, stored record id, run id), nulls where not
-        found. A digest in several runs gets the earliest committed one. Only segments
-        whose key range holds a queried digest are opened, and in them only the buckets
-        that can hold one are read. ``plan``: a fixed ``plan(exclude_run)``."""
-        words = _words(words)
-        plan = self.plan(exclude_run) if plan is None else plan
-        keys, back = np.unique(keys_of(words), return_inverse=True)
-        stats = {"runs": len(plan.runs), "segments": len(plan.segments),
-                 "segments_opened": 0, "reads": 0, "bytes_read": 0}
-        query, rank, ids = [], [], []
-        for seg in plan.segments:
-            a = int(np.searchsorted(keys, _key(seg.min), "left"))
-            b = int(np.searchsorted(keys, _key(seg.max), "right"))
-            if a == b:
-                continue
-            stats["segments_opened"] += 1
-            hits = digest_segment.search(seg.path, keys[a:b], stats)
-            serves = {(r, at): k for r, at, k in seg.serves}
-            rank_of = np.array([serves.get(tuple(p), -1) for p in hits.runs], np.int64)
-            r = rank_of[hits.run]
-            live = r >= 0  # rows of replaced or excluded attempts, or served elsewhere
-            query.append(a + hits.query[live])
-            rank.append(r[live])
-            ids.append(hits.ids.filter(pa.array(live)))
-        self.last_lookup_stats = stats
-        take, run_of = np.full(len(keys), -1), np.full(len(keys), -1)
-        q = np.concatenate(query) if query else np.empty(0, np.int64)
-        if len(q):
-            r = np.concatenate(rank)
-            order = np.lexsort((r, q))  # per query digest, its earliest run first
-            first = order[np.concatenate([[True], np.diff(q[order]) != 0])]
-            take[q[first]], run_of[q[first]] = first, r[first]
-        take, run_of = take[back], run_of[back]
-        found = take >= 0
-        ids = pa.concat_arrays(ids) if ids else pa.array([], pa.string())
-        run_ids = pa.array(plan.runs, pa.string())
-        return (found, ids.take(pa.array(take, pa.int64(), mask=~found)),
-                run_ids.take(pa.array(run_of, pa.int64(), mask=~found)))
+    # reads: plan, lookup and vectors (StoreReads, transforms.store_reads)
 
     # compaction
 
@@ -398,22 +274,6 @@ class FingerprintStore:
                     if (path := self._data(r, p["file"])) in stale:
                         fs.delete(path)
 
-    def vectors(self, exclude_run: str | None = None, batch_rows: int = 65536
-                ) -> Iterator[tuple[np.ndarray, pa.Array, pa.Array, np.ndarray]]:
-        """All stored values, oldest run first, in batches: (words (n, 2) uint64, record
-        ids, run ids, x (n, d) in the stored dtype, a read-only view of Arrow memory)."""
-        for run in self.runs(exclude=exclude_run):
-            run_id = pa.scalar(run.run_id, pa.string())
-            for part in run.vector_parts:
-                with fs.open_read(self._data(run, part["file"])) as f:
-                    pf = pq.ParquetFile(f)
-                    dtype = np.dtype(pf.schema_arrow.metadata[DTYPE_KEY].decode())
-                    for batch in pf.iter_batches(batch_size=batch_rows):
-                        x = batch["x"].flatten().to_numpy(zero_copy_only=False)
-                        yield (_batch_words(batch), batch["record_id"],
-                               pa.repeat(run_id, len(batch)),
-                               x.view(dtype).reshape(-1, part["dim"]))
-
     # layout
 
     def _file(self, *parts: str) -> str:
@@ -489,58 +349,10 @@ def _read_markers(pattern: str) -> list[dict]:
     return docs
 
 
-def _pairs(compaction: dict) -> list[tuple[str, str]]:
-    return [tuple(p) for p in compaction["covers"]]
-
-
-def _bounds(words: np.ndarray) -> dict:
-    """Rows and smallest/largest digest (32 hex digits; None when empty) of a part."""
-    if not len(words):
-        return {"rows": 0, "min": None, "max": None}
-    hi = words[:, 0]
-    lo, top = hi.min(), hi.max()
-    return {"rows": len(words),
-            "min": _hex((lo, words[hi == lo, 1].min())),
-            "max": _hex((top, words[hi == top, 1].max()))}
-
-
 def _check_run_id(run_id: str) -> None:
     if not RUN_ID.fullmatch(run_id):
         raise ValueError(f"{run_id!r} is not a usable run id: letters, digits and . _ = -")
 
-
-def _checked(words: np.ndarray, ids: pa.Array) -> tuple[np.ndarray, pa.Array]:
-    words = _words(words)
-    if len(ids) != len(words):
-        raise ValueError(f"{len(words)} digests but {len(ids)} record ids")
-    if isinstance(ids, pa.ChunkedArray):
-        ids = ids.combine_chunks()
-    return words, ids.cast(pa.string())
-
-
-def _words(words: np.ndarray) -> np.ndarray:
-    words = np.asarray(words)
-    if words.dtype != np.uint64 or words.ndim != 2 or words.shape[1] != 2:
-        raise ValueError(f"digests must be (n, 2) uint64 (hi, lo), got {words.shape} "
-                         f"{words.dtype}: see transforms.exact.digest_words")
-    return words
-
-
-def _key(hex32: str) -> np.ndarray:
-    return np.array((int(hex32[:16], 16), int(hex32[16:], 16)), KEY)
-
-
-def _hex(word) -> str:
-    return f"{int(word[0]):016x}{int(word[1]):016x}"
-
-
-def _key_table(words: np.ndarray, ids: pa.Array) -> pa.Table:
-    return pa.table({"hi": np.ascontiguousarray(words[:, 0]),
-                     "lo": np.ascontiguousarray(words[:, 1]), "record_id": ids})
-
-
-def _batch_words(batch: pa.Table | pa.RecordBatch) -> np.ndarray:
-    return np.column_stack([batch["hi"].to_numpy(), batch["lo"].to_numpy()])
 
 
 def _run_info(m: dict) -> RunInfo:
