@@ -16,6 +16,7 @@ from transforms import near_recall as recall
 from transforms import near_search as search
 from transforms.fingerprint import quantized_fingerprint_batch
 from transforms.near import NearSpec, exact_distance, find_near, near_duplicates
+from transforms.near_nearest import nearest_distances
 
 
 def planted(seed: int, metric: str, n_base: int = 300, d: int = 16):
@@ -154,11 +155,35 @@ def test_nearest_distances_match_brute_force():
     radius = near.search_radius(spec, 8, 0.0)
     rows = np.arange(0, 300, 3)
     z = near.search_vectors(x, spec, radius, x.mean(axis=0).astype(np.float64))
-    nb, dist, within = near.nearest_distances(x, z, rows, spec, radius)
+    nb, dist, within = nearest_distances(x, z, rows, spec, radius)
     d = np.linalg.norm(x[:, None].astype(np.float64) - x[None], axis=2)
     np.fill_diagonal(d, np.inf)
     np.testing.assert_allclose(dist, d[rows].min(axis=1), rtol=1e-6)
     assert (within == (dist <= 0.2)).all() and within.sum() >= 4
+
+
+def test_nearest_distances_pass_over_zero_vectors_for_cosine():
+    """A zero vector has no direction: nobody's nearest, and none of its own. Spread-out
+    rows (random 64-d: nearest neighbours past cos 0.5) had picked it, the origin of
+    the unit sphere, and shown as "no neighbour" (distance inf)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((300, 64)).astype(np.float32)
+    zero = [0, 5, 9]
+    x[zero] = 0
+    spec = NearSpec("cosine", threshold=0.1)
+    radius = near.search_radius(spec, 64, 0.0)
+    rows = np.arange(300)
+    z = near.search_vectors(x, spec, radius, x.mean(axis=0).astype(np.float64))
+    nb, dist, within = nearest_distances(x, z, rows, spec, radius)
+    x64 = x.astype(np.float64)
+    unit = x64 / np.maximum(np.linalg.norm(x64, axis=1, keepdims=True), 1e-300)
+    d = 1 - unit @ unit.T
+    np.fill_diagonal(d, np.inf)
+    d[:, zero] = np.inf
+    live = np.setdiff1d(rows, zero)
+    assert (nb[zero] == -1).all() and np.isinf(dist[zero]).all()
+    assert not np.isin(nb, zero).any()
+    np.testing.assert_allclose(dist[live], d[live].min(axis=1), rtol=1e-6)
 
 
 def test_decide_leaves_open_what_another_cell_decides():

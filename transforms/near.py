@@ -42,7 +42,6 @@ from transforms.near_search import (
     centred,
     centred_blocks,
     earlier_candidates,
-    pairs_within,
     precision_for,
     rows_for,
 )
@@ -413,25 +412,3 @@ def near_duplicates(x: np.ndarray, rank: np.ndarray, spec: NearSpec,
     """``find_near``'s (removed, kept, distance): row indices and float64 distances."""
     r = find_near(x, rank, spec, partitions)
     return r.removed, r.kept, r.distance
-
-
-def nearest_distances(x: np.ndarray, z: Vectors, rows: np.ndarray, spec: NearSpec,
-                      radius: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For ``rows`` of ``x`` (search vectors ``z``): the nearest other row by the
-    search's products (no pair listed, so a crowd costs no more), its verified distance
-    (inf: no other row) and whether the two are within tolerance either way. Returns
-    (neighbour, distance, within)."""
-    rows = np.asarray(rows, np.int64)
-    best = np.full(len(rows), -1, np.int64)
-    dist, within = np.full(len(rows), np.inf), np.zeros(len(rows), bool)
-    if not len(rows) or len(x) < 2:
-        return best, dist, within
-    step = rows_for(z.v.itemsize * z.v.shape[1], 64 << 20, len(rows))
-    best = np.concatenate([pairs_within(z.take(rows[a:a + step]), z, radius, spec.device,
-                                        own=rows[a:a + step], pairs=False)[2]
-                           for a in range(0, len(rows), step)])
-    has = best >= 0
-    d, ab, ba = verify_rows(x, rows[has], x, best[has], spec)
-    dist[has] = np.where(np.isnan(d), np.inf, d)
-    within[has] = ab | ba
-    return best, dist, within

@@ -28,6 +28,7 @@ from transforms import fs, near
 from transforms.digest_segment import keys_of
 from transforms.exact import is_protected
 from transforms.near_greedy import KEPT, OPEN, REMOVED
+from transforms.near_nearest import nearest_distances
 from transforms.near_plan import assign
 
 NN_PER_CELL = 256  # rows of a cell that get a nearest-neighbour distance, at most
@@ -203,7 +204,7 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
                          exact=plan.parts.mode == "exact", kept=is_protected(batch.prio),
                          keys=batch.words, projection=plan.parts.projection)
     nn_rows, nn_all = _nn_rows(batch, home, plan.nn_mod)
-    nb, nn, nn_within = near.nearest_distances(batch.x, z, nn_rows, spec, plan.radius)
+    nb, nn, nn_within = nearest_distances(batch.x, z, nn_rows, spec, plan.radius)
     del z  # a crowd's cell: as big as its values, or twice
     later, earlier, bdist, within = d.border
     has = nb >= 0
