@@ -162,6 +162,22 @@ def test_nearest_distances_match_brute_force():
     assert (within == (dist <= 0.2)).all() and within.sum() >= 4
 
 
+def test_cosine_search_radius_covers_the_rounding_of_one_minus_cos():
+    """Two float32 rows 2.5e-8 apart as unit vectors whose 1 - cos rounds to 0 in float64:
+    within any cosine tolerance as the job verifies it, so exact mode must find them even
+    at a tolerance far below that rounding (the radius was sqrt(2 t), 1.4e-10 here)."""
+    pair = np.array([[1.827181339263916, 0.8628000020980835],
+                     [1.8271812200546265, 0.8628000020980835]], np.float32)
+    others = np.random.default_rng(8).standard_normal((400, 2)).astype(np.float32)
+    x = np.concatenate([pair, others])
+    spec = NearSpec("cosine", threshold=1e-20, mode="exact", recall_sample=0,
+                    single_index_rows=50, partition_rows=20)
+    assert exact_distance(pair[1:], pair[:1], spec)[1].all()
+    r = find_near(x, np.arange(len(x)), spec)
+    assert 1 in r.removed.tolist()
+    assert dict(zip(r.removed.tolist(), r.kept.tolist(), strict=True)) == oracle(x, spec)
+
+
 def test_nearest_distances_pass_over_zero_vectors_for_cosine():
     """A zero vector has no direction: nobody's nearest, and none of its own. Spread-out
     rows (random 64-d: nearest neighbours past cos 0.5) had picked it, the origin of

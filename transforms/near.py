@@ -123,8 +123,11 @@ def value_scale(x: np.ndarray, spec: NearSpec) -> float:
 def search_radius(spec: NearSpec, dim: int, scale: float) -> float:
     """L2 radius in the search space such that every pair within the user's tolerance is
     inside it (float rounding of the search is bounded separately, per pair)."""
-    if spec.metric == "cosine":  # |a^ - b^|^2 = 2 (1 - cos); normalising errs ~d ulps
-        return math.sqrt(2 * spec.threshold) * (1 + 1e-12) + (dim + 8) * 2.0 ** -50
+    if spec.metric == "cosine":  # |a^ - b^|^2 = 2 (1 - cos); normalising errs ~d ulps.
+        # The verified 1 - cos is rounded too (cos within ~(d + 2) 2^-52 of its value): a
+        # pair measured within t may be t + that apart, which matters when t is tiny
+        slack = (dim + 8) * 2.0 ** -52
+        return math.sqrt(2 * (spec.threshold + slack)) * (1 + 1e-12) + (dim + 8) * 2.0 ** -50
     if spec.metric == "l2":
         return spec.threshold * (1 + 1e-12)
     # allclose: |a_i - b_i| <= atol + rtol |b_i| for all i  =>  L2 <= sqrt(d) * that
