@@ -129,6 +129,27 @@ def test_partitioned_search_equals_the_oracle(tmp_path, grouping):
     assert by_kind(dups, "exact") == want_exact and by_kind(dups, "near") == want_near
 
 
+@pytest.mark.parametrize("grouping", ["representative", "components"])
+def test_cosine_with_blank_records_at_a_wide_tolerance(tmp_path, grouping):
+    """Zero vectors (blank records) have no direction: under cosine they are within
+    nothing. At cosine 0.5 the search radius is 1, their distance from every unit
+    vector, so the search met them and verified NaN, and the borderline sample failed
+    the job ("distance holds NaN"). Found by scripts/fuzz_near.py."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((300, 3)).astype(np.float32)
+    x[rng.choice(300, 12, replace=False)] = 0
+    parts = [([f"f{f}-{i}" for i in range(150)], x[150 * f:150 * (f + 1)]) for f in range(2)]
+    spec = NearSpec("cosine", threshold=0.5, grouping=grouping)
+    assert run(tmp_path, "parquet", parts, spec, near={
+        "single_index_rows": 50, "partition_rows": 20, "mode": "exact"}) == 0
+    want_exact, want_near = expected(parts, spec)
+    assert len(want_exact) == 11 and len(want_near) > 100
+    dups, _ = report(tmp_path)
+    assert by_kind(dups, "exact") == want_exact and by_kind(dups, "near") == want_near
+    border = pq.read_table(tmp_path / "out" / "report" / "borderline_pairs.parquet")
+    assert border.num_rows and np.isfinite(border.column("distance").to_numpy()).all()
+
+
 def test_keep_last_decides_near_survivors(tmp_path):
     parts, spec = dataset(3, "l2")
     assert run(tmp_path, "parquet", parts, spec, keep="last") == 0

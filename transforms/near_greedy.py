@@ -192,6 +192,9 @@ class _Border:
         self.parts: list[tuple[np.ndarray, ...]] = []
 
     def add(self, later, earlier, dist, within) -> None:
+        measured = ~np.isnan(dist)  # cosine with a zero vector: no distance, no border
+        if not measured.all():
+            later, earlier, dist, within = (v[measured] for v in (later, earlier, dist, within))
         if len(dist):
             self.parts.append((later, earlier, dist, within))
             if sum(len(p[2]) for p in self.parts) > 8 * BORDER:
