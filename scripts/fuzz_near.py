@@ -7,9 +7,11 @@ at tolerances from 0 up; both groupings; cells forced small so that records stra
 them. Then it checks one front end:
 
 - ``kernel``: ``find_near`` in exact mode equals ``near_oracle`` (removed -> kept);
-- ``job``: ``run_job`` on two Parquet files (exact mode, random row groups): the removed
-  set is the oracle's plus the exact copies, exact copies name the first copy, near
-  removals the oracle's kept record, the clean shards hold the rest;
+- ``job``: ``run_job`` on two Parquet files (random row groups): exact copies name the
+  first copy and the clean shards hold the rest; in exact mode the removed set is the
+  oracle's plus the exact copies and near removals name the oracle's kept record; in
+  auto and bounded mode (which may miss pairs) each near removal names a kept record
+  within tolerance (components: in its oracle component);
 - ``online``: ``OnlineDedup`` fed random batch sizes equals ``stream_oracle``.
 
 Prints one JSON line per failing seed (its case and the first differences) and a count.
@@ -36,7 +38,7 @@ from benchkit import ROOT
 
 sys.path.insert(0, str(ROOT))
 from tests.oracle import canonical_key, near_oracle, stream_oracle  # noqa: E402
-from transforms.near import NearSpec, find_near  # noqa: E402
+from transforms.near import NearSpec, exact_distance, find_near  # noqa: E402
 
 
 def random_case(rng: np.random.Generator) -> tuple[np.ndarray, NearSpec]:
@@ -126,7 +128,8 @@ def check_job(x: np.ndarray, spec: NearSpec, rng: np.random.Generator) -> list:
             pq.write_table(pa.table({"id": ids[a:b], "emb": emb[a:b]}),
                            work / "in" / f"part-{k}.parquet",
                            row_group_size=int(rng.integers(50, 500)))
-        near = {"metric": spec.metric, "grouping": spec.grouping, "mode": "exact",
+        mode = str(rng.choice(["exact", "exact", "auto", "bounded"]))
+        near = {"metric": spec.metric, "grouping": spec.grouping, "mode": mode,
                 "single_index_rows": spec.single_index_rows,
                 "partition_rows": spec.partition_rows, "recall_sample": int(rng.choice([0, 50]))}
         near.update(dict(atol=spec.atol, rtol=spec.rtol) if spec.metric == "allclose"
@@ -142,13 +145,26 @@ def check_job(x: np.ndarray, spec: NearSpec, rng: np.random.Generator) -> list:
         exact = {i: first.setdefault(canonical_key(x[i]), i) for i in range(n)}
         exact = {i: k for i, k in exact.items() if k != i}
         want = near_oracle(x, spec)
-        problems = [["removed only by the job", sorted(set(got) - set(want) - set(exact))[:5]],
-                    ["removed only by the oracle", sorted((set(want) | set(exact)) - set(got))[:5]]]
-        problems = [p for p in problems if p[1]]
-        problems += [[r, k, kind, exact.get(r) if kind == "exact" else want.get(r)]
-                     for r, (k, kind) in got.items()
-                     if (kind == "exact" and exact.get(r) != k)
-                     or (kind == "near" and r in want and r not in exact and want[r] != k)][:5]
+        problems = [[r, k, kind, exact.get(r)] for r, (k, kind) in got.items()
+                    if kind == "exact" and exact.get(r) != k][:5]
+        if mode == "exact":
+            problems += [p for p in (
+                ["removed only by the job", sorted(set(got) - set(want) - set(exact))[:5]],
+                ["removed only by the oracle", sorted((set(want) | set(exact)) - set(got))[:5]])
+                if p[1]]
+            problems += [[r, k, kind, want.get(r)] for r, (k, kind) in got.items()
+                         if kind == "near" and r in want and r not in exact and want[r] != k][:5]
+        else:  # bounded may miss pairs: each near removal must still be justified
+            near_rows = [(r, k) for r, (k, kind) in got.items() if kind == "near"]
+            problems += [["near removal names a removed record", r, k]
+                         for r, k in near_rows if k in got][:5]
+            if spec.grouping == "representative" and near_rows:
+                r, k = (np.array(v) for v in zip(*near_rows, strict=True))
+                problems += [["near removal out of tolerance", a, b] for a, b, ok in zip(
+                    r, k, exact_distance(x[r], x[k], spec)[1], strict=True) if not ok][:5]
+            elif near_rows:  # components: one oracle component (first record as its root)
+                problems += [["near removal outside its component", r, k]
+                             for r, k in near_rows if want.get(r, r) != want.get(k, k)][:5]
         clean = sum(pq.read_table(p).num_rows for p in (work / "out" / "clean").glob("*.parquet"))
         if clean != n - len(got):
             problems.append(["clean rows", clean, n - len(got)])
