@@ -260,7 +260,8 @@ class OnlineDedup:
                                    spec.device)
             near_old[q[exact_distance(x[q], block.values[j], spec)[1]]] = True
         fresh = np.flatnonzero(~near_old)
-        drop_fresh = self._within_batch(x[fresh], z[fresh].mean(axis=0), radius)
+        drop_fresh = (self._within_batch(x[fresh], z[fresh].mean(axis=0), radius)
+                      if len(fresh) else np.zeros(0, bool))  # all near old: no mean
         kept = np.setdiff1d(fresh, fresh[drop_fresh])
         self._remember(x[kept])
         return np.sort(np.concatenate([rows[near_old], rows[fresh[drop_fresh]]]))
