@@ -49,14 +49,17 @@ def _with_direction(x: np.ndarray, z: Vectors, rows: np.ndarray, best: np.ndarra
     again among the rows with a direction (copying those rows only then: a crowd's rows
     choose each other)."""
     flat = x.reshape(len(x), -1)
-    live = np.concatenate([np.any(flat[a:a + 65536] != 0, axis=1)
-                           for a in range(0, len(flat), 65536)])
-    if live.all():
+    asks = np.any(flat[rows] != 0, axis=1)  # only the sampled rows and their choices: a
+    chose = best >= 0  # pass over the whole cell (a crowd's millions) only when needed
+    fine = np.ones(len(rows), bool)
+    fine[chose] = np.any(flat[best[chose]] != 0, axis=1)
+    if asks.all() and fine.all():
         return best
-    redo = np.flatnonzero(live[rows] & (best >= 0) & ~live[np.maximum(best, 0)])
-    best = np.where(live[rows], best, -1)
+    redo = np.flatnonzero(asks & ~fine)
+    best = np.where(asks, best, -1)
     if len(redo):
-        at = np.flatnonzero(live)
+        at = np.flatnonzero(np.concatenate([np.any(flat[a:a + 65536] != 0, axis=1)
+                                            for a in range(0, len(flat), 65536)]))
         own = np.searchsorted(at, rows[redo])
         b = pairs_within(z.take(at[own]), z.take(at), radius, spec.device, own=own,
                          pairs=False)[2]
