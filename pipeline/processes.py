@@ -12,11 +12,14 @@ group read ahead each (``kernel_threads`` does both for threads), their progress
 by the launcher (``Relay``) and their log lines below warnings kept off the terminal
 (``python -m pipeline.processes``: Beam's SDK worker with a quiet handler; this module
 imports Beam and the steps only inside functions, so that handler comes first).
+Also how a command's process ends once its work is done (``end_process``).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import logging
 import os
 import shlex
@@ -25,6 +28,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from typing import NoReturn
 
 from transforms import periodic
 
@@ -90,6 +94,33 @@ def fewer_malloc_arenas() -> None:
     libc = _libc()
     if libc is not None and "MALLOC_ARENA_MAX" not in os.environ:
         libc.mallopt(-8, MALLOC_ARENAS)  # M_ARENA_MAX
+
+
+def imports_frozen() -> None:
+    """Moves every object this process has made so far out of the collector's sight
+    (``gc.freeze``). Call it once the command's imports are done: Beam, Arrow and the
+    rest make about 170k objects that live as long as the process, and each full
+    collection of the job (one at its end included) walked them all, 0.1-0.3 s a run."""
+    gc.freeze()
+
+
+def end_process(code: int) -> NoReturn:
+    """Ends a command's process with ``code``, its work done: the exit handlers run (logs
+    flushed, temporary folders removed), the interpreter's teardown does not. That
+    teardown frees the whole heap object by object and runs the C++ libraries'
+    destructors: 0.4-0.5 s after a 1 M row job, and where Beam's gRPC threads once
+    aborted the process (exit 134). A non-daemon thread still running gets the normal
+    exit, which waits for it."""
+    main = threading.main_thread()
+    if any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate()):
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more to say
+            pass
+    os._exit(code)
 
 
 def finished_outputs_dropped() -> None:
@@ -233,9 +264,11 @@ def main() -> None:
 
     from transforms.formats import ahead
 
+    imports_frozen()
     finished_outputs_dropped()
     with freed_memory_released(), ahead.at_once(1):  # one row group ahead per worker
         sdk_worker_main.main(sys.argv)
+    end_process(0)  # the runner waits for this process to end before the job does
 
 
 if __name__ == "__main__":

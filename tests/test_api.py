@@ -285,7 +285,7 @@ def test_progress_is_off_unless_enabled():
 def test_console_script_is_declared():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["tensordedup"] == "pipeline.run:main"
+    assert scripts["tensordedup"] == "pipeline.run:console"
 
 
 def cli() -> list[str]:

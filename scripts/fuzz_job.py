@@ -1,0 +1,402 @@
+"""Differential fuzz of the whole job (``run_job``) against a brute-force oracle: keep
+policies, reference sets, the fingerprint store and every input format.
+
+Each seed takes a case from ``fuzz_near.random_case`` (exact and near copies, blank
+records, crowds, NaN rows, l2 / cosine / allclose, both groupings) and picks at random:
+the input format (Parquet; TFRecord as float_list / int64_list or serialized tensors;
+HDF5), 1 to 3 input files, ``keep`` (first | last | {max: score} | {min: score}, scores
+with ties, NaN and nulls), the near stage (off, or mode exact / auto / bounded), a
+reference set (copies and near copies of input records, fresh records, copies within
+itself; any format holding the dtype) and a fingerprint store (the records split over two
+runs sharing a store; the second run is checked against the first run's kept records).
+
+Oracle (docs/pipeline.md, docs/near.md, docs/runs.md): records ranked by the keep policy
+(ties by input order, NaN scores last), protected records (reference in file order, then
+the store) ahead of all; exact groups keep their best record, or all go to the first
+protected copy (``reference_exact`` / ``store_exact``); the near stage runs on the exact
+survivors plus the protected records: representative = each record in keep order removed
+in favour of its nearest kept record (ties by keep order), components = each component
+keeps its first record in keep order. Checks: exact kinds always equal the oracle; near
+kinds equal it in mode exact, and in auto / bounded (which may miss pairs) each near
+removal names a kept record within tolerance (components: in its oracle component);
+read = kept + removed + invalid; per-kind counts; clean shards read back with the
+format's own reader (pyarrow, tf.data, h5py) hold exactly the kept records, in order.
+
+Usage: python scripts/fuzz_job.py --seeds 0:100 --minutes 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+from fuzz_near import ROOT, random_case
+
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from tests.oracle import canonical_key, near_pairs  # noqa: E402
+from transforms.near import NearSpec, exact_distance  # noqa: E402
+
+EXT = {"parquet": "parquet", "tfrecord": "tfrecord", "hdf5": "h5"}
+
+
+# ------------------------------------------------------------------ writing and reading
+
+
+def write_file(fmt: str, tf_kind: str, path: Path, ids: list[str], x: np.ndarray,
+               score: np.ndarray, rng: np.random.Generator) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        emb = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1])
+        sc = pa.array(score, mask=np.isnan(score) & (rng.random(len(score)) < 0.5))
+        pq.write_table(pa.table({"id": ids, "emb": emb, "score": sc}), path,
+                       row_group_size=int(rng.integers(20, 400)))
+    elif fmt == "tfrecord":
+        import tensorflow as tf
+
+        with tf.io.TFRecordWriter(str(path)) as w:
+            for i, t, s in zip(ids, x, score, strict=True):
+                if tf_kind == "serialized":
+                    emb = tf.train.Feature(bytes_list=tf.train.BytesList(
+                        value=[tf.io.serialize_tensor(t).numpy()]))
+                elif tf_kind == "float_list":
+                    emb = tf.train.Feature(float_list=tf.train.FloatList(value=t))
+                else:
+                    emb = tf.train.Feature(int64_list=tf.train.Int64List(value=t))
+                feat = {"id": tf.train.Feature(bytes_list=tf.train.BytesList(value=[i.encode()])),
+                        "emb": emb, "score": tf.train.Feature(float_list=tf.train.FloatList(
+                            value=[s]))}
+                w.write(tf.train.Example(features=tf.train.Features(feature=feat))
+                        .SerializeToString())
+    else:
+        import h5py
+
+        with h5py.File(path, "w") as h:
+            chunks = ((int(rng.integers(1, min(64, len(x)) + 1)), x.shape[1])
+                      if len(x) and rng.random() < 0.5 else None)
+            h.create_dataset("emb", data=x, chunks=chunks)
+            h.create_dataset("id", data=np.array([i.encode() for i in ids], "S8"))
+            h.create_dataset("score", data=score)
+
+
+def read_file(fmt: str, tf_kind: str, path: Path, dtype: np.dtype, d: int
+              ) -> tuple[list[str], np.ndarray]:
+    """(ids, tensors) of a clean shard, read with the format's own reader."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        t = pq.read_table(path)
+        emb = t.column("emb").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        return t.column("id").to_pylist(), emb.reshape(-1, d)
+    if fmt == "tfrecord":
+        import tensorflow as tf
+
+        ids, rows = [], []
+        for rec in tf.data.TFRecordDataset(str(path)):
+            f = tf.train.Example.FromString(rec.numpy()).features.feature
+            ids.append(f["id"].bytes_list.value[0].decode())
+            if tf_kind == "serialized":
+                rows.append(tf.io.parse_tensor(f["emb"].bytes_list.value[0],
+                                               tf.as_dtype(dtype)).numpy())
+            else:
+                rows.append(np.array(getattr(f["emb"], tf_kind).value, dtype))
+        return ids, np.array(rows, dtype).reshape(-1, d)
+    import h5py
+
+    with h5py.File(path, "r") as h:
+        return [b.decode() for b in h["id"][:]], h["emb"][:]
+
+
+def write_set(fmt: str, tf_kind: str, folder: Path, ids: list[str], x: np.ndarray,
+              score: np.ndarray, files: int, rng: np.random.Generator) -> list[list[int]]:
+    """Rows split in order over ``files`` files part-0, part-1, ... (input order)."""
+    cuts = np.sort(rng.integers(0, len(x) + 1, files - 1))
+    parts = [p.tolist() for p in np.split(np.arange(len(x)), cuts)]
+    for k, rows in enumerate(parts):
+        write_file(fmt, tf_kind, folder / f"part-{k}.{EXT[fmt]}", [ids[i] for i in rows],
+                   x[rows], score[rows], rng)
+    return parts
+
+
+def input_config(fmt: str, tf_kind: str, folder: Path, d: int) -> dict:
+    cfg = {"format": fmt, "path": str(folder / f"*.{EXT[fmt]}"), "tensor": "emb", "id": "id"}
+    if tf_kind in ("float_list", "int64_list"):
+        cfg["shape"] = [d]
+    return cfg
+
+
+# ------------------------------------------------------------------------------ oracle
+
+
+def keep_rank(keep: str, score: np.ndarray) -> np.ndarray:
+    """Input positions in keep order (ties by input order, NaN scores last)."""
+    idx = np.arange(len(score))
+    if keep in ("first", "last"):
+        return idx if keep == "first" else idx[::-1]
+    p = -score if keep == "max" else score
+    return np.lexsort((idx, np.where(np.isnan(p), np.inf, p)))
+
+
+def oracle(ids: list[str], x: np.ndarray, score: np.ndarray, keep: str,
+           prot: list[tuple[str, np.ndarray, str]], spec: NearSpec | None):
+    """({removed id: (kind, duplicate_of)}, {id: component root id}, {id: tier}, {id: x})."""
+    pkey: dict[tuple, tuple[str, str]] = {}
+    for pid, t, tier in prot:
+        pkey.setdefault(canonical_key(t), (pid, tier))
+    order = keep_rank(keep, score)
+    groups: dict[tuple, list[int]] = {}
+    for i in order.tolist():
+        groups.setdefault(canonical_key(x[i]), []).append(i)
+    out, surv = {}, []
+    for key, members in groups.items():
+        if key in pkey:
+            pid, tier = pkey[key]
+            out.update({ids[m]: (f"{tier}_exact", pid) for m in members})
+        else:
+            surv.append(members[0])
+            out.update({ids[m]: ("exact", ids[members[0]]) for m in members[1:]})
+    pos = np.empty(len(order), np.int64)
+    pos[order] = np.arange(len(order))
+    surv.sort(key=lambda i: pos[i])
+    pool_ids = [p[0] for p in prot] + [ids[i] for i in surv]
+    tier = dict(zip(pool_ids, [p[2] for p in prot] + ["new"] * len(surv), strict=True))
+    values = {p[0]: p[1] for p in prot} | {ids[i]: x[i] for i in range(len(ids))}
+    root: dict[str, str] = {}
+    if spec is None or not pool_ids:
+        return out, root, tier, values
+    pool = np.stack([values[i] for i in pool_ids])
+    pairs, n_p = near_pairs(pool, spec), len(prot)
+    kind = lambda e: "near" if tier[pool_ids[e]] == "new" else f"{tier[pool_ids[e]]}_near"  # noqa: E731
+    label: dict[int, int] = {}
+
+    def find(u: int) -> int:
+        while label.get(u, u) != u:
+            u = label[u]
+        return u
+
+    for a in sorted(pairs):
+        for _, b in pairs[a]:
+            ra, rb = find(a), find(b)
+            label[max(ra, rb)] = min(ra, rb)
+    root = {pool_ids[i]: pool_ids[find(i)] for i in range(len(pool_ids))}
+    if spec.grouping == "representative":
+        rem: dict[int, int] = {}
+        for r in sorted(pairs):
+            refs = [(dd, e) for dd, e in pairs[r] if e not in rem]
+            if r >= n_p and refs:
+                rem[r] = min(refs)[1]
+    else:
+        rem = {i: find(i) for i in label if i >= n_p and find(i) != i}
+    out.update({pool_ids[r]: (kind(e), pool_ids[e]) for r, e in rem.items()})
+    return out, root, tier, values
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+def check_run(got, summary, want, root, tier, values, spec, mode, clean, kept_ids, invalid
+              ) -> list:
+    problems = []
+    exact_kinds = ("exact", "reference_exact", "store_exact")
+    g_ex = {r: v for r, v in got.items() if v[0] in exact_kinds}
+    w_ex = {r: v for r, v in want.items() if v[0] in exact_kinds}
+    problems += [["exact kinds differ", r, g_ex.get(r), w_ex.get(r)]
+                 for r in sorted(g_ex.keys() | w_ex.keys()) if g_ex.get(r) != w_ex.get(r)][:5]
+    g_near = {r: v for r, v in got.items() if r not in g_ex}
+    if spec is not None and mode == "exact":
+        for r in sorted(g_near.keys() | (want.keys() - w_ex.keys())):
+            g, w = got.get(r), want.get(r)
+            if g != w and not (spec.grouping == "components" and g and w and g[0] == w[0]
+                               == "store_near" and root.get(g[1]) == root.get(w[1])):
+                problems.append(["near differs (got, oracle)", r, g, w])  # store order:
+            if len(problems) > 8:  # unspecified within a run, so any store record of
+                break               # the component may keep it
+    for r, (k, dup) in g_near.items():
+        if len(problems) > 12:
+            break
+        want_kind = "near" if tier.get(dup) == "new" else f"{tier.get(dup)}_near"
+        if spec is None or k != want_kind or r in w_ex or dup in got:
+            problems.append(["near removal: wrong kind, no near stage, or names a removed / "
+                             "exact-removed record", r, k, dup])
+        elif spec.grouping == "representative":
+            if not exact_distance(values[r][None].astype(np.float64),
+                                  values[dup][None].astype(np.float64), spec)[1][0]:
+                problems.append(["near removal out of tolerance", r, dup])
+        elif root.get(r) != root.get(dup):
+            problems.append(["near removal outside its component", r, dup])
+    counts = collections.Counter(k for k, _ in got.values())
+    removed = {k.removeprefix("removed_"): v for k, v in summary.items()
+               if k.startswith("removed_")}
+    if {k: v for k, v in removed.items() if v} != dict(counts):
+        problems.append(["summary counts", removed, dict(counts)])
+    if summary["read"] != summary["kept"] + sum(removed.values()) + summary["invalid"]:
+        problems.append(["read != kept + removed + invalid", summary["read"], summary["kept"],
+                         removed, summary["invalid"]])
+    if summary["invalid"] != len(invalid) or summary["kept"] != len(kept_ids):
+        problems.append(["kept, invalid (got, want)", summary["kept"], summary["invalid"],
+                         len(kept_ids), len(invalid)])
+    if [i for i, _ in clean] != kept_ids:
+        problems.append(["clean ids", len(clean), len(kept_ids),
+                         sorted(set(kept_ids) ^ {i for i, _ in clean})[:5]])
+    elif any(canonical_key(t) != canonical_key(values[i]) for i, t in clean):
+        problems.append(["clean values differ"])
+    return problems
+
+
+def run_case(seed: int, stats: collections.Counter) -> tuple[dict, list]:
+    import pyarrow.parquet as pq
+
+    from pipeline import run_job
+
+    rng = np.random.default_rng(seed)
+    x, spec = random_case(rng)
+    fmt = str(rng.choice(["parquet", "tfrecord", "hdf5"]))
+    tf_kind = str(rng.choice(["serialized", "list"])) if fmt == "tfrecord" else ""
+    if fmt == "parquet" and x.dtype in (np.float16, np.int16):
+        x = x.astype(np.float32)
+    if tf_kind == "list":
+        tf_kind = "float_list" if x.dtype.kind == "f" else "int64_list"
+        x = x.astype(np.float32 if x.dtype.kind == "f" else np.int64)
+    if spec.metric != "allclose" and spec.threshold == 0:  # the config wants > 0
+        spec = replace(spec, threshold=1e-6)
+    n, d = x.shape
+    keep = str(rng.choice(["first", "last", "max", "min"]))
+    score = rng.integers(0, 5, n).astype(np.float64)
+    score[rng.random(n) < 0.1] = np.nan
+    mode = str(rng.choice(["off", "exact", "exact", "auto", "bounded"]))
+    spec = None if mode == "off" else spec
+    use_ref, use_store = rng.random() < 0.4, rng.random() < 0.4
+    nonfinite = "invalid" if spec is not None and rng.random() < 0.25 else "keep"
+    case = {"seed": seed, "rows": n, "dim": d, "dtype": str(x.dtype), "format": fmt,
+            "tf": tf_kind, "keep": keep, "mode": mode, "spec": str(spec),
+            "reference": use_ref, "store": use_store, "nonfinite": nonfinite}
+    stats.update([f"format={fmt}{'/' + tf_kind if tf_kind else ''}", f"keep={keep}",
+                  f"near={mode}", f"reference={use_ref}", f"store={use_store}",
+                  f"nonfinite={nonfinite}"]
+                 + ([f"grouping={spec.grouping}"] if spec else []))
+    work = Path(tempfile.mkdtemp(prefix="fuzz-job-"))
+    try:
+        cfg = {"keep": keep if keep in ("first", "last") else {keep: "score"},
+               "max_invalid_fraction": 1.0, "tuning": {
+                   "chunk_rows": int(rng.choice([5, 64, 65536])),
+                   "unit_rows": int(rng.choice([17, 262144])),
+                   "shards": int(rng.choice([1, 3, 16]))}}
+        case["tuning"] = cfg["tuning"]
+        if spec is not None:
+            cfg["near"] = {"metric": spec.metric, "grouping": spec.grouping, "mode": mode,
+                           "single_index_rows": spec.single_index_rows,
+                           "partition_rows": spec.partition_rows,
+                           "recall_sample": int(rng.choice([0, 50])), "nonfinite": nonfinite,
+                           **(dict(atol=spec.atol, rtol=spec.rtol) if spec.metric == "allclose"
+                              else dict(threshold=spec.threshold))}
+        prot: list[tuple[str, np.ndarray, str]] = []
+        if use_ref:  # copies and near copies of input records, fresh ones, copies within
+            m = int(rng.integers(1, 60))
+            ref = x[rng.integers(0, n, m)].astype(np.float64)
+            near_ = rng.random(m) < 0.4
+            ref[near_] += rng.standard_normal((near_.sum(), d)) * 1e-3 * (
+                np.nanmean(np.abs(ref)) + 1e-6)
+            fresh = rng.random(m) < 0.3
+            xf = x.astype(np.float64)[np.isfinite(x).all(1)]
+            scale = float(np.abs(xf).mean()) if xf.size else 1.0
+            ref[fresh] = rng.standard_normal((fresh.sum(), d)) * scale
+            ref = (ref if x.dtype.kind == "f" else np.clip(np.round(ref), 0, 3)).astype(x.dtype)
+            ref = np.concatenate([ref, ref[rng.integers(0, m, int(rng.integers(0, 3)))]])
+            ref_fmts = ["hdf5", fmt] + ([] if x.dtype in (np.float16, np.int16) else ["parquet"])
+            ref_fmt = str(rng.choice(ref_fmts))
+            ref_tf = tf_kind if ref_fmt == "tfrecord" else ""
+            ref_ids = [f"ref{j}" for j in range(len(ref))]
+            parts = write_set(ref_fmt, ref_tf, work / "ref", ref_ids, ref,
+                              np.zeros(len(ref)), int(rng.integers(1, 3)), rng)
+            prot = [(ref_ids[j], ref[j], "reference") for p in parts for j in p]
+            cfg["reference"] = input_config(ref_fmt, ref_tf, work / "ref", d)
+            case["reference_format"] = ref_fmt
+        runs = [np.arange(n)]
+        if use_store:
+            cut = int(rng.integers(1, n))
+            runs = [np.arange(cut), np.arange(cut, n)]
+            cfg["store"] = {"path": str(work / "store")}
+        problems = []
+        for k, rows in enumerate(runs):
+            ids = [f"r{i}" for i in rows]
+            folder = work / f"in{k}"
+            files = write_set(fmt, tf_kind, folder, ids, x[rows], score[rows],
+                              int(rng.integers(1, 4)), rng)
+            files_order = [j for p in files for j in p]  # the input order (== rows order)
+            assert files_order == list(range(len(rows)))
+            out = work / f"out{k}"
+            s = run_job({**cfg, "input": input_config(fmt, tf_kind, folder, d),
+                         "output": {"path": str(out / "clean")}, "report": str(out / "report"),
+                         "run_id": f"run{k}"}, quiet=True)
+            dup = pq.read_table(out / "report" / "duplicates.parquet").to_pylist()
+            got = {r["record_id"]: (r["kind"], r["duplicate_of"]) for r in dup}
+            stats.update(f"removed {kind}" for kind, _ in got.values())
+            ok = np.isfinite(x[rows]).all(1) | (nonfinite == "keep")
+            invalid = [i for i, o in zip(ids, ok, strict=True) if not o]
+            want, root, tier, values = oracle([i for i, o in zip(ids, ok, strict=True) if o],
+                                              x[rows][ok], score[rows][ok], keep, prot, spec)
+            values.update(zip(ids, x[rows], strict=True))
+            kept_ids = [i for i in ids if i not in got and i not in invalid]
+            bad = set(pq.read_table(out / "report" / "invalid.parquet")["record_id"].to_pylist())
+            if bad != set(invalid):
+                problems.append([f"run {k}: invalid ids", sorted(bad ^ set(invalid))[:5]])
+            clean = []
+            for f in range(len(files)):
+                path = out / "clean" / f"part-{f}.{EXT[fmt]}"
+                if path.exists():
+                    got_ids, got_x = read_file(fmt, tf_kind, path, x.dtype, d)
+                    clean += list(zip(got_ids, got_x, strict=True))
+            summary = s.summary
+            if use_ref and summary.get("reference", {}).get("read") != len(prot) - sum(
+                    t == "store" for *_, t in prot):
+                problems.append([f"run {k}: reference read", summary.get("reference")])
+            problems += [[f"run {k}", *p] for p in check_run(
+                got, summary, want, root, tier, values, spec, mode, clean, kept_ids, invalid)]
+            if problems:
+                break
+            kept = set(kept_ids)  # the next run's store: the records this run kept
+            prot = prot + [(ids[i], x[rows][i], "store") for i in range(len(rows))
+                           if ids[i] in kept]
+        return case, problems
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", default="0:1000", help="first:last (last excluded)")
+    ap.add_argument("--minutes", type=float, default=10.0, help="stop after this long")
+    args = ap.parse_args()
+    first, last = (int(v) for v in args.seeds.split(":"))
+    deadline, bad, ran, stats = time.time() + 60 * args.minutes, 0, 0, collections.Counter()
+    for seed in range(first, last):
+        if time.time() > deadline:
+            break
+        ran += 1
+        try:
+            case, problems = run_case(seed, stats)
+        except Exception as e:  # noqa: BLE001 - a crash is a finding
+            case, problems = {"seed": seed}, [f"{type(e).__name__}: {e}"[:1500],
+                                              traceback.format_exc()[-1500:]]
+        if problems:
+            bad += 1
+            print(json.dumps({**case, "problems": problems}, default=str), flush=True)
+    print(f"job: {ran} seeds from {first}, {bad} failing; {dict(sorted(stats.items()))}",
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()
