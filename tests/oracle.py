@@ -63,9 +63,10 @@ def near_pairs(x: np.ndarray, spec: NearSpec) -> dict[int, list[tuple[float, int
     if spec.metric == "cosine":
         norms = np.linalg.norm(xs, axis=1, keepdims=True)
         key = (xs / np.where(norms == 0, 1, norms)).mean(axis=1)
-        # 1 - cos is rounded near 0 (a few ulp of 1): pairs a little apart can
-        # measure 0, so the window holds that much more than the threshold
-        width = np.sqrt(2 * (spec.threshold + 1e-15) / d) * 1.001 + 1e-9
+        # 1 - cos is rounded near 0 (up to (d + 8) ulp of 1, the kernel's own slack,
+        # transforms.near.search_radius): pairs a little apart can measure 0, so the window
+        # holds that much more than the threshold
+        width = np.sqrt(2 * (spec.threshold + (d + 8) * 2.0**-52) / d) * 1.001 + 1e-9
     elif spec.metric == "l2":
         key, width = xs.mean(axis=1), spec.threshold / np.sqrt(d) * 1.001 + 1e-12
     else:

@@ -178,6 +178,19 @@ def test_cosine_search_radius_covers_the_rounding_of_one_minus_cos():
     assert dict(zip(r.removed.tolist(), r.kept.tolist(), strict=True)) == oracle(x, spec)
 
 
+def test_small_cells_print_no_faiss_warning(capfd):
+    """Cells of 16 rows (``partition_rows`` set small): the k-means sample then holds
+    fewer than the 39 rows a centroid FAISS asks for, on purpose; FAISS's own warning
+    must not reach the user's terminal (it did: 'WARNING clustering 80 points to 5
+    centroids')."""
+    x = np.random.default_rng(3).standard_normal((80, 8)).astype(np.float32)
+    spec = NearSpec("l2", threshold=0.5, mode="exact", recall_sample=0,
+                    single_index_rows=10, partition_rows=16)
+    r = find_near(x, np.arange(len(x)), spec)
+    assert dict(zip(r.removed.tolist(), r.kept.tolist(), strict=True)) == oracle(x, spec)
+    assert "WARNING" not in capfd.readouterr().err
+
+
 def test_nearest_distances_pass_over_zero_vectors_for_cosine():
     """A zero vector has no direction: nobody's nearest, and none of its own. Spread-out
     rows (random 64-d: nearest neighbours past cos 0.5) had picked it, the origin of

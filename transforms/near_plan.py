@@ -68,7 +68,8 @@ def train(sample: np.ndarray, partitions: int, seed: int = 0,
     centroids = None
     steps = KMEANS_ITERATIONS + 1  # the iterations, then splitting oversized cells
     for it in range(KMEANS_ITERATIONS):
-        km = faiss.Kmeans(d, k, niter=1, seed=seed + it, max_points_per_centroid=len(z))
+        km = faiss.Kmeans(d, k, niter=1, seed=seed + it, max_points_per_centroid=len(z),
+                          min_points_per_centroid=1)  # a small sample is on purpose
         km.train(z, init_centroids=centroids)
         centroids = km.centroids
         if progress is not None:
@@ -99,7 +100,7 @@ def _split_large(z: np.ndarray, centroids: np.ndarray, seed: int) -> np.ndarray:
             out.append(centroids[c:c + 1])
             continue
         km = faiss.Kmeans(z.shape[1], parts, niter=KMEANS_ITERATIONS, seed=seed + c,
-                          max_points_per_centroid=len(rows))
+                          max_points_per_centroid=len(rows), min_points_per_centroid=1)
         km.train(rows)
         out.append(km.centroids)
     return np.concatenate(out)
