@@ -126,6 +126,14 @@ def inspect_files(files: list[str], source: InputConfig, spec: TensorSpec, key: 
     return [r for _, r in seen]
 
 
+def first_known(resolved: list[TensorSpec]) -> int:
+    """Index of the first file whose check found a record's dtype (0 if none did): an
+    empty TFRecord file, or one with nothing readable near its start, tells nothing, and
+    its records (none, or bad ones) are left to the reader, so it must not stand for the
+    input's dtype and shape (a store or reference set would be refused as not matching)."""
+    return next((i for i, r in enumerate(resolved) if r.dtype is not None), 0)
+
+
 def common_dir(files: list[str]) -> str:
     """The inputs' deepest common directory (output names are relative to it)."""
     if fs.is_local(files[0]):
@@ -184,6 +192,8 @@ def references(cfg: DedupeConfig, resolved: TensorSpec) -> References | None:
     spec = tensor_spec(src, None, cfg.tuning.decoded_chunk_bytes)
     for path, got in zip(files, inspect_files(files, src, spec, "reference.path", timeout),
                          strict=True):
+        if got.dtype is None:  # nothing to compare: an empty file (first_known)
+            continue
         if got.dtype != resolved.dtype or _size(got.shape) != _size(resolved.shape):
             raise InputError(f"reference.path: {path} holds {got.dtype} tensors of shape "
                              f"{list(got.shape or [])}, the input {resolved.dtype} of shape "

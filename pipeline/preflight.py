@@ -26,7 +26,14 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline import layout
 from pipeline.config import DedupeConfig, InputConfig, keep_policy
 from pipeline.embedding import Embedding, embedding
-from pipeline.inputs import common_dir, inspect_files, list_files, references, tensor_spec
+from pipeline.inputs import (
+    common_dir,
+    first_known,
+    inspect_files,
+    list_files,
+    references,
+    tensor_spec,
+)
 from pipeline.job import Job
 from pipeline.remote import bounded
 from pipeline.steps.store import open_view, store_meta
@@ -244,21 +251,23 @@ def prepare(cfg: DedupeConfig) -> Job:
     root = common_dir(files)
     keep = keep_policy(cfg.keep)
     spec = tensor_spec(cfg.input, keep[1], cfg.tuning.decoded_chunk_bytes)
-    resolved = inspect_files(files, cfg.input, spec, "input.path", timeout)
-    refs = references(cfg, resolved[0])
+    checked = inspect_files(files, cfg.input, spec, "input.path", timeout)
+    first = first_known(checked)
+    resolved = checked[first]
+    refs = references(cfg, resolved)
     _check_paths(cfg, files, root, output, report, refs.files if refs else [], replace)
     for key, target in (("output.path", output), ("report", report)):
         _check_writable(key, target, timeout)
     embed = embedding(cfg.embed)
-    near = near_spec(cfg, "float32" if embed else resolved[0].dtype)
+    near = near_spec(cfg, "float32" if embed else resolved.dtype)
     cfg = _local_workers(cfg, near is None and embed is None and spec.decode is None,
-                         embed is not None, _row_bytes(resolved[0], files[0], cfg.input))
+                         embed is not None, _row_bytes(resolved, files[first], cfg.input))
     store = None
     if cfg.store is not None:
-        meta = store_meta(resolved[0], near, _settings(resolved[0], embed))
+        meta = store_meta(resolved, near, _settings(resolved, embed))
         store = bounded(cfg.store.path, lambda path: open_view(path, run_id, meta),
                          "store.path", "reading the store", timeout)
-    return Job(cfg, files, root, spec, resolved[0], keep, output, report, run_id,
+    return Job(cfg, files, root, spec, resolved, keep, output, report, run_id,
                f"{os.getpid()}-{time.time_ns()}", replace, near, refs, store, embed)
 
 

@@ -342,3 +342,62 @@ def test_exact_only_store_across_runs(tmp_path):
             seen[k] = i
     assert got == expect and any(k == "store_exact" for k, _ in got.values())
     assert not FingerprintStore(str(tmp_path / "store")).runs()[1].has_vectors
+
+
+def _write_with_empty_first(tmp_path, name: str, x: np.ndarray, fmt: str):
+    """``part-0`` empty (sorted first: nothing to read a dtype or shape from), the records
+    in ``part-1``."""
+    write_input(fmt, tmp_path / name / f"part-0.{EXT[fmt]}", [], np.zeros((0, DIM), x.dtype),
+                np.zeros(0, np.int64))
+    ids = [f"{name}-{i}" for i in range(len(x))]
+    write_input(fmt, tmp_path / name / f"part-1.{EXT[fmt]}", ids, x, np.arange(len(x)) % 5)
+    return list(zip(ids, x, strict=True))
+
+
+@pytest.mark.parametrize("where", ["store", "reference", "input", "nonfinite"])
+def test_an_empty_first_file_does_not_stand_for_the_records(tmp_path, where):
+    """An empty TFRecord file first in a set stood for its dtype and shape (none): the
+    store was refused ('this run null'), a reference set too ('no record could match');
+    with ``near.nonfinite: invalid`` an empty file's chunk crashed the read (reshape of
+    size 0). Each run now equals the oracle."""
+    fmt = "parquet" if where == "nonfinite" else "tfrecord"
+    a = day(30, 80)
+    near = {"metric": "l2", "threshold": THRESHOLD,
+            **({"nonfinite": "invalid"} if where == "nonfinite" else {})}
+
+    def run(name: str, run_id: str, **cfg) -> int:
+        cfg["output"] = {"path": str(tmp_path / "out" / "clean" / "{run_id}")}
+        cfg["report"] = str(tmp_path / "out" / "report" / "{run_id}")
+        return run_job(tmp_path, fmt, str(tmp_path / name / f"*.{EXT[fmt]}"),
+                       f"run_id={run_id}", "runner.processes=false", near=near, input=shape,
+                       **cfg)
+
+    shape = {"shape": [DIM]} if fmt == "tfrecord" else {}  # flat float_list features
+    ref = {"format": fmt, "path": str(tmp_path / "r" / f"*.{EXT[fmt]}"), "tensor": "emb",
+           "id": "id", **shape}
+    if where == "store":
+        store = {"path": str(tmp_path / "store")}
+        first = write_day(tmp_path, "a", a, fmt=fmt, files=1)
+        assert run(name="a", run_id="a", store=store) == 0
+        protected = [(i, x, "store") for i, x in first if i not in removals(tmp_path, "a")]
+        later = _write_with_empty_first(tmp_path, "b", day(31, 80, [a]), fmt)
+        assert run(name="b", run_id="b", store=store) == 0
+    elif where == "reference":
+        protected = [(i, x, "reference") for i, x in _write_with_empty_first(tmp_path, "r", a,
+                                                                             fmt)]
+        later = write_day(tmp_path, "b", day(31, 80, [a]), fmt=fmt, files=1)
+        assert run(name="b", run_id="b", reference=ref) == 0
+    elif where == "input":
+        protected = [(i, x, "reference") for i, x in write_day(tmp_path, "r", a, fmt=fmt,
+                                                               files=1)]
+        later = _write_with_empty_first(tmp_path, "b", day(31, 80, [a]), fmt)
+        assert run(name="b", run_id="b", reference=ref) == 0
+    else:
+        protected, later = [], _write_with_empty_first(tmp_path, "b", day(31, 80), fmt)
+        assert run(name="b", run_id="b") == 0
+    expect = oracle(protected, later)
+    assert removals(tmp_path, "b") == expect
+    assert len(expect) >= 10
+    s = summary(tmp_path, "b")
+    check_accounting(s)
+    assert s["read"] == len(later)

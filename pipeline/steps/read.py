@@ -74,7 +74,7 @@ class ReadChunks(beam.DoFn):
         progress.tick(self.stage, self.total_units, 0, "units", units=0,
                       total_records=self.total_records)
         for chunk in self.fmt.read(unit, self.spec, self.chunk_rows, self.chunk_bytes):
-            if self.nonfinite_invalid:
+            if self.nonfinite_invalid and len(chunk.positions):  # (an empty file's chunk)
                 chunk = chunk.reported_invalid(
                     ~finite_rows(chunk.tensors.reshape(len(chunk.positions), -1)),
                     "NaN or inf values cannot be compared by distance (near.nonfinite: "
