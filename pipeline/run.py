@@ -20,6 +20,7 @@ import sys
 # The command's imports (Beam, Arrow...) make about 170k objects that live as long as the
 # process: collecting while they load is wasted work (three full collections, 0.1-0.2 s).
 # console() then freezes them (pipeline.processes.imports_frozen).
+_collecting = gc.isenabled()
 gc.disable()
 try:
     from pipeline.api import (
@@ -37,7 +38,8 @@ try:
     from transforms.formats.base import InputError
     from transforms.lease import LeaseHeld
 finally:
-    gc.enable()
+    if _collecting:
+        gc.enable()
 
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 CONSOLE_SCRIPT = "tensordedup"
