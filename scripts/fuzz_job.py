@@ -43,7 +43,12 @@ from fuzz_near import ROOT, random_case
 
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-from tests.oracle import canonical_key, near_pairs  # noqa: E402
+from tests.oracle import (  # noqa: E402
+    canonical_key,
+    component_roots,
+    near_decisions,
+    near_pairs,
+)
 from transforms.near import NearSpec, exact_distance  # noqa: E402
 
 EXT = {"parquet": "parquet", "tfrecord": "tfrecord", "hdf5": "h5"}
@@ -159,28 +164,11 @@ def oracle(ids: list[str], x: np.ndarray, score: np.ndarray, keep: str,
     if spec is None or not pool_ids:
         return out, root, tier, values
     pool = np.stack([values[i] for i in pool_ids])
-    pairs, n_p = near_pairs(pool, spec), len(prot)
+    pairs = near_pairs(pool, spec)
     kind = lambda e: "near" if tier[pool_ids[e]] == "new" else f"{tier[pool_ids[e]]}_near"  # noqa: E731
-    label: dict[int, int] = {}
-
-    def find(u: int) -> int:
-        while label.get(u, u) != u:
-            u = label[u]
-        return u
-
-    for a in sorted(pairs):
-        for _, b in pairs[a]:
-            ra, rb = find(a), find(b)
-            label[max(ra, rb)] = min(ra, rb)
-    root = {pool_ids[i]: pool_ids[find(i)] for i in range(len(pool_ids))}
-    if spec.grouping == "representative":
-        rem: dict[int, int] = {}
-        for r in sorted(pairs):
-            refs = [(dd, e) for dd, e in pairs[r] if e not in rem]
-            if r >= n_p and refs:
-                rem[r] = min(refs)[1]
-    else:
-        rem = {i: find(i) for i in label if i >= n_p and find(i) != i}
+    roots = component_roots(pairs)
+    root = {pool_ids[i]: pool_ids[roots.get(i, i)] for i in range(len(pool_ids))}
+    rem = near_decisions(pairs, spec.grouping, protected=len(prot))
     out.update({pool_ids[r]: (kind(e), pool_ids[e]) for r, e in rem.items()})
     return out, root, tier, values
 

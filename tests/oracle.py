@@ -92,14 +92,28 @@ def near_pairs(x: np.ndarray, spec: NearSpec) -> dict[int, list[tuple[float, int
 def near_oracle(x: np.ndarray, spec: NearSpec) -> dict[int, int]:
     """{removed row: kept row} by brute force over all pairs in float64 (rank = row order;
     rows with NaN/inf never take part), grouped as ``spec.grouping`` says."""
-    pairs = near_pairs(x, spec)
-    out: dict[int, int] = {}
-    if spec.grouping == "representative":
+    return near_decisions(near_pairs(x, spec), spec.grouping)
+
+
+def near_decisions(pairs: dict[int, list[tuple[float, int]]], grouping: str,
+                   protected: int = 0) -> dict[int, int]:
+    """{removed row: kept row} from ``near_pairs`` in row order; the first ``protected``
+    rows (reference or stored records) are never removed. Representative: each row names
+    its nearest kept earlier row (ties by the earlier row); components: each row names
+    its component's first row."""
+    if grouping == "representative":
+        out: dict[int, int] = {}
         for r in sorted(pairs):
             refs = [(d, e) for d, e in pairs[r] if e not in out]  # kept: not removed
-            if refs:
+            if refs and r >= protected:
                 out[r] = min(refs)[1]  # nearest, ties by the earlier row
         return out
+    return {i: r for i, r in component_roots(pairs).items() if r != i and i >= protected}
+
+
+def component_roots(pairs: dict[int, list[tuple[float, int]]]) -> dict[int, int]:
+    """{row: the first row of its component} for the rows of ``pairs`` (union-find; a
+    row in no pair is its own component)."""
     label: dict[int, int] = {}
 
     def find(u: int) -> int:
@@ -111,7 +125,7 @@ def near_oracle(x: np.ndarray, spec: NearSpec) -> dict[int, int]:
         for _, b in pairs[a]:
             ra, rb = find(a), find(b)
             label[max(ra, rb)] = min(ra, rb)
-    return {i: find(i) for i in label if find(i) != i}
+    return {i: find(i) for i in label}
 
 
 class StreamOracle:
