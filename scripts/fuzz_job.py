@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -220,7 +221,36 @@ def check_run(got, summary, want, root, tier, values, spec, mode, clean, kept_id
     return problems
 
 
-def run_case(seed: int, stats: collections.Counter) -> tuple[dict, list]:
+COUNTS = ("read", "kept", "removed", "invalid", "files")
+
+
+def same_as_local(out: Path, other: Path, s, t) -> list:
+    """Where the run in ``other`` (another runner) differs from the local one in ``out``:
+    report files and clean shards byte for byte, the summary's counts and near figures."""
+    problems = []
+    for name in ("report/duplicates.parquet", "report/invalid.parquet"):
+        if (out / name).read_bytes() != (other / name).read_bytes():
+            a, b = pq.read_table(out / name), pq.read_table(other / name)
+            problems.append([f"{name} differs", "rows equal" if a.equals(b) else
+                             f"{a.num_rows} vs {b.num_rows} rows"])
+    mine = sorted(p.name for p in (out / "clean").iterdir())
+    theirs = sorted(p.name for p in (other / "clean").iterdir())
+    if mine != theirs:
+        problems.append(["clean shards", mine, theirs])
+    problems += [[f"clean/{f} differs"] for f in set(mine) & set(theirs)
+                 if (out / "clean" / f).read_bytes() != (other / "clean" / f).read_bytes()]
+    for key in COUNTS:
+        if s.summary.get(key) != t.summary.get(key):
+            problems.append([f"summary {key}", s.summary.get(key), t.summary.get(key)])
+    near_a, near_b = (dict(x.summary.get("near") or {}) for x in (s, t))
+    for k in sorted(set(near_a) | set(near_b)):
+        if "second" not in k and near_a.get(k) != near_b.get(k):
+            problems.append([f"summary near.{k}", near_a.get(k), near_b.get(k)])
+    return problems
+
+
+def run_case(seed: int, stats: collections.Counter, runner: dict | None = None
+             ) -> tuple[dict, list]:
     from pipeline import run_job
 
     rng = np.random.default_rng(seed)
@@ -298,9 +328,19 @@ def run_case(seed: int, stats: collections.Counter) -> tuple[dict, list]:
             files = write_set(fmt, tf_kind, folder, ids, x[rows], score[rows],
                               int(rng.integers(1, 4)), rng)
             out = work / f"out{k}"
-            s = run_job({**cfg, "input": input_config(fmt, tf_kind, folder, d),
-                         "output": {"path": str(out / "clean")}, "report": str(out / "report"),
-                         "run_id": f"run{k}"}, quiet=True)
+            job = {**cfg, "input": input_config(fmt, tf_kind, folder, d),
+                   "output": {"path": str(out / "clean")}, "report": str(out / "report"),
+                   "run_id": f"run{k}"}
+            s = run_job(job, quiet=True)
+            if runner is not None:  # the same job on the other runner, its own store
+                other = work / f"out{k}-{runner['name']}"
+                t = run_job({**job, "runner": runner, "output": {"path": str(other / "clean")},
+                             "report": str(other / "report"),
+                             **({"store": {"path": str(work / "store-other")}}
+                                if use_store else {})}, quiet=True)
+                problems += [[f"run {k} on {runner['name']}", *p]
+                             for p in same_as_local(out, other, s, t)]
+                stats.update([f"runner={runner['name']}"])
             dup = pq.read_table(out / "report" / "duplicates.parquet").to_pylist()
             got = {r["record_id"]: (r["kind"], r["duplicate_of"]) for r in dup}
             stats.update(f"removed {kind}" for kind, _ in got.values())
@@ -336,7 +376,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0:1000", help="first:last (last excluded)")
     ap.add_argument("--minutes", type=float, default=10.0, help="stop after this long")
+    ap.add_argument("--runner", choices=["dask", "portable"],
+                    help="also run each job on this runner and compare the bytes")
     args = ap.parse_args()
+    with contextlib.ExitStack() as stack:
+        runner = None
+        if args.runner == "dask":
+            import distributed
+
+            cluster = stack.enter_context(distributed.LocalCluster(
+                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None))
+            runner = {"name": "dask", "address": cluster.scheduler_address}
+        elif args.runner == "portable":
+            runner = {"name": "portable", "workers": 2}
+        fuzz(args, runner)
+
+
+def fuzz(args: argparse.Namespace, runner: dict | None) -> None:
     first, last = (int(v) for v in args.seeds.split(":"))
     deadline, bad, ran, stats = time.time() + 60 * args.minutes, 0, 0, collections.Counter()
     for seed in range(first, last):
@@ -344,7 +400,7 @@ def main() -> None:
             break
         ran += 1
         try:
-            case, problems = run_case(seed, stats)
+            case, problems = run_case(seed, stats, runner)
         except Exception as e:  # noqa: BLE001 - a crash is a finding
             case, problems = {"seed": seed}, [f"{type(e).__name__}: {e}"[:1500],
                                               traceback.format_exc()[-1500:]]

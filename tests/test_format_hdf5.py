@@ -253,6 +253,23 @@ def test_write_clips_chunks_of_fixed_datasets(h5file, tmp_path):
         assert g["feat/emb"].shape == (0, 4, 8) and g["labels"].shape == (0,)
 
 
+def test_write_stamps_no_time_so_reruns_write_the_same_bytes(h5file, tmp_path):
+    """HDF5 stamps a creation time on each new object unless told not to: a rerun, or
+    the same job on another runner, then wrote other bytes (found by fuzz_job --runner)."""
+    path, _ = h5file
+    drop = np.arange(0, N, 5)
+    dst = tmp_path / "clean.h5"
+    hdf5.write(path, str(dst), drop)
+    with h5py.File(dst, "r") as g:
+        stamped = []
+        g.visititems(lambda name, obj: stamped.append(name) if h5py.h5o.get_info(
+            obj.id).ctime else None)
+    assert stamped == []
+    again = tmp_path / "again.h5"
+    hdf5.write(path, str(again), drop)
+    assert again.read_bytes() == dst.read_bytes()
+
+
 def test_write_skips_unreadable_rows(h5file, tmp_path):
     path, data = h5file
     corrupt_chunk(path, "feat/emb", 300)

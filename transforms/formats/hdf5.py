@@ -389,8 +389,11 @@ def _new_rows_dataset(src: h5py.Dataset, group: h5py.Group, name: str,
                       n_out: int) -> h5py.Dataset:
     """An empty dataset like ``src`` with ``n_out`` rows: its creation property list is
     copied, so every filter (with its options), fill value and layout is kept. A fixed
-    first axis stays fixed at the new length; an unlimited one stays unlimited."""
+    first axis stays fixed at the new length; an unlimited one stays unlimited. No
+    creation time is stamped (as h5py's own ``create_dataset``): two runs, or two
+    runners, write the same bytes."""
     dcpl = src.id.get_create_plist()
+    dcpl.set_obj_track_times(False)
     shape = (n_out, *src.shape[1:])
     maxshape: tuple[int | None, ...] = shape
     if dcpl.get_layout() == h5py.h5d.CHUNKED:
@@ -402,6 +405,7 @@ def _new_rows_dataset(src: h5py.Dataset, group: h5py.Group, name: str,
         dcpl.set_chunk((rows, *src.chunks[1:]))
     elif dcpl.get_layout() == h5py.h5d.VIRTUAL or dcpl.get_external_count():
         dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)  # never write into the source's files
+        dcpl.set_obj_track_times(False)
     space = h5py.h5s.create_simple(shape, tuple(h5py.h5s.UNLIMITED if m is None else m
                                                 for m in maxshape))
     tid = src.id.get_type()
