@@ -1,6 +1,6 @@
 """Building blocks of the dedup job and the training filters. Nothing here builds a Beam
 pipeline (pipeline/ does), and no module imports Beam or TensorFlow when it is imported
-(torch: only ``fingerprint_torch``, the torch kernel; h5py: only ``formats.hdf5``).
+(torch: only ``fingerprint_torch``, the torch kernel; h5py: only ``formats.hdf5*``).
 
 - Kernels over plain arrays (numpy, xxhash, ml_dtypes): fingerprints (``fingerprint``,
   ``canonical``, ``xxh3``, ``exact``), tensors as dict keys (``keys``), the near-duplicate

@@ -21,7 +21,8 @@ from transforms.formats.base import (
     default_ids,
     error_line,
 )
-from transforms.formats.hdf5 import _H5_ERRORS, _as_ids, _dataset, _opened
+from transforms.formats.hdf5 import _as_ids
+from transforms.formats.hdf5_files import _H5_ERRORS, _dataset, _opened
 
 
 def value_kind(dtype: np.dtype) -> str | None:

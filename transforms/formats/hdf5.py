@@ -7,26 +7,23 @@ slice is split at chunk boundaries until the unreadable chunks are isolated.
 
 The records dataset is the tensor dataset the job names (``spec.tensor``); called
 without a spec, ``plan`` and ``write`` take the file's largest dataset (by number of
-elements; the first in name order on a tie). N is the length of its first axis.
-``write`` filters every dataset whose first axis has length N (the tensor, ids,
-ranks, labels...) with the same rows, and copies everything else as it is.
+elements; the first in name order on a tie).
 
 Files on other Beam filesystems (gs://, ...) are read through a seekable reader that
 h5py uses as a Python file object (its "fileobj" driver): only the metadata and the
 chunks a unit needs are fetched, and the chunk cache keeps a chunk that two batches
-share from being fetched twice. Output to them is written locally and uploaded.
+share from being fetched twice. The clean copy (which datasets it filters):
+``hdf5_write``; opening files and reading rows around unreadable chunks: ``hdf5_files``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 
 import h5py
 import numpy as np
 
-from transforms import fs
 from transforms.canonical import DTYPE_CODES
 from transforms.formats.base import (
     Chunk,
@@ -38,70 +35,15 @@ from transforms.formats.base import (
     error_line,
     rows_within,
 )
-
-# What h5py raises for unreadable files, objects and chunks (not ValueError: InputError is one).
-_H5_ERRORS = (OSError, RuntimeError, KeyError)
-# Chunk cache per open file: holds a chunk that a batch boundary cuts, so it is decoded once.
-_CACHE_BYTES = 32 << 20
-# Rows of the records dataset that write() copies per step (rounded to whole chunks).
-_WRITE_STEP_BYTES = 32 << 20
-
-
-@contextmanager
-def _opened(path: str) -> Iterator[h5py.File | Exception]:
-    """The file open for reading during the block, or why it cannot be opened. h5py never
-    closes a file object it was given, so a non-local file's reader is closed here."""
-    raw = None
-    try:
-        if fs.is_local(path):
-            f = h5py.File(path, "r", rdcc_nbytes=_CACHE_BYTES)
-        else:
-            raw = fs.open_read(path)
-            f = h5py.File(raw, "r", rdcc_nbytes=_CACHE_BYTES)
-    except _H5_ERRORS as e:
-        f = e
-    try:
-        if isinstance(f, Exception):
-            yield f
-        else:
-            with f:
-                yield f
-    finally:
-        if raw is not None:
-            raw.close()
-
-
-def _row_chunk(ds: h5py.Dataset) -> int:
-    """Rows per chunk along axis 0 (1 for a contiguous dataset: any row range reads alone)."""
-    return ds.chunks[0] if ds.chunks else 1
-
-
-def _records_dataset(f: h5py.File, spec: TensorSpec | None = None) -> h5py.Dataset | None:
-    """The tensor dataset, or without a spec the largest dataset with at least one axis."""
-    if spec is not None:
-        ds = f.get(spec.tensor)
-        return ds if isinstance(ds, h5py.Dataset) and ds.shape else None
-    best: list[h5py.Dataset] = []
-
-    def visit(_: str, obj: object) -> None:
-        if isinstance(obj, h5py.Dataset) and obj.shape and (not best or obj.size > best[0].size):
-            best[:] = [obj]
-
-    f.visititems(visit)
-    return best[0] if best else None
-
-
-def _dataset(f: h5py.File, path: str, key: str, name: str) -> h5py.Dataset:
-    obj = f.get(name)
-    if obj is None:
-        names: list[str] = []
-        f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
-        raise InputError(f"{path}: {key}: no dataset {name!r}; the file has datasets "
-                         f"{', '.join(names) or '(none)'}: set {key} to one of them")
-    if not isinstance(obj, h5py.Dataset):
-        raise InputError(f"{path}: {key}: {name!r} is a {type(obj).__name__.lower()}, not a "
-                         "dataset: name a dataset inside it")
-    return obj
+from transforms.formats.hdf5_files import (
+    _H5_ERRORS,
+    _dataset,
+    _opened,
+    _read_rows,
+    _records_dataset,
+    _row_chunk,
+)
+from transforms.formats.hdf5_write import write  # noqa: F401 (the format's)
 
 
 def _is_id_dtype(dtype: np.dtype) -> bool:
@@ -170,51 +112,6 @@ def plan(path: str, file_index: int, target_rows: int,
     starts = list(range(0, n, step)) or [0]
     stops: list[int | None] = [*starts[1:], None]
     return [Unit(file_index, path, a, b) for a, b in zip(starts, stops, strict=True)]
-
-
-def _runs(mask: np.ndarray, base: int) -> list[tuple[int, int]]:
-    """[start, stop) ranges of the True runs of ``mask``, offset by ``base``."""
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.view(np.int8), [0]))))
-    return [(base + a, base + b) for a, b in zip(edges[::2].tolist(), edges[1::2].tolist(),
-                                                  strict=True)]
-
-
-def _split(lo: int, hi: int, chunk: int) -> int:
-    """The chunk boundary inside (lo, hi) nearest its middle (the range spans 2+ chunks)."""
-    first, last = (lo // chunk + 1) * chunk, (hi - 1) // chunk * chunk
-    return min(max((lo + hi) // 2 // chunk * chunk, first), last)
-
-
-def _read_rows(ds: h5py.Dataset, a: int, b: int,
-               want: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, str]]]:
-    """Rows [a, b) of ``ds`` (rows not in ``want`` may be skipped) and the unreadable
-    wanted rows as (start, stop, reason) ranges. One read when the slice is sound;
-    otherwise the wanted runs are read and each failing read is split at chunk
-    boundaries until it lies inside one chunk, which is then unreadable."""
-    try:
-        return ds[a:b], []
-    except _H5_ERRORS as e:
-        first_error: BaseException | None = e
-    out = np.empty((b - a, *ds.shape[1:]), dtype=ds.dtype)
-    bad: list[tuple[int, int, str]] = []
-    chunk = _row_chunk(ds)
-    stack: list[tuple[int, int, BaseException | None]] = [
-        (lo, hi, first_error if (lo, hi) == (a, b) else None)
-        for lo, hi in reversed(_runs(want, a))]
-    while stack:
-        lo, hi, error = stack.pop()
-        if error is None:
-            try:
-                out[lo - a:hi - a] = ds[lo:hi]
-                continue
-            except _H5_ERRORS as e:
-                error = e
-        if lo // chunk == (hi - 1) // chunk:
-            bad.append((lo, hi, f"unreadable {ds.name}[{lo}:{hi}]: {error_line(error)}"))
-        else:
-            mid = _split(lo, hi, chunk)
-            stack += [(mid, hi, None), (lo, mid, None)]
-    return out, bad
 
 
 def _as_ids(values: np.ndarray) -> tuple[np.ndarray, list[int]]:
@@ -294,127 +191,6 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int,
             b = min(b, stop)
             yield _chunk(unit, a, b, ds, id_ds, rank_ds)
             a = b
-
-
-def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) -> int:
-    """Copy ``src`` without the rows in ``drop`` (see the module docstring for which
-    datasets are filtered). Rows that turn out unreadable only now (in a dataset that
-    read() does not read) are left out of every filtered dataset so they stay aligned:
-    the copy is redone without them, and the count returned is honest."""
-    with _opened(src) as f:
-        if isinstance(f, Exception):
-            return 0
-        records = _records_dataset(f, spec)
-        n = 0 if records is None else len(records)
-        skip = np.unique(np.asarray(drop, dtype=np.int64))
-        skip = skip[(skip >= 0) & (skip < n)]
-        with fs.local_file_for(dst) as local:
-            while True:
-                written, unreadable = _copy_file(f, local, records, skip)
-                if not len(unreadable):
-                    return written
-                skip = np.union1d(skip, unreadable)
-
-
-def _copy_file(f: h5py.File, dst: str, records: h5py.Dataset | None,
-               skip: np.ndarray) -> tuple[int, np.ndarray]:
-    """One copy pass: (rows written, rows found unreadable)."""
-    n = 0 if records is None else len(records)
-    with h5py.File(dst, "w", track_order=_tracks_order(f["/"]), rdcc_nbytes=_CACHE_BYTES) as out:
-        pairs: list[tuple[h5py.Dataset, h5py.Dataset]] = []
-        _copy_group(f["/"], out["/"], n, n - len(skip), pairs, {})
-        if not pairs:
-            return n - len(skip), np.empty(0, np.int64)
-        chunk = _row_chunk(records)
-        row_bytes = max(1, records.dtype.itemsize * records.size // n)
-        step = max(1, _WRITE_STEP_BYTES // row_bytes // chunk) * chunk
-        written, unreadable = 0, []
-        for a in range(0, n, step):
-            b = min(a + step, n)
-            keep = np.ones(b - a, dtype=bool)
-            lo, hi = np.searchsorted(skip, [a, b])
-            keep[skip[lo:hi] - a] = False
-            if not keep.any():
-                continue
-            parts = []
-            for s, _ in pairs:
-                values, bad = _read_rows(s, a, b, keep)
-                for r0, r1, _ in bad:
-                    keep[r0 - a:r1 - a] = False
-                    unreadable.append(np.arange(r0, r1))
-                parts.append(values)
-            k = int(keep.sum())
-            if k:
-                for (_, o), values in zip(pairs, parts, strict=True):
-                    o[written:written + k] = values if k == b - a else values[keep]
-            written += k
-    return written, np.concatenate(unreadable) if unreadable else np.empty(0, np.int64)
-
-
-def _tracks_order(g: h5py.Group) -> bool:
-    return bool(g.id.get_create_plist().get_link_creation_order())
-
-
-def _copy_attrs(src: h5py.HLObject, dst: h5py.HLObject) -> None:
-    for name in src.attrs:
-        dst.attrs.create(name, src.attrs[name], dtype=src.attrs.get_id(name).dtype)
-
-
-def _copy_group(src: h5py.Group, dst: h5py.Group, n: int, n_out: int,
-                pairs: list[tuple[h5py.Dataset, h5py.Dataset]],
-                seen: dict[object, str]) -> None:
-    """Copy a group's attributes and members; a dataset of ``n`` rows is created empty
-    with ``n_out`` rows and paired with its source, to be filled by the caller."""
-    _copy_attrs(src, dst)
-    for name in src:
-        link = src.get(name, getlink=True)
-        if isinstance(link, (h5py.SoftLink, h5py.ExternalLink)):
-            dst[name] = link
-            continue
-        obj = src[name]
-        if obj.id in seen:  # another hard link to an object already copied
-            dst[name] = dst.file[seen[obj.id]]
-            continue
-        seen[obj.id] = f"{dst.name.rstrip('/')}/{name}"
-        if isinstance(obj, h5py.Group):
-            _copy_group(obj, dst.create_group(name, track_order=_tracks_order(obj)),
-                        n, n_out, pairs, seen)
-        elif isinstance(obj, h5py.Dataset) and n and obj.shape and obj.shape[0] == n:
-            pairs.append((obj, _new_rows_dataset(obj, dst, name, n_out)))
-        else:
-            src.copy(obj, dst, name=name)  # H5Ocopy: bytes, filters and attributes as they are
-
-
-def _new_rows_dataset(src: h5py.Dataset, group: h5py.Group, name: str,
-                      n_out: int) -> h5py.Dataset:
-    """An empty dataset like ``src`` with ``n_out`` rows: its creation property list is
-    copied, so every filter (with its options), fill value and layout is kept. A fixed
-    first axis stays fixed at the new length; an unlimited one stays unlimited. No
-    creation time is stamped (as h5py's own ``create_dataset``): two runs, or two
-    runners, write the same bytes."""
-    dcpl = src.id.get_create_plist()
-    dcpl.set_obj_track_times(False)
-    shape = (n_out, *src.shape[1:])
-    maxshape: tuple[int | None, ...] = shape
-    if dcpl.get_layout() == h5py.h5d.CHUNKED:
-        max0 = src.maxshape[0]
-        if max0 is not None and max0 <= src.shape[0]:
-            max0 = n_out
-        maxshape = (max0, *src.maxshape[1:])
-        rows = src.chunks[0] if max0 is None else min(src.chunks[0], max(1, max0))
-        dcpl.set_chunk((rows, *src.chunks[1:]))
-    elif dcpl.get_layout() == h5py.h5d.VIRTUAL or dcpl.get_external_count():
-        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)  # never write into the source's files
-        dcpl.set_obj_track_times(False)
-    space = h5py.h5s.create_simple(shape, tuple(h5py.h5s.UNLIMITED if m is None else m
-                                                for m in maxshape))
-    tid = src.id.get_type()
-    lcpl = h5py.h5p.create(h5py.h5p.LINK_CREATE)
-    lcpl.set_char_encoding(h5py.h5t.CSET_UTF8)
-    out = h5py.Dataset(h5py.h5d.create(group.id, name.encode(), tid.copy() if tid.committed()
-                                       else tid, space, dcpl=dcpl, lcpl=lcpl))
-    _copy_attrs(src, out)
-    return out
 
 
 def read_rows(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, np.ndarray]:
