@@ -23,9 +23,14 @@ read's output can still end the job that way: in one line, nothing published.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from pipeline.config import RunnerConfig
@@ -34,6 +39,13 @@ from pipeline.config import RunnerConfig
 # more elements share them evenly; bounded because a GroupByKey keeps its input's
 # partitions and Dask's shuffle grows faster than linearly with them.
 DASK_PARTITIONS = 256
+# The level of distributed's loggers in the workers of a cluster the job starts. They are
+# spawned processes that import the command's module, and Beam with it, whose first log
+# line gives Python's root logger a handler: every INFO line of a worker's start and stop
+# then reached the user's terminal. Read from the environment when a worker imports
+# distributed (dask's config); a value the user set is left alone.
+WORKER_LOG_LEVEL = "warning"
+_WORKER_LOG_ENV = "DASK_LOGGING__DISTRIBUTED"
 
 
 def dask_options() -> dict[str, Any]:
@@ -196,12 +208,7 @@ def dask_runner(cfg: RunnerConfig):
             if cfg.address is not None:
                 dask.address = cfg.address
             elif dask.address is None and dask.scheduler_file is None:
-                from distributed import LocalCluster
-
-                logging.getLogger("distributed").setLevel(logging.WARNING)  # no INFO per worker
-                cluster = LocalCluster(n_workers=cfg.workers or available_cores(),
-                                       threads_per_worker=1, processes=True,
-                                       dashboard_address=":0")
+                cluster = OwnCluster(cfg.workers or available_cores())
                 dask.address = cluster.scheduler_address
             from apache_beam.runners.dask.overrides import dask_overrides
 
@@ -221,3 +228,60 @@ def dask_runner(cfg: RunnerConfig):
             return closing
 
     return ClusterDaskRunner()
+
+
+
+class OwnCluster:
+    """A local cluster the job starts and stops (no ``runner.address``). Its workers log
+    warnings only (``WORKER_LOG_LEVEL``) and forward their progress to this process,
+    which shows it (``processes.Relay``) as the local runner does; their scratch space
+    is removed with the cluster. A cluster given by address keeps its own logs and shows
+    its progress in its own dashboard."""
+
+    def __init__(self, workers: int):
+        import dask
+        from distributed import LocalCluster
+
+        from pipeline.processes import Relay
+        from pipeline.steps import progress
+
+        logging.getLogger("distributed").setLevel(logging.WARNING)  # no INFO per worker
+        self.tmp = tempfile.mkdtemp(prefix="tensordedup-dask-")
+        self.relay = None
+        env = {} if _WORKER_LOG_ENV in os.environ else {_WORKER_LOG_ENV: WORKER_LOG_LEVEL}
+        try:
+            if progress.enabled:
+                self.relay = Relay(os.path.join(self.tmp, "progress.jsonl"))
+                env[progress.FORWARD_ENV] = self.relay.path
+            # the workers are started, and read the environment, in here; the scheduler's
+            # scratch space and theirs go in this cluster's own directory
+            with _environ(env), dask.config.set({"temporary-directory": self.tmp}):
+                self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1,
+                                            processes=True, dashboard_address=":0",
+                                            local_directory=self.tmp)
+        except BaseException:
+            self._let_go()
+            raise
+        self.scheduler_address = self.cluster.scheduler_address
+
+    def close(self) -> None:
+        try:
+            self.cluster.close()
+        finally:
+            self._let_go()
+
+    def _let_go(self) -> None:
+        if self.relay is not None:  # after the workers: their last calls are in
+            self.relay.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment inside the block, gone after it."""
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k in values:
+            os.environ.pop(k, None)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
+import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -260,6 +262,29 @@ def test_dask_runs_match_the_local_runner_byte_for_byte(tmp_path, job_input, das
         got = outputs(tmp_path / f"dask{i}")
         assert got.keys() == expected.keys()
         assert [k for k in got if got[k] != expected[k]] == [], sets
+
+
+def test_the_command_on_its_own_dask_cluster_shows_progress_not_worker_logs(tmp_path):
+    """A cluster the job starts: its workers import the command's module, and with it
+    Beam, whose first log line gives Python's root logger a handler; every INFO line of
+    each worker's start and stop (17 per worker) then reached the user's terminal, and
+    none of the workers' progress did. The relay's file and Dask's scratch space go with
+    the cluster."""
+    pytest.importorskip("distributed")
+    (tmp_path / "tmp").mkdir()
+    r = subprocess.run([sys.executable, "-m", "pipeline.run", "--config",
+                        "configs/dedupe.yaml", "--set", "runner.name=dask",
+                        "--set", "runner.workers=2",
+                        "--set", f"output.path={tmp_path / 'clean'}",
+                        "--set", f"report={tmp_path / 'report'}"],
+                       cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    assert r.returncode == 0, r.stderr
+    assert "kept" in r.stdout
+    assert [ln for ln in r.stderr.splitlines() if "distributed" in ln] == []
+    assert "[read] 3/3 units done, 4,500/4,500 records" in r.stderr
+    assert "[write] 3/3 files done" in r.stderr
+    assert list((tmp_path / "tmp").iterdir()) == []  # nor Dask's scratch space
 
 
 def test_local_runner_on_two_workers_matches_one(tmp_path, job_input):
