@@ -299,10 +299,12 @@ def _settings(resolved: TensorSpec, embed: Embedding | None) -> dict:
     if resolved.decode is not None:
         d = resolved.decode
         out["decode"] = {"kind": d.kind, "resize": d.resize, "channels": d.channels}
-        if d.resize is not None:  # how resized pixels are made (earlier versions differ)
-            from transforms.images import REDUCING_GAP
+        if d.kind == "image":  # how pixels are made (earlier versions differ)
+            from transforms.images import PIXELS, REDUCING_GAP
 
-            out["decode"]["reducing_gap"] = REDUCING_GAP
+            out["decode"]["pixels"] = PIXELS
+            if d.resize is not None:
+                out["decode"]["reducing_gap"] = REDUCING_GAP
     if embed is not None:
         out["embed"] = embed.meta()
     return out

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import io
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -55,6 +57,98 @@ def _png16(a: np.ndarray) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(a.astype(np.uint16)).save(buf, "PNG")
     return buf.getvalue()
+
+
+def _png16_by_hand(a: np.ndarray, interlace: bool = False) -> bytes:
+    """A 16-bit PNG (grey + alpha, RGB or RGBA; Adam7 if ``interlace``) written by hand,
+    every row with filter 0: Pillow writes no such file. (The filtered rows of a real
+    encoder are in ``test_sixteen_bit_colour_png_from_tensorflow``.)"""
+    h, w, c = a.shape
+    passes = ([(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4),
+               (1, 0, 2, 2), (0, 1, 1, 2)] if interlace else [(0, 0, 1, 1)])
+    raw = b""
+    for x0, y0, dx, dy in passes:
+        sub = a[y0::dy, x0::dx]
+        if sub.size:
+            raw += b"".join(b"\0" + row.astype(">u2").tobytes()
+                            for row in sub.reshape(len(sub), -1))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(
+            ">I", zlib.crc32(kind + data))
+
+    head = struct.pack(">IIBBBBB", w, h, 16, {2: 4, 3: 2, 4: 6}[c], 0, 0, int(interlace))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", head) + chunk(b"IDAT", zlib.compress(raw))
+            + chunk(b"IEND", b""))
+
+
+def _scaled(v: np.ndarray) -> np.ndarray:
+    return np.rint(v.astype(np.float64) * 255 / 65535).astype(np.uint8)
+
+
+@pytest.mark.parametrize("interlace", [False, True])
+def test_sixteen_bit_colour_keeps_every_bit_before_scaling(interlace):
+    """Pillow alone reads each sample of a 16-bit colour PNG as its high byte (v >> 8):
+    51,460 became 201, not round(51,460 x 255 / 65,535) = 200 as 16-bit grey does, so a
+    16-bit picture was not the exact copy of its 8-bit version (found by
+    scripts/fuzz_images.py)."""
+    rng = np.random.default_rng(3)
+    rgb = rng.integers(0, 65536, (13, 11, 3))
+    rgb[0, 0] = (100 * 257 - 5, 51460, 65535)  # >> 8: 99, 201, 255
+    full, _ = decode_image(_png16_by_hand(rgb, interlace))
+    assert full[0, 0].tolist() == [100, 200, 255]
+    assert np.array_equal(full, _scaled(rgb))
+    rgba = rng.integers(0, 65536, (9, 10, 4))
+    rgba[..., 3] = 65535  # opaque: what is left is the colour
+    rgba[0, 0, 3] = 0  # but this one pixel: white
+    full, _ = decode_image(_png16_by_hand(rgba, interlace))
+    want = _scaled(rgba[..., :3])
+    want[0, 0] = 255
+    assert np.array_equal(full, want)
+
+
+def test_sixteen_bit_colour_png_from_tensorflow():
+    """A real encoder's 16-bit PNG (filtered rows): the same as the 8-bit rounding of
+    its samples, so it is the exact copy of that 8-bit picture."""
+    tf = pytest.importorskip("tensorflow")
+    rng = np.random.default_rng(4)
+    x = np.cumsum(rng.integers(0, 300, (31, 40, 3)), axis=1).astype(np.uint16)  # smooth
+    full, _ = decode_image(tf.io.encode_png(x).numpy())
+    assert np.array_equal(full, _scaled(x))
+    eight, _ = decode_image(encode(_scaled(x)))
+    assert np.array_equal(full, eight)
+
+
+def test_sixteen_bit_grey_alpha_stays_grey():
+    """Pillow opens 16-bit grey + alpha as RGBA: it came out RGB, while 8-bit LA is grey."""
+    la = np.stack([np.full((3, 4), 100 * 257), np.full((3, 4), 65535)], axis=-1)
+    la[0, 0, 1] = 0  # transparent: white
+    full, _ = decode_image(_png16_by_hand(la))
+    want = np.full((3, 4, 1), 100, np.uint8)
+    want[0, 0] = 255
+    assert full.shape == (3, 4, 1) and np.array_equal(full, want)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "I;16"])
+def test_colour_key_transparency_is_composited_on_white(mode):
+    """A tRNS colour key (grey or RGB PNG) marks its pixels transparent: composited on
+    white like an alpha channel, so the picture is the exact copy of the same picture
+    stored with alpha. It was ignored (only alpha channels and palettes were)."""
+    a = np.full((2, 2, 3), 40, np.uint8)
+    a[0, 0] = (200, 10, 10)
+    im = Image.fromarray(a).convert("L" if mode == "I;16" else mode)
+    if mode == "I;16":
+        im = Image.fromarray(np.asarray(im).astype(np.uint16) * 257)
+    key = im.getpixel((0, 0))
+    buf = io.BytesIO()
+    im.save(buf, "PNG", transparency=key)
+    full, _ = decode_image(buf.getvalue())
+    assert full.shape[2] == (3 if mode == "RGB" else 1)
+    assert (full[0, 0] == 255).all() and (full[1, 1] != 255).all()
+    pixels = _scaled(np.asarray(im)) if mode == "I;16" else np.asarray(im)
+    with_alpha = np.dstack([pixels, np.array([[0, 255], [255, 255]], np.uint8)])  # LA, RGBA
+    same, _ = decode_image(encode(with_alpha))
+    assert np.array_equal(full, same)
 
 
 def test_gif_first_frame():

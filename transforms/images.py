@@ -20,18 +20,25 @@ import io
 import warnings
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image, ImageFile, ImageOps
 
 # Formats decoded; anything else Pillow can open (TIFF, ICO, PSD...) is refused so that a
 # run's results do not depend on optional Pillow plugins.
 FORMATS = ("JPEG", "PNG", "GIF", "BMP", "WEBP")
-_GREY = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F")
-# Leading bytes of the formats decoded (for error messages about wrong decode settings).
 # Shrinks by more than this factor box-reduce first (Image.reduce) to a size at least this
 # many times the target, then filter: on 240 x 320 photos to 32 x 32 the resize takes
 # 0.13 ms instead of 0.22 (the decode 0.24), values differ from a single bilinear pass by
 # 0.18 on average (at most 7 of 255). Part of what a resized image is (store settings).
 REDUCING_GAP = 3.0
+# What decoded pixels are, recorded by a fingerprint store (a store made by another
+# version is refused): 2 since 16-bit colour PNGs keep every bit of their samples before
+# scaling (Pillow alone keeps the high byte) and tRNS colour keys are transparent.
+PIXELS = 2
+# Raw modes Pillow reads 16-bit PNGs with, where it keeps only the high byte -> the raw
+# mode that reads the rest of the same bytes, and the mode they make.
+_PNG16 = {"RGB;16B": ("RGB;16L", "RGB"), "RGBA;16B": ("RGBA;16L", "RGBA"),
+          "LA;16B": ("RGBA", "LA")}
+# Leading bytes of the formats decoded (for error messages about wrong decode settings).
 MAGIC = {b"\xff\xd8\xff": "JPEG", b"\x89PNG\r\n\x1a\n": "PNG", b"GIF87a": "GIF",
          b"GIF89a": "GIF", b"BM": "BMP"}
 
@@ -47,12 +54,44 @@ def sniff(data: bytes) -> str | None:
     return next((name for magic, name in MAGIC.items() if data.startswith(magic)), None)
 
 
+def _png_samples(im: Image.Image, data: bytes, tile: ImageFile._Tile | None) -> Image.Image:
+    """A 16-bit colour or grey + alpha PNG (``im``, loaded from ``data`` by ``tile``)
+    with every sample scaled as ``_eight_bit`` scales grey, alpha from a tRNS colour key
+    included. Pillow keeps only each sample's high byte of such a file (and opens grey +
+    alpha as RGBA); decoding the same bytes again with another raw mode (one more pass
+    of the zlib stream and its filters) gives the low bytes. Other images: ``im``."""
+    if tile is None or tile.args not in _PNG16:
+        return im
+    again, mode = _PNG16[tile.args]
+    other = Image.open(io.BytesIO(data), formats=("PNG",))
+    other.tile = [tile._replace(args=again)]
+    other.load()
+    b = np.asarray(other).astype(np.uint32)
+    if mode == "LA":  # one pass: raw mode RGBA reads the 4 bytes as they are
+        x = np.stack([b[..., 0] << 8 | b[..., 1], b[..., 2] << 8 | b[..., 3]], axis=-1)
+    else:
+        x = np.asarray(im).astype(np.uint32) << 8 | b
+    key = im.info.get("transparency")
+    if mode == "RGB" and isinstance(key, tuple) and len(key) == 3:
+        alpha = np.where((x == np.array(key)).all(axis=-1), 0, 65535)
+        x, mode = np.concatenate([x, alpha[..., None]], axis=-1), "RGBA"
+    eight = np.rint(x * (255.0 / 65535.0)).astype(np.uint8)
+    out = Image.fromarray(eight, mode)
+    out.info = {k: v for k, v in im.info.items() if k != "transparency"}
+    return out
+
+
 def _eight_bit(im: Image.Image) -> Image.Image:
     """16-bit and 32-bit grey samples scaled to 0..255 (PNG's 16-bit grey is 0..65535)."""
     if im.mode in ("I", "F") or im.mode.startswith("I;16"):
         x = np.asarray(im, dtype=np.float64)
         x = x * (255.0 / 65535.0) if im.mode != "F" else x * 255.0 if x.max() <= 1 else x
-        return Image.fromarray(np.clip(np.rint(x), 0, 255).astype(np.uint8), "L")
+        grey = np.clip(np.rint(x), 0, 255).astype(np.uint8)
+        key = im.info.get("transparency")
+        if im.mode != "F" and isinstance(key, int):  # a tRNS key of 16-bit grey
+            alpha = np.where(np.asarray(im) == key, 0, 255).astype(np.uint8)
+            return Image.fromarray(np.stack([grey, alpha], axis=-1), "LA")
+        return Image.fromarray(grey, "L")
     if im.mode == "1":
         return im.convert("L")
     return im
@@ -61,10 +100,10 @@ def _eight_bit(im: Image.Image) -> Image.Image:
 def _flatten_alpha(im: Image.Image) -> Image.Image:
     """Transparent pixels composited on white; grey stays grey."""
     has_alpha = im.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (
-        im.mode == "P" and "transparency" in im.info)
+        im.mode in ("P", "L", "RGB") and "transparency" in im.info)  # palette, colour key
     if not has_alpha:
         return im if im.mode in ("L", "RGB") else im.convert("RGB")
-    grey = im.mode in ("LA", "La")
+    grey = im.mode in ("LA", "La", "L")
     rgba = im.convert("RGBA")
     out = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
     return out.convert("L" if grey else "RGB")
@@ -92,7 +131,9 @@ def open_image(data: bytes, max_pixels: int) -> Image.Image:
                            "to accept it")
         try:
             im.seek(0)
+            tile = im.tile[0] if im.format == "PNG" and len(im.tile) == 1 else None
             im.load()
+            im = _png_samples(im, data, tile)
             if im.getexif().get(0x0112, 1) != 1:  # EXIF orientation: rotate/flip as shown
                 im = ImageOps.exif_transpose(im)
         except Exception as e:  # noqa: BLE001 - truncated data, bad chunks, bad EXIF
