@@ -91,7 +91,9 @@ def make_tfrecord(path: Path, n: int) -> None:
 # Each snippet runs in a fresh process and prints {"rows_out": ...} on its last line.
 JOB = """
 import json, sys
+from pipeline.processes import imports_frozen
 from pipeline.run import main
+imports_frozen()  # as the command does (pipeline.run.console), and it ends as it does
 rc = main(["--config", CONFIG, "--quiet", "--overwrite"] + EXTRA)
 s = json.load(open(REPORT + "/summary.json"))
 print(json.dumps({"rows_out": s["kept"], "inner_s": s["wall_time_s"], "rc": rc}))
@@ -145,13 +147,17 @@ print(json.dumps({{**json.loads(_last), "rss_mb": {PEAK_RSS_MB}}}))
 """
 
 
-def run_snippet(code: str, **names) -> dict:
+# The command's end (``tensordedup``): exit handlers, then no interpreter teardown.
+COMMAND_END = "from pipeline.processes import end_process\nend_process(0)\n"
+
+
+def run_snippet(code: str, end: str = "", **names) -> dict:
     prelude = "".join(f"{k} = {v!r}\n" for k, v in names.items())
     body = textwrap.dedent(code)
     wrapped = (prelude + "import io, contextlib, json\n_buf = io.StringIO()\n"
                "with contextlib.redirect_stdout(_buf):\n"
                + textwrap.indent(body, "    ")
-               + "\n_last = _buf.getvalue().strip().splitlines()[-1]\n" + FOOTER)
+               + "\n_last = _buf.getvalue().strip().splitlines()[-1]\n" + FOOTER + end)
     out, wall = run_python(wrapped)
     return {**out, "wall_s": wall}
 
@@ -171,9 +177,10 @@ def job_config(work: Path, fmt: str, src: Path) -> Path:
 
 
 def job_contender(work: Path, fmt: str, src: Path, extra: list[str]) -> tuple[str, dict]:
-    """The job as a contender: its snippet and names (config, report dir, extra --set)."""
+    """The job as a contender, run as the command runs it: its snippet and names
+    (config, report dir, extra --set; the command's end)."""
     return JOB, dict(CONFIG=str(job_config(work, fmt, src)),
-                     REPORT=str(work / f"job-{fmt}" / "report"), EXTRA=extra)
+                     REPORT=str(work / f"job-{fmt}" / "report"), EXTRA=extra, end=COMMAND_END)
 
 
 def bench(contenders: dict[str, tuple[str, dict]], repeat: int) -> dict[str, dict]:

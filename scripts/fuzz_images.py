@@ -20,7 +20,7 @@ within T of a kept one, naming the nearest (T^2 = k + 1/2 over integer squared d
 k often one that occurs; mode exact: exactly those, auto: each within T of a kept one);
 the summary's counts; clean shards hold the kept rows in input order byte for byte.
 
-Usage: python scripts/fuzz_images.py --seeds 0:100 --minutes 10 [--skip rgb16,trns]
+Usage: python scripts/fuzz_images.py --seeds 0:100 --minutes 10 [--skip VARIANT,...]
 """
 
 from __future__ import annotations
