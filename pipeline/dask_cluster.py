@@ -230,7 +230,6 @@ def dask_runner(cfg: RunnerConfig):
     return ClusterDaskRunner()
 
 
-
 class OwnCluster:
     """A local cluster the job starts and stops (no ``runner.address``). Its workers log
     warnings only (``WORKER_LOG_LEVEL``) and forward their progress to this process,
