@@ -1,14 +1,18 @@
-"""What the benchmark scripts share: one contender per fresh process, and its peak RSS.
+"""What the benchmark and fuzz scripts share: one contender per fresh process, and its
+peak RSS; the fuzzers' loop over seeds.
 
 VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the forking parent across exec.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -104,3 +108,26 @@ def run_watched(cmd: list[str], *, cwd: str | Path, log: str | Path, env: dict |
         tail = err.read()[-4000:].decode(errors="replace")
     return {"rc": rc, "wall_s": wall, "peak_rss_bytes": peak, "killed": killed,
             "stderr_tail": tail}
+
+
+def fuzz_seeds(name: str, seeds: str, minutes: float,
+               case: Callable[[int, collections.Counter], tuple[dict, list]]) -> None:
+    """Run ``case(seed, stats)`` -> (what the case was, problems) for the seeds
+    ``first:last`` until ``minutes`` pass: one JSON line per failing seed (a crash is a
+    finding too), then a tally line with the cases' ``stats``."""
+    first, last = (int(v) for v in seeds.split(":"))
+    deadline, bad, ran, stats = time.time() + 60 * minutes, 0, 0, collections.Counter()
+    for seed in range(first, last):
+        if time.time() > deadline:
+            break
+        ran += 1
+        try:
+            what, problems = case(seed, stats)
+        except Exception as e:  # noqa: BLE001 - a crash is a finding
+            what, problems = {"seed": seed}, [f"{type(e).__name__}: {e}"[:1500],
+                                              traceback.format_exc()[-1500:]]
+        if problems:
+            bad += 1
+            print(json.dumps({**what, "problems": problems[:12]}, default=str), flush=True)
+    print(f"{name}: {ran} seeds from {first}, {bad} failing; {dict(sorted(stats.items()))}",
+          flush=True)

@@ -34,13 +34,12 @@ import os
 import shutil
 import sys
 import tempfile
-import time
-import traceback
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from benchkit import fuzz_seeds
 from PIL import Image, PngImagePlugin
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -400,23 +399,9 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=10.0, help="stop after this long")
     ap.add_argument("--skip", default="", help="variants left out, comma-separated")
     args = ap.parse_args()
-    first, last = (int(v) for v in args.seeds.split(":"))
-    deadline, bad, ran, stats = time.time() + 60 * args.minutes, 0, 0, collections.Counter()
-    for seed in range(first, last):
-        if time.time() > deadline:
-            break
-        ran += 1
-        try:
-            case, problems = run_case(seed, stats, set(args.skip.split(",")))
-        except Exception as e:  # noqa: BLE001 - a crash is a finding
-            case, problems = {"seed": seed}, [f"{type(e).__name__}: {e}"[:1500],
-                                              traceback.format_exc()[-1500:]]
-        if problems:
-            bad += 1
-            print(json.dumps({**case, "problems": problems[:12]}, default=str), flush=True)
-    print(f"images: {ran} seeds from {first}, {bad} failing; {dict(sorted(stats.items()))}",
-          flush=True)
-
+    skip = set(args.skip.split(","))
+    fuzz_seeds("images", args.seeds, args.minutes,
+               lambda seed, stats: run_case(seed, stats, skip))
 
 if __name__ == "__main__":
     main()

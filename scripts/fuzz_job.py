@@ -26,13 +26,10 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import json
 import os
 import shutil
 import sys
 import tempfile
-import time
-import traceback
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,6 +37,7 @@ import h5py
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from benchkit import fuzz_seeds
 from fuzz_near import ROOT, random_case
 
 sys.path.insert(0, str(ROOT))
@@ -389,27 +387,8 @@ def main() -> None:
             runner = {"name": "dask", "address": cluster.scheduler_address}
         elif args.runner == "portable":
             runner = {"name": "portable", "workers": 2}
-        fuzz(args, runner)
-
-
-def fuzz(args: argparse.Namespace, runner: dict | None) -> None:
-    first, last = (int(v) for v in args.seeds.split(":"))
-    deadline, bad, ran, stats = time.time() + 60 * args.minutes, 0, 0, collections.Counter()
-    for seed in range(first, last):
-        if time.time() > deadline:
-            break
-        ran += 1
-        try:
-            case, problems = run_case(seed, stats, runner)
-        except Exception as e:  # noqa: BLE001 - a crash is a finding
-            case, problems = {"seed": seed}, [f"{type(e).__name__}: {e}"[:1500],
-                                              traceback.format_exc()[-1500:]]
-        if problems:
-            bad += 1
-            print(json.dumps({**case, "problems": problems[:12]}, default=str), flush=True)
-    print(f"job: {ran} seeds from {first}, {bad} failing; {dict(sorted(stats.items()))}",
-          flush=True)
-
+        fuzz_seeds("job", args.seeds, args.minutes,
+                   lambda seed, stats: run_case(seed, stats, runner))
 
 if __name__ == "__main__":
     main()

@@ -24,17 +24,14 @@ Usage: python scripts/fuzz_near.py --what kernel [--seeds 0:1000] [--minutes 10]
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
-import time
-import traceback
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from benchkit import ROOT
+from benchkit import ROOT, fuzz_seeds
 
 sys.path.insert(0, str(ROOT))
 from tests.oracle import canonical_key, near_oracle, stream_oracle  # noqa: E402
@@ -180,24 +177,15 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=10.0, help="stop after this long")
     args = ap.parse_args()
     check = {"kernel": check_kernel, "job": check_job, "online": check_online}[args.what]
-    first, last = (int(v) for v in args.seeds.split(":"))
-    deadline, bad, seed = time.time() + 60 * args.minutes, 0, first
-    for seed in range(first, last):
-        if time.time() > deadline:
-            break
+
+    def case(seed: int, _stats) -> tuple[dict, list]:
         rng = np.random.default_rng(seed)
         x, spec = random_case(rng)
-        try:
-            problems = check(x, spec, rng)
-        except Exception as e:  # noqa: BLE001 - a crash is a finding
-            problems = [f"{type(e).__name__}: {e}", traceback.format_exc()[-800:]]
-        if problems:
-            bad += 1
-            print(json.dumps({"seed": seed, "rows": len(x), "dim": x.shape[1],
-                              "dtype": str(x.dtype), "spec": str(spec), "problems": problems},
-                             default=str), flush=True)
-    print(f"{args.what}: seeds {first} to {seed}, {bad} failing", flush=True)
+        what = {"seed": seed, "rows": len(x), "dim": x.shape[1], "dtype": str(x.dtype),
+                "spec": str(spec)}
+        return what, check(x, spec, rng)
 
+    fuzz_seeds(args.what, args.seeds, args.minutes, case)
 
 if __name__ == "__main__":
     main()
