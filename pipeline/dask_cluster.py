@@ -241,17 +241,15 @@ class OwnCluster:
         import dask
         from distributed import LocalCluster
 
-        from pipeline.processes import Relay
-        from pipeline.steps import progress
+        from pipeline.processes import progress_relay
 
         logging.getLogger("distributed").setLevel(logging.WARNING)  # no INFO per worker
         self.tmp = tempfile.mkdtemp(prefix="tensordedup-dask-")
         self.relay = None
         env = {} if _WORKER_LOG_ENV in os.environ else {_WORKER_LOG_ENV: WORKER_LOG_LEVEL}
         try:
-            if progress.enabled:
-                self.relay = Relay(os.path.join(self.tmp, "progress.jsonl"))
-                env[progress.FORWARD_ENV] = self.relay.path
+            self.relay, forward = progress_relay(self.tmp)
+            env.update(forward)
             # the workers are started, and read the environment, in here; the scheduler's
             # scratch space and theirs go in this cluster's own directory
             with _environ(env), dask.config.set({"temporary-directory": self.tmp}):

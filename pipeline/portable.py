@@ -28,8 +28,7 @@ import threading
 import time
 from typing import Any
 
-from pipeline.processes import Relay, worker_env
-from pipeline.steps import progress
+from pipeline.processes import Relay, progress_relay, worker_env
 
 START_TIMEOUT_S = 60.0  # a service's first answer: it imports Beam (seconds when loaded)
 STOP_TIMEOUT_S = 10.0  # SIGTERM, then SIGKILL
@@ -147,9 +146,9 @@ class Services:
 
         show = logging.getLogger("apache_beam").isEnabledFor(logging.WARNING)  # not --quiet-ed
         env = worker_env()
-        if self._need_pool and progress.enabled:  # the workers' progress, shown here
-            self._relay = Relay(os.path.join(self.tmp, "progress.jsonl"))
-            env[progress.FORWARD_ENV] = self._relay.path
+        if self._need_pool:  # the workers' progress, shown here
+            self._relay, forward = progress_relay(self.tmp)
+            env.update(forward)
         try:  # both start at once: each imports Beam for a few seconds
             kinds = ["pool"] * self._need_pool + ["jobs"] * self._need_jobs
             self._services = [_Service(k, self.tmp, env, self._workers, show) for k in kinds]

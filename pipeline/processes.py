@@ -199,21 +199,29 @@ class Relay:
         self._drain()
 
 
+def progress_relay(folder: str) -> tuple[Relay | None, dict[str, str]]:
+    """For worker processes a run starts: the relay of their progress (its file in
+    ``folder``) and the environment they forward it with; (None, {}) when this process
+    shows no progress. Stop the relay after the workers: their last calls are in then."""
+    from pipeline.steps import progress
+
+    if not progress.enabled:
+        return None, {}
+    relay = Relay(os.path.join(folder, "progress.jsonl"))
+    return relay, {progress.FORWARD_ENV: relay.path}
+
+
 @contextlib.contextmanager
 def _local_workers() -> Iterator[str]:
     """The shell command that starts one local worker process, valid inside the block
     (its progress file lives in a directory removed after it)."""
-    from pipeline.steps import progress
-
     tmp = tempfile.mkdtemp(prefix="tensordedup-workers-")
     env = {v: "1" for v in THREAD_VARS}
     shared = worker_env()
     for k in ("PYTHONPATH", "MALLOC_ARENA_MAX", "MIMALLOC_PURGE_DELAY"):
         env[k] = shared[k]
-    relay = None
-    if progress.enabled:
-        relay = Relay(os.path.join(tmp, "progress.jsonl"))
-        env[progress.FORWARD_ENV] = relay.path
+    relay, forward = progress_relay(tmp)
+    env.update(forward)
     sets = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     try:
         yield f"{sets} exec {shlex.quote(sys.executable)} -m pipeline.processes"
