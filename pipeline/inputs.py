@@ -166,7 +166,7 @@ def tensor_spec(source: InputConfig, rank: str | None, chunk_bytes: int) -> Tens
     decode = None
     if source.decode != "none":
         decode = Decode(source.decode, None if source.resize is None else tuple(source.resize),
-                        source.channels, source.max_pixels, chunk_bytes)
+                        source.channels, source.max_pixels, chunk_bytes, source.exact_on)
     return TensorSpec(source.tensor, source.id, shape, source.dtype, rank, source.compression,
                       decode)
 
@@ -186,6 +186,11 @@ def references(cfg: DedupeConfig, resolved: TensorSpec) -> References | None:
            for r in cfg.reference[1:]):
         raise InputError("reference: reference sets must share tensor/id/shape/dtype keys "
                          "(only path may differ): run sets with other keys separately")
+    for key in ("decode", "resize", "channels", "exact_on"):
+        if getattr(src, key) != getattr(cfg.input, key):
+            raise InputError(f"reference.{key}: {getattr(src, key)!r}, the input's "
+                             f"{getattr(cfg.input, key)!r}: records decoded otherwise never "
+                             f"match; give reference sets the input's {key}")
     timeout = cfg.tuning.remote_timeout_s
     files = sorted({f for r in cfg.reference
                     for f in list_files(r.path, "reference.path", timeout, r.format)})

@@ -303,6 +303,8 @@ def _settings(resolved: TensorSpec, embed: Embedding | None) -> dict:
             from transforms.images import PIXELS, REDUCING_GAP
 
             out["decode"]["pixels"] = PIXELS
+            if d.exact_on != "pixels":  # absent from stores made before the setting
+                out["decode"]["exact_on"] = d.exact_on
             if d.resize is not None:
                 out["decode"]["reducing_gap"] = REDUCING_GAP
     if embed is not None:

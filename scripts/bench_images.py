@@ -8,8 +8,10 @@
    job's near stage computes: ``transforms.images.decode_image`` with ``resize`` 32 x 32,
    RGB, l2 in 0..255 units (also as RMS per value = l2 / sqrt(3072)). Per edit kind:
    recall at each threshold; precision over the edited pairs plus every distinct pair.
-2. Throughput, whole processes on all cores, one TFRecord of JPEGs (``image/encoded``):
-   the job (``decode: image``, ``resize``, exact + fingerprints), a tf.data pipeline
+   Again with ``exact_on: bytes``'s decode (JPEG edits decoded at reduced scale).
+2. Throughput, whole processes on all cores, one TFRecord of distinct JPEGs (crops of the
+   photos, ``image/encoded``): the job (``decode: image``, ``resize``, exact +
+   fingerprints; with ``exact_on`` pixels and bytes), a tf.data pipeline
    (``decode_jpeg`` + ``resize`` with antialias + ``tf.fingerprint``, parallel calls), a
    Pillow process pool (full decode + resize + xxh3 of the pixels), and Pillow with
    ``draft()`` (JPEG decoded at a reduced scale: less work, no full-resolution identity).
@@ -76,13 +78,16 @@ def edits(im: np.ndarray) -> dict[str, bytes]:
     return out
 
 
-def quality(n_tiles: int) -> dict:
+def quality(n_tiles: int, draft: bool = False) -> dict:
+    """``draft``: distances as ``exact_on: bytes`` computes them (JPEGs decoded at reduced
+    scale before the resize; the PNG originals are not JPEGs, so decoded in full)."""
     from transforms.images import decode_image
 
     pics = tiles()[:n_tiles]
 
     def vec(data: bytes) -> np.ndarray:
-        return decode_image(data, resize=SIZE, channels=3)[1].astype(np.float64).ravel()
+        return decode_image(data, resize=SIZE, channels=3, draft=draft)[1].astype(
+            np.float64).ravel()
 
     base = np.stack([vec(enc(p)) for p in pics])
     kinds: dict[str, list[float]] = {}
@@ -145,24 +150,48 @@ with Pool(len(os.sched_getaffinity(0))) as pool:
 """
 
 
-def _files(work: Path, n: int, size: tuple[int, int], job: dict | None = None) -> tuple:
-    """(TFRecord of ``n`` JPEGs, job config): tiles and their mirror images, repeated."""
+def _photo_crops(n: int, size: tuple[int, int]) -> list[np.ndarray]:
+    """``n`` distinct crops of ``size`` from the bundled photos (those of one texture all
+    over, the retina's black and the Hubble field's, left out: they decode faster than
+    photos do), at offsets 4 pixels apart. Each file is distinct, so the job's per-unit
+    cache of decoded files gets no repeats to skip."""
+    import skimage.data
+    from sklearn.datasets import load_sample_images
+
+    photos = [getattr(skimage.data, p)() for p in ("astronaut", "chelsea", "coffee",
+                                                    "rocket", "immunohistochemistry")]
+    photos += list(load_sample_images().images)
+    h, w = size
+    spots = [(p, y, x) for p in range(len(photos))
+             for y in range(0, photos[p].shape[0] - h + 1, 4)
+             for x in range(0, photos[p].shape[1] - w + 1, 4)]
+    assert len(spots) >= n, f"only {len(spots)} distinct crops"
+    pick = np.random.default_rng(0).permutation(len(spots))[:n]
+    return [np.ascontiguousarray(photos[p][y:y + h, x:x + w, :3])
+            for p, y, x in (spots[i] for i in pick)]
+
+
+def _files(work: Path, n: int, size: tuple[int, int]) -> tuple[Path, dict[str, Path]]:
+    """(TFRecord of ``n`` distinct JPEGs (q90, TensorFlow's encoder), job config per
+    ``exact_on``)."""
     import tensorflow as tf
 
     from tests.imagekit import write_tfrecord
 
-    pics = tiles(*size)
-    values = [tf.io.encode_jpeg(pics[i % len(pics)][:, ::(1 if i // len(pics) % 2 else -1)],
-                                quality=90).numpy() for i in range(n)]
+    values = [tf.io.encode_jpeg(c, quality=90).numpy() for c in _photo_crops(n, size)]
     path = work / f"train-{n}.tfrecord"
     write_tfrecord(path, values)
-    cfg = work / f"job-{n}.yaml"
-    cfg.write_text(json.dumps({"input": {"format": "tfrecord", "path": str(path),
-                                         "tensor": "image/encoded", "decode": "image",
-                                         "resize": [32, 32], "channels": 3},
-                               "output": {"path": str(work / "out")},
-                               "report": str(work / "report"), **(job or {})}))
-    return path, cfg
+    cfgs = {}
+    for exact_on in ("pixels", "bytes"):
+        cfg = work / f"job-{n}-{exact_on}.yaml"
+        cfg.write_text(json.dumps({"input": {"format": "tfrecord", "path": str(path),
+                                             "tensor": "image/encoded", "decode": "image",
+                                             "resize": [32, 32], "channels": 3,
+                                             "exact_on": exact_on},
+                                   "output": {"path": str(work / "out")},
+                                   "report": str(work / "report")}))
+        cfgs[exact_on] = cfg
+    return path, cfgs
 
 
 def _timed(cmd: list[str], root: Path) -> tuple[float, float]:
@@ -185,12 +214,15 @@ def throughput(sizes: list[int], shape: tuple[int, int], baseline: Path | None,
     work = Path(tempfile.mkdtemp(prefix="bench-images-"))
     files = {n: _files(work, n, shape) for n in sizes}
 
-    def runs(path: Path, cfg: Path) -> dict[str, tuple[list[str], Path]]:
-        job = [sys.executable, "-m", "pipeline.run", "--config", str(cfg), "--quiet",
-               "--overwrite"]
-        out = {"tensordedup job (decode: image, resize, exact)": (job, ROOT)}
+    def runs(path: Path, cfgs: dict[str, Path]) -> dict[str, tuple[list[str], Path]]:
+        def job(exact_on: str) -> list[str]:
+            return [sys.executable, "-m", "pipeline.run", "--config", str(cfgs[exact_on]),
+                    "--quiet", "--overwrite"]
+        out = {"tensordedup job (decode: image, resize, exact on pixels)":
+               (job("pixels"), ROOT),
+               "tensordedup job, exact_on: bytes (JPEG drafted)": (job("bytes"), ROOT)}
         if baseline is not None:
-            out[f"the job before (tree {baseline.name})"] = (job, baseline)
+            out[f"the job before (tree {baseline.name})"] = (job("pixels"), baseline)
         out.update({
             "tf.data (decode_jpeg + resize + fingerprint, AUTOTUNE)":
             ([sys.executable, "-c", TFDATA, str(path)], ROOT),
@@ -201,8 +233,8 @@ def throughput(sizes: list[int], shape: tuple[int, int], baseline: Path | None,
         return out
 
     out = []
-    for n, (path, cfg) in files.items():
-        for name, (cmd, root) in runs(path, cfg).items():
+    for n, (path, cfgs) in files.items():
+        for name, (cmd, root) in runs(path, cfgs).items():
             got = [_timed(cmd, root) for _ in range(repeats)]
             s, cpu = (float(np.median([g[k] for g in got])) for k in (0, 1))
             out.append({"contender": name, "images": n, "seconds": s, "cpu_seconds": cpu,
@@ -227,9 +259,10 @@ def kernel(n: int, shape: tuple[int, int]) -> dict[str, float]:
     from transforms.formats.encoded import decode_value
     from transforms.images import open_image
 
-    pics = tiles(*shape)
-    values = [enc(pics[i % len(pics)], "JPEG", quality=90) for i in range(n)]
+    values = [enc(c, "JPEG", quality=90) for c in _photo_crops(n, shape)]
     spec = TensorSpec("x", decode=Decode("image", resize=SIZE, channels=3))
+    by_bytes = TensorSpec("x", decode=Decode("image", resize=SIZE, channels=3,
+                                             exact_on="bytes"))
 
     def pil(data: bytes, draft: bool, gap: float | None = None) -> None:
         im = Image.open(io.BytesIO(data))
@@ -242,6 +275,8 @@ def kernel(n: int, shape: tuple[int, int]) -> dict[str, float]:
     work = {
         "job: decode_value (full decode, EXIF, digest, resize with reducing_gap 3)":
         lambda v: decode_value(v, spec),
+        "job, exact_on bytes: decode_value (drafted decode, digest of the bytes, resize)":
+        lambda v: decode_value(v, by_bytes),
         "job: full decode only (open_image)": lambda v: open_image(v, 50_000_000),
         "Pillow loop: full decode + xxh3 + one bilinear pass": lambda v: pil(v, False),
         "Pillow loop: full decode + xxh3 + resize with reducing_gap 3":
@@ -272,6 +307,9 @@ def main() -> None:
     if args.part in ("all", "quality"):
         got["quality"] = quality(60 if args.quick else 400)
         print_quality(got["quality"])
+        got["quality_exact_on_bytes"] = quality(60 if args.quick else 400, draft=True)
+        print("\nexact_on: bytes (JPEG edits decoded at reduced scale):")
+        print_quality(got["quality_exact_on_bytes"])
     if args.part in ("all", "kernel"):
         got["kernel"] = kernel(300 if args.quick else 1000, (240, 320))
         print("\nper image, one thread, CPU ms (best of 3):")

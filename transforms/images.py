@@ -109,8 +109,21 @@ def _flatten_alpha(im: Image.Image) -> Image.Image:
     return out.convert("L" if grey else "RGB")
 
 
-def open_image(data: bytes, max_pixels: int) -> Image.Image:
-    """The first frame of ``data`` as an 8-bit L or RGB image, oriented and flattened."""
+def _draft(im: Image.Image, size: tuple[int, int]) -> None:
+    """Let a JPEG decode at 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling) while staying at
+    least ``size`` (height, width) once EXIF orientation is applied; other formats as is."""
+    if im.format != "JPEG":
+        return
+    h, w = size
+    if im.getexif().get(0x0112, 1) in (5, 6, 7, 8):  # stored transposed: shown w x h
+        h, w = w, h
+    im.draft(im.mode, (w, h))
+
+
+def open_image(data: bytes, max_pixels: int, draft: tuple[int, int] | None = None
+               ) -> Image.Image:
+    """The first frame of ``data`` as an 8-bit L or RGB image, oriented and flattened.
+    ``draft`` (height, width): a JPEG may be decoded smaller, down to that size."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
@@ -131,6 +144,8 @@ def open_image(data: bytes, max_pixels: int) -> Image.Image:
                            "to accept it")
         try:
             im.seek(0)
+            if draft is not None:
+                _draft(im, draft)
             tile = im.tile[0] if im.format == "PNG" and len(im.tile) == 1 else None
             im.load()
             im = _png_samples(im, data, tile)
@@ -158,14 +173,19 @@ def pixels(im: Image.Image) -> np.ndarray:
 
 def decode_image(data: bytes, *, channels: int | None = None,
                  resize: tuple[int, int] | None = None,
-                 max_pixels: int = 50_000_000) -> tuple[np.ndarray, np.ndarray]:
+                 max_pixels: int = 50_000_000, draft: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """(full-resolution pixels, pixels resized to ``resize`` or the same array).
 
     ``channels`` None keeps grey images grey and makes every other one RGB; with
-    ``resize`` and no ``channels`` images become RGB (one shape for all). Raises
-    BadImage with the reason for data that is not a usable image.
+    ``resize`` and no ``channels`` images become RGB (one shape for all). ``draft`` (with
+    ``resize``): JPEGs are decoded at a reduced scale no smaller than ``resize``, and the
+    first array is then that reduced image, not the full resolution (``exact_on: bytes``:
+    half the work on photos). Raises BadImage with the reason for data that is not a
+    usable image.
     """
-    im = to_channels(open_image(data, max_pixels), channels or (3 if resize else None))
+    im = open_image(data, max_pixels, tuple(resize) if draft and resize else None)
+    im = to_channels(im, channels or (3 if resize else None))
     full = pixels(im)
     if resize is None or (im.height, im.width) == tuple(resize):
         return full, full

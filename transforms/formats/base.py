@@ -49,6 +49,7 @@ class Decode:
     channels: int | None = None  # image: 1 (grey) | 3 (RGB); None: as stored (RGB if resize)
     max_pixels: int = 50_000_000  # image: larger images are invalid (decompression bombs)
     chunk_bytes: int = 64 << 20  # decoded (and encoded) bytes per chunk at most
+    exact_on: str = "pixels"  # image: what exact dedup compares, pixels | bytes (as stored)
 
     def __post_init__(self) -> None:
         if self.kind not in DECODE_KINDS:
@@ -56,6 +57,10 @@ class Decode:
                              f"{self.kind!r}")
         if self.kind != "image" and (self.resize is not None or self.channels is not None):
             raise ValueError("resize and channels apply to decode 'image' only")
+        if self.exact_on not in ("pixels", "bytes") or (
+                self.exact_on != "pixels" and self.kind != "image"):
+            raise ValueError(f"exact_on must be 'pixels' or 'bytes' (decode 'image' only), "
+                             f"got {self.exact_on!r}")
         if self.channels not in (None, 1, 3):
             raise ValueError(f"channels must be 1 or 3, got {self.channels!r}")
         if self.resize is not None and (len(self.resize) != 2 or min(self.resize) < 1):

@@ -10,7 +10,9 @@ encoded bytes and every other field are copied byte for byte.
 
 Exact dedup compares what a value is, not how it was stored: an image's digest is that
 of its full-resolution decoded pixels (``Chunk.digests``), while ``Chunk.tensors``
-holds the pixels the near stage compares (resized when ``resize`` is set). Without
+holds the pixels the near stage compares (resized when ``resize`` is set). With
+``exact_on: bytes`` the digest is that of the stored bytes, so a JPEG need not be
+decoded at full resolution: it is decoded at a reduced scale for the resize. Without
 ``resize`` (and without ``input.shape``) images keep their own sizes: ``tensors`` is
 then an object array of arrays, one per record, and only exact dedup applies.
 """
@@ -102,10 +104,11 @@ def decode_value(value: bytes | str, spec: TensorSpec, full: bool = False
     if dec.kind == "bytes":
         arr = np.frombuffer(data, np.uint8)
         return arr, fingerprint(arr)
+    by_bytes = dec.exact_on == "bytes"
     pixels, small = decode_image(data, channels=dec.channels,
                                  resize=None if full else dec.resize,
-                                 max_pixels=dec.max_pixels)
-    digest = fingerprint(pixels)
+                                 max_pixels=dec.max_pixels, draft=by_bytes and not full)
+    digest = fingerprint(np.frombuffer(data, np.uint8) if by_bytes else pixels)
     if dense(spec) and not full:
         want = decoded_shape(spec)
         if small.shape != want:
