@@ -208,3 +208,19 @@ def test_numpy_import_path_loads_no_heavy_framework():
             "print(sorted(m for m in ('torch', 'tensorflow', 'apache_beam') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("shape", [(0,), (1,), (63, 64, 3), (240, 320, 3), (1, 1200, 1000)])
+def test_uint8_fast_path_is_the_fingerprint(shape):
+    """Decoded images and stored bytes take ``fingerprint_uint8``: the same digest as the
+    general path, over 1 MB rows (hashed there in slices) and views that are not
+    contiguous too."""
+    from transforms.fingerprint import fingerprint_uint8
+
+    x = np.random.default_rng(len(shape)).integers(0, 256, shape, dtype=np.uint8)
+    assert fingerprint_uint8(x, x.shape) == fingerprint(x)
+    assert fingerprint_uint8(x.tobytes(), x.shape) == fingerprint(x)
+    assert fingerprint_uint8(x, x.shape[::-1]) != fingerprint(x) or x.ndim == 1 or x.size == 0
+    if x.ndim == 3 and x.size:
+        view = x[:, ::-1]
+        assert fingerprint_uint8(view, view.shape) == fingerprint(view)

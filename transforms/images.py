@@ -174,21 +174,21 @@ def pixels(im: Image.Image) -> np.ndarray:
 def decode_image(data: bytes, *, channels: int | None = None,
                  resize: tuple[int, int] | None = None,
                  max_pixels: int = 50_000_000, draft: bool = False
-                 ) -> tuple[np.ndarray, np.ndarray]:
+                 ) -> tuple[np.ndarray | None, np.ndarray]:
     """(full-resolution pixels, pixels resized to ``resize`` or the same array).
 
     ``channels`` None keeps grey images grey and makes every other one RGB; with
     ``resize`` and no ``channels`` images become RGB (one shape for all). ``draft`` (with
-    ``resize``): JPEGs are decoded at a reduced scale no smaller than ``resize``, and the
-    first array is then that reduced image, not the full resolution (``exact_on: bytes``:
-    half the work on photos). Raises BadImage with the reason for data that is not a
-    usable image.
+    ``resize``): JPEGs are decoded at a reduced scale no smaller than ``resize`` and the
+    full resolution is never made: the first item is None unless no resize was needed
+    (``exact_on: bytes``: half the work on photos). Raises BadImage with the reason for
+    data that is not a usable image.
     """
     im = open_image(data, max_pixels, tuple(resize) if draft and resize else None)
     im = to_channels(im, channels or (3 if resize else None))
-    full = pixels(im)
     if resize is None or (im.height, im.width) == tuple(resize):
+        full = pixels(im)
         return full, full
-    small = im.resize((resize[1], resize[0]), Image.Resampling.BILINEAR,
-                      reducing_gap=REDUCING_GAP)
-    return full, pixels(small)
+    small = pixels(im.resize((resize[1], resize[0]), Image.Resampling.BILINEAR,
+                             reducing_gap=REDUCING_GAP))
+    return (None if draft else pixels(im)), small
