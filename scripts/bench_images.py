@@ -187,7 +187,9 @@ def _files(work: Path, n: int, size: tuple[int, int]) -> tuple[Path, dict[str, P
         cfg.write_text(json.dumps({"input": {"format": "tfrecord", "path": str(path),
                                              "tensor": "image/encoded", "decode": "image",
                                              "resize": [32, 32], "channels": 3,
-                                             "exact_on": exact_on},
+                                             # unset for pixels: --baseline may predate it
+                                             **({"exact_on": exact_on}
+                                                if exact_on != "pixels" else {})},
                                    "output": {"path": str(work / "out")},
                                    "report": str(work / "report")}))
         cfgs[exact_on] = cfg

@@ -8,16 +8,19 @@ on white, EXIF-oriented copies stored transposed, 16-bit PNGs, tRNS colour keys,
 or brightened near copies, truncated files, empty bytes, TIFF, junk; as TFRecord Examples,
 Hugging Face Parquet (``struct<bytes, path>``: also path-only rows, the file beside the
 Parquet file or missing, null rows) or a binary column, 1-3 files, optional id and label;
-random keep, channels, resize, near (l2, mode exact | auto) and chunk sizes.
+random keep, channels, resize, exact_on (pixels | bytes), near (l2, mode exact | auto)
+and chunk sizes.
 
 Oracle: Pillow opens JPEG/PNG/GIF/BMP/WebP (first frame); 16-bit samples become
 round(v * 255 / 65535) (16-bit RGB/LA PNGs read by tf.io.decode_png: Pillow keeps their
 high byte); anything transparent (alpha, palette or colour key) on white; grey stays
 grey, the rest RGB, or ``channels``; EXIF orientation applied with numpy. Expected:
 invalid = what it cannot decode; exact = all but the first of each (shape, pixels) group
-in keep order, naming it; near (representative): survivors in keep order removed when
-within T of a kept one, naming the nearest (T^2 = k + 1/2 over integer squared distances,
-k often one that occurs; mode exact: exactly those, auto: each within T of a kept one);
+in keep order, naming it (exact_on bytes: of each group of equal stored bytes, and a JPEG
+is drafted with Pillow's ``draft`` to the smallest scale at least ``resize`` as shown);
+near (representative): survivors in keep order removed when within T of a kept one,
+naming the nearest (T^2 = k + 1/2 over integer squared distances, k often one that
+occurs; mode exact: exactly those, auto: each within T of a kept one);
 the summary's counts; clean shards hold the kept rows in input order byte for byte.
 
 Usage: python scripts/fuzz_images.py --seeds 0:100 --minutes 10 [--skip VARIANT,...]
@@ -40,15 +43,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from benchkit import fuzz_seeds
+from fuzz_images_oracle import ORIENT, oracle, oracle_decode, shrink
 from PIL import Image, PngImagePlugin
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-FORMATS = ("JPEG", "PNG", "GIF", "BMP", "WEBP")
-ORIENT = {2: lambda a: a[:, ::-1], 3: lambda a: a[::-1, ::-1], 4: lambda a: a[::-1],
-          5: lambda a: a.swapaxes(0, 1), 6: lambda a: np.rot90(a, -1),
-          7: lambda a: a[::-1, ::-1].swapaxes(0, 1), 8: lambda a: np.rot90(a, 1)}
 UNDO = {6: 8, 8: 6}  # the others are their own inverse
 HF = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 VARIANTS = {"png": 4, "copy": 5, "meta": 3, "bmp": 2, "webp": 1, "jpeg": 4, "cmyk": 1,
@@ -157,65 +157,6 @@ def variant(kind: str, rng: np.random.Generator, pics: list, done: list[bytes]) 
     return enc(p, "PNG", compress_level=int(rng.integers(0, 10)))  # png, copy of nothing
 
 
-def oracle_decode(data: bytes | None, channels: int | None) -> np.ndarray | None:
-    """(h, w, c) uint8 pixels per docs/images.md, or None: not a usable image."""
-    if data is None:
-        return None
-    try:
-        im = Image.open(io.BytesIO(data), formats=FORMATS)
-        im.seek(0)
-        im.load()
-        orient = im.getexif().get(0x0112, 1)
-    except Exception:  # noqa: BLE001 - Pillow raises many kinds for bad input
-        return None
-    if data[:8] == b"\x89PNG\r\n\x1a\n" and data[24] == 16 and data[25] in (2, 4, 6):
-        import tensorflow as tf
-
-        v = tf.io.decode_png(data, dtype=tf.uint16).numpy().astype(np.float64)
-        a = np.rint(v * 255 / 65535).astype(np.uint8)
-        im = Image.fromarray(a[..., 0] if a.shape[2] == 1 else a)  # L, LA, RGB, RGBA
-    elif im.mode.startswith("I;16") or im.mode == "I":
-        v = np.asarray(im, np.float64)
-        im = Image.fromarray(np.rint(v * 255 / 65535).astype(np.uint8))
-    elif im.mode == "1":
-        im = im.convert("L")
-    grey = im.mode in ("L", "LA")
-    if "A" in im.mode or "transparency" in im.info:  # composited on white
-        white = Image.new("RGBA", im.size, (255, 255, 255, 255))
-        im = Image.alpha_composite(white, im.convert("RGBA")).convert("L" if grey else "RGB")
-    elif im.mode not in ("L", "RGB"):
-        im = im.convert("RGB")
-    target = {1: "L", 3: "RGB"}.get(channels or 0, im.mode)
-    im = im if im.mode == target else im.convert(target)
-    a = np.atleast_3d(np.asarray(im, np.uint8))
-    return np.ascontiguousarray(ORIENT[orient](a) if orient in ORIENT else a)
-
-
-def shrink(a: np.ndarray, resize: list[int]) -> np.ndarray:
-    return np.asarray(Image.fromarray(a[..., 0] if a.shape[2] == 1 else a).resize(
-        resize[::-1], Image.Resampling.BILINEAR, reducing_gap=3.0), np.float64).reshape(-1)
-
-
-def oracle(ids: list[str], full: list, keep: str, small: dict, k: int | None) -> dict:
-    """{removed id: (kind, duplicate_of)}; near when ``k`` (within: squared l2 <= k)."""
-    order = list(range(len(ids)))[::-1 if keep == "last" else 1]
-    groups: dict[tuple, list[int]] = {}
-    for i in order:
-        if full[i] is not None:
-            groups.setdefault((full[i].shape, full[i].tobytes()), []).append(i)
-    out = {ids[m]: ("exact", ids[g[0]]) for g in groups.values() for m in g[1:]}
-    if k is None:
-        return out
-    kept: list[int] = []
-    for i in sorted((g[0] for g in groups.values()), key=order.index):
-        d2 = [float(((small[i] - small[j]) ** 2).sum()) for j in kept] or [np.inf]
-        if min(d2) <= k:  # the nearest, ties by keep order
-            out[ids[i]] = ("near", ids[kept[int(np.argmin(d2))]])
-        else:
-            kept.append(i)
-    return out
-
-
 def write(fmt: str, path: Path, recs: list[dict], ids: list[str], opts: dict):
     """The file; returns what its clean copy is compared with (Examples or the table)."""
     if fmt == "tfrecord":
@@ -285,7 +226,8 @@ def make_case(seed: int, skip: set[str], work: Path) -> dict:
                      **({"id": "image/source_id" if fmt == "tfrecord" else "id"}
                         if opts["id"] else {}),
                      **({"channels": channels} if channels else {}),
-                     **({"resize": resize} if resize else {})},
+                     **({"resize": resize} if resize else {}),
+                     **({"exact_on": "bytes"} if rng.random() < 0.35 else {})},
            "keep": keep, "max_invalid_fraction": 1.0,
            "output": {"path": str(work / "out" / "clean")}, "report": str(work / "report"),
            "tuning": {"chunk_rows": int(rng.choice([1, 3, 65536])),
@@ -314,8 +256,12 @@ def run_case(seed: int, stats: collections.Counter, skip: set[str]) -> tuple[dic
         c = make_case(seed, skip, work)
         cfg, recs, ids, at = c["cfg"], c["recs"], c["ids"], {i: n for n, i in enumerate(c["ids"])}
         resize, channels, rng = cfg["input"].get("resize"), cfg["input"].get("channels"), c["rng"]
-        full = [oracle_decode(r["truth"], channels or (3 if resize else None)) for r in recs]
+        by_bytes = cfg["input"].get("exact_on") == "bytes"
+        full = [oracle_decode(r["truth"], channels or (3 if resize else None),
+                              resize if by_bytes else None) for r in recs]
         small = {i: shrink(a, resize) for i, a in enumerate(full) if a is not None and resize}
+        same = [None if a is None else r["truth"] if by_bytes else (a.shape, a.tobytes())
+                for r, a in zip(recs, full, strict=True)]
         c["k"] = k = pick_k(rng, small) if resize and rng.random() < 0.8 else None
         if k is not None:
             cfg["near"] = {"metric": "l2", "threshold": float(np.sqrt(k + 0.5)),
@@ -323,11 +269,13 @@ def run_case(seed: int, stats: collections.Counter, skip: set[str]) -> tuple[dic
         mode = cfg.get("near", {}).get("mode", "off")
         case = {"seed": seed, "format": c["fmt"], "sizes": c["sizes"], "keep": c["keep"],
                 "channels": channels, "resize": resize, "near": mode, "near_k": k,
+                "exact_on": "bytes" if by_bytes else "pixels",
                 "opts": c["opts"], "tuning": cfg["tuning"]}
-        want = oracle(ids, full, c["keep"], small, k)
+        want = oracle(ids, same, c["keep"], small, k)
         invalid = {ids[i] for i, a in enumerate(full) if a is None}
         problems = check(work, c, run_job(cfg, quiet=True).summary, want, invalid, small, at)
         stats.update([f"format={c['fmt']}", f"keep={c['keep']}", f"near={mode}",
+                      f"exact_on={case['exact_on']}",
                       f"channels={channels}", f"resize={bool(resize)}"]
                      + [f"v.{r['kind']}" for r in recs]
                      + [f"invalid.{recs[at[i]]['kind']}" for i in invalid]
