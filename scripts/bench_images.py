@@ -11,7 +11,8 @@
    Again with ``exact_on: bytes``'s decode (JPEG edits decoded at reduced scale).
 2. Throughput, whole processes on all cores, one TFRecord of distinct JPEGs (crops of the
    photos, ``image/encoded``): the job (``decode: image``, ``resize``, exact +
-   fingerprints; with ``exact_on`` pixels and bytes), a tf.data pipeline
+   fingerprints; with ``exact_on`` pixels and bytes; and the job's reader alone, without
+   Beam or output, to tell decoding from the job around it), a tf.data pipeline
    (``decode_jpeg`` + ``resize`` with antialias + ``tf.fingerprint``, parallel calls), a
    Pillow process pool (full decode + resize + xxh3 of the pixels), and Pillow with
    ``draft()`` (JPEG decoded at a reduced scale: less work, no full-resolution identity).
@@ -149,6 +150,17 @@ with Pool(len(os.sched_getaffinity(0))) as pool:
     print(len(pool.map(one, values, chunksize=64)))
 """
 
+READER = """
+import sys
+sys.path.insert(0, sys.argv[2])
+from transforms.formats.base import Decode, TensorSpec, Unit
+from transforms.formats.encoded import Encoded
+spec = TensorSpec("image/encoded", decode=Decode("image", resize=(32, 32), channels=3,
+                                                 exact_on=sys.argv[3]))
+n = sum(len(c.positions) for c in Encoded("tfrecord").read(Unit(0, sys.argv[1]), spec, 65536))
+print(n)
+"""
+
 
 def _photo_crops(n: int, size: tuple[int, int]) -> list[np.ndarray]:
     """``n`` distinct crops of ``size`` from the bundled photos (those of one texture all
@@ -228,6 +240,8 @@ def throughput(sizes: list[int], shape: tuple[int, int], baseline: Path | None,
         out.update({
             "tf.data (decode_jpeg + resize + fingerprint, AUTOTUNE)":
             ([sys.executable, "-c", TFDATA, str(path)], ROOT),
+            "the job's reader alone, exact_on: bytes (no Beam, no output)":
+            ([sys.executable, "-c", READER, str(path), str(ROOT), "bytes"], ROOT),
             "Pillow pool (full decode + resize + xxh3)":
             ([sys.executable, "-c", PILLOW, str(path), "full", str(ROOT)], ROOT),
             "Pillow pool with draft() (reduced decode)":
