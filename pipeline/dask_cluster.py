@@ -253,9 +253,17 @@ class OwnCluster:
             # the workers are started, and read the environment, in here; the scheduler's
             # scratch space and theirs go in this cluster's own directory
             with _environ(env), dask.config.set({"temporary-directory": self.tmp}):
-                self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1,
-                                            processes=True, dashboard_address=":0",
-                                            local_directory=self.tmp)
+                failed = None
+                try:
+                    self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1,
+                                                processes=True, dashboard_address=":0",
+                                                local_directory=self.tmp)
+                except Exception as e:  # the usual cause is below; Dask logged its own
+                    failed = (f"the local Dask cluster's workers did not start ({e}); from "
+                              "a script, call the job under `if __name__ == \"__main__\":` "
+                              "(each worker imports the script again)")
+                if failed:  # raised outside the handler: this line is the job's error
+                    raise RuntimeError(failed)
         except BaseException:
             self._let_go()
             raise

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import multiprocessing
 import os
 import posixpath
 import secrets
@@ -132,11 +133,21 @@ def _check_paths(cfg: DedupeConfig, files: list[str], root: str, output: str, re
                              "or set output.overwrite: true (--overwrite)")
 
 
+# A job started while a process spawned by multiprocessing imports its parent's script:
+# Dask's local workers are started so, and a script that runs the job when imported
+# would run it again in every worker, each taking the outputs' leases.
+SPAWNED_AGAIN = ("the job was started again in a worker process, which Python starts by "
+                 "importing your script again: call the job under `if __name__ == "
+                 "\"__main__\":` (Dask's local cluster starts its workers so)")
+
+
 def _check_runner(cfg: DedupeConfig) -> None:
     """Runner settings that would lose records or cannot run this job: Beam 2.77's
     multi_threading mode set by hand skips the flush-race workaround ``runner.workers``
     applies (docs/beam-flush-race.md). A portable job service at ``runner.address`` must
     answer (``tuning.remote_timeout_s``)."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise InputError(SPAWNED_AGAIN)
     mode = cfg.runner.options.get("direct_running_mode")
     if cfg.runner.name == "local" and mode == "multi_threading":
         raise InputError("runner.options.direct_running_mode: multi_threading loses shuffle "

@@ -287,6 +287,43 @@ def test_the_command_on_its_own_dask_cluster_shows_progress_not_worker_logs(tmp_
     assert list((tmp_path / "tmp").iterdir()) == []  # nor Dask's scratch space
 
 
+@pytest.mark.parametrize("call", ["main", "run_job"])
+def test_a_script_without_the_main_guard_on_its_own_dask_cluster(tmp_path, call):
+    """Dask starts its local workers by importing the user's script again: a script that
+    runs the job at import ran it again in every worker, which took the outputs' leases
+    and broke the launcher's run ("lease broken or taken by another run"). A job started
+    in such a worker now stops at once with the reason; through ``main`` the script goes
+    on and the launcher's job completes, through ``run_job`` the worker cannot start and
+    the job fails with the fix in its one line. Nothing is left in the outputs."""
+    pytest.importorskip("distributed")
+    out = tmp_path / "out"
+    cfg = {"input": {"format": "parquet", "path": str(ROOT / "data/sample/parquet/*.parquet"),
+                     "tensor": "embedding", "id": "id"}, "runner": {"name": "dask",
+                                                                    "workers": 2},
+           "output": {"path": str(out / "clean")}, "report": str(out / "report")}
+    (tmp_path / "job.json").write_text(json.dumps(cfg))
+    body = (f"from pipeline.run import main\nprint('rc', main(['--config', "
+            f"{str(tmp_path / 'job.json')!r}, '--quiet']))\n" if call == "main" else
+            f"import json\nfrom pipeline import run_job\nrun_job(json.load(open("
+            f"{str(tmp_path / 'job.json')!r})), quiet=True)\n")
+    (tmp_path / "script.py").write_text(body)
+    r = subprocess.run([sys.executable, str(tmp_path / "script.py")], cwd=tmp_path,
+                       capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    again = "the job was started again in a worker process"
+    if call == "main":
+        assert r.returncode == 0 and r.stdout.splitlines()[-1] == "rc 0", r.stderr
+        assert r.stderr.count(again) == 2  # one line from each worker, none broke the run
+        assert json.loads((out / "report" / "summary.json").read_text())["kept"] > 0
+    else:
+        assert r.returncode == 1
+        assert r.stderr.strip().splitlines()[-1].endswith(
+            "call the job under `if __name__ == \"__main__\":` (each worker imports the "
+            "script again)"), r.stderr[-2000:]
+        assert again in r.stderr
+        assert not out.exists() or sorted(p.name for p in out.rglob("*")) == []
+
+
 def test_local_runner_on_two_workers_matches_one(tmp_path, job_input):
     """runner.workers: 2 (multi_threading, flush race avoided) gives one worker's outputs."""
     root, _distinct, _invalid = job_input
