@@ -41,14 +41,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 SIZE = (32, 32)
 
 
-def tiles(h: int = 96, w: int = 128) -> list[np.ndarray]:
+def _photos(*names: str) -> list[np.ndarray]:
+    """The named scikit-image photos, then scikit-learn's two sample images."""
     import skimage.data
     from sklearn.datasets import load_sample_images
 
-    photos = [getattr(skimage.data, n)() for n in ("astronaut", "chelsea", "coffee", "rocket",
-                                                   "immunohistochemistry", "hubble_deep_field",
-                                                   "retina")]
-    photos += list(load_sample_images().images)
+    return [getattr(skimage.data, n)() for n in names] + list(load_sample_images().images)
+
+
+def tiles(h: int = 96, w: int = 128) -> list[np.ndarray]:
+    photos = _photos("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry",
+                     "hubble_deep_field", "retina")
     return [np.ascontiguousarray(t) for p in photos
             for y in range(0, p.shape[0] - h + 1, h) for x in range(0, p.shape[1] - w + 1, w)
             if (t := p[y:y + h, x:x + w]).std() > 20]
@@ -167,12 +170,7 @@ def _photo_crops(n: int, size: tuple[int, int]) -> list[np.ndarray]:
     over, the retina's black and the Hubble field's, left out: they decode faster than
     photos do), at offsets 4 pixels apart (2 or 1 when that is too few). Each file is
     distinct, so the job's per-unit cache of decoded files gets no repeats to skip."""
-    import skimage.data
-    from sklearn.datasets import load_sample_images
-
-    photos = [getattr(skimage.data, p)() for p in ("astronaut", "chelsea", "coffee",
-                                                    "rocket", "immunohistochemistry")]
-    photos += list(load_sample_images().images)
+    photos = _photos("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry")
     h, w = size
     for step in (4, 2, 1):  # 4 pixels apart while that gives enough (21,622 at 240 x 320)
         spots = [(p, y, x) for p in range(len(photos))

@@ -139,8 +139,8 @@ def fingerprint_array(arr: np.ndarray, name: str) -> bytes:
 
 @functools.lru_cache(maxsize=256)
 def _uint8_key(shape: tuple[int, ...]) -> tuple[int, int]:
-    k = xxhash.xxh3_128_intdigest(header(b"TDFP", "uint8", shape))
-    return k >> 64, k & ((1 << 64) - 1)
+    hi, lo = header_key(header(b"TDFP", "uint8", shape))
+    return int(hi), int(lo)
 
 
 def fingerprint_uint8(buf: bytes | memoryview | np.ndarray, shape: tuple[int, ...]) -> bytes:
