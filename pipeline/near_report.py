@@ -24,6 +24,7 @@ import json
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +39,9 @@ from pipeline.steps.near_grid import (
     grid_anchor,
     pair_histogram,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 BINS_PER_DECADE = 10  # main panel (divides PAIR_BINS_PER_DECADE: grid bins merge evenly)
 # matplotlib caches fonts per thread (an FT2Font is not thread-safe); drawn on whichever
@@ -153,74 +157,122 @@ def distance_histogram(nn_distance: np.ndarray, threshold: float, pairs: dict | 
 
 def _plot(path: str, hist: dict, metric: str, note: str, removed: int | None,
           every: int) -> None:
-    """1100x600 PNG, two panels and one legend below them; Figure + Agg canvas directly
-    (no pyplot global state)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import FixedLocator, NullFormatter
-
-    fig = Figure(figsize=(11, 6), dpi=100)
-    FigureCanvasAgg(fig)
+    """Draw ``histogram_figure`` into a PNG at ``path``."""
+    fig = histogram_figure(hist, metric, note, removed, every)
     try:
-        main, zoom = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.6, 1]})
-        t = hist["metric_threshold"]
-        p, nn, z = hist["pairs"], hist["nearest_neighbour"], hist["zoom"]
-        who = "every record" if every == 1 else f"1 in {every} records, chosen by digest"
-        zero = f"; {p['zero']:,} at distance 0 not drawn" if p["zero"] else ""
-        labels = {"pairs": f"verified pairs within tolerance, each pair once: {p['n']:,} "
-                           f"(exact counts{zero})",
-                  "nn": f"nearest-neighbour distance of {nn['n']:,} records ({who}): the bulk",
-                  "out": f"pairs just outside the tolerance kept for borderline_pairs "
-                         f"({z['outside_pairs_n']:,}; a sample, not all)",
-                  "t": f"threshold = {t:g}"}
-        for ax, edges, pcounts, ncounts, extra in (
-                (main, hist["edges"], p["counts"], nn["counts"], None),
-                (zoom, z["edges"], z["pairs"], z["nearest_neighbour"], z["outside_pairs"])):
-            e = np.asarray(edges)
-            ax.bar(e[:-1], pcounts, width=np.diff(e), align="edge", color="tab:blue",
-                   edgecolor="white", linewidth=0.3, label=labels["pairs"])
-            if extra is not None:
-                ax.bar(e[:-1], extra, width=np.diff(e), align="edge", color="tab:orange",
-                       alpha=0.85, edgecolor="white", linewidth=0.3, label=labels["out"])
-            ax.stairs(ncounts, e, color="black", linewidth=1.2, label=labels["nn"])
-            ax.axvline(t, color="red", linestyle="--", label=labels["t"])
-            ax.set_xscale("log")
-            top = max([*pcounts, *ncounts, *(extra or [])], default=0)
-            if top > 0:  # a log axis needs a positive count
-                ax.set_yscale("log")
-            ax.set_xlim(e[0], e[-1])
-            ax.set_ylim(0.7 if top > 0 else 0, max(2.0, 1.6 * top))
-            ax.set_ylabel("count (log scale)")
-        for ax, ticks in ((main, _nice_ticks(hist["edges"][0], hist["edges"][-1])),
-                          (zoom, [t * f for f in (0.4, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8)])):
-            ax.xaxis.set_major_locator(FixedLocator(ticks))
-            ax.xaxis.set_major_formatter(lambda v, _: f"{v:.3g}")
-            ax.xaxis.set_minor_formatter(NullFormatter())
-        main.set_xlabel(f"distance ({metric}), log scale")
-        zoom.set_xlabel(f"distance ({metric}), near the threshold")
-        what = f"{p['n']:,} pairs within tolerance"
-        if removed is not None:
-            what += f" -> {removed:,} records removed as near-duplicates"
-        main.set_title(what, fontsize=10)
-        zoom.set_title("around the threshold", fontsize=10)
-        handles, names = zoom.get_legend_handles_labels()
-        fig.legend(handles, names, loc="lower left", bbox_to_anchor=(0.06, 0.06), ncol=2,
-                   fontsize=8, frameon=False)
-        fig.subplots_adjust(bottom=0.3, top=0.93, left=0.07, right=0.98, wspace=0.22)
-        fig.text(0.01, 0.015, note, fontsize=8, wrap=True)
         fig.savefig(path, dpi=100, format="png", metadata={"Software": None})
     finally:
         fig.clear()
 
 
-def _nice_ticks(lo: float, hi: float) -> list[float]:
-    """1, 2, 5 x 10^k inside [lo, hi]; only the powers of ten when that is too many."""
+def histogram_figure(hist: dict, metric: str, note: str, removed: int | None,
+                     every: int) -> Figure:
+    """The 1100x600 figure: two panels and one legend below them; Figure + Agg canvas
+    directly (no pyplot global state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedFormatter, FixedLocator, NullFormatter
+
+    fig = Figure(figsize=(11, 6), dpi=100)
+    FigureCanvasAgg(fig)
+    main, zoom = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.6, 1]})
+    fig.subplots_adjust(bottom=0.3, top=0.93, left=0.07, right=0.98, wspace=0.22)
+    t = hist["metric_threshold"]
+    p, nn, z = hist["pairs"], hist["nearest_neighbour"], hist["zoom"]
+    who = "every record" if every == 1 else f"1 in {every} records, chosen by digest"
+    zero = f"; {p['zero']:,} at distance 0 not drawn" if p["zero"] else ""
+    labels = {"pairs": f"verified pairs within tolerance, each pair once: {p['n']:,} "
+                       f"(exact counts{zero})",
+              "nn": f"nearest-neighbour distance of {nn['n']:,} records ({who}): the bulk",
+              "out": f"pairs just outside the tolerance kept for borderline_pairs "
+                     f"({z['outside_pairs_n']:,}; a sample, not all)",
+              "t": f"threshold = {t:g}"}
+    for ax, edges, pcounts, ncounts, extra in (
+            (main, hist["edges"], p["counts"], nn["counts"], None),
+            (zoom, z["edges"], z["pairs"], z["nearest_neighbour"], z["outside_pairs"])):
+        e = np.asarray(edges)
+        ax.bar(e[:-1], pcounts, width=np.diff(e), align="edge", color="tab:blue",
+               edgecolor="white", linewidth=0.3, label=labels["pairs"])
+        if extra is not None:
+            ax.bar(e[:-1], extra, width=np.diff(e), align="edge", color="tab:orange",
+                   alpha=0.85, edgecolor="white", linewidth=0.3, label=labels["out"])
+        ax.stairs(ncounts, e, color="black", linewidth=1.2, label=labels["nn"])
+        ax.axvline(t, color="red", linestyle="--", label=labels["t"])
+        ax.set_xscale("log")
+        top = max([*pcounts, *ncounts, *(extra or [])], default=0)
+        if top > 0:  # a log axis needs a positive count
+            ax.set_yscale("log")
+        ax.set_xlim(e[0], e[-1])
+        ax.set_ylim(0.7 if top > 0 else 0, max(2.0, 1.6 * top))
+        ax.set_ylabel("count (log scale)")
+    lo, hi = hist["edges"][0], hist["edges"][-1]
+    for ax, choices in ((main, _decade_ticks(lo, hi)),
+                        (zoom, [[t * f for f in fs] for fs in ZOOM_TICKS])):
+        ticks, names = _fitting_ticks(ax, choices, fig.canvas.get_renderer())
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_major_formatter(FixedFormatter(names))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    main.set_xlabel(f"distance ({metric}), log scale")
+    zoom.set_xlabel(f"distance ({metric}), near the threshold")
+    what = f"{p['n']:,} pairs within tolerance"
+    if removed is not None:
+        what += f" -> {removed:,} records removed as near-duplicates"
+    main.set_title(what, fontsize=10)
+    zoom.set_title("around the threshold", fontsize=10)
+    handles, names = zoom.get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower left", bbox_to_anchor=(0.06, 0.06), ncol=2,
+               fontsize=8, frameon=False)
+    fig.text(0.01, 0.015, note, fontsize=8, wrap=True)
+    return fig
+
+
+# the zoomed panel's ticks, x the threshold, densest first (the threshold always one)
+ZOOM_TICKS = ((0.4, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8), (0.5, 0.7, 1.0, 1.4, 2.0, 2.8),
+              (0.4, 0.6, 1.0, 1.5, 2.5), (0.5, 1.0, 2.0), (1.0,))
+TICK_GAP_PX = 8  # blank pixels at least between two tick labels
+
+
+def _decade_ticks(lo: float, hi: float) -> list[list[float]]:
+    """Tick sets inside [lo, hi], densest first: 1, 2, 5 x 10^k (8 at most), every
+    decade, then every 2nd, 3rd, 5th, ... decade (a range from float round-off at 1e-12
+    to 1e3 holds 16 decades)."""
     k = range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
-    for subs in ((1, 2, 5), (1,)):
-        ticks = [m * 10.0 ** e for e in k for m in subs if lo <= m * 10.0 ** e <= hi]
-        if len(ticks) <= 8:
+    sets = [[m * 10.0 ** e for e in k for m in (1, 2, 5) if lo <= m * 10.0 ** e <= hi]]
+    sets = [s for s in sets if len(s) <= 8]
+    sets += [[10.0 ** e for e in k if e % step == 0 and lo <= 10.0 ** e <= hi]
+             for step in (1, 2, 3, 5, 10, 20, 50, 100)]
+    return [s for s in sets if len(s) >= 2] or [[lo, hi]]
+
+
+def _fitting_ticks(ax, choices: list[list[float]], renderer) -> tuple[list[float], list[str]]:
+    """The densest tick set whose labels, as drawn on ``ax`` (log x), leave
+    ``TICK_GAP_PX`` between neighbours (10 decades of "1e-05" and "0.0001" ran together);
+    the sparsest when none does."""
+    from matplotlib import rcParams
+    from matplotlib.font_manager import FontProperties
+
+    font = FontProperties(size=rcParams["xtick.labelsize"])
+    x0, x1 = np.log10(ax.get_xlim())
+    for ticks in choices:
+        names = tick_labels(ticks)
+        at = ax.bbox.x0 + (np.log10(ticks) - x0) / (x1 - x0) * ax.bbox.width
+        half = np.array([renderer.get_text_width_height_descent(n, font, ismath=False)[0]
+                         for n in names]) / 2
+        if (np.diff(at) - half[:-1] - half[1:] >= TICK_GAP_PX).all():
             break
-    return ticks if len(ticks) >= 2 else [lo, hi]
+    return ticks, names
+
+
+def tick_labels(ticks: list[float]) -> list[str]:
+    """One form per axis, 3 significant digits at most: decimals (0.005, 1230) when
+    every tick is in [0.001, 10^4), else 5e-05, 2.5e-04, 1e+00."""
+    if all(1e-3 <= abs(v) < 1e4 for v in ticks):
+        return [f"{float(f'{v:.3g}'):g}" for v in ticks]
+    out = []
+    for v in ticks:
+        mantissa, exp = f"{v:.2e}".split("e")
+        out.append(f"{float(mantissa):g}e{int(exp):+03d}")
+    return out
 
 
 def _nulls_for_unknown(table: pa.Table) -> pa.Table:

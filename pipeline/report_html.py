@@ -21,6 +21,7 @@ import html
 import json
 import math
 import os
+import shlex
 import struct
 import zlib
 from collections.abc import Iterable
@@ -165,6 +166,36 @@ def _card(r: Rec, lo: float, hi: float, cls: str = "") -> str:
             f'<br><span class="note">{html.escape(r.note)}</span></figcaption></figure>')
 
 
+def lookup_command(filters: str) -> str:
+    """A shell line that prints, as CSV, the rows of duplicates.parquet that ``filters``
+    (pyarrow's filter list, as Python source) selects: for what the page does not hold."""
+    return "python3 -c " + shlex.quote(FIND.replace("FILTERS", filters))
+
+
+# the page's script fills FILTERS for an id it does not show (index.html#q=<id>)
+FIND = ('import sys, pyarrow.csv as c, pyarrow.parquet as pq; c.write_csv(pq.read_table('
+        '"duplicates.parquet", filters=FILTERS), sys.stdout.buffer)')
+
+
+def _more_html(g: Group, more: int) -> str:
+    """The group's removed records beyond its cards: the next ``len(g.listed)`` as a table,
+    and the line that prints them all (a crowd's group can hold 1e5+)."""
+    rows = "".join(
+        f'<tr data-id="{html.escape(r.id)}"><td>{html.escape(r.id)}</td>'
+        f"<td>{html.escape(r.note)}</td><td>{html.escape(r.duplicate_of or '')}</td>"
+        f"<td>{r.file}</td><td>{r.row}</td></tr>" for r in g.listed)
+    which = (f"all {more:,}" if len(g.listed) == more
+             else f"the next {len(g.listed):,} of {more:,} (farthest first); the other "
+                  f"{more - len(g.listed):,} are not on this page")
+    cmd = lookup_command(f'[("group", "==", {json.dumps(g.group)})]')
+    return (f'<details class="more"><summary>+{more:,} more</summary><p class="cap">The '
+            f"removed records not shown above: {which}. Every removed record of the group, "
+            "as CSV (run where duplicates.parquet is, beside this page):</p>"
+            f'<pre class="cmd">{html.escape(cmd)}</pre>'
+            '<table class="members"><tr><th>record</th><th>removed as</th>'
+            f"<th>duplicate of</th><th>file</th><th>row</th></tr>{rows}</table></details>")
+
+
 def _groups_html(groups: list[Group]) -> str:
     if not groups:
         return "<p>No duplicates were removed.</p>"
@@ -173,13 +204,12 @@ def _groups_html(groups: list[Group]) -> str:
         recs = [g.kept, *g.members]
         lo, hi = _range([r.tensor for r in recs if r.tensor is not None])
         more = g.size - len(recs)
-        ids = " ".join(html.escape(r.id) for r in recs)
+        ids = " ".join(html.escape(r.id) for r in [*recs, *g.listed])
         parts.append(
             f'<div class="group" data-ids="{ids}"><h3>group <code>{g.group[:12]}</code>: '
             f'<span class="size">{g.size:,}</span> records</h3><div class="recs">'
             + _card(g.kept, lo, hi, "kept") + "".join(_card(r, lo, hi) for r in g.members)
-            + (f'<div class="more">+{more:,} more</div>' if more > 0 else "")
-            + "</div></div>")
+            + "</div>" + (_more_html(g, more) if more > 0 else "") + "</div>")
     return "\n".join(parts)
 
 
@@ -259,8 +289,15 @@ figcaption .note{color:#a33}figure.kept .note{color:#2e8b57}
 img.t{image-rendering:pixelated;background:#000;cursor:zoom-in;display:block}
 img.t.big{width:216px;height:auto;cursor:zoom-out}
 .vals{font-family:ui-monospace,monospace;font-size:10px;color:#444}
-.text{font-size:12px;white-space:pre-wrap;max-height:180px;overflow:auto}
-.none{color:#999;font-style:italic}.more{align-self:center;color:#666}
+.text{font-size:12px;line-height:1.25;white-space:pre-wrap;max-height:12.5em;overflow:auto}
+figcaption{margin-top:6px;padding-top:4px;border-top:1px solid #e3e6ea}
+.none{color:#999;font-style:italic}
+details.more{margin:6px 0 0}details.more summary{cursor:pointer;color:#1f6fb2;width:max-content}
+table.members{font-size:12px}table.members td:nth-child(n+4){text-align:right}
+table.members tr.hit{background:#fff3bf}
+pre.cmd{font-size:11px;background:#f1f3f5;padding:6px 8px;white-space:pre-wrap;
+overflow-wrap:anywhere;margin:4px 0}
+#nomatch{background:#fff3bf;border-color:#e0c36a}
 .pairs{display:grid;grid-template-columns:1fr 1fr;gap:16px}
 .pair{display:flex;gap:6px;align-items:center;border-top:1px solid #eee;padding:6px 0}
 .dist{width:70px;font-variant-numeric:tabular-nums;font-weight:600}
@@ -268,7 +305,7 @@ input#filter{padding:4px 8px;width:260px}.hidden{display:none}
 code{font-size:12px}
 """
 
-JS = """
+JS = r"""
 (function () {
   var data = JSON.parse(document.getElementById('report-data').textContent);
   var removed = 0;
@@ -283,18 +320,58 @@ JS = """
     img.addEventListener('click', function () { img.classList.toggle('big'); });
   });
   var box = document.getElementById('filter');
-  function filter() {
-    var q = box.value.trim().toLowerCase();
-    document.querySelectorAll('[data-ids]').forEach(function (el) {
-      var ids = el.getAttribute('data-ids').toLowerCase().split(' ');
-      el.classList.toggle('hidden', !!q && !ids.some(function (i) {
-        return i.indexOf(q) >= 0;
-      }));
+  var none = document.getElementById('nomatch');
+  function lookup(id) {  // the shell line that prints id's rows of duplicates.parquet
+    var s = JSON.stringify(id);
+    var py = data.find.replace('FILTERS', '[[("record_id", "==", ' + s + ')], ' +
+                               '[("duplicate_of", "==", ' + s + ')]]');
+    return "python3 -c '" + py.split("'").join("'\"'\"'") + "'";
+  }
+  function say(q) {  // an id no block on the page holds: say so, and how to look it up
+    var parts = [
+      ['p', 'No record on this page matches \u201c' + q + '\u201d: the page holds only ' +
+       'the largest duplicate groups and the pairs nearest the threshold, and ' +
+       'duplicates.parquet every removal. To look the record up, run this where ' +
+       'duplicates.parquet is (beside this page):'],
+      ['pre', lookup(q)],
+      ['p', 'It prints, as CSV, the rows where the record was removed (record_id) and ' +
+       'those of the records removed as its duplicates (duplicate_of). Only a header: ' +
+       'the run kept it and removed nothing as its duplicate, or it is no record of ' +
+       'this run.']];
+    none.textContent = '';
+    parts.forEach(function (p) {
+      var el = document.createElement(p[0]);
+      el.textContent = p[1];
+      if (p[0] === 'pre') { el.className = 'cmd'; }
+      none.appendChild(el);
     });
   }
+  function filter() {
+    var q = box.value.trim().toLowerCase();
+    var found = false;
+    document.querySelectorAll('[data-ids]').forEach(function (el) {
+      var hit = false;
+      el.querySelectorAll('[data-id]').forEach(function (r) {
+        var match = !!q && r.getAttribute('data-id').toLowerCase().indexOf(q) >= 0;
+        if (r.tagName === 'TR') { r.classList.toggle('hit', match); }
+        if (match && r.tagName === 'TR') { r.closest('details').open = true; }
+        hit = hit || match;
+      });
+      el.classList.toggle('hidden', !!q && !hit);
+      found = found || hit;
+    });
+    none.classList.toggle('hidden', !q || found);
+    if (q && !found) { say(box.value.trim()); }
+  }
   box.addEventListener('input', filter);
-  var m = /^#q=(.*)$/.exec(window.location.hash);  // index.html#q=<id>: a filtered link
-  if (m) { box.value = decodeURIComponent(m[1]); filter(); }
+  function fromLink() {  // index.html#q=<id>: a filtered link
+    var m = /^#q=(.*)$/.exec(window.location.hash);
+    if (!m) { return; }
+    try { box.value = decodeURIComponent(m[1]); } catch (e) { box.value = m[1]; }
+    filter();
+  }
+  window.addEventListener('hashchange', fromLink);
+  fromLink();
   document.documentElement.setAttribute('data-ready', '1');
 })();
 """
@@ -313,8 +390,8 @@ def render(counts: dict, groups: list[Group], inside: list[Pair], outside: list[
            files: pa.Table, near: dict | None = None, histogram_png: bytes | None = None,
            reference: dict | None = None, shown: int = 0) -> str:
     """The page as one string."""
-    data = json.dumps({"counts": counts, "groups": len(groups), "tensors_shown": shown},
-                      sort_keys=True).replace("</", "<\\/")
+    data = json.dumps({"counts": counts, "groups": len(groups), "tensors_shown": shown,
+                       "find": FIND}, sort_keys=True).replace("</", "<\\/")
     removed = sum(v for k, v in counts.items() if k.startswith("removed_"))
     ref = ""
     if reference:
@@ -337,6 +414,7 @@ def render(counts: dict, groups: list[Group], inside: list[Pair], outside: list[
 <body>
 <header><h1>tensordedup report</h1></header>
 <main>
+<section id="nomatch" class="hidden" role="status"></section>
 <section id="summary"><h2>Summary</h2><div class="summary">
 <table class="counts">{_counts_html(counts)}</table>
 <div><div class="share" id="removed-share">{removed:,} removed</div>{ref}

@@ -20,6 +20,7 @@ MAX_GROUPS = 10  # largest groups shown
 MAX_MEMBERS = 8  # records shown per group, the kept one included
 MAX_PAIRS = 8  # borderline pairs shown on each side of the tolerance
 MAX_ROWS = 160  # tensors read back at most (groups first, then pairs)
+MAX_LISTED = 100  # removed records per group listed by id after its cards (no tensors)
 READ_ROWS = Callable[[int, list[int]], dict[int, np.ndarray]]
 
 
@@ -32,6 +33,7 @@ class Rec:
     row: int | None
     note: str = ""  # kind and distance, or "kept", or "earlier run <run>"
     tensor: np.ndarray | None = None
+    duplicate_of: str | None = None  # the record it duplicates (removed records)
 
     @property
     def where(self) -> tuple[int, int] | None:
@@ -44,6 +46,7 @@ class Group:
     size: int  # removed records + the kept one
     kept: Rec
     members: list[Rec] = field(default_factory=list)
+    listed: list[Rec] = field(default_factory=list)  # the next members: ids, no tensors
 
 
 @dataclass
@@ -57,10 +60,11 @@ class Pair:
 # ---------------------------------------------------------------------------- selection
 
 
-def largest_groups(dups: pa.Table, k: int = MAX_GROUPS, members: int = MAX_MEMBERS
-                   ) -> list[Group]:
-    """The ``k`` largest groups (ties by group id); per group the kept record and up to
-    ``members - 1`` removed ones, the farthest from their survivor first."""
+def largest_groups(dups: pa.Table, k: int = MAX_GROUPS, members: int = MAX_MEMBERS,
+                   listed: int = MAX_LISTED) -> list[Group]:
+    """The ``k`` largest groups (ties by group id); per group the kept record, up to
+    ``members - 1`` removed ones, the farthest from their survivor first, and the next
+    ``listed`` in that order (a group's "+N more": by id, where and kind on the page)."""
     if dups.num_rows == 0 or k <= 0:
         return []
     vc = pc.value_counts(dups.column("group"))
@@ -82,10 +86,14 @@ def largest_groups(dups: pa.Table, k: int = MAX_GROUPS, members: int = MAX_MEMBE
                 else f"kept by earlier run {root['duplicate_of_run']}")
         kept = Rec(root["duplicate_of"], root["duplicate_of_file"], root["duplicate_of_row"],
                    note)
-        order = np.lexsort((at[rows], -dist[rows]))[:max(members - 1, 0)]  # farthest first
-        shown = [Rec(r["record_id"], r["file"], r["row"], _removal_note(r))
-                 for r in members_of.take(rows[order]).to_pylist()]
-        out.append(Group(gid, len(rows) + 1, kept, shown))
+        order = np.lexsort((at[rows], -dist[rows]))  # farthest first
+        cards = max(members - 1, 0)
+        shown, more = (
+            [Rec(r["record_id"], r["file"], r["row"], _removal_note(r),
+                 duplicate_of=r["duplicate_of"])
+             for r in members_of.take(rows[part]).to_pylist()]
+            for part in (order[:cards], order[cards:cards + max(listed, 0)]))
+        out.append(Group(gid, len(rows) + 1, kept, shown, more))
     return out
 
 

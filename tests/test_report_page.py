@@ -9,19 +9,26 @@ it (``apt-get install -y chromium``; .ci/run does that)."""
 
 from __future__ import annotations
 
+import csv
+import glob
 import html
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import report_pick
+from pipeline import near_report, report_pick
+from pipeline.steps.near_grid import pair_histogram
 from tests.jobkit import EXT, run_job, write_input
 
 T = 0.5
@@ -38,13 +45,14 @@ def chromium() -> str:
     return path
 
 
-def load(page: Path, fragment: str = "") -> tuple[str, list[str]]:
+def load(page: Path, fragment: str = "", width: int | None = None) -> tuple[str, list[str]]:
     """(the DOM after the page's scripts ran, console lines) of ``page`` in headless
-    Chromium, from a file:// URL."""
+    Chromium, from a file:// URL; ``width``: the window's, in CSS pixels."""
     url = page.resolve().as_uri() + fragment
+    size = [f"--window-size={width},900"] if width else []
     r = subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu",
                         "--no-first-run", "--disable-extensions", "--enable-logging=stderr",
-                        "--v=0", "--virtual-time-budget=3000", "--dump-dom", url],
+                        "--v=0", "--virtual-time-budget=3000", *size, "--dump-dom", url],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     console = [line for line in r.stderr.splitlines() if ":CONSOLE" in line]
@@ -189,3 +197,266 @@ def test_largest_groups_are_the_biggest_with_ties_by_group_id():
     starts = np.cumsum(np.concatenate([[0], sizes[:-1] + 1])).tolist()
     first = dict(zip(groups, starts, strict=True))
     assert all(g.kept.row == first[g.group] and len(g.members) == 3 for g in got)
+
+
+# ---------------------------------------------------------------------------- text records
+
+
+def probe(page: Path, script: str, fragment: str = "", width: int = 1280) -> object:
+    """What ``script`` leaves in ``window.probe`` (JSON), run in ``page`` in Chromium after
+    the page's own scripts: a copy of the page with the script appended, in a folder
+    beside the report (the page is self-contained). No JavaScript error on the way."""
+    copy = page.parent.parent / "probe" / page.name
+    copy.parent.mkdir(exist_ok=True)
+    out = ("\nvar el = document.createElement('pre'); el.id = 'probe';"
+           "el.textContent = JSON.stringify(window.probe); document.body.appendChild(el);")
+    copy.write_text(page.read_text().replace("</body></html>",
+                                             f"<script>{script}{out}</script></body></html>"))
+    dom, console = load(copy, fragment, width)
+    assert console == [] and "data-js-errors" not in re.search(r"<html[^>]*>", dom)[0], console
+    return json.loads(html.unescape(re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)[1]))
+
+
+def run_shown(command: str, folder: Path) -> list[dict]:
+    """The rows a command the page shows prints as CSV, run by bash in ``folder`` with
+    this interpreter's python3 first on PATH."""
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    r = subprocess.run(["bash", "-c", command], cwd=folder, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith('"record_id"'), r.stderr[-2000:]
+    return list(csv.DictReader(io.StringIO(r.stdout)))
+
+
+def paragraphs() -> tuple[list[str], list[str]]:
+    """(ids, texts): the paragraphs of the LICENSE files the installed packages ship, one
+    record each, ids by package, file and paragraph (40-70 characters, no spaces)."""
+    site = os.path.dirname(os.path.dirname(np.__file__))
+    ids, texts = [], []
+    for d in sorted(glob.glob(os.path.join(site, "*.dist-info"))):
+        for f in sorted(glob.glob(d + "/LICENSE*") + glob.glob(d + "/licenses/*")):
+            try:
+                text = Path(f).read_text(encoding="utf-8")
+            except (UnicodeDecodeError, IsADirectoryError):
+                continue
+            for i, p in enumerate(re.split(r"\n\s*\n", text)):
+                if p.strip():
+                    ids.append(f"{os.path.basename(d)}/{os.path.basename(f)}#paragraph-{i}")
+                    texts.append(p.strip())
+    return ids, texts
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory) -> Path:
+    """Two snapshots of one corpus (the LICENSE paragraphs, each snapshot a Parquet file),
+    exact dedup on the raw text: the MIT and BSD paragraphs make groups of 100+ records."""
+    tmp = tmp_path_factory.mktemp("texts")
+    ids, body = paragraphs()
+    assert len(ids) > 2000
+    (tmp / "in").mkdir()
+    for snap in ("2024-06", "2025-01"):
+        pq.write_table(pa.table({"id": [f"{snap}/{i}" for i in ids], "text": body}),
+                       tmp / "in" / f"{snap}.parquet")
+    assert run_job(tmp, "parquet", str(tmp / "in" / "*.parquet"),
+                   input={"tensor": "text", "decode": "text"}) == 0
+    return tmp / "out" / "report"
+
+
+def groups_by_size(rep: Path) -> list[tuple[str, list[dict]]]:
+    """Oracle: every group's removed records, the farthest first then by (file, row); the
+    groups by size descending, ties by id."""
+    members: dict[str, list[dict]] = {}
+    for r in pq.read_table(rep / "duplicates.parquet").to_pylist():
+        members.setdefault(r["group"], []).append(r)
+    for rows in members.values():
+        rows.sort(key=lambda r: (-r["distance"], r["file"], r["row"]))
+    return sorted(members.items(), key=lambda g: (-len(g[1]), g[0]))
+
+
+OPEN_MORE = """
+window.probe = Array.from(document.querySelectorAll('div.group')).map(function (g) {
+  var d = g.querySelector('details.more');
+  var got = {group: g.querySelector('h3 code').textContent,
+             cards: Array.from(g.querySelectorAll('figure.rec')).map(function (f) {
+               return f.getAttribute('data-id'); })};
+  if (!d) { return got; }
+  var table = d.querySelector('table');
+  got.closed = !d.open && !table.checkVisibility();  // a closed details' content is laid out
+  d.querySelector('summary').click();  // what a reader does
+  got.summary = d.querySelector('summary').textContent;
+  got.rows = Array.from(d.querySelectorAll('tr[data-id]')).filter(function (r) {
+    return r.checkVisibility() && r.getBoundingClientRect().height > 0;
+  }).map(function (r) {
+    return Array.from(r.cells).map(function (c) { return c.textContent; });
+  });
+  got.text = d.querySelector('p').textContent;
+  got.cmd = d.querySelector('pre.cmd').textContent;
+  return got;
+});
+"""
+
+
+def test_more_in_a_group_opens_to_its_members(texts):
+    """"+N more" opens (a click in Chromium) to the group's next removed records, by id,
+    kind, survivor, file and row, in the page's order; a group larger than the page holds
+    says how many are left out and gives the line that prints them all, which does."""
+    rep = texts
+    want = groups_by_size(rep)[:report_pick.MAX_GROUPS]
+    got = probe(rep / "index.html", OPEN_MORE)
+    assert [g["group"] for g in got] == [g[:12] for g, _ in want]
+    cut = report_pick.MAX_MEMBERS - 1
+    big = 0
+    for g, (_, rows) in zip(got, want, strict=True):
+        assert g["cards"][1:] == [r["record_id"] for r in rows[:cut]]
+        rest = rows[cut:]
+        if not rest:
+            assert "rows" not in g
+            continue
+        listed = rest[:report_pick.MAX_LISTED]
+        assert g["closed"] and g["summary"] == f"+{len(rest):,} more"
+        assert g["rows"] == [[r["record_id"], r["kind"], r["duplicate_of"], str(r["file"]),
+                              str(r["row"])] for r in listed]
+        printed = run_shown(g["cmd"], rep)
+        assert [r["record_id"] for r in printed] == [r["record_id"] for r in
+                                                      sorted(rows, key=lambda r: (r["file"],
+                                                                                  r["row"]))]
+        if len(rest) > len(listed):
+            big += 1
+            assert f"the other {len(rest) - len(listed):,} are not on this page" in g["text"]
+        else:
+            assert f"all {len(rest):,}" in g["text"]
+    assert big >= 1 and any(len(r) - cut <= report_pick.MAX_LISTED for _, r in want[:len(got)]
+                            if len(r) > cut)
+    # bounded: at most MAX_LISTED rows a group; and the same bytes from a rerun
+    page = (rep / "index.html").read_bytes()
+    assert page.count(b"<tr data-id=") <= report_pick.MAX_GROUPS * report_pick.MAX_LISTED
+    again = rep.parent.parent / "again"
+    again.mkdir()
+    assert run_job(again, "parquet", str(rep.parent.parent / "in" / "*.parquet"),
+                   input={"tensor": "text", "decode": "text"}) == 0
+    assert (again / "out" / "report" / "index.html").read_bytes() == page
+
+
+FIND_NOTICE = """
+var box = document.getElementById('nomatch').getBoundingClientRect();
+window.probe = {
+  shown: !document.getElementById('nomatch').classList.contains('hidden') &&
+         box.height > 0 && box.top < window.innerHeight,
+  text: document.getElementById('nomatch').textContent,
+  cmd: (document.querySelector('#nomatch pre.cmd') || {}).textContent,
+  blocks: document.querySelectorAll('[data-ids]:not(.hidden)').length,
+  rows: Array.from(document.querySelectorAll('tr.hit')).map(function (r) {
+    return r.getAttribute('data-id'); })
+};
+"""
+
+
+def test_a_link_to_an_id_not_on_the_page_says_how_to_look_it_up(texts):
+    """index.html#q=<id> for a record the page does not hold: a notice in the first screen
+    names it and gives the line that prints its rows of duplicates.parquet (where it was
+    removed, and what was removed as its duplicate), which does; an id on the page only
+    in a group's list opens that list at it; an id of no record prints a header only."""
+    rep = texts
+    dups = pq.read_table(rep / "duplicates.parquet").to_pylist()
+    on_page = set(re.findall(r'data-id="([^"]*)"', (rep / "index.html").read_text()))
+    on_page = {html.unescape(i) for i in on_page}
+    removed = next(r["record_id"] for r in dups if r["record_id"] not in on_page)
+    kept = next(r["duplicate_of"] for r in dups if r["duplicate_of"] not in on_page)
+    nowhere = "2025-01/O'Brien notes/LICENSE \"draft\" #1"  # quotes, spaces, a hash
+    for rid in (removed, kept, nowhere):
+        got = probe(rep / "index.html", FIND_NOTICE, "#q=" + quote(rid, safe=""))
+        assert got["shown"] and f"\u201c{rid}\u201d" in got["text"], got["text"]
+        assert got["blocks"] == 0
+        want = sorted(r["record_id"] for r in dups if rid in (r["record_id"], r["duplicate_of"]))
+        assert sorted(r["record_id"] for r in run_shown(got["cmd"], rep)) == want
+        assert bool(want) == (rid != nowhere)
+    listed = re.findall(r'<tr data-id="([^"]*)">', (rep / "index.html").read_text())
+    got = probe(rep / "index.html", FIND_NOTICE, "#q=" + quote(html.unescape(listed[-1])))
+    assert not got["shown"] and got["blocks"] >= 1 and got["rows"] == [
+        html.unescape(listed[-1])]
+
+
+TEXT_CARDS = """
+function box(r) { return [r.left, r.top, r.right, r.bottom]; }
+window.probe = Array.from(document.querySelectorAll('figure.rec')).filter(function (f) {
+  return f.querySelector('.text');
+}).map(function (f) {
+  var t = f.querySelector('.text'), range = document.createRange();
+  range.selectNodeContents(t);
+  return {id: f.getAttribute('data-id'), figure: box(f.getBoundingClientRect()),
+          text: box(t.getBoundingClientRect()), scrolls: t.scrollHeight > t.clientHeight,
+          caption: box(f.querySelector('figcaption').getBoundingClientRect()),
+          ids: Array.from(f.querySelector('figcaption b').getClientRects()).map(box),
+          lines: Array.from(range.getClientRects()).map(box)};
+});
+"""
+
+
+@pytest.mark.parametrize("width", [1280, 600])
+def test_text_cards_keep_the_record_id_clear_of_the_text(texts, width):
+    """Every text card in Chromium: the id (long, wrapped) sits below the text with a
+    visible gap, inside the card, and the text box ends between two lines, never across
+    one (a line cut in half read as text running into the id)."""
+    cards = probe(texts / "index.html", TEXT_CARDS, width=width)
+    assert len(cards) >= 40 and sum(c["scrolls"] for c in cards) >= 10
+    assert max(len(c["id"]) for c in cards) >= 60
+    for c in cards:
+        left, top, right, bottom = c["text"]
+        assert c["caption"][1] >= bottom + 4, c
+        for i in c["ids"]:
+            assert i[1] >= bottom + 4 and c["figure"][0] <= i[0] and i[2] <= c["figure"][2], c
+        assert c["figure"][0] <= left and right <= c["figure"][2]
+        cut = [ln for ln in c["lines"] if ln[1] < bottom - 0.5 and ln[3] > bottom + 0.5]
+        assert not cut, (c["id"], cut, bottom)
+
+
+# ---------------------------------------------------------------------------- histogram
+
+
+def near_copies(seed: int) -> np.ndarray:
+    """1,500 vectors and 300 near copies at every scale from float round-off (1e-12) to
+    well past a threshold (10): the distances a histogram of a real run spans."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(1500, 16))
+    noise = rng.normal(size=(300, 16))
+    noise /= np.linalg.norm(noise, axis=1, keepdims=True)
+    return np.concatenate([x, x[rng.choice(1500, 300)]
+                           + np.logspace(-12, 1, 300)[:, None] * noise])
+
+
+@pytest.mark.parametrize("threshold", [1e-6, 1e-4, 0.05, 0.5, 3.0])
+def test_histogram_tick_labels_stay_apart(threshold):
+    """The near stage's histogram, drawn: along the x axes of both panels no two tick
+    labels touch (on a range from 1e-12 up, "1e-05" and "0.0001" ran together), each
+    label reads as its tick's value, at least 3 in each panel, the threshold one of the
+    zoomed panel's."""
+    x = near_copies(7)
+    nn = np.full(len(x), np.inf)
+    within, outside = [], []
+    for a in range(0, len(x), 100):  # brute force, the differences themselves (no round-off)
+        d = np.sqrt(((x[a:a + 100, None] - x[None]) ** 2).sum(-1))
+        d[np.arange(len(d)), np.arange(a, a + len(d))] = np.inf
+        nn[a:a + 100] = d.min(1)
+        upper = d[np.arange(a, a + len(d))[:, None] < np.arange(len(x))]
+        within.append(upper[upper <= threshold])
+        outside.append(upper[(upper > threshold) & (upper < 2 * threshold)])
+    within, outside = np.concatenate(within), np.concatenate(outside)
+    hist = near_report.distance_histogram(nn, threshold, pair_histogram(within, threshold),
+                                          np.sort(outside)[:200])
+    assert hist["edges"][0] < 1e-10 and hist["pairs"]["n"] == len(within) > 0
+    fig = near_report.histogram_figure(hist, "l2", "a note", len(within), 1)
+    fig.canvas.draw()
+    boxes = []
+    for ax in fig.axes[:2]:
+        shown = [(tick, label) for tick, label in zip(ax.get_xticks(), ax.get_xticklabels(),
+                                                      strict=True)
+                 if label.get_visible() and label.get_text()
+                 and ax.get_xlim()[0] <= tick <= ax.get_xlim()[1]]
+        names = [label.get_text() for _, label in shown]
+        assert len(names) >= 3 and len(set(names)) == len(names), names
+        for tick, label in shown:
+            assert abs(float(label.get_text()) / tick - 1) < 0.006, (tick, label.get_text())
+        boxes += [label.get_window_extent() for _, label in shown]
+    assert any(abs(t / threshold - 1) < 1e-9 for t in fig.axes[1].get_xticks())
+    boxes.sort(key=lambda b: b.x0)
+    gaps = [b.x0 - a.x1 for a, b in zip(boxes[:-1], boxes[1:], strict=True)]
+    assert min(gaps) >= 4, gaps
