@@ -20,6 +20,7 @@ import gc
 import logging
 import os
 import re
+import shutil
 import sys
 import time
 import warnings
@@ -31,9 +32,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Beam warns about optional GCP client libraries when imported: noise for users.
 logging.getLogger().addFilter(lambda r: "apitools not found" not in r.getMessage())
 
+from pipeline import stopping  # noqa: E402
 from pipeline.config import ConfigError, DedupeConfig, load_config, parse_config  # noqa: E402
 from pipeline.job import Job  # noqa: E402
 from pipeline.preflight import prepare  # noqa: E402
+from pipeline.processes import no_traceback  # noqa: E402
 from pipeline.publish import (  # noqa: E402
     Publication,
     clear_leftovers,
@@ -109,37 +112,42 @@ def execute(job: Job) -> RunSummary:
     except OSError as e:  # no create-if-absent on this filesystem: nothing written yet
         raise LeaseHeld(str(e)) from None
     handed_over = False
-    try:
-        with keep_alive(leases):
-            if updates:
-                job = dataclasses.replace(job, store=job.store.refreshed())
-                job.store.clear_attempts()
-            for final, lease in zip((job.output, job.report), leases, strict=False):
-                clear_leftovers(final, lease)
-            pub = dataclasses.replace(publication(job), leases=tuple(leases),
-                                      release_leases=detached)
-            p = beam_pipeline(job)
-            build(p, job, pub)
-            if detached:
-                result = p.run()
-                handed_over = True
-                return RunSummary(job.run_id, job.output, job.report, submitted=True,
-                                  job_id=getattr(result, "job_id", lambda: None)())
-            try:
-                with kernel_threads(job.cfg.runner, p.options):
+    # the leases go back and the staging goes when the job ends, however it ends (a
+    # stopped command that cannot wait for its main thread: pipeline.stopping)
+    with stopping.pending(lambda: None if handed_over else release_all(leases)), \
+            keep_alive(leases):
+        if updates:
+            job = dataclasses.replace(job, store=job.store.refreshed())
+            job.store.clear_attempts()
+        for final, lease in zip((job.output, job.report), leases, strict=False):
+            clear_leftovers(final, lease)
+        pub = dataclasses.replace(publication(job), leases=tuple(leases),
+                                  release_leases=detached)
+        p = beam_pipeline(job)
+        temp = p.local_tempdir
+        try:
+            with stopping.pending(lambda: shutil.rmtree(temp, ignore_errors=True)):
+                build(p, job, pub)
+                if detached:
+                    result = p.run()
+                    handed_over = True
+                    return RunSummary(job.run_id, job.output, job.report, submitted=True,
+                                      job_id=getattr(result, "job_id", lambda: None)())
+                with stopping.pending(lambda: _delete_all(own_stages(pub))), \
+                        kernel_threads(job.cfg.runner, p.options):
                     p.run().wait_until_finish()
-            finally:
-                for stage in own_stages(pub):
-                    delete_tree(stage)
-                # Beam's local runner leaves its gRPC server and channels in reference
-                # cycles: collected now, their threads end with the job, not at a later
-                # collection (or at interpreter exit) in a process that goes on
-                del p
-                gc.collect()
-            return RunSummary.load(pub.report)
-    finally:
-        if not handed_over:
-            release_all(leases)
+        finally:
+            # Beam's local runner leaves its gRPC server and channels in reference
+            # cycles: collected now, their threads end with the job, not at a later
+            # collection (or at interpreter exit) in a process that goes on
+            del p
+            gc.collect()
+        return RunSummary.load(pub.report)
+
+
+def _delete_all(paths) -> None:
+    for path in paths:
+        delete_tree(path)
 
 
 def _innermost(e: BaseException) -> BaseException:
@@ -196,6 +204,24 @@ class _NoTracebacks:
 
 
 @contextmanager
+def _no_logged_tracebacks() -> Iterator[None]:
+    """No log record carrying a traceback reaches the terminal while the job runs: the
+    job's failure is its one line. Such records come from Beam's job messages (the
+    portable runner logs the job service's traceback on the root logger), Dask's
+    scheduler and asyncio (a cancelled failed job), whose handlers were made before
+    ``sys.stderr`` was wrapped."""
+    handlers = {h for name in ("", "distributed") for h in logging.getLogger(name).handlers}
+    handlers.add(logging.lastResort)
+    for h in handlers:
+        h.addFilter(no_traceback)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(no_traceback)
+
+
+@contextmanager
 def beam_quiet(verbose: bool, quiet: bool = False) -> Iterator[None]:
     """While the job runs: Beam logs a worker error with its traceback (and its harness
     prints it) before raising; the CLI prints one line instead. ``verbose`` (or
@@ -215,7 +241,8 @@ def beam_quiet(verbose: bool, quiet: bool = False) -> Iterator[None]:
             beam_log.setLevel(logging.CRITICAL)
             sys.stderr = _NoTracebacks(stderr)
             try:
-                yield
+                with _no_logged_tracebacks():
+                    yield
             finally:
                 beam_log.setLevel(level)
                 sys.stderr = stderr
@@ -301,6 +328,7 @@ def run_job(config: str | os.PathLike | Mapping[str, Any] | DedupeConfig, *,
     verbose = is_verbose(verbose)
     cfg = to_config(config, overrides=overrides, overwrite=overwrite, run_id=run_id,
                     beam_args=beam_args)
-    with beam_quiet(verbose, quiet):  # e.g. gcsio's warnings about credentials
-        job = prepare(cfg)
-    return run_prepared(job, quiet=quiet, verbose=verbose)
+    with stopping.handled(exits=False):  # Ctrl-C stops the job's processes too
+        with beam_quiet(verbose, quiet):  # e.g. gcsio's warnings about credentials
+            job = prepare(cfg)
+        return run_prepared(job, quiet=quiet, verbose=verbose)

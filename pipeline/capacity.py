@@ -244,8 +244,8 @@ def lines(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> list[str
     workers = (f"{c.workers} worker(s) x {c.cores} core(s)"
                + (f" + {c.gpu}" if c.gpu else ""))
     out = [f"capacity plan ({c.runner}, {workers}; rates: {rates.measured}):",
-           f"  input: {w.records:,} records of {w.dim:,} values ({_size(w.record_bytes)} each), "
-           f"{_size(w.file_bytes)} in files"]
+           f"  input: {w.records:,} records of {w.dim:,} values ({_size(w.record_bytes)} each"
+           + (f", {w.sized}" if w.sized else "") + f"), {_size(w.file_bytes)} in files"]
     if near is not None:
         out.append(f"  near: {near.mode} search in {near.cells:,} cell(s), {near.joins:.2f} "
                    f"cells per record, {near.work:.3g} pairs compared, largest cell "
@@ -286,7 +286,11 @@ def lacking(cfg: DedupeConfig, problem: str) -> list[str]:
     """The lines of a dry run that could not read its input: what the model lacks."""
     src = cfg.input
     missing = [f"records and file bytes: the input could not be read ({problem})"]
-    if src.shape is None or src.dtype is None:
+    if src.decode in ("text", "bytes"):
+        missing.append(f"record size: the stored {src.decode}'s size, measured from a sample "
+                       "of the records")
+    elif (src.shape is None or src.dtype is None) and not (
+            src.decode == "image" and src.resize is not None):
         missing.append("record size: input.shape and input.dtype are not both set")
     if cfg.near is not None:
         missing.append("near cells per record: the planner needs a sample of the vectors")

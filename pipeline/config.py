@@ -85,7 +85,7 @@ class DedupeConfig(_Strict):
     max_invalid_fraction: float = Field(
         0.1, ge=0, le=1, allow_inf_nan=False, description="with on_invalid: skip, the run "
         "fails (exit 1, nothing published) when more than this fraction of the input records "
-        "is invalid, e.g. a wrong input.format (1.0: never)")
+        "is invalid, or of the input files cannot be opened (damaged) (1.0: never)")
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
     tuning: TuningConfig = Field(default_factory=TuningConfig)
 

@@ -111,12 +111,14 @@ class TuningConfig(_Strict):
 
 
 class NearConfig(_Strict):
-    metric: Literal["allclose", "l2", "cosine"] = Field(
-        description="allclose | l2 | cosine; leave the near section out (or null) for no "
-        "near-duplicate stage")
+    metric: Literal["allclose", "l2", "cosine", "correlation"] = Field(
+        description="allclose | l2 | cosine | correlation (1 - Pearson r, each image channel "
+        "centred on its own mean: brightness and contrast ignored); leave the near section "
+        "out (or null) for no near-duplicate stage")
     threshold: float | None = Field(None, gt=0, le=MAX_TOLERANCE, allow_inf_nan=False,
                                     description="l2: Euclidean distance; cosine: cosine "
-                                    "distance 1 - cos, at most 2 (required for l2 and cosine)")
+                                    "distance 1 - cos, at most 2; correlation: 1 - r, below "
+                                    "2 (required for l2, cosine and correlation)")
     atol: float = Field(1e-5, ge=0, le=MAX_TOLERANCE, allow_inf_nan=False,
                         description="allclose: |a - b| <= atol + rtol * |b| elementwise, b = "
                         "the kept record (numpy isclose)")
@@ -157,8 +159,12 @@ class NearConfig(_Strict):
 
     @model_validator(mode="after")
     def _threshold_for_distances(self) -> NearConfig:
-        if self.metric in ("l2", "cosine") and self.threshold is None:
+        if self.metric in ("l2", "cosine", "correlation") and self.threshold is None:
             raise ValueError(f"metric {self.metric} needs a threshold > 0 (near.threshold)")
+        if self.metric == "correlation" and self.threshold is not None and self.threshold >= 2:
+            raise ValueError(f"near.threshold {self.threshold:g}: correlation distance 1 - r "
+                             "is at most 2, so every pair with any contrast would be a "
+                             "duplicate: use a value in (0, 2)")
         if self.metric == "cosine" and self.threshold is not None and self.threshold > 2:
             raise ValueError(f"near.threshold {self.threshold:g}: cosine distance is at most 2, "
                              "so every pair would be a duplicate: use a value in (0, 2]")
@@ -179,6 +185,19 @@ class EmbedConfig(_Strict):
                             "embeddings (cosine distance = 1 - dot product)")
     write: bool = Field(True, description="write every embedding to "
                         "report/embeddings/*.parquet (record_id, file, row, embedding)")
+    long: Literal["chunks", "truncate", "refuse"] = Field(
+        "chunks", description="sentence-transformers, a text longer than the model's "
+        "max_seq_length: chunks (embedded in windows of that length, their mean weighted by "
+        "tokens) | truncate (cut at it: texts that share their first window get one "
+        "embedding) | refuse (an invalid record, with the reason); counted in "
+        "summary.json's embed.long_records either way")
+
+    @model_validator(mode="after")
+    def _long_for_text_models(self) -> EmbedConfig:
+        if "long" in self.model_fields_set and self.model != "sentence-transformers":
+            raise ValueError("embed.long applies to sentence-transformers models (texts and "
+                             "their tokens): remove embed.long")
+        return self
 
 
 class StoreConfig(_Strict):

@@ -48,6 +48,21 @@ WORKER_LOG_LEVEL = "warning"
 _WORKER_LOG_ENV = "DASK_LOGGING__DISTRIBUTED"
 
 
+def dask_setup(worker) -> None:
+    """Run by each worker of the cluster the job starts (Dask's worker preload): a
+    Ctrl-C at the terminal is the launcher's to act on, and without --verbose a failed
+    task's traceback is not logged here (the launcher says it in one line)."""
+    import signal
+
+    from pipeline.processes import WORKER_LOG_ENV, no_traceback
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.environ.get(WORKER_LOG_ENV, "all") != "all":
+        for name in ("distributed.worker", "distributed.core"):
+            logging.getLogger(name).addFilter(no_traceback)
+
+
 def dask_options() -> dict[str, Any]:
     """DaskRunner options. ``dask_npartitions``: Beam's Dask translation makes a Create
     into partitions of 128 elements and runs Reshuffle as nothing, so the read units
@@ -119,6 +134,7 @@ def _busy(dask_worker) -> int:
 
 
 QUIET_POLLS = 3  # consecutive answers of "nothing runs", 0.05 s apart
+STOP_WAIT_S = 2.0  # a stopped job (Ctrl-C) waits this long for a cluster's tasks to stop
 
 
 def stop_running_tasks(client, futures, limit_s: float = 60.0) -> None:
@@ -165,11 +181,15 @@ def dask_runner(cfg: RunnerConfig):
         def wait_until_finish(self, duration: int | None = None) -> str:
             try:
                 return super().wait_until_finish(duration)
-            except BaseException:  # the held collections too: Dask would recompute them
+            except BaseException as e:  # the held collections too: Dask would recompute them
                 from distributed import futures_of
 
-                stop_running_tasks(self.client, [*self.futures, *(
-                    f for bag in self.persisted or () for f in futures_of(bag))])
+                if not (isinstance(e, KeyboardInterrupt) and self.cluster is not None):
+                    # (a stopped job's own cluster goes with its workers, already killed;
+                    # the tasks on a cluster given by address are cancelled and let go)
+                    stop_running_tasks(self.client, [*self.futures, *(
+                        f for bag in self.persisted or () for f in futures_of(bag))],
+                        STOP_WAIT_S if isinstance(e, KeyboardInterrupt) else 60.0)
                 raise
             finally:
                 self.persisted = None
@@ -241,18 +261,22 @@ class OwnCluster:
         import dask
         from distributed import LocalCluster
 
-        from pipeline.processes import progress_relay
+        from pipeline.processes import WORKER_LOG_ENV, progress_relay, worker_log
 
         logging.getLogger("distributed").setLevel(logging.WARNING)  # no INFO per worker
         self.tmp = tempfile.mkdtemp(prefix="tensordedup-dask-")
         self.relay = None
         env = {} if _WORKER_LOG_ENV in os.environ else {_WORKER_LOG_ENV: WORKER_LOG_LEVEL}
+        env[WORKER_LOG_ENV] = worker_log()
         try:
             self.relay, forward = progress_relay(self.tmp)
             env.update(forward)
             # the workers are started, and read the environment, in here; the scheduler's
             # scratch space and theirs go in this cluster's own directory
-            with _environ(env), dask.config.set({"temporary-directory": self.tmp}):
+            with _environ(env), dask.config.set({
+                    "temporary-directory": self.tmp,
+                    # dask_setup, in each worker (the workers get this process's config)
+                    "distributed.worker.preload": [__name__]}):
                 failed = None
                 try:
                     self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1,

@@ -8,10 +8,13 @@ rather than a worker error after the input was read.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.config import EmbedConfig
 from transforms.formats.base import InputError, error_line
+
+if TYPE_CHECKING:
+    from pipeline.steps.embed import LongTexts
 
 
 @dataclass(frozen=True)
@@ -25,12 +28,28 @@ class Embedding:
     def meta(self) -> dict:
         """What a fingerprint store records: another model, other vectors."""
         c = self.cfg
-        return {"model": c.model, "path": c.path, "normalize": c.normalize}
+        out = {"model": c.model, "path": c.path, "normalize": c.normalize}
+        if c.model == "sentence-transformers" and c.long != "truncate":  # truncate: as
+            out["long"] = c.long  # stores made before the setting, which hold no key
+        return out
 
     def describe(self) -> str:
         c = self.cfg
         return (f"embed: {c.model} {c.path} (batch {c.batch_size}, device {c.device}, "
                 f"{'unit-length' if c.normalize else 'raw'} vectors)")
+
+    def long_texts(self) -> LongTexts | None:
+        """The read-time check of ``embed.long`` (``LongTexts``), or None for a model
+        without a (Rust) text tokenizer and a ``max_seq_length`` (TorchScript)."""
+        if self.cfg.model != "sentence-transformers":
+            return None
+        from pipeline.steps.embed import LongTexts
+        from pipeline.steps.models import text_tokenizer
+
+        model = self.handler.load_model()  # loaded once already by the checks
+        if text_tokenizer(model) is None:
+            return None
+        return LongTexts(self.handler, int(model.max_seq_length))
 
 
 def embedding(cfg: EmbedConfig | None, load: bool = True) -> Embedding | None:
@@ -43,7 +62,7 @@ def embedding(cfg: EmbedConfig | None, load: bool = True) -> Embedding | None:
 
     if cfg.model == "sentence-transformers":
         out = Embedding(cfg, SentenceTransformerHandler(cfg.path, device=cfg.device,
-                                                        normalize=cfg.normalize))
+                                                        normalize=cfg.normalize, long=cfg.long))
     else:
         out = Embedding(cfg, torchscript_handler(cfg.path, device=cfg.device), as_tensors)
     if load:

@@ -36,15 +36,17 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
     chunking = Chunking(cfg.tuning.unit_rows, cfg.tuning.chunk_rows, cfg.tuning.chunk_bytes)
     nonfinite_invalid = (cfg.near is not None and cfg.near.nonfinite == "invalid"
                          and job.spec.decode is None)  # decoded values are finite
+    long_texts = None if job.embed is None else job.embed.long_texts()  # embed.long
     read = p | "Read" >> ReadTensors(job.files, format=cfg.input.format, spec=job.spec,
                                      chunking=chunking, on_invalid=cfg.on_invalid,
-                                     nonfinite_invalid=nonfinite_invalid)
+                                     nonfinite_invalid=nonfinite_invalid, long_texts=long_texts)
     ref = refs = None
     if job.references is not None:
         refs = job.references
         ref = p | "ReadReference" >> ReadTensors(refs.files, format=refs.format, spec=refs.spec,
                                                  chunking=chunking, reference=True,
-                                                 nonfinite_invalid=nonfinite_invalid)
+                                                 nonfinite_invalid=nonfinite_invalid,
+                                                 long_texts=long_texts)
     embed = None
     if job.embed is not None:  # exact dedup on the raw values, then its survivors embedded
         from pipeline.steps.embed import Embed, EmbedKept  # imports torch: only when embedding
@@ -55,10 +57,17 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
                                 write_to=write_to),
                           source=ReadTensors(job.files, format=cfg.input.format, spec=job.spec,
                                              chunking=chunking, nonfinite_invalid=nonfinite_invalid,
-                                             stage="read for the model"))
+                                             stage="read for the model",
+                                             long_texts=long_texts))
         if ref is not None:
             ref = ref | "EmbedReference" >> Embed(e.handler, batch_size=e.cfg.batch_size,
                                                   prepare=e.prepare)
+    long_records = {}  # summary.json's embed section: the input's long texts, as read
+    if long_texts is not None:
+        from pipeline.steps.embed import LongRecords
+
+        long_records["embed"] = beam.pvalue.AsSingleton(
+            read[FACTS] | "LongRecords" >> LongRecords(long_texts))
     updates = pub.store is not None
     dedup = read | "Dedup" >> Dedup(
         keep=Keep(*job.keep), near=job.near, exact=cfg.exact,
@@ -87,4 +96,5 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
                             max_invalid_fraction=cfg.max_invalid_fraction,
                             inputs=TensorSource(cfg.input.format, job.spec),
                             reference=TensorSource(refs.format, refs.spec) if refs else None)
-     | "Publish" >> beam.Map(publish_run, beam.pvalue.AsList(store_parts), pub))
+     | "Publish" >> beam.Map(publish_run, beam.pvalue.AsList(store_parts), pub,
+                               **long_records))

@@ -7,10 +7,13 @@ parallel, bounded by ``pipeline.remote``); the capacity plan reads the same fact
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import os
+import posixpath
 from typing import NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -20,12 +23,20 @@ from pipeline.remote import bounded, each_bounded
 from transforms import fs
 from transforms.formats import get_format
 from transforms.formats.base import Decode, InputError, TensorSpec, error_line
-from transforms.formats.tfrecord_frames import record_start
+from transforms.formats.parquet import row_shapes
+from transforms.formats.tfrecord_frames import record_start, shows_tfrecord
 
 HEAD_BYTES = 4096  # read from each input file: magic numbers, a TFRecord header
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # at 0, or 512, 1024, 2048 after a user block
+HDF5_BLOCKS = 1 << 20  # user blocks (powers of 2) this large at most are looked past
 PARQUET_MAGIC = b"PAR1"
+PARQUET_ENCRYPTED = b"PARE"  # a Parquet file with an encrypted footer
 _FORMAT_NAMES = {"parquet": "Parquet", "tfrecord": "TFRecord", "hdf5": "HDF5"}
+# What a file that is none of the formats is, for the one line that refuses it.
+_OTHER_KINDS = ((b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"),
+                (b"GIF8", "a GIF image"), (b"PK\x03\x04", "a ZIP archive"),
+                (b"\x1f\x8b", "a gzip file that holds no TFRecord"),
+                (b"\x93NUMPY", "a NumPy .npy file"), (b"%PDF", "a PDF document"))
 
 
 class Sniffed(NamedTuple):
@@ -37,8 +48,8 @@ class Sniffed(NamedTuple):
 
 
 def sniff(head: bytes) -> Sniffed | None:
-    """Which supported format ``head`` (a file's first bytes) is, or None (empty, damaged,
-    or something else: left to the reader, which reports it as invalid)."""
+    """Which supported format ``head`` (a file's first bytes) is, or None (empty, damaged
+    at its start, or something else: ``_shows_format`` tells which)."""
     compression = record_start(head)
     if compression is not None:
         how = "" if compression == "none" else f" after {compression} decompression"
@@ -49,7 +60,59 @@ def sniff(head: bytes) -> Sniffed | None:
             return Sniffed("hdf5", f"it has the HDF5 signature at byte {offset}")
     if head[:4] == PARQUET_MAGIC:
         return Sniffed("parquet", "it starts with PAR1")
+    if head[:4] == PARQUET_ENCRYPTED:
+        return Sniffed("parquet", "it starts with PARE, an encrypted Parquet footer's magic")
     return None
+
+
+def _hdf5_further(path: str) -> bool:
+    """Whether the HDF5 signature lies past HEAD_BYTES, after a user block of 4 KiB to
+    HDF5_BLOCKS (powers of 2): an h5py file made with a large ``userblock_size``."""
+    with fs.open_read(path) as f:
+        at = HEAD_BYTES
+        while at <= HDF5_BLOCKS:
+            f.seek(at)
+            got = f.read(len(HDF5_SIGNATURE))
+            if got == HDF5_SIGNATURE:
+                return True
+            if len(got) < len(HDF5_SIGNATURE):  # past the end
+                return False
+            at *= 2
+    return False
+
+
+def _what_it_is(head: bytes) -> str:
+    """What a file's first bytes look like, in words, when they are no supported format."""
+    if not head:
+        return "it is empty (0 bytes)"
+    kind = next((what for magic, what in _OTHER_KINDS if head.startswith(magic)), None)
+    if kind is not None:
+        return f"it is {kind}"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as e:  # a character cut off at the end of the head is text
+        text = head[:e.start].decode("utf-8") if e.start >= len(head) - 3 else None
+    if text is not None and all(c.isprintable() or c in "\t\r\n" for c in text):
+        first = text.strip().splitlines()[0][:40] if text.strip() else ""
+        return f"it is text: {first!r} ..."
+    return f"its first bytes are {head[:8].hex(' ')}"
+
+
+_NEEDS = {"parquet": "a Parquet file starts with PAR1",
+          "hdf5": "an HDF5 file has its signature at byte 0, 512, 1024, 2048 or later "
+                  "powers of 2",
+          "tfrecord": "a TFRecord file starts with a record's length and its CRC (also "
+                      "after gzip or zlib decompression), or is empty"}
+
+
+def _shows_format(path: str, head: bytes, fmt: str) -> bool:
+    """Whether ``head`` can begin a file of ``fmt`` (sniff found no other format): a
+    damaged file of the right format is the reader's, which reports it with its reason."""
+    if fmt == "tfrecord":
+        return shows_tfrecord(head)
+    if fmt == "hdf5" and len(head) == HEAD_BYTES:
+        return _hdf5_further(path)
+    return False
 
 
 def _head(path: str) -> bytes:
@@ -58,10 +121,12 @@ def _head(path: str) -> bytes:
 
 
 def _check_sniffed(files: list[str], found: list[Sniffed | None], source: InputConfig,
-                   key: str) -> None:
+                   key: str, unknown: list[tuple[str, bytes]]) -> None:
     """Refuse files whose bytes show another format than ``input.format`` (read as that
-    format, every record would be "invalid" and the clean output empty), or another
-    TFRecord compression than a fixed ``input.compression``."""
+    format, every record would be "invalid" and the clean output empty), files whose
+    bytes show no supported format (``unknown``: a README, a CSV or an image in the
+    glob; an empty Parquet or HDF5 file), or another TFRecord compression than a fixed
+    ``input.compression``."""
     section = key.partition(".")[0]
     wrong = [(f, s) for f, s in zip(files, found, strict=True)
              if s is not None and s.format != source.format]
@@ -71,11 +136,34 @@ def _check_sniffed(files: list[str], found: list[Sniffed | None], source: InputC
         raise InputError(f"{section}.format: {path} looks like a {_FORMAT_NAMES[s.format]} "
                          f"file ({s.evidence}), not {source.format}{many}: set "
                          f"{section}.format: {s.format}")
+    if unknown:
+        raise InputError(_not_the_format(files, unknown, source.format, key))
     fixed = source.compression
     for path, s in zip(files, found, strict=True):
         if s is not None and s.compression not in (None, fixed) and fixed != "auto":
             raise InputError(f"{section}.compression: {path} is {s.compression}-compressed "
                              f"TFRecord, not {fixed}: set {section}.compression: auto")
+
+
+def _not_the_format(files: list[str], unknown: list[tuple[str, bytes]], fmt: str,
+                    key: str) -> str:
+    """The one line for files that are not of ``fmt`` at all: each would be read as one
+    unreadable file, or an empty one as no file (the first file speaks for the input)."""
+    path, head = unknown[0]
+    name = _FORMAT_NAMES[fmt]
+    what = (f"{path} is not a {name} file" if len(unknown) == 1 else
+            f"{len(unknown)} of {len(files)} files are not {name} files, e.g. {path}")
+    glob = GLOBS.get(fmt, "*")
+    it = "it" if len(unknown) == 1 else "them"
+    if not head:
+        fix = (f"remove {it} or write {it} again ({name} writers never write 0 bytes, even "
+               "for no records: an interrupted write or copy?)")
+    elif fnmatch.fnmatch(posixpath.basename(path), glob):
+        fix = f"remove {it}, or replace {it} with the {name} files meant"
+    else:
+        fix = (f"remove {it}, or narrow {key} to the {name} files (e.g. "
+               f"'{posixpath.join(posixpath.dirname(path), glob)}')")
+    return f"{key}: {what} ({_what_it_is(head)}; {_NEEDS[fmt]}): {fix}"
 
 
 def _check_text_ids(path: str, column: str) -> None:
@@ -113,17 +201,72 @@ def inspect_files(files: list[str], source: InputConfig, spec: TensorSpec, key: 
     (schema / first record); remote files in parallel, each bounded by ``timeout``."""
     fmt = get_format(source.format, spec)
 
-    def one(path: str) -> tuple[Sniffed | None, TensorSpec | None]:
-        found = sniff(_head(path))
+    def one(path: str) -> tuple[Sniffed | None, TensorSpec | bytes]:
+        head = _head(path)
+        found = sniff(head)
         if found is not None and found.format != source.format:
-            return found, None  # reported for all files at once below
+            return found, head  # reported for all files at once below
+        if found is None and not _shows_format(path, head, source.format):
+            return None, head  # likewise
         if source.format == "parquet" and spec.id is not None:
             _check_text_ids(path, spec.id)
         return found, fmt.check(path, spec)
 
     seen = each_bounded(files, one, key, "reading its first bytes and schema", timeout)
-    _check_sniffed(files, [s for s, _ in seen], source, key)
+    unknown = [(f, r) for f, (s, r) in zip(files, seen, strict=True)
+               if s is None and isinstance(r, bytes)]
+    _check_sniffed(files, [s for s, _ in seen], source, key, unknown)
     return [r for _, r in seen]
+
+
+SIZES_BYTES = 64 << 20  # values read from the first row group to quote its record sizes
+
+
+def check_one_size(path: str, source: InputConfig, timeout: float) -> None:
+    """Near on a Parquet list column of no fixed size (``list<...>``, not
+    ``fixed_size_list``) without ``input.shape``: distances compare records of one size,
+    so records of several sizes would stop the near stage after the work before it.
+    Refused now when the first row group (its first SIZES_BYTES of values) holds records
+    of several sizes, quoting them; one size there is taken as the input's."""
+    def sizes(path: str) -> tuple[int, np.ndarray] | None:
+        """(records read, the values each valid one holds), or None (fixed size, damaged)."""
+        rows, read, seen = 0, 0, []
+        # through Arrow's own file where local, never a Python one (fs.read_parquet: why)
+        with pa.OSFile(path) if fs.is_local(path) else fs.open_read(path) as f:
+            try:
+                pf = pq.ParquetFile(f)
+                kind, depth = pf.schema_arrow.field(source.tensor).type, 0
+                while pa.types.is_list(kind) or pa.types.is_large_list(kind):
+                    kind, depth = kind.value_type, depth + 1
+                if not depth or pf.metadata.num_row_groups == 0:
+                    return None
+                for batch in pf.iter_batches(batch_size=8192, row_groups=[0],
+                                             columns=[source.tensor], use_threads=False):
+                    ok, shapes = row_shapes(batch.column(0), depth)
+                    seen.append(shapes[ok].prod(axis=1))
+                    rows, read = rows + batch.num_rows, read + batch.nbytes
+                    if read >= SIZES_BYTES:
+                        break
+            except (OSError, pa.ArrowException):  # damaged: the reader reports the file
+                return None
+        return rows, np.concatenate(seen) if seen else np.empty(0, np.int64)
+
+    got = bounded(path, sizes, "input.path", "reading its first row group's record sizes",
+                  timeout)
+    if got is None or len(np.unique(got[1])) < 2:
+        return
+    rows, counts = got
+    values, times = np.unique(counts, return_counts=True)
+    common = int(values[np.argmax(times)])
+    share = times.max() / len(counts)
+    raise InputError(
+        f"near: input.tensor: column {source.tensor!r} holds lists of no fixed size, and the "
+        f"first {rows:,} records of {path} hold {int(values[0]):,} to {int(values[-1]):,} "
+        f"values ({len(values):,} sizes; the most common, {common:,}, {share:.0%} of them); "
+        "distances compare records of one size: set input.shape to compare the records of "
+        "that size (the others are then reported invalid), or add an embed section to "
+        "compare embeddings of the records, or remove near (exact dedup needs none); set "
+        "similarity for token sequences (near.metric: jaccard) is planned, not yet there")
 
 
 def first_known(resolved: list[TensorSpec]) -> int:

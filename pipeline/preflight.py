@@ -28,6 +28,7 @@ from pipeline import layout
 from pipeline.config import DedupeConfig, InputConfig, keep_policy
 from pipeline.embedding import Embedding, embedding
 from pipeline.inputs import (
+    check_one_size,
     common_dir,
     first_known,
     inspect_files,
@@ -161,20 +162,47 @@ def _check_runner(cfg: DedupeConfig) -> None:
             raise InputError(problem)
 
 
-def near_spec(cfg: DedupeConfig, dtype: str | None) -> NearSpec | None:
+def largest_l2(dtype: str | None, shape: tuple[int, ...] | None) -> float | None:
+    """The largest l2 distance two records of ``dtype`` and ``shape`` can be apart: the
+    dtype's whole range on every value, sqrt(n) (max - min) (uint8 images of 32x32x3:
+    14,134); None for floats (no largest value worth the name) or an unknown shape."""
+    if dtype is None or shape is None:
+        return None
+    if dtype == "bool":
+        span = 1
+    elif dtype.startswith(("int", "uint")):
+        info = np.iinfo(np.dtype(dtype))
+        span = int(info.max) - int(info.min)
+    else:
+        return None
+    return math.sqrt(math.prod(shape)) * span
+
+
+def near_spec(cfg: DedupeConfig, dtype: str | None, channels: int = 1,
+              shape: tuple[int, ...] | None = None) -> NearSpec | None:
     """The kernel's settings from the config's near section; complex values have no
-    distance FAISS can search."""
+    distance FAISS can search. ``channels``: a decoded image's (correlation centres each
+    on its own mean). An l2 threshold at or above the largest distance two records of
+    ``dtype`` and ``shape`` can have would make every record a near copy of the first
+    (as a cosine threshold above 2 would, which the config refuses)."""
     if cfg.near is None:
         return None
     if dtype is not None and dtype.startswith("complex"):
         raise InputError(f"near: the tensors are {dtype}; near-duplicate search needs real "
                          "values: remove the near section or store real and imaginary parts")
     n = cfg.near
+    top = largest_l2(dtype, shape) if n.metric == "l2" else None
+    if top is not None and n.threshold is not None and n.threshold >= top:
+        raise InputError(f"near.threshold: {n.threshold:g} is at or above the largest l2 "
+                         f"distance two records can have ({top:,.1f}: "
+                         f"{math.prod(shape):,} {dtype} values, each across its whole "
+                         "range), so every record would be a near copy of the first: use a "
+                         f"threshold below {top:,.1f} (a small share of it for near copies)")
     return NearSpec(n.metric, threshold=n.threshold or 0.0, atol=n.atol, rtol=n.rtol,
                     grouping=n.grouping, index=n.index, nlist=n.nlist, nprobe=n.nprobe,
                     hnsw_m=n.M, single_index_rows=n.single_index_rows,
                     partition_rows=n.partition_rows, mode=n.mode, probes=n.probes,
-                    recall_sample=n.recall_sample, device=n.device)
+                    recall_sample=n.recall_sample, device=n.device, channels=channels)
 
 
 
@@ -265,12 +293,18 @@ def prepare(cfg: DedupeConfig) -> Job:
     checked = inspect_files(files, cfg.input, spec, "input.path", timeout)
     first = first_known(checked)
     resolved = checked[first]
+    if (cfg.near is not None and cfg.embed is None and cfg.input.format == "parquet"
+            and spec.decode is None and resolved.shape is None):
+        check_one_size(files[first], cfg.input, timeout)
     refs = references(cfg, resolved)
     _check_paths(cfg, files, root, output, report, refs.files if refs else [], replace)
     for key, target in (("output.path", output), ("report", report)):
         _check_writable(key, target, timeout)
     embed = embedding(cfg.embed)
-    near = near_spec(cfg, "float32" if embed else resolved.dtype)
+    image = resolved.decode is not None and resolved.decode.kind == "image"
+    near = near_spec(cfg, "float32" if embed else resolved.dtype,
+                     resolved.shape[-1] if image and not embed and resolved.shape else 1,
+                     None if embed else resolved.shape)
     cfg = _local_workers(cfg, near is None and embed is None and spec.decode is None,
                          embed is not None, _row_bytes(resolved, files[first], cfg.input))
     store = None
@@ -286,7 +320,7 @@ def _row_bytes(resolved: TensorSpec, first: str, source: InputConfig) -> int | N
     """About how many bytes one record's values take: exact where every record has one
     shape, else for a local Parquet file the first record's (read through a 1 MB buffer,
     not the whole column chunk; through Arrow's own file, never a Python one:
-    ``fs.read_parquet`` says why); None where neither tells."""
+    ``fs.read_parquet`` says why); None where neither tells (or the file is damaged)."""
     if resolved.shape is not None and resolved.dtype is not None:
         import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 
@@ -296,10 +330,13 @@ def _row_bytes(resolved: TensorSpec, first: str, source: InputConfig) -> int | N
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    with pa.OSFile(first) as f:
-        batches = pq.ParquetFile(f, buffer_size=1 << 20).iter_batches(
-            batch_size=1, columns=[source.tensor])
-        one = next(iter(batches), None)
+    try:
+        with pa.OSFile(first) as f:
+            batches = pq.ParquetFile(f, buffer_size=1 << 20).iter_batches(
+                batch_size=1, columns=[source.tensor])
+            one = next(iter(batches), None)
+    except (OSError, pa.ArrowException):  # a damaged file: the reader reports it
+        return None
     return None if one is None else one.nbytes
 
 

@@ -39,6 +39,7 @@ THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _IN_MEMORY_WARNING = "If direct_num_workers is not equal to 1"
 QUIET_WORKER = ("apitools not found",  # Beam's GCP modules on import
                 "No semi_persistent_directory found")  # Dataflow's worker cache
+WORKER_LOG_ENV = "TENSORDEDUP_WORKER_LOG"  # worker_log()'s answer, for the workers
 
 
 def worker_env() -> dict[str, str]:
@@ -217,6 +218,7 @@ def _local_workers() -> Iterator[str]:
     (its progress file lives in a directory removed after it)."""
     tmp = tempfile.mkdtemp(prefix="tensordedup-workers-")
     env = {v: "1" for v in THREAD_VARS}
+    env[WORKER_LOG_ENV] = worker_log()
     shared = worker_env()
     for k in ("PYTHONPATH", "MALLOC_ARENA_MAX", "MIMALLOC_PURGE_DELAY"):
         env[k] = shared[k]
@@ -224,7 +226,10 @@ def _local_workers() -> Iterator[str]:
     env.update(forward)
     sets = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     try:
-        yield f"{sets} exec {shlex.quote(sys.executable)} -m pipeline.processes"
+        # SIGINT ignored from the start (kept across exec): a Ctrl-C at the terminal
+        # reaches the whole process group, and the launcher alone decides what stops
+        # (pipeline.stopping); a worker killed by it mid-step printed its traceback
+        yield f"trap '' INT; {sets} exec {shlex.quote(sys.executable)} -m pipeline.processes"
     finally:
         if relay is not None:  # after the run: the workers' last calls are in
             relay.stop()
@@ -259,14 +264,57 @@ def _drop(*texts: str):
     return lambda record: not any(t in record.getMessage() for t in texts)
 
 
+def worker_log() -> str:
+    """What the launcher shows (``api.beam_quiet``), for its worker processes to show the
+    same: ``all`` (--verbose: Beam's log lines, worker tracebacks), ``warnings`` (the
+    default: warnings and errors but Beam's own, whose failure the launcher reports in
+    one line), ``none`` (--quiet)."""
+    if logging.getLogger("apache_beam").isEnabledFor(logging.ERROR):
+        return "all"
+    return "none" if logging.root.manager.disable >= logging.WARNING else "warnings"
+
+
+def no_traceback(record: logging.LogRecord) -> bool:
+    """A log filter: no record that carries a traceback (a step's failure, logged where
+    it happened; the launcher says it in one line)."""
+    return record.exc_info is None and "Traceback" not in record.getMessage()
+
+
+def _shown(mode: str):
+    """The worker's log filter for ``worker_log``'s mode."""
+    def keep(record: logging.LogRecord) -> bool:
+        if any(t in record.getMessage() for t in QUIET_WORKER):
+            return False
+        if mode == "all":
+            return True
+        beam = record.name == "apache_beam" or record.name.startswith("apache_beam.")
+        return mode == "warnings" and not beam
+    return keep
+
+
+def _own_stderr():
+    """The process's stderr for its log handler alone: file descriptor 2 goes nowhere
+    from here on (Beam's harness prints a failed bundle's traceback there, and gRPC its
+    own lines)."""
+    sys.stderr.flush()
+    stream = os.fdopen(os.dup(2), "w", buffering=1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)
+    return stream
+
+
 def main() -> None:
     """A local worker process: Beam's SDK worker, which reports to the runner as Beam's
     ``multi_processing`` workers do; on its own stderr only warnings and errors (Beam
     logs every channel it opens at INFO; ``QUIET_WORKER``: its warnings that say nothing
-    about this job)."""
-    handler = logging.StreamHandler()
+    about this job), and without --verbose none of Beam's: a step that fails is logged
+    by every worker that ran it with its traceback (178 lines for one error), and the
+    launcher says it in one line."""
+    mode = os.environ.get(WORKER_LOG_ENV, "all")
+    handler = logging.StreamHandler(_own_stderr() if mode != "all" else None)
     handler.setLevel(logging.WARNING)
-    handler.addFilter(_drop(*QUIET_WORKER))
+    handler.addFilter(_shown(mode))
     logging.basicConfig(handlers=[handler], force=True)  # imports may have added one
     from apache_beam.runners.worker import sdk_worker_main
 

@@ -42,6 +42,7 @@ from transforms import fs
 from transforms.lease import Lease, acquire_all, release_all
 
 HOLD_ENV = "TENSORDEDUP_TEST_HOLD_PUBLISH"  # tests: see _hold_for_tests
+DEAF_ENV = "TENSORDEDUP_TEST_HOLD_DEAF"  # tests: the hold ignores KeyboardInterrupt
 
 
 @dataclass(frozen=True)
@@ -73,10 +74,12 @@ def take_leases(output: str, report_dir: str, store: str | None, run_id: str,
     return acquire_all(wanted, run_id, detached)
 
 
-def publish_run(taken: dict, store_parts: list[dict], pub: Publication) -> dict:
+def publish_run(taken: dict, store_parts: list[dict], pub: Publication,
+                embed: dict | None = None) -> dict:
     """The Publish step: ``taken`` is the Report step's figures; ``store_parts`` what the
-    store writers wrote for this attempt. Returns the summary it wrote. Safe to call again
-    for the same attempt, after a partial or a complete first call."""
+    store writers wrote for this attempt; ``embed`` summary.json's embed section (the long
+    texts: ``LongRecords``). Returns the summary it wrote. Safe to call again for the
+    same attempt, after a partial or a complete first call."""
     _hold_for_tests()
     done = _published(pub)
     if done is not None:  # a retried Publish of an attempt that finished
@@ -103,7 +106,7 @@ def publish_run(taken: dict, store_parts: list[dict], pub: Publication) -> dict:
                                                            "report": pub.report})}
     summary = {**pub.header, **totals, "wall_time_s": round(time.time() - pub.started, 3),
                "output": pub.output, "report": pub.report, "files": files,
-               "reference": taken["reference"], "store": store,
+               "reference": taken["reference"], "store": store, "embed": embed,
                "near": None if taken["near"] is None else {
                    "settings": pub.near_settings, **taken["near"]}}
     report.write_summary(pub.report, summary)
@@ -192,7 +195,10 @@ def own_stages(pub: Publication) -> Sequence[str]:
 def _hold_for_tests() -> None:
     """Tests only: with ``$TENSORDEDUP_TEST_HOLD_PUBLISH`` set to a path, Publish announces
     itself (``<path>.reached``) and waits until that path exists, so a test can start a
-    rival run or kill this one at a known point without timing guesses."""
+    rival run or kill this one at a known point without timing guesses. With
+    ``$TENSORDEDUP_TEST_HOLD_DEAF`` set it also swallows KeyboardInterrupt, as a library
+    that catches it would (a stopped command must end anyway: ``pipeline.stopping``),
+    and says so (``<path>.swallowed``)."""
     hold = os.environ.get(HOLD_ENV)
     if not hold:
         return
@@ -200,7 +206,12 @@ def _hold_for_tests() -> None:
     wake = threading.Event()
     deadline = time.monotonic() + 600
     while not os.path.exists(hold) and time.monotonic() < deadline:
-        wake.wait(0.02)
+        try:
+            wake.wait(0.02)
+        except KeyboardInterrupt:  # deaf: as a library that swallows Ctrl-C would be
+            if not os.environ.get(DEAF_ENV):
+                raise
+            Path(hold + ".swallowed").touch()
 
 
 def _appeared(final: str) -> str:

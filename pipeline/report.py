@@ -35,7 +35,13 @@ from pipeline.steps.elements import (
 )
 from pipeline.steps.near_cells import NN_PER_CELL
 from transforms import fs
-from transforms.formats.base import InvalidRecord, InvalidRecordError, TensorSpec, error_line
+from transforms.formats.base import (
+    InvalidRecord,
+    InvalidRecordError,
+    TensorSpec,
+    error_line,
+    records_of,
+)
 
 if TYPE_CHECKING:
     from pipeline.steps.near import NearReport
@@ -119,17 +125,24 @@ def _files_table(results: list[FileResult], reference_files: list[str] | None) -
 
 
 def _invalid_table(per_file: list[tuple[str, list[InvalidRecord]]]) -> pa.Table:
-    rows = [(r.record_id, path, r.reason) for path, invalid in per_file for r in invalid]
+    """The invalid records (an unreadable file is no record: summary.json names it)."""
+    rows = [(r.record_id, path, r.reason) for path, invalid in per_file
+            for r in records_of(invalid)]
     return pa.table({name: [row[i] for row in rows] for i, name in
                      enumerate(INVALID_SCHEMA.names)}, schema=INVALID_SCHEMA)
+
+
+def _unreadable(invalid: list[InvalidRecord]) -> str | None:
+    """Why a file could not be opened at all (its first reason), or None."""
+    return next((r.reason for r in invalid if r.whole_file), None)
 
 
 def file_summary(res: FileResult) -> dict:
     removed = {f"removed_{kind}": sum(len(r) for r in res.decision.removed if r.kind == kind)
                for kind in KINDS}
     return {"input": res.decision.path, "output": res.output, "read": res.decision.n_read,
-            "kept": res.kept, **removed, "invalid": len(res.decision.invalid),
-            "notes": res.notes}
+            "kept": res.kept, **removed, "invalid": len(records_of(res.decision.invalid)),
+            "unreadable": _unreadable(res.decision.invalid), "notes": res.notes}
 
 
 def _near_note(spec: NearSpec, stats: dict) -> str:
@@ -161,14 +174,24 @@ class TooManyInvalidError(InvalidRecordError):
 
 def check_invalid_fraction(results: list[FileResult], limit: float) -> None:
     """Fail the run (before Publish, so the old output stays) when more than ``limit`` of
-    the input records are invalid: a wrong input.format or a broken export reads as
-    "all records invalid", and publishing that would replace good output with nothing."""
+    the input records are invalid, or more than ``limit`` of the input files cannot be
+    opened at all: a wrong input.format or a broken export reads as "all records
+    invalid" (or no records at all), and publishing that would replace good output with
+    nothing."""
+    lost = [(r.decision.path, why) for r in results
+            if (why := _unreadable(r.decision.invalid)) is not None]
+    if limit < 1 and len(lost) > limit * len(results):
+        raise TooManyInvalidError(
+            f"{len(lost)} of {len(results)} input files cannot be read at all "
+            f"({len(lost) / len(results):.1%}), more than max_invalid_fraction {limit:g}; "
+            f"nothing was published. First: {lost[0][0]}: {lost[0][1]}. Fix or remove the "
+            "files, or raise max_invalid_fraction (1.0: never fail)")
     read = sum(r.decision.n_read for r in results)
-    n_bad = sum(len(r.decision.invalid) for r in results)
+    n_bad = sum(len(records_of(r.decision.invalid)) for r in results)
     if limit >= 1 or not read or n_bad <= limit * read:
         return
-    path, first = next((r.decision.path, r.decision.invalid[0]) for r in results
-                       if r.decision.invalid)
+    path, first = next((r.decision.path, records_of(r.decision.invalid)[0]) for r in results
+                       if records_of(r.decision.invalid))
     raise TooManyInvalidError(
         f"{n_bad:,} of {read:,} input records are invalid ({n_bad / read:.1%}), more "
         f"than max_invalid_fraction {limit:g}; nothing was published. First: {first.record_id} "
@@ -218,8 +241,15 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
             bad = [(ref_files[i - first], [r]) for i, _, r in rows]
             pq.write_table(_invalid_table(bad),
                            os.path.join(folder, layout.REFERENCE_INVALID))
+            lost: dict[str, str] = {}  # reference files that could not be opened at all
+            for i, _, r in rows:
+                if r.whole_file:
+                    lost.setdefault(ref_files[i - first], r.reason)
             ref_stats = {"files": len(ref_files), "read": sum(f.n_read for _, f in facts),
-                         "invalid": sum(len(f.invalid) for _, f in facts)}
+                         "invalid": sum(len(records_of(f.invalid)) for _, f in facts)}
+            if lost:
+                ref_stats["unreadable_files"] = [{"path": k, "reason": v}
+                                                 for k, v in lost.items()]
         per_file = [file_summary(r) for r in results]
         sources = {"input": inputs, "reference": reference}
         where = dict(zip(files.column("file").to_pylist(), zip(
@@ -275,11 +305,15 @@ def _read_back(file: tuple[str, str] | None, sources: dict[str, TensorSource | N
 
 
 def totals(files: list[dict]) -> dict:
-    """Whole-run counts; read == kept + removed (every kind) + invalid, checked."""
+    """Whole-run counts; read == kept + removed (every kind) + invalid, checked. Files
+    that could not be opened at all hold no record anyone counted: they are listed
+    (``unreadable_files``: path and reason), not counted."""
     removed = [f"removed_{kind}" for kind in KINDS]
     out = {k: sum(f[k] for f in files) for k in ("read", "kept", *removed, "invalid")}
     if out["read"] != out["kept"] + sum(out[k] for k in removed) + out["invalid"]:
         raise RuntimeError(f"records not accounted for: {out}")
+    out["unreadable_files"] = [{"path": f["input"], "reason": f["unreadable"]}
+                               for f in files if f.get("unreadable")]
     return out
 
 

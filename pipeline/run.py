@@ -4,18 +4,26 @@ dedup job's command line; ``pipeline.api`` runs the job (``run_job`` from Python
 Exit codes: 0 done; 2 bad config or input, found before any work (one line, no
 traceback); 1 the job failed while running (e.g. an invalid record with
 ``on_invalid: fail``, too many invalid records, a full disk), with one line saying why;
-130 interrupted (Ctrl-C); nothing is published then. Beam's own log lines (worker
-tracebacks) are hidden unless ``--verbose`` or ``TENSORDEDUP_VERBOSE=1``. Beam pipeline
-flags after ``--`` go to the runner (``tensordedup --config c.yaml --
---direct_num_workers=2``).
+130 interrupted (Ctrl-C), 143 stopped by SIGTERM; nothing is published then. Beam's
+own log lines (worker tracebacks) are hidden unless ``--verbose`` or
+``TENSORDEDUP_VERBOSE=1``. Beam pipeline flags after ``--`` go to the runner
+(``tensordedup --config c.yaml -- --direct_num_workers=2``).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import multiprocessing
 import os
+import signal
 import sys
+
+if getattr(multiprocessing.current_process(), "_inheriting", False):
+    # A process that multiprocessing spawns (a worker of the Dask cluster the job starts)
+    # imports the command's module first: a Ctrl-C at the terminal reaches it too, and
+    # the launcher alone decides what stops (pipeline.stopping kills it).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 # The command's imports (Beam, Arrow...) make about 170k objects that live as long as the
 # process: collecting while they load is wasted work (three full collections, 0.1-0.2 s).
@@ -23,6 +31,7 @@ import sys
 _collecting = gc.isenabled()
 gc.disable()
 try:
+    from pipeline import stopping
     from pipeline.api import (
         VERBOSE_ENV,
         JobFailed,
@@ -41,7 +50,7 @@ finally:
     if _collecting:
         gc.enable()
 
-EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+EXIT_FAILED, EXIT_USAGE = 1, 2
 CONSOLE_SCRIPT = "tensordedup"
 
 
@@ -107,14 +116,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """The command line (also the ``tensordedup`` console script; ``argv`` None: the
-    process's arguments). Ctrl-C anywhere is one line and exit 130 (staging directories
-    are removed by ``execute``; Publish has not run, so the old outputs are untouched)."""
-    try:
-        return _main(argv)
-    except KeyboardInterrupt:
-        print("interrupted: nothing was published (earlier outputs are unchanged); run the "
-              "same command again to redo the job", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    process's arguments). Ctrl-C (SIGINT) or SIGTERM anywhere: one line and exit 130 or
+    143 within seconds, the job's processes stopped, staging directories removed and
+    nothing published (``pipeline.stopping``)."""
+    with stopping.handled(exits=True):
+        try:
+            return _main(argv)
+        except KeyboardInterrupt:
+            return stopping.stopped()
 
 
 def _main(argv: list[str] | None) -> int:
@@ -125,6 +134,7 @@ def _main(argv: list[str] | None) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     verbose = is_verbose(args.verbose or None)
+    stopping.verbose(verbose)
     try:
         cfg = to_config(args.config, overrides=args.set, overwrite=args.overwrite,
                         run_id=args.run_id, beam_args=args.beam_args)

@@ -21,9 +21,11 @@ class RunSummary:
     ``removed`` maps each kind (exact, near, reference_exact, reference_near,
     store_exact, store_near) to its count. ``near``: summary.json's near section (the
     settings, mode, cells, recall...) when the near stage ran; ``recall`` its measured
-    recall. ``summary``: summary.json as a dict. A run handed to a runner that does not
-    wait (Dataflow) has ``submitted`` True and no counts yet: its report appears when the
-    job succeeds (``RunSummary.load(report)`` reads it then)."""
+    recall (decisions judged against the records kept) and ``recall_removed`` the share
+    of sampled records with an earlier near duplicate, kept or not, that were removed
+    (``transforms.near_recall``). ``summary``: summary.json as a dict. A run handed to a
+    runner that does not wait (Dataflow) has ``submitted`` True and no counts yet: its
+    report appears when the job succeeds (``RunSummary.load(report)`` reads it then)."""
 
     run_id: str
     output: str
@@ -35,6 +37,7 @@ class RunSummary:
     wall_time_s: float | None = None
     near: dict | None = None
     recall: float | None = None
+    recall_removed: float | None = None
     submitted: bool = False
     job_id: str | None = None
     summary: dict | None = None
@@ -49,7 +52,8 @@ class RunSummary:
                    removed={k.removeprefix("removed_"): v for k, v in summary.items()
                             if k.startswith("removed_")},
                    invalid_count=summary["invalid"], wall_time_s=summary.get("wall_time_s"),
-                   near=near, recall=recall.get("recall"), summary=summary)
+                   near=near, recall=recall.get("recall"),
+                   recall_removed=recall.get("recall_removed"), summary=summary)
 
     @classmethod
     def load(cls, report: str | os.PathLike) -> RunSummary:
@@ -142,6 +146,14 @@ def _to_pandas(table, method: str):
     return table.to_pandas()
 
 
+def _long_texts(embed: dict | None) -> str:
+    """The first line's clause on texts longer than the embedding model takes, if any."""
+    if not embed or not embed.get("long_records"):
+        return ""
+    return (f"; {embed['long_records']:,} text(s) longer than the model's "
+            f"{embed['max_seq_length']} tokens (embed.long: {embed['long']})")
+
+
 def human_summary(s: dict) -> str:
     """A finished run in a few lines: counts, where the outputs are, near and store."""
     removed = {k.removeprefix("removed_"): v for k, v in s.items()
@@ -149,13 +161,18 @@ def human_summary(s: dict) -> str:
     how = ", ".join(f"{k} {v:,}" for k, v in removed.items()) or "none"
     lines = [f"run {s['run_id']}: read {s['read']:,} records: kept {s['kept']:,}, removed "
              f"{sum(removed.values()):,} ({how}), invalid {s['invalid']:,} in "
-             f"{s['wall_time_s']:.1f} s",
+             f"{s['wall_time_s']:.1f} s" + _long_texts(s.get("embed")),
              f"clean shards: {s['output']}/ "
              f"({sum(f['output'] is not None for f in s['files'])} files)",
              f"report: {s['report']}/ (index.html, duplicates.parquet, files.parquet, "
              "invalid.parquet, summary.json"
              + (", near_distances.png/.json/.csv, borderline_pairs.parquet" if s.get("near")
                 else "") + (", reference_invalid.parquet" if s.get("reference") else "") + ")"]
+    if s.get("unreadable_files"):
+        u = s["unreadable_files"]
+        lines.append(f"unreadable: {len(u)} file(s) could not be opened, no records counted "
+                     f"from them (summary.json: unreadable_files); first: {u[0]['path']}: "
+                     f"{u[0]['reason']}")
     if s.get("near"):
         n = s["near"]
         how = f", at most {n['probes']} per record" if n["mode"] == "bounded" else ""
@@ -163,8 +180,10 @@ def human_summary(s: dict) -> str:
                      f"{recall_line(n['recall'])}")
     if s.get("reference"):
         r = s["reference"]
+        lost = len(r.get("unreadable_files") or [])
         lines.append(f"reference: {r['read']:,} records in {r['files']} file(s) ({r['invalid']:,}"
-                     " unreadable); removed as leaks: "
+                     " invalid" + (f", {lost} file(s) unreadable" if lost else "")
+                     + "); removed as leaks: "
                      f"{s['removed_reference_exact'] + s['removed_reference_near']:,}")
     if s.get("store"):
         st = s["store"]

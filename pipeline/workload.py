@@ -53,6 +53,7 @@ class Workload:
     near_spec: NearSpec | None = None
     recall_sample: int = 0
     missing: list[str] = field(default_factory=list)
+    sized: str | None = None  # how a record's size was found, when the spec does not fix it
 
 
 def _size(path: str) -> int:
@@ -89,6 +90,45 @@ def sample_vectors(job: Job, rows: int) -> np.ndarray:
                 if got >= per_file:
                     break
     return np.concatenate(parts)[:rows] if parts else np.zeros((0, 1), np.float32)
+
+
+SIZE_SAMPLE = 2_000  # records read to measure the size of records of no fixed size
+
+
+def _sizes(tensors: np.ndarray) -> tuple[list[int], list[int]]:
+    """(bytes, values) of each record of a chunk: text counts its UTF-8 bytes (what
+    exact dedup hashes), an array its own values."""
+    if tensors.dtype != object:
+        return ([tensors[0].nbytes] * len(tensors), [tensors[0].size] * len(tensors)) \
+            if len(tensors) else ([], [])
+    sizes = [len(v.encode("utf-8")) if isinstance(v, str) else np.asarray(v).nbytes
+             for v in tensors]
+    values = [n if isinstance(v, str) else np.asarray(v).size
+              for v, n in zip(tensors, sizes, strict=True)]
+    return sizes, values
+
+
+def measured_size(job: Job, rows: int = SIZE_SAMPLE) -> tuple[float, float, int] | None:
+    """(mean bytes, mean values, records sampled) of records whose size the spec does not
+    fix (text, stored bytes, lists of no fixed size), from each file's first records;
+    None when none could be read."""
+    fmt = get_format(job.cfg.input.format, job.spec)
+    per_file = max(1, math.ceil(rows / len(job.files)))
+    sizes: list[int] = []
+    values: list[int] = []
+    for i, path in enumerate(job.files):
+        got = 0
+        for unit in fmt.plan(path, i, per_file, job.spec)[:1]:
+            for chunk in fmt.read(unit, job.spec, min(per_file, 65536)):
+                b, v = _sizes(chunk.tensors[:per_file - got])
+                sizes += b
+                values += v
+                got += len(b)
+                if got >= per_file:
+                    break
+    if not sizes:
+        return None
+    return float(np.mean(sizes)), float(np.mean(values)), len(sizes)
 
 
 def near_cost(job: Job, n: int, dim: int) -> NearCost:
@@ -132,12 +172,17 @@ def workload(job: Job, records: int | None = None) -> Workload:
     missing = []
     shape, dtype = job.resolved.shape, job.resolved.dtype
     dim = math.prod(shape) if shape is not None else None
-    record_bytes = None
+    record_bytes, sized = None, None
     if dim is not None and dtype is not None:
         record_bytes = dim * np.dtype(dtype).itemsize
+    elif (mean := measured_size(job)) is not None:  # text, stored bytes, ragged lists
+        record_bytes, dim = max(1, round(mean[0])), max(1, round(mean[1]))
+        text = job.spec.decode is not None and job.spec.decode.kind == "text"
+        sized = (f"{'text' if text else 'sizes vary'}: the mean of {mean[2]:,} sampled "
+                 "records")
     else:
-        missing.append("record size: the tensors' shape or dtype is not fixed: set "
-                       "input.shape and input.dtype")
+        missing.append("record size: the records' size is not fixed and none could be "
+                       "read to measure it: set input.shape and input.dtype")
     counted = count_records(job)
     file_bytes = sum(_size(f) for f in job.files)
     if counted is None and records is None:
@@ -156,4 +201,4 @@ def workload(job: Job, records: int | None = None) -> Workload:
         near = near_cost(job, n, dim)
     return Workload(n, file_bytes, record_bytes, dim, near=near, near_spec=job.near,
                     recall_sample=job.near.recall_sample if job.near else 0,
-                    missing=missing)
+                    missing=missing, sized=sized)

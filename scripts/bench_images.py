@@ -1,14 +1,14 @@
 """Images: recall and precision of near dedup per kind of edit, and decode throughput.
 
-1. Quality: distinct pictures are non-overlapping textured 96 x 128 tiles of the photos
-   scikit-image and scikit-learn ship (decoys: every other tile; tiles of one photo are
-   correlated, some show similar texture). Each tile gets real edits (Pillow JPEG q95..q60,
-   a PNG round trip, resizes by 1-2 pixels, brightness +4/+8, and edits pixel distance
-   cannot catch: a 10% crop, a horizontal flip, letterboxing). Distances are those the
-   job's near stage computes: ``transforms.images.decode_image`` with ``resize`` 32 x 32,
-   RGB, l2 in 0..255 units (also as RMS per value = l2 / sqrt(3072)). Per edit kind:
-   recall at each threshold; precision over the edited pairs plus every distinct pair.
-   Again with ``exact_on: bytes``'s decode (JPEG edits decoded at reduced scale).
+1. Quality (``scripts/bench_images_quality.py``): a labelled set of real photo tiles
+   (64 x 64, smooth, dark, low-contrast and flat ones included) with planted edits (JPEG
+   q95..q60, resizes by 1-2 pixels, brightness +-5/+-10, and a crop, a flip and
+   letterboxing, which pixels cannot catch), decoded as the job decodes them (``resize``
+   32 x 32, RGB). Per metric (correlation, l2) and threshold, in both groupings: distinct
+   tiles grouped with another, and recall per edit kind; the default chosen on half the
+   photos and measured on the other half, then the job run with the shipped HF config on
+   that half. Again with ``exact_on: bytes``'s decode (JPEG edits decoded at reduced
+   scale).
 2. Throughput, whole processes on all cores, one TFRecord of distinct JPEGs (crops of the
    photos, ``image/encoded``): the job (``decode: image``, ``resize``, exact +
    fingerprints; with ``exact_on`` pixels and bytes; and the job's reader alone, without
@@ -38,83 +38,9 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from scripts.bench_images_quality import _photos, enc, print_quality, quality  # noqa: E402
+
 SIZE = (32, 32)
-
-
-def _photos(*names: str) -> list[np.ndarray]:
-    """The named scikit-image photos, then scikit-learn's two sample images."""
-    import skimage.data
-    from sklearn.datasets import load_sample_images
-
-    return [getattr(skimage.data, n)() for n in names] + list(load_sample_images().images)
-
-
-def tiles(h: int = 96, w: int = 128) -> list[np.ndarray]:
-    photos = _photos("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry",
-                     "hubble_deep_field", "retina")
-    return [np.ascontiguousarray(t) for p in photos
-            for y in range(0, p.shape[0] - h + 1, h) for x in range(0, p.shape[1] - w + 1, w)
-            if (t := p[y:y + h, x:x + w]).std() > 20]
-
-
-def enc(img: np.ndarray, fmt: str = "PNG", **kw) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(img).save(buf, fmt, **kw)
-    return buf.getvalue()
-
-
-def edits(im: np.ndarray) -> dict[str, bytes]:
-    h, w = im.shape[:2]
-    pil = Image.fromarray(im)
-    crop = im[h // 20:h - h // 20, w // 20:w - w // 20]
-    box = np.zeros((h + 24, w, 3), np.uint8)
-    box[12:12 + h] = im
-    out = {f"jpeg q{q}": enc(im, "JPEG", quality=q) for q in (95, 80, 70, 60)}
-    out["png round trip"] = enc(im, "PNG", compress_level=1)
-    for d in (1, 2):
-        out[f"resize +{d}px"] = enc(np.asarray(pil.resize((w + d, h + d),
-                                                          Image.Resampling.BILINEAR)))
-    for b in (4, 8):
-        out[f"brightness +{b}"] = enc(np.clip(im.astype(int) + b, 0, 255).astype(np.uint8))
-    out["crop 10% (not caught)"] = enc(crop)
-    out["flip (not caught)"] = enc(im[:, ::-1])
-    out["letterbox (not caught)"] = enc(box)
-    return out
-
-
-def quality(n_tiles: int, draft: bool = False) -> dict:
-    """``draft``: distances as ``exact_on: bytes`` computes them (JPEGs decoded at reduced
-    scale before the resize; the PNG originals are not JPEGs, so decoded in full)."""
-    from transforms.images import decode_image
-
-    pics = tiles()[:n_tiles]
-
-    def vec(data: bytes) -> np.ndarray:
-        return decode_image(data, resize=SIZE, channels=3, draft=draft)[1].astype(
-            np.float64).ravel()
-
-    base = np.stack([vec(enc(p)) for p in pics])
-    kinds: dict[str, list[float]] = {}
-    for i, p in enumerate(pics):
-        for kind, data in edits(p).items():
-            kinds.setdefault(kind, []).append(float(np.linalg.norm(vec(data) - base[i])))
-    sq = (base ** 2).sum(1)
-    d2 = np.maximum(sq[:, None] + sq[None] - 2 * base @ base.T, 0)
-    distinct = np.sqrt(d2[np.triu_indices(len(pics), 1)])
-    thresholds = [100, 150, 200, 250, 300, 400, 500]
-    caught = [k for k in kinds if "not caught" not in k]
-    rows = []
-    for t in thresholds:
-        tp = sum(int((np.array(kinds[k]) <= t).sum()) for k in caught)
-        fp = int((distinct <= t).sum())
-        rows.append({"threshold": t, "rms": t / np.sqrt(np.prod(SIZE) * 3),
-                     "recall": {k: float(np.mean(np.array(v) <= t)) for k, v in kinds.items()},
-                     "precision": tp / (tp + fp) if tp + fp else 1.0, "decoy_pairs_within": fp})
-    return {"tiles": len(pics), "distinct_pairs": int(len(distinct)),
-            "nearest_distinct": np.percentile(np.sort(np.sqrt(
-                d2 + np.eye(len(pics)) * 1e18).min(1)), [0, 1, 5, 50]).tolist(),
-            "edit_distance_p50_p95_max": {k: np.percentile(v, [50, 95, 100]).tolist()
-                                          for k, v in kinds.items()}, "thresholds": rows}
 
 
 TFDATA = """
@@ -170,7 +96,8 @@ def _photo_crops(n: int, size: tuple[int, int]) -> list[np.ndarray]:
     over, the retina's black and the Hubble field's, left out: they decode faster than
     photos do), at offsets 4 pixels apart (2 or 1 when that is too few). Each file is
     distinct, so the job's per-unit cache of decoded files gets no repeats to skip."""
-    photos = _photos("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry")
+    photos = _photos("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry",
+                     "china", "flower")
     h, w = size
     for step in (4, 2, 1):  # 4 pixels apart while that gives enough (21,622 at 240 x 320)
         spots = [(p, y, x) for p in range(len(photos))
@@ -325,9 +252,9 @@ def main() -> None:
     out = Path("bench-images.json")
     got = json.loads(out.read_text()) if out.exists() else {}  # parts not run stay
     if args.part in ("all", "quality"):
-        got["quality"] = quality(60 if args.quick else 400)
+        got["quality"] = quality(per_photo=8 if args.quick else 64)
         print_quality(got["quality"])
-        got["quality_exact_on_bytes"] = quality(60 if args.quick else 400, draft=True)
+        got["quality_exact_on_bytes"] = quality(True, per_photo=8 if args.quick else 64)
         print("\nexact_on: bytes (JPEG edits decoded at reduced scale):")
         print_quality(got["quality_exact_on_bytes"])
     if args.part in ("all", "kernel"):
@@ -353,18 +280,6 @@ def print_throughput(t: list[dict]) -> None:
         start = f"{r['start_up_seconds']:.2f}" if "start_up_seconds" in r else ""
         print(f"| {r['contender']} | {r['images']:,} | {r['seconds']:.2f} | "
               f"{r['cpu_seconds']:.2f} | {r['images_per_s']:,.0f} | {marginal} | {start} |")
-
-
-def print_quality(q: dict) -> None:
-    print(f"{q['tiles']} distinct tiles, {q['distinct_pairs']:,} decoy pairs; nearest "
-          f"distinct tile (l2, p0/p1/p5/p50): {[round(v) for v in q['nearest_distinct']]}")
-    kinds = list(q["thresholds"][0]["recall"])
-    print("| threshold (l2 / RMS) | " + " | ".join(kinds) + " | precision |")
-    print("|" + "---|" * (len(kinds) + 2))
-    for r in q["thresholds"]:
-        print(f"| {r['threshold']} / {r['rms']:.1f} | "
-              + " | ".join(f"{r['recall'][k]:.2f}" for k in kinds)
-              + f" | {r['precision']:.3f} ({r['decoy_pairs_within']} decoy pairs) |")
 
 
 if __name__ == "__main__":

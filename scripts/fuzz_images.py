@@ -8,8 +8,8 @@ on white, EXIF-oriented copies stored transposed, 16-bit PNGs, tRNS colour keys,
 or brightened near copies, truncated files, empty bytes, TIFF, junk; as TFRecord Examples,
 Hugging Face Parquet (``struct<bytes, path>``: also path-only rows, the file beside the
 Parquet file or missing, null rows) or a binary column, 1-3 files, optional id and label;
-random keep, channels, resize, exact_on (pixels | bytes), near (l2, mode exact | auto)
-and chunk sizes.
+random keep, channels, resize, exact_on (pixels | bytes), near (l2 or correlation, mode
+exact | auto) and chunk sizes.
 
 Oracle: Pillow opens JPEG/PNG/GIF/BMP/WebP (first frame); 16-bit samples become
 round(v * 255 / 65535) (16-bit RGB/LA PNGs read by tf.io.decode_png: Pillow keeps their
@@ -19,8 +19,9 @@ invalid = what it cannot decode; exact = all but the first of each (shape, pixel
 in keep order, naming it (exact_on bytes: of each group of equal stored bytes, and a JPEG
 is drafted with Pillow's ``draft`` to the smallest scale at least ``resize`` as shown);
 near (representative): survivors in keep order removed when within T of a kept one,
-naming the nearest (T^2 = k + 1/2 over integer squared distances, k often one that
-occurs; mode exact: exactly those, auto: each within T of a kept one);
+naming the nearest (l2: T^2 = k + 1/2 over integer squared distances, k often one that
+occurs; correlation: 1 - r of each channel centred, T halfway between two that occur;
+mode exact: exactly those, auto: each within T of a kept one);
 the summary's counts; clean shards hold the kept rows in input order byte for byte.
 
 Usage: python scripts/fuzz_images.py --seeds 0:100 --minutes 10 [--skip VARIANT,...]
@@ -43,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from benchkit import fuzz_seeds
-from fuzz_images_oracle import ORIENT, oracle, oracle_decode, shrink
+from fuzz_images_oracle import ORIENT, distance, oracle, oracle_decode, shrink
 from PIL import Image, PngImagePlugin
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -248,6 +249,18 @@ def pick_k(rng: np.random.Generator, small: dict) -> int:
     return int(rng.integers(0, 21) ** 2 * x.shape[1] // 4)
 
 
+def pick_t(rng: np.random.Generator, small: dict, channels: int) -> float:
+    """Correlation: a threshold halfway between two 1 - r that occur (no pair sits on
+    it, whatever the last bits of either computation), else 0.001..0.3."""
+    x = list(small.values())
+    d = sorted({distance(a, b, "correlation", channels) for i, a in enumerate(x)
+                for b in x[i + 1:]} - {np.inf})
+    gaps = [(lo + hi) / 2 for lo, hi in zip(d, d[1:], strict=False) if hi - lo > 1e-9]
+    if gaps and rng.random() < 0.6:
+        return float(rng.choice(gaps))
+    return float(10 ** rng.uniform(-3, np.log10(0.3)))
+
+
 def run_case(seed: int, stats: collections.Counter, skip: set[str]) -> tuple[dict, list]:
     from pipeline import run_job
 
@@ -263,18 +276,25 @@ def run_case(seed: int, stats: collections.Counter, skip: set[str]) -> tuple[dic
         same = [None if a is None else r["truth"] if by_bytes else (a.shape, a.tobytes())
                 for r, a in zip(recs, full, strict=True)]
         c["k"] = k = pick_k(rng, small) if resize and rng.random() < 0.8 else None
+        c["metric"] = "correlation" if k is not None and rng.random() < 0.4 else "l2"
+        c["channels"] = channels or 3
+        if c["metric"] == "correlation":
+            c["k"] = k = pick_t(rng, small, c["channels"])
         if k is not None:
-            cfg["near"] = {"metric": "l2", "threshold": float(np.sqrt(k + 0.5)),
+            cfg["near"] = {"metric": c["metric"], "threshold": k if c["metric"] != "l2"
+                           else float(np.sqrt(k + 0.5)),
                            "mode": str(rng.choice(["exact", "exact", "auto"]))}
         mode = cfg.get("near", {}).get("mode", "off")
         case = {"seed": seed, "format": c["fmt"], "sizes": c["sizes"], "keep": c["keep"],
                 "channels": channels, "resize": resize, "near": mode, "near_k": k,
+                "metric": c["metric"],
                 "exact_on": "bytes" if by_bytes else "pixels",
                 "opts": c["opts"], "tuning": cfg["tuning"]}
-        want = oracle(ids, same, c["keep"], small, k)
+        want = oracle(ids, same, c["keep"], small, k, c["metric"], c["channels"])
         invalid = {ids[i] for i, a in enumerate(full) if a is None}
         problems = check(work, c, run_job(cfg, quiet=True).summary, want, invalid, small, at)
         stats.update([f"format={c['fmt']}", f"keep={c['keep']}", f"near={mode}",
+                      f"metric={c['metric'] if k is not None else None}",
                       f"exact_on={case['exact_on']}",
                       f"channels={channels}", f"resize={bool(resize)}"]
                      + [f"v.{r['kind']}" for r in recs]
@@ -309,11 +329,14 @@ def check(work: Path, c: dict, s: dict, want: dict, invalid: set, small: dict, a
         r, kind, d = row["record_id"], row["kind"], row["duplicate_of"]
         if kind == "near" and (k is None or want.get(r, ("",))[0] == "exact" or d in got
                                or at.get(r) not in small or at.get(d) not in small
-                               or ((small[at[r]] - small[at[d]]) ** 2).sum() > k):
+                               or distance(small[at[r]], small[at[d]], c["metric"],
+                                           c["channels"]) > k):
             problems.append(["near removal not within T of a kept survivor", r, d,
                              recs[at[r]]["kind"], recs[at.get(d, r)]["kind"]])
             continue
-        dist = 0.0 if kind == "exact" else np.sqrt(((small[at[r]] - small[at[d]]) ** 2).sum())
+        dist = 0.0 if kind == "exact" else distance(small[at[r]], small[at[d]], c["metric"],
+                                                    c["channels"])
+        dist = np.sqrt(dist) if kind != "exact" and c["metric"] == "l2" else dist
         if not np.isclose(row["distance"], dist, rtol=1e-6, atol=1e-9):
             problems.append(["distance (got, oracle)", r, d, recs[at[r]]["kind"],
                              recs[at[d]]["kind"], row["distance"], float(dist)])

@@ -58,9 +58,22 @@ def shrink(a: np.ndarray, resize: list[int]) -> np.ndarray:
         resize[::-1], Image.Resampling.BILINEAR, reducing_gap=3.0), np.float64).reshape(-1)
 
 
-def oracle(ids: list[str], same: list, keep: str, small: dict, k: int | None) -> dict:
+def distance(a: np.ndarray, b: np.ndarray, metric: str, channels: int) -> float:
+    """l2: the squared distance (integers, exact); correlation: 1 - Pearson r with each
+    channel centred on its own mean, inf when either is flat in every channel."""
+    if metric == "l2":
+        return float(((a - b) ** 2).sum())
+    ca, cb = (v.reshape(-1, channels) - v.reshape(-1, channels).mean(axis=0) for v in (a, b))
+    flat = lambda v: (np.ptp(v.reshape(-1, channels), axis=0) == 0).all()  # noqa: E731
+    if flat(a) or flat(b):
+        return np.inf
+    return float(1 - (ca * cb).sum() / np.sqrt((ca * ca).sum() * (cb * cb).sum()))
+
+
+def oracle(ids: list[str], same: list, keep: str, small: dict, k: float | None,
+           metric: str = "l2", channels: int = 1) -> dict:
     """{removed id: (kind, duplicate_of)}; exact: equal ``same`` (None: invalid); near when
-    ``k`` (within: squared l2 <= k)."""
+    ``k`` (within: ``distance`` <= k: squared l2, or 1 - r)."""
     order = list(range(len(ids)))[::-1 if keep == "last" else 1]
     groups: dict[tuple, list[int]] = {}
     for i in order:
@@ -71,9 +84,9 @@ def oracle(ids: list[str], same: list, keep: str, small: dict, k: int | None) ->
         return out
     kept: list[int] = []
     for i in sorted((g[0] for g in groups.values()), key=order.index):
-        d2 = [float(((small[i] - small[j]) ** 2).sum()) for j in kept] or [np.inf]
-        if min(d2) <= k:  # the nearest, ties by keep order
-            out[ids[i]] = ("near", ids[kept[int(np.argmin(d2))]])
+        d = [distance(small[i], small[j], metric, channels) for j in kept] or [np.inf]
+        if min(d) <= k:  # the nearest, ties by keep order
+            out[ids[i]] = ("near", ids[kept[int(np.argmin(d))]])
         else:
             kept.append(i)
     return out

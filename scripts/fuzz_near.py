@@ -2,9 +2,10 @@
 
 Each seed makes a small random case shaped like trouble: 1 to 130 values per record,
 float16/32/64 or small integers, magnitudes over six orders, exact and near copies,
-blank (all-zero) records, a crowd around one record, NaN rows; l2, cosine or allclose
-at tolerances from 0 up; both groupings; cells forced small so that records straddle
-them. Then it checks one front end:
+blank (all-zero) records, a crowd around one record, NaN rows; l2, cosine, correlation
+(over 1 or 3 interleaved channels; with copies scaled and shifted, flat records and large
+offsets) or allclose at tolerances from 0 up; both groupings; cells forced small so that
+records straddle them. Then it checks one front end:
 
 - ``kernel``: ``find_near`` in exact mode equals ``near_oracle`` (removed -> kept);
 - ``job``: ``run_job`` on two Parquet files (random row groups): exact copies name the
@@ -40,7 +41,8 @@ from transforms.near import NearSpec, exact_distance, find_near  # noqa: E402
 
 def random_case(rng: np.random.Generator) -> tuple[np.ndarray, NearSpec]:
     d = int(rng.choice([1, 2, 3, 8, 33, 64, 130]))
-    metric = str(rng.choice(["l2", "cosine", "allclose"]))
+    metric = str(rng.choice(["l2", "cosine", "correlation", "allclose"]))
+    channels = 3 if metric == "correlation" and d % 3 == 0 and rng.random() < 0.5 else 1
     n0 = int(rng.integers(5, 400))
     kind = str(rng.choice(["float", "int", "magnitudes"]))
     if kind == "int":
@@ -54,7 +56,7 @@ def random_case(rng: np.random.Generator) -> tuple[np.ndarray, NearSpec]:
     if metric == "l2":
         scale = float(np.median(np.linalg.norm(xf, axis=1)) + 1e-9)
         tol = dict(threshold=float(rng.choice([0.0, 1.0, scale * 0.05, scale * 0.3])))
-    elif metric == "cosine":
+    elif metric in ("cosine", "correlation"):
         tol = dict(threshold=float(rng.choice([0.0, 1e-3, 0.01, 0.1, 0.5])))
     else:
         tol = dict(atol=float(rng.choice([0.0, 1e-3, 0.1, 1.0])),
@@ -64,9 +66,15 @@ def random_case(rng: np.random.Generator) -> tuple[np.ndarray, NearSpec]:
         src = xf[rng.integers(0, n0, int(rng.integers(1, 60)))]
         noise = (rng.standard_normal(src.shape) * float(rng.choice([0, 1e-4, 1e-2, 0.1]))
                  * (np.abs(src).mean() + 1e-6))
+        if metric == "correlation" and x.dtype.kind == "f":  # contrast and brightness
+            src = src * rng.uniform(0.5, 2, (len(src), 1)) + rng.normal(0, 3, (len(src), 1))
         parts.append((src + noise if x.dtype.kind == "f" else src).astype(x.dtype))
-    if rng.random() < 0.3:  # blank records
-        parts.append(np.zeros((int(rng.integers(1, 20)), d), x.dtype))
+    if rng.random() < 0.3:  # blank records (correlation: flat ones of several values)
+        flat = rng.integers(0, 4, (1, 1)) if metric == "correlation" else 0
+        parts.append((np.zeros((int(rng.integers(1, 20)), d)) + flat).astype(x.dtype))
+    if metric == "correlation" and x.dtype.kind == "f" and rng.random() < 0.3:
+        top = 3 if x.dtype == np.float16 else 5  # float16 ends at 65,504
+        parts[0] = (xf + 10 ** rng.uniform(0, top, (n0, 1))).astype(x.dtype)  # offsets
     if rng.random() < 0.3:  # a crowd around one record
         c, m = xf[rng.integers(0, n0)], int(rng.integers(20, 300))
         crowd = (c + rng.standard_normal((m, d)) * 1e-4 * (np.abs(c).mean() + 1e-6)
@@ -77,7 +85,7 @@ def random_case(rng: np.random.Generator) -> tuple[np.ndarray, NearSpec]:
         x[rng.integers(0, len(x), 3), 0] = np.nan
     x = x[rng.permutation(len(x))]
     return x, NearSpec(metric, **tol, grouping=str(rng.choice(["representative", "components"])),
-                       mode="exact", recall_sample=0,
+                       mode="exact", recall_sample=0, channels=channels,
                        single_index_rows=int(rng.choice([10, 50, 20000])),
                        partition_rows=int(rng.choice([5, 20, 100])))
 
@@ -115,6 +123,7 @@ def check_job(x: np.ndarray, spec: NearSpec, rng: np.random.Generator) -> list:
         x = x.astype(np.float32)
     if spec.metric != "allclose" and spec.threshold == 0:  # the config wants > 0
         spec = replace(spec, threshold=1e-6)
+    spec = replace(spec, channels=1)  # the job centres channels of decoded images only
     work = Path(tempfile.mkdtemp(prefix="fuzz-near-"))
     try:
         (work / "in").mkdir()

@@ -1,6 +1,9 @@
 """Shared fixtures: a small Parquet input for CLI-level tests."""
 
 import os
+import tempfile
+import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,3 +21,18 @@ def parquet_in(tmp_path):
     write_input("parquet", tmp_path / "in" / "a.parquet", [f"r{i}" for i in range(10)], x,
                 np.zeros(10, int))
     return str(tmp_path / "in" / "*.parquet")
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch) -> tuple[str, Path]:
+    """A tag in the environment (to find every process the run starts) and a private
+    temporary directory (to see every file it leaves)."""
+    if not Path("/proc/self/environ").exists():
+        pytest.skip("needs /proc to find the run's processes")
+    tag = f"TENSORDEDUP_TEST_TAG={uuid.uuid4().hex}"
+    monkeypatch.setenv(*tag.split("="))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    return tag, tmp

@@ -103,3 +103,22 @@ def run_job(tmp_path: Path, fmt: str, input_glob: str, *sets: str, **overrides) 
 def report(tmp_path: Path) -> tuple[pa.Table, pa.Table]:
     r = tmp_path / "out" / "report"
     return pq.read_table(r / "duplicates.parquet"), pq.read_table(r / "invalid.parquet")
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """Processes other than this one whose environment carries ``tag``: the services and
+    the SDK workers inherit it (the test sets it before the run)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if tag.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:  # gone meanwhile, or not ours
+                pass
+    return found
+
+
+def assert_clean(tag: str, tmp: Path) -> None:
+    assert tagged_processes(tag) == []
+    assert list(tmp.iterdir()) == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from transforms.near import NearSpec, exact_distance
+from transforms.near_verify import centred_channels
 
 
 def canonical_key(t: np.ndarray) -> tuple:
@@ -55,11 +56,15 @@ def near_pairs(x: np.ndarray, spec: NearSpec) -> dict[int, list[tuple[float, int
     Only pairs whose means differ by more than the tolerance allows are skipped (a sweep
     over the row mean m): |m(a) - m(b)| <= |a - b| / sqrt(d) for l2 (Cauchy-Schwarz),
     <= max |a_i - b_i| <= atol + rtol max|b| for allclose, and on unit vectors
-    <= sqrt(2 (1 - cos) / d) for cosine."""
+    <= sqrt(2 (1 - cos) / d) for cosine. Correlation: every pair whose Pearson r from a
+    float64 product of the unit centred rows is within the threshold plus a slack far
+    above that product's rounding (no sweep: centred rows all have mean 0)."""
     flat = x.reshape(len(x), -1)
     good = np.flatnonzero(np.isfinite(flat).all(axis=1))
     xs = flat[good].astype(np.float64)
     d = max(xs.shape[1], 1)
+    if spec.metric == "correlation":
+        return _verified(xs, good, *_correlated(xs, spec), spec)
     if spec.metric == "cosine":
         norms = np.linalg.norm(xs, axis=1, keepdims=True)
         key = (xs / np.where(norms == 0, 1, norms)).mean(axis=1)
@@ -77,10 +82,33 @@ def near_pairs(x: np.ndarray, spec: NearSpec) -> dict[int, list[tuple[float, int
     count = np.searchsorted(ks, ks + width, side="right") - np.arange(len(ks)) - 1
     i = np.repeat(np.arange(len(ks)), count)  # sorted position i meets i+1 .. i+count[i]
     j = i + 1 + np.arange(len(i)) - np.repeat(np.cumsum(count) - count, count)
-    a, b = order[i], order[j]
+    return _verified(xs, good, order[i], order[j], spec)
+
+
+def _correlated(xs: np.ndarray, spec: NearSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Candidate pairs (a, b), a < b, for correlation: the rows ``exact_distance`` takes
+    the cosine of (each channel centred on its own mean) scaled to unit length, all pairs
+    compared by a float64 product (rounding below 1e-12 at these sizes; the slack is
+    1e-6), with no cells, no float32 and no bound."""
+    c = centred_channels(xs, spec.channels)
+    norm = np.linalg.norm(c, axis=1)
+    u = c / np.where(norm > 0, norm, 1)[:, None]
+    pairs = []
+    for a in range(0, len(u), 1024):
+        near = np.argwhere(1 - u[a:a + 1024] @ u.T <= spec.threshold + 1e-6)
+        near[:, 0] += a
+        pairs.append(near[near[:, 0] < near[:, 1]])
+    both = np.concatenate(pairs) if pairs else np.empty((0, 2), np.int64)
+    return both[:, 0], both[:, 1]
+
+
+def _verified(xs: np.ndarray, good: np.ndarray, a: np.ndarray, b: np.ndarray,
+              spec: NearSpec) -> dict[int, list[tuple[float, int]]]:
+    """``near_pairs``'s answer from candidate pairs (a, b) of rows of ``xs``, verified by
+    ``exact_distance`` with the earlier row as the reference."""
     later, earlier = np.maximum(a, b), np.minimum(a, b)
     out: dict[int, list[tuple[float, int]]] = {}
-    step = max(1, (8 << 20) // d)  # pairs per call: 64 MB of float64 values a side
+    step = max(1, (8 << 20) // max(xs.shape[1], 1))  # pairs per call: 64 MB a side
     for s in range(0, len(later), step):
         la, ea = later[s:s + step], earlier[s:s + step]
         d, ok = exact_distance(xs[la], xs[ea], spec)

@@ -10,12 +10,15 @@ path). ``RELEASE.set()`` lets the hung calls return once a test is over.
 
 from __future__ import annotations
 
+import os
 import threading
+from pathlib import Path
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.localfilesystem import LocalFileSystem
 
 RELEASE = threading.Event()
+HANGING_ENV = "TENSORDEDUP_TEST_HANGING"  # a file touched when a call starts hanging
 
 
 class _Misbehaving(LocalFileSystem):
@@ -58,6 +61,8 @@ class HangingFileSystem(_Misbehaving):
         return "hangfs"
 
     def _fail(self, path: str) -> None:
+        if os.environ.get(HANGING_ENV):  # says so, for a test in another process
+            Path(os.environ[HANGING_ENV]).touch()
         RELEASE.wait()
         raise ConnectionError(f"{path}: released")
 

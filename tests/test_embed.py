@@ -279,3 +279,213 @@ def test_exact_copies_in_other_chunks_never_reach_the_model(tmp_path):
     assert [r[0] for r in after if r[1] == "reference_near"] == [10]
     assert [r[0] for r in after if r[1] == "invalid"] == [7]
     assert [r[2] for r in after if r[1] == "read"] == [60]
+
+
+SITE = Path(__file__).resolve().parents[1] / ".venv/lib/python3.11/site-packages"
+
+
+def licence(path: str) -> str:
+    """A licence text an installed package ships (real boilerplate, some very long)."""
+    return (SITE / path).read_text(encoding="utf-8")
+
+
+APACHE = "tornado-6.6.1.dist-info/licenses/LICENSE"  # Apache-2.0: 11,358 characters
+LONG_SET = [  # rows of the job below: an Apache-2.0 text, and the same before two READMEs
+    APACHE, "pyarrow-25.0.1.dist-info/licenses/LICENSE.txt",  # 112,270: Apache + 3rd parties
+    (APACHE, "markdown_it_py-4.3.0.dist-info/METADATA"),  # + a package's README
+    (APACHE, "pyasn1-0.6.5.dist-info/METADATA"),  # + another README
+    "scipy-1.17.1.dist-info/LICENSE.txt",  # 46,838: BSD-3 + bundled licences
+    "zstandard-0.25.0.dist-info/licenses/LICENSE",  # 1,484: BSD-3 (287 tokens)
+    "pyarrow-25.0.1.dist-info/licenses/LICENSE.txt",  # an exact copy of row 1
+    "jinja2-3.1.6.dist-info/licenses/LICENSE.txt",  # BSD-3, another holder
+    "cryptography-50.0.2.dist-info/licenses/LICENSE.APACHE",  # Apache-2.0, 2 characters more
+    "six-1.17.0.dist-info/LICENSE", "pyyaml-6.0.4.dist-info/licenses/LICENSE",  # MIT, short
+]
+
+
+def long_set() -> list[str]:
+    return [licence(p) if isinstance(p, str) else "\n\n".join(map(licence, p))
+            for p in LONG_SET]
+
+
+def oracle(model, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Token counts (the model's own tokenizer) and embeddings of ``texts`` as docs/embed.md
+    states them, token by token in plain Python: windows of at most max_seq_length less the
+    special tokens, each cut where a word starts, embedded alone; their mean weighted by
+    tokens, unit length."""
+    width = model.max_seq_length - model.tokenizer.num_special_tokens_to_add(pair=False)
+    counts, out = [], []
+    for text in texts:
+        enc = model.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        words, offsets = enc.word_ids(), enc["offset_mapping"]
+        counts.append(len(offsets))
+        pieces, start = [], 0
+        while start < len(offsets):
+            end = min(start + width, len(offsets))
+            if end < len(offsets):
+                cut = end
+                while cut > start + 1 and words[cut] == words[cut - 1]:
+                    cut -= 1
+                end = cut if words[cut] != words[cut - 1] else end
+            pieces.append((text[offsets[start][0]:offsets[end - 1][1]], end - start))
+            start = end
+        e = model.encode([p for p, _ in pieces], normalize_embeddings=True)
+        v = (e * np.array([n for _, n in pieces], np.float64)[:, None]).sum(0)
+        out.append(v / np.linalg.norm(v))
+    return np.array(counts), np.array(out, np.float32)
+
+
+def test_long_texts_are_embedded_in_windows_counted_and_not_merged_by_their_start(
+        tmp_path, minilm):
+    """Real licences, most longer than MiniLM's 256 tokens: by default (chunks) each is
+    embedded whole (its windows pooled, as the oracle does token by token), the records
+    longer than the model's limit are counted in summary.json and the summary line, and
+    texts that share their first window but differ after it are not near duplicates, while
+    Apache-2.0 with two characters changed and two BSD-3 texts still are. With truncate,
+    what the model does alone, the shared start merges them at distance 0."""
+    from sentence_transformers import SentenceTransformer
+
+    from pipeline.run_summary import RunSummary
+
+    texts = long_set()
+    pq.write_table(pa.table({"id": [f"l{i}" for i in range(len(texts))], "text": texts}),
+                   tmp_path / "licences.parquet")
+    cfg = {"input": {"format": "parquet", "path": str(tmp_path / "licences.parquet"),
+                     "tensor": "text", "id": "id", "decode": "text"},
+           "embed": {"model": "sentence-transformers", "path": minilm, "batch_size": 16},
+           "near": {"metric": "cosine", "threshold": 0.15}}
+    model = SentenceTransformer(minilm, device="cpu")
+    counts, direct = oracle(model, texts)
+    long = int((counts > model.max_seq_length - 2).sum())
+    assert np.flatnonzero(counts <= model.max_seq_length - 2).tolist() == [9, 10]  # MIT
+    near, dist = {}, {}
+    for mode in ("chunks", "truncate"):
+        (tmp_path / mode).mkdir()
+        assert run(tmp_path / mode, {**cfg, "embed": {**cfg["embed"], "long": mode}}
+                   if mode != "chunks" else cfg) == 0
+        report = tmp_path / mode / "out" / "report"
+        summary = json.loads((report / "summary.json").read_text())
+        assert summary["embed"] == {"long": mode, "max_seq_length": 256, "long_records": long}
+        assert (f"{long} text(s) longer than the model's 256 tokens (embed.long: {mode})"
+                in str(RunSummary.load(report)).splitlines()[0])
+        dups = pq.read_table(report / "duplicates.parquet").to_pylist()
+        assert [(d["row"], d["duplicate_of_row"]) for d in dups if d["kind"] == "exact"] == [
+            (6, 1)]
+        near[mode] = {(d["row"], d["duplicate_of_row"]) for d in dups if d["kind"] == "near"}
+        emb = pq.read_table(report / "embeddings").sort_by("row")
+        rows = emb["row"].to_pylist()
+        x = np.stack(emb["embedding"].to_numpy(zero_copy_only=False)).astype(np.float64)
+        cos = 1 - x @ x.T
+        dist[mode] = {(a, b): cos[i, j] for i, a in enumerate(rows) for j, b in enumerate(rows)}
+        # the job's vectors are the oracle's (truncate: the model's alone), its removals
+        # those of its vectors by brute force
+        want = direct if mode == "chunks" else model.encode(texts, normalize_embeddings=True)
+        np.testing.assert_allclose(x, want[rows], atol=2e-5)
+        assert not (abs(cos - 0.15) < 1e-4).any()  # no pair within rounding of 0.15
+        assert near[mode] == representative(cos, rows, 0.15)
+    # pyarrow's 112,270 characters and the Apache text followed by either README share
+    # their first window with the Apache text: with truncate (the model alone) that
+    # decides, they are copies at distance 0; with chunks they are not near copies, of it
+    # or of each other, while Apache-2.0 with two characters more and two BSD-3 texts of
+    # other holders still are
+    shared = [(1, 0), (2, 0), (3, 0), (3, 2)]
+    assert all(dist["truncate"][p] < 1e-6 for p in shared)
+    assert all(dist["chunks"][p] > 0.15 for p in shared)
+    assert dist["chunks"][8, 0] < 0.01 and dist["chunks"][7, 5] <= 0.15
+
+
+def representative(cos: np.ndarray, rows: list[int], threshold: float) -> set[tuple[int, int]]:
+    """(removed row, kept row) of near.grouping representative by brute force over the
+    distances between ``rows``: in order, each removed when within the threshold of one
+    kept before it, naming the nearest."""
+    kept, out = [], set()
+    for j in range(len(rows)):
+        close = [(cos[i, j], i) for i in kept if cos[i, j] <= threshold]
+        if close:
+            out.add((rows[j], rows[min(close)[1]]))
+        else:
+            kept.append(j)
+    return out
+
+
+def test_refuse_reports_long_texts_invalid_before_any_model_call(tmp_path, minilm, capsys):
+    """embed.long: refuse: a text longer than the model takes is an invalid record with
+    its reason (exact copies too), never embedded nor compared; read = kept + removed +
+    invalid; max_invalid_fraction applies."""
+    from sentence_transformers import SentenceTransformer
+
+    texts = [licence(p) for p in (
+        "six-1.17.0.dist-info/LICENSE", APACHE, "pyyaml-6.0.4.dist-info/licenses/LICENSE",
+        "zstandard-0.25.0.dist-info/licenses/LICENSE", "rich-15.0.0.dist-info/licenses/LICENSE")]
+    texts += [texts[1]] + SENTENCES[:4]  # an exact copy of the Apache text, short sentences
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(len(texts))], "text": texts}),
+                   tmp_path / "t.parquet")
+    model = SentenceTransformer(minilm, device="cpu")
+    long = [i for i, t in enumerate(texts) if len(model.tokenizer(
+        t, add_special_tokens=False)["input_ids"]) > model.max_seq_length - 2]
+    assert long == [1, 3, 5]  # Apache-2.0, BSD-3 (287 tokens), the copy
+    cfg = {"input": {"format": "parquet", "path": str(tmp_path / "t.parquet"), "tensor": "text",
+                     "id": "id", "decode": "text"},
+           "embed": {"model": "sentence-transformers", "path": minilm, "long": "refuse"},
+           "near": {"metric": "cosine", "threshold": 0.15}}
+    assert run(tmp_path, {**cfg, "max_invalid_fraction": 0.5}) == 0
+    report = tmp_path / "out" / "report"
+    bad = pq.read_table(report / "invalid.parquet").to_pylist()
+    assert [b["record_id"] for b in bad] == [f"r{i}" for i in long]
+    assert all("longer than the model's max_seq_length 256 (embed.long: refuse" in b["reason"]
+               for b in bad)
+    embedded = pq.read_table(report / "embeddings")["row"].to_pylist()
+    assert sorted(embedded) == [i for i in range(len(texts)) if i not in long]
+    clean = pq.read_table(tmp_path / "out" / "clean")["id"].to_pylist()
+    assert not set(clean) & {f"r{i}" for i in long}
+    s = json.loads((report / "summary.json").read_text())
+    assert s["embed"]["long_records"] == len(long) and s["invalid"] == len(long)
+    assert s["read"] == s["kept"] + s["removed_exact"] + s["removed_near"] + s["invalid"]
+    capsys.readouterr()
+    (tmp_path / "strict").mkdir()  # 3 of 10 invalid: more than the default 0.1
+    code = run(tmp_path / "strict", cfg)
+    assert code == 1 and not (tmp_path / "strict" / "out" / "report" / "summary.json").exists()
+    assert "max_invalid_fraction" in capsys.readouterr().err
+
+
+def test_embed_long_is_a_store_setting_and_a_text_model_key(tmp_path, minilm, capsys):
+    """Another embed.long means other vectors: a store built with one refuses a run with
+    another; embed.long on a TorchScript model is a config error (one line, exit 2)."""
+    pq.write_table(pa.table({"t": SENTENCES}), tmp_path / "t.parquet")
+    base = {"input": {"format": "parquet", "path": str(tmp_path / "t.parquet"), "tensor": "t",
+                      "decode": "text"}, "near": {"metric": "cosine", "threshold": 0.15},
+            "store": {"path": str(tmp_path / "store")}}
+    embed = {"model": "sentence-transformers", "path": minilm}
+    assert run(tmp_path, {**base, "embed": embed}) == 0
+    capsys.readouterr()
+    code = run(tmp_path, {**base, "embed": {**embed, "long": "truncate"}})
+    err = capsys.readouterr().err
+    assert code == 2 and "other settings" in err and '"long": "chunks"' in err
+    assert "Traceback" not in err
+    code = run(tmp_path, {**base, "store": None,
+                          "embed": {"model": "torchscript", "path": "m.pt", "long": "refuse"}})
+    err = capsys.readouterr().err
+    assert code == 2 and "embed.long applies to sentence-transformers" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_windows_cover_a_100k_character_text_at_word_starts(minilm):
+    """pyarrow's 112,295-character licence: windows of at most the model's limit, cut
+    where words start, each tokenizing alone to the tokens it had in the whole text, all
+    tokens covered once, found without a per-token Python loop."""
+    from sentence_transformers import SentenceTransformer
+
+    from pipeline.steps.models import text_tokenizer, tokens, windows
+
+    model = SentenceTransformer(minilm, device="cpu")
+    tok, width = text_tokenizer(model)
+    assert width == model.max_seq_length - 2
+    text = licence("pyarrow-25.0.1.dist-info/licenses/LICENSE.txt")
+    whole = model.tokenizer(text, add_special_tokens=False)["input_ids"]
+    (enc,) = tokens(tok, [text])
+    assert enc.ids == whole  # the copy tokenizes as the model's own tokenizer
+    pieces, sizes = windows(text, np.asarray(enc.offsets), np.asarray(enc.word_ids), width)
+    assert sizes.max() <= width and len(pieces) < 1.05 * len(whole) / width
+    alone = [model.tokenizer(p, add_special_tokens=False)["input_ids"] for p in pieces]
+    assert [len(a) for a in alone] == sizes.tolist()
+    assert sum(alone, []) == whole

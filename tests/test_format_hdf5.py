@@ -175,9 +175,9 @@ def test_unreadable_files(tmp_path):
         assert hdf5.check(path, SPEC) == SPEC
         assert hdf5.plan(path, 3, 100) == [Unit(3, path, 0, None)]
         chunks = list(hdf5.read(Unit(3, path), SPEC, 64))
-        assert len(chunks) == 1 and chunks[0].n_read == 1 and not len(chunks[0].positions)
-        bad = chunks[0].invalid[0]
-        assert (bad.position, bad.record_id) == (0, path)
+        assert len(chunks) == 1 and chunks[0].n_read == 0 and not len(chunks[0].positions)
+        bad = chunks[0].invalid[0]  # the file, with its reason: no record counted
+        assert (bad.position, bad.record_id, bad.whole_file) == (0, path, True)
         assert "unreadable HDF5 file" in bad.reason and "\n" not in bad.reason
         dst = tmp_path / "out" / Path(path).name
         assert hdf5.write(path, str(dst), np.array([0])) == 0

@@ -161,12 +161,13 @@ def test_check_messages(tmp_path, spec, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
-def test_unreadable_file_passes_check_and_reads_as_one_invalid_record(tmp_path):
+def test_unreadable_file_passes_check_and_reads_as_the_file_not_a_record(tmp_path):
     path = tmp_path / "a.parquet"
     path.write_bytes(b"PAR1 not really")
     assert parquet.check(str(path), TensorSpec("e")) == TensorSpec("e")
     chunks, invalid = _read_all(path, TensorSpec("e"))
-    assert len(invalid) == 1 and invalid[0].record_id == str(path)
+    assert len(invalid) == 1 and invalid[0].record_id == str(path) and invalid[0].whole_file
+    assert sum(c.n_read for c in chunks) == 0
     assert parquet.write(str(path), str(tmp_path / "o.parquet"), np.array([0])) == 0
     assert not (tmp_path / "o.parquet").exists()
 

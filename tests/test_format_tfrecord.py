@@ -293,7 +293,8 @@ def test_corrupt_gzip_keeps_what_precedes_the_damage(tmp_path):
 def test_unopenable_file(tmp_path):
     path = str(tmp_path / "missing.tfrecord")
     (c,) = tfrecord.read(Unit(0, path), SPEC, 10)
-    assert c.n_read == 1 and c.invalid[0].position == 0 and c.invalid[0].record_id == path
+    assert c.n_read == 0 and c.invalid[0].position == 0 and c.invalid[0].record_id == path
+    assert c.invalid[0].whole_file  # the file with its reason, no record
     assert tfrecord.write(path, str(tmp_path / "out" / "x"), np.array([], np.int64)) == 0
     assert not (tmp_path / "out" / "x").exists()
     tfrecord.check(path, SPEC)

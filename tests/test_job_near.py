@@ -265,9 +265,10 @@ def test_job_on_embeddings_takes_bounded_mode_and_reports_recall(tmp_path, capsy
 
 
 def test_ragged_lists_need_a_shape_for_near(tmp_path, capsys):
-    """A pandas column of arrays of two lengths (variable-size lists): near stops with one
-    line naming input.shape (not a numpy error); with input.shape set, records of the
-    other length are invalid with the reason and the rest match the oracle."""
+    """A pandas column of arrays of two lengths (variable-size lists): near stops before
+    any work (exit 2) with one line quoting the sizes and naming input.shape (not a
+    numpy error); with input.shape set, records of the other length are invalid with the
+    reason and the rest match the oracle."""
     import pandas as pd
 
     parts, spec = dataset(5, "l2", files=1, nan_rows=0)
@@ -277,10 +278,11 @@ def test_ragged_lists_need_a_shape_for_near(tmp_path, capsys):
     pd.DataFrame({"id": ids, "emb": [t[:DIM // 2] if s else t for t, s in zip(
         x, short, strict=True)]}).to_parquet(tmp_path / "in" / "part-0.parquet")
     glob = str(tmp_path / "in" / "*.parquet")
-    assert run_job(tmp_path, "parquet", glob, near=near_config(spec)) == 1
+    assert run_job(tmp_path, "parquet", glob, near=near_config(spec)) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "set input.shape" in err[0] and f"{DIM // 2} and {DIM}" in err[0]
-    assert not (tmp_path / "out" / "report").exists()
+    assert len(err) == 1 and "set input.shape" in err[0]
+    assert f"hold {DIM // 2:,} to {DIM:,} values" in err[0]
+    assert not (tmp_path / "out").exists()
     assert run_job(tmp_path, "parquet", glob, "max_invalid_fraction=0.5",
                    near=near_config(spec), input={"shape": [DIM]}) == 0
     dups, invalid = report(tmp_path)
@@ -291,3 +293,40 @@ def test_ragged_lists_need_a_shape_for_near(tmp_path, capsys):
                                        x[~short])], spec)
     assert by_kind(dups, "exact") == want_exact and by_kind(dups, "near") == want_near
     assert len(want_near) > 10
+
+
+def test_recall_removed_counts_what_keep_order_leaves_in(tmp_path, capsys):
+    """Chains a, b, c in keep order with b within tolerance of a and c of b but not of a:
+    b goes as a copy of a, c stays (its only earlier partner was removed and the
+    survivor is farther). Judged against the records kept every decision is right
+    (recall 1.0); of the records with an earlier near duplicate, kept or not, only the
+    b's were removed, which recall_removed says. Every record sampled; the oracle is
+    the brute-force list of earlier partners."""
+    rng = np.random.default_rng(6)
+    t = 0.1
+    base = rng.standard_normal((300, DIM)).astype(np.float32) * 10
+    step = rng.standard_normal((300, DIM))
+    step = (step / np.linalg.norm(step, axis=1, keepdims=True) * 0.6 * t).astype(np.float32)
+    x = np.concatenate([base, base + step, base + 2 * step,  # a's, then b's, then c's
+                        rng.standard_normal((900, DIM)).astype(np.float32) * 10])
+    ids = [f"r{i}" for i in range(len(x))]
+    write_input("parquet", tmp_path / "in" / "p.parquet", ids, x, np.zeros(len(x), int))
+    assert run_job(tmp_path, "parquet", str(tmp_path / "in" / "*.parquet"),
+                   near={"metric": "l2", "threshold": t, "recall_sample": 100_000}) == 0
+    spec = NearSpec("l2", threshold=t)
+    d = np.sqrt(((x[:, None, :].astype(np.float64) - x[None]) ** 2).sum(-1))
+    earlier = np.tril(d <= t, -1).any(axis=1)  # an earlier record within tolerance
+    dups, _ = report(tmp_path)
+    gone = np.isin(ids, dups.column("record_id").to_pylist())
+    r = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())["near"]
+    assert r["recall"]["recall"] == 1.0 and r["recall"]["with_partners"] == earlier.sum()
+    assert r["recall_removed"] == r["recall"]["recall_removed"] == gone[earlier].mean()
+    assert 0.45 < r["recall_removed"] < 0.55  # the b's, not the c's
+    assert r["recall"]["removed_low"] < r["recall_removed"] < r["recall"]["removed_high"]
+    kept_of = dict(zip(dups.column("record_id").to_pylist(),
+                       dups.column("duplicate_of").to_pylist(), strict=True))
+    row = {i: k for k, i in enumerate(ids)}
+    pairs = np.array([(row[a], row[b]) for a, b in kept_of.items()])
+    assert exact_distance(x[pairs[:, 0]], x[pairs[:, 1]], spec)[1].all()  # precision 1
+    out = capsys.readouterr().out
+    assert f"recall_removed {r['recall_removed']:.4f}" in out and "against the records kept" in out

@@ -282,6 +282,12 @@ def tight_case(name):
         spec = NearSpec("allclose", atol=1e-7, rtol=1e-6)
         near_ = base[:k] * (1 + rng.uniform(-0.9e-6, 0.9e-6, (k, 24)))
         far = base[k:2 * k] * (1 + 1.5e-6)
+    elif name == "correlation_1e-6_offsets":  # rows far from 0 relative to their spread
+        base = rng.standard_normal((n, 48)) * rng.uniform(0.5, 3, (n, 1))
+        base += rng.uniform(-2e3, 2e3, (n, 1))
+        spec = NearSpec("correlation", threshold=1e-6, channels=3)
+        near_ = turned(base[:k], rng.uniform(0.2e-6, 0.9e-6, k), rng)
+        far = turned(base[k:2 * k], rng.uniform(1.3e-6, 2e-6, k), rng)
     else:  # cosine 1e-6 on 64-d vectors
         base = rng.standard_normal((n, 64))
         spec = NearSpec("cosine", threshold=1e-6)
@@ -292,8 +298,27 @@ def tight_case(name):
     return x[rng.permutation(len(x))], spec
 
 
+def turned(v: np.ndarray, distance: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Rows of ``v`` whose correlation distance (3 interleaved channels, each centred)
+    from the row is ``distance``, then scaled by 0.5-2 and shifted by -50..50: each
+    channel's centred values turned in a random direction that keeps every channel's
+    mean 0."""
+    def centred(a):
+        c = a.reshape(len(a), -1, 3)
+        return (c - c.mean(axis=1, keepdims=True)).reshape(len(a), -1)
+
+    c = centred(v.astype(np.float64))
+    c /= np.linalg.norm(c, axis=1, keepdims=True)
+    w = centred(rng.standard_normal(v.shape))
+    w -= (w * c).sum(axis=1, keepdims=True) * c
+    w /= np.linalg.norm(w, axis=1, keepdims=True)
+    angle = np.arccos(1 - distance)[:, None]
+    out = np.cos(angle) * c + np.sin(angle) * w
+    return out * rng.uniform(0.5, 2, (len(v), 1)) + rng.uniform(-50, 50, (len(v), 1))
+
+
 TIGHT = ["l2_1e-4", "l2_1e-4_x100", "l2_1e-5_norm100", "allclose_1e-3_values_20",
-         "allclose_1e-7_values_1e3", "cosine_1e-6"]
+         "allclose_1e-7_values_1e3", "cosine_1e-6", "correlation_1e-6_offsets"]
 
 
 @pytest.mark.parametrize("name", TIGHT)

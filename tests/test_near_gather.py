@@ -7,8 +7,11 @@ pairs on a sample, in both groupings."""
 
 from __future__ import annotations
 
+import json
 import pickle
+import struct
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -139,3 +142,84 @@ def test_rows_spilled_in_blocks_read_back_as_taken(tmp_path, dtype):
     back = got.loaded().x
     assert back.dtype == dtype and np.array_equal(back, x[rows])
     assert np.array_equal(back, want.loaded().x)
+
+
+class _Payload:
+    """What an attacker with write access to the scratch folder would plant: unpickling
+    it creates ``marker`` (any code could run there)."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_spill_files_are_never_unpickled(tmp_path):
+    """The cells' joined outputs and the agreed plan wait in scratch files, which may be
+    on shared storage (gs://): a file planted there with a pickle payload is refused,
+    never run; so is one in the spill layout naming a class or dtype it must not."""
+    from pipeline.steps.agreed import first_written
+
+    marker = tmp_path / "ran"
+    planted = tmp_path / "cells" / "planted.cells"
+    planted.parent.mkdir()
+    planted.write_bytes(pickle.dumps(_Payload(marker), protocol=5))
+    with pytest.raises(ValueError, match="not a spill file"):
+        loaded(Spilled(str(planted)))
+    plan_at = tmp_path / "plan" / "plan.spill"
+    plan_at.parent.mkdir()
+    plan_at.write_bytes(pickle.dumps(_Payload(marker), protocol=5))
+    with pytest.raises(ValueError, match="not a spill file"):
+        first_written(str(plan_at), {"cells": 25})
+    assert not marker.exists()
+
+    from pipeline.steps.spill_codec import MAGIC, SpillFormatError, decode
+
+    def crafted(tree: dict, data: bytes = b"") -> bytes:  # the layout, by hand
+        header = json.dumps({"tree": tree, "buffers": [[0, len(data)]]}).encode()
+        return MAGIC + struct.pack("<Q", len(header)) + header + data
+
+    for tree, words in (({"$": "dc", "kind": "Popen", "v": {}}, "not a kind this job"),
+                        ({"$": "nd", "dtype": "|O", "shape": [1], "scalar": False, "b": 0},
+                         "would hold Python objects"),
+                        ({"$": "reduce", "v": "os.system"}, "unknown entry")):
+        planted.write_bytes(crafted(tree, bytes(8)))
+        with pytest.raises(SpillFormatError, match=words):
+            loaded(Spilled(str(planted)))
+    assert decode(crafted({"$": "nd", "dtype": "<i8", "shape": [1], "scalar": False,
+                           "b": 0}, bytes(8)))[0] == 0  # the same layout, well formed
+    assert not marker.exists()
+
+
+def test_spilled_values_come_back_as_written(tmp_path):
+    """Every kind of value a spill holds, bit for bit: bfloat16 values, Arrow ids, a
+    spilled batch's file reference, float scalars (NaN too), nested tuples and dicts."""
+    import ml_dtypes
+
+    from pipeline.steps.spill_codec import decode, encode_bytes
+
+    rng = np.random.default_rng(2)
+    n = 500
+    b = VecBatch(rng.integers(0, 2**63, (n, 2)).astype(np.uint64), rng.random(n),
+                 np.arange(n), np.zeros(n, np.int32), np.arange(n),
+                 pa.array([f"r{i}" for i in range(n)]),
+                 rng.standard_normal((n, 24)).astype(ml_dtypes.bfloat16),
+                 pa.array([None] * n, pa.string()))
+    value = {"batch": b, "spilled": b.take(np.arange(7), values=False).spill_rows(
+        np.arange(7), str(tmp_path)), "pair": (1.5, float("nan"), np.float64(2.25)),
+        ("k", 3): [np.int64(7), None, True, 2**70],
+        "table": pa.table({"a": [1, 2], "b": ["x", None]})}
+    back = decode(bytearray(encode_bytes(value)))
+    got = back["batch"]
+    assert got.x.dtype == b.x.dtype and np.array_equal(got.x.view(np.uint16),
+                                                       b.x.view(np.uint16))
+    for f in ("words", "prio", "order", "file_index", "position"):
+        assert np.array_equal(getattr(got, f), getattr(b, f))
+        assert getattr(got, f).dtype == getattr(b, f).dtype
+    assert got.ids.equals(b.ids) and got.run.equals(b.run)
+    assert back["spilled"].spilled == value["spilled"].spilled
+    one, nan, scalar = back["pair"]
+    assert one == 1.5 and np.isnan(nan) and scalar == 2.25 and type(scalar) is np.float64
+    assert back[("k", 3)] == [7, None, True, 2**70] and back["table"].equals(value["table"])
+    got.x[0, 0] = 1  # read into a buffer of its own: writable, as unpickled arrays were

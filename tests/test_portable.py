@@ -14,55 +14,19 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from pipeline.publish import HOLD_ENV
-from tests.jobkit import interruptible, run_job
+from tests.jobkit import assert_clean, interruptible, run_job, tagged_processes
 from tests.test_runners import ROWS, comparable, outputs, removed, run_on, write_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = str(ROOT / "data" / "sample" / "parquet" / "*.parquet")
 WAIT_S = 60  # upper bound on waiting for a process to appear or go; not reached normally
-
-
-def tagged_processes(tag: str) -> list[int]:
-    """Processes other than this one whose environment carries ``tag``: the services and
-    the SDK workers inherit it (the test sets it before the run)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if tag.encode() in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:  # gone meanwhile, or not ours
-                pass
-    return found
-
-
-@pytest.fixture
-def isolated(tmp_path, monkeypatch) -> tuple[str, Path]:
-    """A tag in the environment (to find every process the run starts) and a private
-    temporary directory (to see every file it leaves)."""
-    if not Path("/proc/self/environ").exists():
-        pytest.skip("needs /proc to find the run's processes")
-    tag = f"TENSORDEDUP_TEST_TAG={uuid.uuid4().hex}"
-    monkeypatch.setenv(*tag.split("="))
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp))
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
-    return tag, tmp
-
-
-def assert_clean(tag: str, tmp: Path) -> None:
-    assert tagged_processes(tag) == []
-    assert list(tmp.iterdir()) == []
 
 
 @pytest.fixture(scope="module")

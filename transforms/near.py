@@ -45,9 +45,9 @@ from transforms.near_search import (
     precision_for,
     rows_for,
 )
-from transforms.near_verify import exact_distance, verify_rows
+from transforms.near_verify import centred_channels, exact_distance, verify_rows
 
-METRICS = ("allclose", "l2", "cosine")
+METRICS = ("allclose", "l2", "cosine", "correlation")
 GROUPINGS = ("representative", "components")
 INDEXES = ("auto", "flat", "ivf", "hnsw")
 DEVICES = ("auto", "cpu", "cuda")
@@ -60,8 +60,8 @@ CELL_BYTES = 64 << 20  # float32 search vectors of one cell, about (wide records
 
 @dataclass(frozen=True)
 class NearSpec:
-    metric: str  # allclose | l2 | cosine
-    threshold: float = 0.0  # l2: Euclidean distance; cosine: 1 - cos
+    metric: str  # allclose | l2 | cosine | correlation
+    threshold: float = 0.0  # l2: Euclidean distance; cosine: 1 - cos; correlation: 1 - r
     atol: float = 1e-5  # allclose: |a - b| <= atol + rtol * |b| elementwise (b = kept record)
     rtol: float = 0.0
     grouping: str = "representative"
@@ -75,6 +75,7 @@ class NearSpec:
     probes: int = 3  # bounded: cells per row at most (home included)
     recall_sample: int = 2_000  # records checked by brute force for the recall estimate
     device: str = "auto"  # auto | cpu | cuda (matrix products on a GPU through torch)
+    channels: int = 1  # correlation: values interleaved as (h, w, c): each c centred alone
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("metric", self.metric, METRICS),
@@ -86,6 +87,8 @@ class NearSpec:
                 raise ValueError(f"near.{name} must be one of {', '.join(allowed)}, got {value!r}")
         if self.probes < 1:
             raise ValueError(f"near.probes must be at least 1, got {self.probes}")
+        if self.channels < 1:
+            raise ValueError(f"channels must be at least 1, got {self.channels}")
 
     @property
     def marker(self) -> float:
@@ -106,10 +109,14 @@ def finite_rows(x: np.ndarray) -> np.ndarray:
 
 
 def search_space(x: np.ndarray, spec: NearSpec) -> np.ndarray:
-    """float64 points whose L2 distance the search bounds: unit vectors for cosine,
-    the values otherwise."""
-    x64 = np.array(x, dtype=np.float64)
-    if spec.metric == "cosine":
+    """float64 points whose L2 distance the search bounds: unit vectors for cosine, unit
+    vectors of the channel-centred rows for correlation (``centred_channels``: 1 - r is
+    their cosine distance), the values otherwise."""
+    if spec.metric == "correlation":
+        x64 = centred_channels(x, spec.channels)
+    else:
+        x64 = np.array(x, dtype=np.float64)
+    if spec.metric in ("cosine", "correlation"):
         norms = np.sqrt(np.einsum("ij,ij->i", x64, x64))
         x64 /= np.where(norms == 0, 1, norms)[:, None]
     return x64
@@ -123,7 +130,13 @@ def value_scale(x: np.ndarray, spec: NearSpec) -> float:
 def search_radius(spec: NearSpec, dim: int, scale: float) -> float:
     """L2 radius in the search space such that every pair within the user's tolerance is
     inside it (float rounding of the search is bounded separately, per pair)."""
-    if spec.metric == "cosine":  # |a^ - b^|^2 = 2 (1 - cos); normalising errs ~d ulps.
+    if spec.metric in ("cosine", "correlation"):
+        # |a^ - b^|^2 = 2 (1 - cos); normalising errs ~d ulps. Correlation is the cosine
+        # of the centred rows: the search and the verification both take their cosine
+        # from the same float64 rows (``centred_channels`` gives a row the same bits
+        # whatever rows come with it), so this bound is the cosine's, whatever rounding
+        # the centring did; the float32 copy of the unit vectors is bounded by the search
+        # like any other (``near_search.thresholds``).
         # The verified 1 - cos is rounded too (cos within ~(d + 2) 2^-52 of its value): a
         # pair measured within t may be t + that apart, which matters when t is tiny
         slack = (dim + 8) * 2.0 ** -52

@@ -9,7 +9,12 @@ Each sampled record that has an earlier partner within tolerance (one its decisi
 depends on) is judged by its decision: right when it was kept and no earlier partner
 was kept, or removed in favour of a kept earlier partner with no kept one nearer.
 Recall is the share judged right, with a Wilson 95% interval (an honest lower
-bound even when every one was right). The search never lists its pairs (a crowd of
+bound even when every one was right). So it judges against the records kept: a record
+within tolerance only of records that were themselves removed is rightly kept (its
+partner's survivor may be farther than the tolerance). ``recall_removed`` answers the
+other question a user asks: of the sampled records within tolerance of some earlier
+record, kept or not, the share that was removed (with its own interval); keep order
+decides how far the two differ. The search never lists its pairs (a crowd of
 copies has millions), so records are judged, not pairs; inside a crowd a sampled
 record keeps only its ``PARTNERS`` nearest earlier partners, and the judgement looks
 at those (``truncated`` counts the records where more existed).
@@ -66,6 +71,10 @@ class Recall:
     recall: float | None  # recalled / with_partners (None: no sampled record had one)
     low: float
     high: float
+    removed: int = 0  # of the records with an earlier partner, those removed
+    recall_removed: float | None = None  # removed / with_partners
+    removed_low: float = 0.0
+    removed_high: float = 1.0
 
     def as_dict(self) -> dict:
         return {**self.__dict__, "interval": 0.95, "judged": "decisions"}
@@ -137,8 +146,10 @@ def judge(truth: Truth, sampled: set, removed: dict, components: bool = False) -
     m = len(by)
     low, high = wilson(right, m)
     truncated = sum(truth.counts.get(s, 0) > PARTNERS for s in by)
+    gone = sum(s in removed for s in by)
     return Recall(len(sampled), m, right, int(sum(truth.counts.get(s, 0) for s in by)),
-                  truncated, right / m if m else None, low, high)
+                  truncated, right / m if m else None, low, high,
+                  gone, gone / m if m else None, *wilson(gone, m))
 
 
 def recall_line(r: dict | None) -> str:
@@ -148,6 +159,11 @@ def recall_line(r: dict | None) -> str:
     if r["recall"] is None:
         return (f"recall not measured: none of {r['sampled']:,} sampled records has a near "
                 "duplicate")
-    return (f"recall {r['recall']:.4f} (95% interval {r['low']:.4f}-{r['high']:.4f}; "
+    line = (f"recall {r['recall']:.4f} (95% interval {r['low']:.4f}-{r['high']:.4f}; "
             f"{r['with_partners']:,} of {r['sampled']:,} sampled records have an earlier near "
-            "duplicate, their decisions checked by brute force)")
+            "duplicate, their decisions checked by brute force against the records kept)")
+    if r.get("recall_removed") is None:  # a summary written before recall_removed
+        return line
+    return (f"{line}; recall_removed {r['recall_removed']:.4f} ("
+            f"{r['removed_low']:.4f}-{r['removed_high']:.4f}: {r['removed']:,} of them "
+            "removed, kept or not their earlier near duplicate)")

@@ -7,21 +7,22 @@ repeatable (k-means over threads), tasks before and after would disagree. The fi
 computation to finish writes its value to a job-scoped path with a create-if-absent
 write (``transforms.conditional``: link(2) locally, a generation precondition on gs://,
 the filesystems the job's leases already require); every later one returns that value
-instead of its own.
+instead of its own. The value is written as data (``spill_codec``), never pickled: the
+path may be on shared storage, where a pickle would run whoever wrote it.
 """
 
 from __future__ import annotations
 
-import pickle
 from typing import TypeVar
 
-from transforms import conditional, fs
+from pipeline.steps import spill_codec
+from transforms import conditional
 
 T = TypeVar("T")
 
 
 def first_written(path: str, value: T) -> T:
     """``value`` if this call is the first to write ``path``; else what the first wrote."""
-    if conditional.create_exclusive(path, pickle.dumps(value, protocol=5)):
+    if conditional.create_exclusive(path, spill_codec.encode_bytes(value)):
         return value
-    return pickle.loads(fs.read_bytes(path))
+    return spill_codec.load(path)

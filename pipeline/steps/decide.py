@@ -20,6 +20,7 @@ from pipeline.steps.elements import (
     ReadFacts,
     Removed,
 )
+from transforms.formats.base import records_of
 
 
 def _merge(parts: list[Removed], spill: str | None) -> list[Removed]:
@@ -38,14 +39,14 @@ def decide(file_index: int, joined: dict[str, Iterable], checked: bool,
     facts: list[ReadFacts] = list(joined[FACTS])
     invalid = sorted((r for f in facts for r in f.invalid), key=lambda r: r.position)
     n_read = sum(f.n_read for f in facts)
-    if checked and sum(joined[SEEN]) != n_read - len(invalid):
-        raise RuntimeError(f"{path}: {n_read - len(invalid)} valid records were read but "
+    valid = n_read - len(records_of(invalid))  # an unreadable file is no record
+    if checked and sum(joined[SEEN]) != valid:
+        raise RuntimeError(f"{path}: {valid} valid records were read but "
                            f"{sum(joined[SEEN])} reached the duplicate check: refusing to "
                            "write a clean copy that was not fully checked")
     removed = _merge(list(joined[REMOVED]), spill)
     if EMBEDDED in joined:  # every record exact dedup kept went through the model
-        kept = n_read - len(invalid) - sum(len(r) for r in removed
-                                           if r.kind.endswith("exact"))
+        kept = valid - sum(len(r) for r in removed if r.kind.endswith("exact"))
         if sum(joined[EMBEDDED]) != kept:
             raise RuntimeError(f"{path}: exact dedup kept {kept} records but "
                                f"{sum(joined[EMBEDDED])} were embedded: refusing to write a "

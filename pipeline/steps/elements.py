@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from pipeline.steps.removed import Removed, concat_runs, removed_by_file
 from transforms import fs
-from transforms.formats.base import Chunk, InvalidRecord
+from transforms.formats.base import Chunk, InvalidRecord, records_of
 
 __all__ = ["Chunk", "FileDecision", "FileResult", "InvalidRecord", "KeyBatch", "ReadFacts",
            "Removed", "removed_by_file", "VecBatch", "KINDS",
@@ -243,6 +243,7 @@ class ReadFacts:
 
     n_read: int
     invalid: list[InvalidRecord] = field(default_factory=list)
+    long: int = 0  # texts longer than the embedding model takes (embed.long)
 
 
 @dataclass
@@ -256,9 +257,10 @@ class FileDecision:
     invalid: list[InvalidRecord]  # sorted by position
 
     def drop(self) -> np.ndarray:
-        """Sorted positions the clean copy leaves out: duplicates and invalid records."""
+        """Sorted positions the clean copy leaves out: duplicates and invalid records (an
+        unreadable file has none: its copy is no file)."""
         parts = [r.position for r in self.removed]
-        parts.append(np.array([r.position for r in self.invalid], dtype=np.int64))
+        parts.append(np.array([r.position for r in records_of(self.invalid)], dtype=np.int64))
         return np.unique(np.concatenate(parts)).astype(np.int64)
 
 

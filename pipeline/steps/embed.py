@@ -35,6 +35,7 @@ from apache_beam.utils import shared
 
 from pipeline.steps import progress
 from pipeline.steps.elements import CHUNKS, Removed
+from pipeline.steps.models import SentenceTransformerHandler, text_tokenizer, tokens
 from transforms import fs
 from transforms.exact import digest_words
 from transforms.fingerprint import fingerprint_batch
@@ -214,6 +215,54 @@ def _positions(file_removed: tuple[int, Removed]) -> tuple[int, np.ndarray]:
 
 def _sorted(file_parts: tuple[int, Iterable[np.ndarray]]) -> tuple[int, np.ndarray]:
     return file_parts[0], np.sort(np.concatenate(list(file_parts[1])))
+
+
+class LongTexts:
+    """``embed.long`` where records are read (``ReadTensors(long_texts=...)``): the texts
+    longer than the model takes are counted (``ReadFacts.long``, summary.json's
+    ``embed.long_records``) and, with ``refuse``, reported invalid, so exact dedup, the
+    model and the clean copy never see them and ``on_invalid`` and
+    ``max_invalid_fraction`` apply. A read-time check: tokens, not the model's forward
+    pass (a 100,000-character text: about 50 ms)."""
+
+    def __init__(self, handler: SentenceTransformerHandler, max_seq_length: int) -> None:
+        self.handler, self.max_seq_length = handler, max_seq_length
+
+    def __call__(self, chunk: Chunk) -> tuple[Chunk, int]:
+        """The chunk (with ``refuse``, less its long texts, now invalid) and how many of its
+        texts are longer than the model takes."""
+        values = chunk.tensors
+        if not len(values) or not isinstance(values[0], str):
+            return chunk, 0
+        text = text_tokenizer(self.handler.load_model())
+        if text is None:
+            return chunk, 0
+        counts = np.fromiter((len(e.ids) for e in tokens(text[0], list(values))), np.int64,
+                             len(values))
+        long = counts > text[1]
+        if self.handler.long == "refuse":
+            chunk = chunk.reported_invalid(
+                long, f"text longer than the model's max_seq_length {self.max_seq_length} "
+                "(embed.long: refuse; chunks embeds it in windows of that length, truncate "
+                "cuts it there)")
+        return chunk, int(long.sum())
+
+
+class LongRecords(beam.PTransform):
+    """(file_index, ReadFacts) of the input -> summary.json's ``embed`` section, one dict:
+    ``long`` (the setting), ``max_seq_length`` and ``long_records`` (how many records read
+    were longer)."""
+
+    def __init__(self, check: LongTexts) -> None:
+        super().__init__()
+        self.section = {"long": check.handler.long, "max_seq_length": check.max_seq_length}
+
+    def expand(self, facts):
+        return (facts
+                | "Long" >> beam.Map(lambda file_facts: file_facts[1].long)
+                | "Sum" >> beam.CombineGlobally(sum)
+                | "Section" >> beam.Map(lambda n, section: {**section, "long_records": n},
+                                        self.section))
 
 
 class EmbedKept(beam.PTransform):

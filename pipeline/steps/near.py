@@ -218,7 +218,7 @@ class DedupNear(beam.PTransform):
 
     def expand(self, vecs):
         plan = beam.pvalue.AsSingleton(vecs | "SampleAndPlan" >> beam.CombineGlobally(
-            SampleForPlan(self.spec, fs.join(self.plan_spill, "plan.pickle"),
+            SampleForPlan(self.spec, fs.join(self.plan_spill, "plan.spill"),
                           self.recall_spill)))
         truth = beam.pvalue.AsSingleton(
             vecs | "RecallBruteForce" >> beam.FlatMap(true_partners, plan, self.spec)

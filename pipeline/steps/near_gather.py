@@ -12,18 +12,20 @@ side input (Beam's FnApiRunner: ``GroupingBuffer``, ``WindowGroupingBuffer``), s
 cell crossed it decoded and encoded several times over. A crowd's cell names every one
 of its records (one crowd of 1.5M records: about 200 MB pickled), and the launcher
 peaked at about 1 GB while it passed. Joined cells wait in a file in ``folder`` (a
-scratch folder the job deletes), and only its name travels (``Spilled``).
+scratch folder the job deletes), and only its name travels (``Spilled``). The file
+holds data only (``spill_codec``: JSON and raw arrays, never a pickle): the scratch
+folder may be on shared storage, where a pickle would run whoever wrote it.
 """
 
 from __future__ import annotations
 
-import pickle
 import uuid
 from dataclasses import dataclass
 
 import apache_beam as beam
 import numpy as np
 
+from pipeline.steps import spill_codec
 from pipeline.steps.borderline import merge_borderline
 from pipeline.steps.elements import VecBatch
 from pipeline.steps.near_cells import CellOut
@@ -32,20 +34,26 @@ from transforms import fs
 
 @dataclass(frozen=True)
 class Spilled:
-    """A joined ``CellOut`` pickled to a scratch file of this job (never input data)."""
+    """A joined ``CellOut`` in a scratch file of this job (``spill_codec``)."""
 
     path: str
 
 
 def spill_cell(cell: CellOut, folder: str) -> Spilled:
     path = fs.join(folder, f"{uuid.uuid4().hex}.cells")
-    fs.write_scratch(path, pickle.dumps(cell, protocol=5))
+    spill_codec.write(path, cell)
     return Spilled(path)
 
 
 def loaded(cell: CellOut | Spilled) -> CellOut:
-    """The cell itself, read back when it waits in a file."""
-    return pickle.loads(fs.read_bytes(cell.path)) if isinstance(cell, Spilled) else cell
+    """The cell itself, read back when it waits in a file (SpillFormatError when the
+    file is not one this job wrote: it is never unpickled)."""
+    if not isinstance(cell, Spilled):
+        return cell
+    out = spill_codec.load(cell.path)
+    if not isinstance(out, CellOut):
+        raise spill_codec.SpillFormatError(f"{cell.path}: not a cell's output")
+    return out
 
 
 def _added(parts: list[tuple[dict, float]]) -> dict:

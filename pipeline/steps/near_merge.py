@@ -196,7 +196,8 @@ def merge_cells(cells: list, plan, spec: near.NearSpec, per_side: int, truth: Tr
              "cells_with_sampled_nearest": int(sum(c.nn_sampled_cells for c in cells)),
              "settled_after_search": int(unsure), "removed": int(removed),
              "search_radius_l2": float(plan.radius), "histogram_every": plan.nn_mod,
-             "recall": judged}
+             "recall": judged,
+             "recall_removed": None if judged is None else judged["recall_removed"]}
     nn = np.concatenate([c.nn for c in cells]) if cells else np.empty(0)
     border = merge_borderline([c.borderline for c in cells], per_side) if cells else (
         BORDERLINE_SCHEMA.empty_table())

@@ -8,7 +8,7 @@ to Fingerprint; its record count and invalid records go to Decide.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
@@ -19,7 +19,14 @@ from pipeline.steps.settings import Chunking
 from pipeline.steps.tagged import SplitOutputs
 from transforms import fs
 from transforms.formats import get_format
-from transforms.formats.base import Chunk, InvalidRecordError, TensorSpec, Unit, record_nbytes
+from transforms.formats.base import (
+    Chunk,
+    InvalidRecordError,
+    TensorSpec,
+    Unit,
+    record_nbytes,
+    records_of,
+)
 from transforms.near import finite_rows
 
 
@@ -58,8 +65,10 @@ class ReadChunks(beam.DoFn):
 
     def __init__(self, format_name: str, spec: TensorSpec, chunk_rows: int, fail_on_invalid: bool,
                  total_units: int, nonfinite_invalid: bool = False, total_records: int = 0,
-                 stage: str = "read", chunk_bytes: int | None = None):
+                 stage: str = "read", chunk_bytes: int | None = None,
+                 long_texts: Callable[[Chunk], tuple[Chunk, int]] | None = None):
         self.format_name, self.spec, self.chunk_rows = format_name, spec, chunk_rows
+        self.long_texts = long_texts
         self.chunk_bytes = chunk_bytes
         self.fail_on_invalid, self.total_units = fail_on_invalid, total_units
         self.nonfinite_invalid = nonfinite_invalid
@@ -79,15 +88,19 @@ class ReadChunks(beam.DoFn):
                     ~finite_rows(chunk.tensors.reshape(len(chunk.positions), -1)),
                     "NaN or inf values cannot be compared by distance (near.nonfinite: "
                     "invalid; set keep to keep such records)")
+            long = 0
+            if self.long_texts is not None and len(chunk.positions):  # embed.long
+                chunk, long = self.long_texts(chunk)
             if chunk.invalid and self.fail_on_invalid:
                 bad = chunk.invalid[0]
-                raise InvalidRecordError(f"invalid record {bad.record_id} in {unit.path}: "
-                                         f"{bad.reason} (on_invalid: fail; set on_invalid: "
-                                         "skip to report such records and go on)")
+                what = "unreadable file" if bad.whole_file else f"invalid record {bad.record_id} in"
+                raise InvalidRecordError(f"{what} {unit.path}: {bad.reason} (on_invalid: "
+                                         "fail; set on_invalid: skip to report such records "
+                                         "and go on)")
             self.records.inc(chunk.n_read)
-            self.invalid.inc(len(chunk.invalid))
+            self.invalid.inc(len(records_of(chunk.invalid)))
             yield beam.pvalue.TaggedOutput(FACTS, (chunk.file_index,
-                                                   ReadFacts(chunk.n_read, chunk.invalid)))
+                                                   ReadFacts(chunk.n_read, chunk.invalid, long)))
             if len(chunk.positions):
                 yield chunk  # hashed (and sampled) by the fused steps before this returns
             progress.tick(self.stage, self.total_units, chunk.n_read, "units", units=0,
@@ -109,6 +122,8 @@ class ReadTensors(beam.PTransform):
       reference: these files are a reference set: their records are compared with the
         input's but never removed (their file indexes start at REFERENCE_FILES).
       stage: the name progress lines give this read (default "read", "read reference").
+      long_texts: ``embed.long``'s check (``pipeline.steps.embed.LongTexts``): counts the
+        texts longer than the model takes (``ReadFacts.long``); with refuse, invalid.
 
     Returns {CHUNKS: Chunk, FACTS: (file_index, ReadFacts), FILES: (file_index, path)}.
     """
@@ -116,7 +131,8 @@ class ReadTensors(beam.PTransform):
     def __init__(self, files: str | Sequence[str], *, format: str, spec: TensorSpec,
                  chunking: Chunking | None = None, on_invalid: str = "skip",
                  nonfinite_invalid: bool = False, reference: bool = False,
-                 stage: str | None = None):
+                 stage: str | None = None,
+                 long_texts: Callable[[Chunk], tuple[Chunk, int]] | None = None):
         super().__init__()
         if on_invalid not in ("skip", "fail"):
             raise ValueError(f"on_invalid must be skip or fail, got {on_invalid!r}")
@@ -130,7 +146,7 @@ class ReadTensors(beam.PTransform):
                                len(self.units), nonfinite_invalid,
                                sum(u.stop - u.start for u in self.units) if known else 0,
                                stage or ("read reference" if reference else "read"),
-                               chunking.chunk_bytes)
+                               chunking.chunk_bytes, long_texts)
 
     def expand(self, pbegin):
         out = (pbegin

@@ -8,7 +8,10 @@ as the format's reader meets it. ``read`` and ``write`` must agree on positions,
 that ``write(src, dst, drop)`` drops exactly the records the job decided to drop.
 An unreadable region that cannot be split into records (e.g. TFRecord bytes whose
 length header is corrupt) is one "record" with its own position: it is counted as
-read and reported invalid, and ``write`` never copies it.
+read and reported invalid, and ``write`` never copies it. A file that cannot be opened
+at all (a damaged footer or superblock) holds no records anyone can count: it is one
+``InvalidRecord`` with ``whole_file`` set, reported as that file with its reason, and
+counted as no record.
 """
 
 from __future__ import annotations
@@ -95,6 +98,17 @@ class InvalidRecord:
     position: int
     record_id: str
     reason: str  # one line: what is wrong (e.g. "CRC mismatch", "shape (3,) != (4,)")
+    whole_file: bool = False  # the file could not be opened: no record, the file's reason
+
+
+def unreadable_file(path: str, reason: str) -> InvalidRecord:
+    """A file that cannot be opened at all (position 0, the path as its id)."""
+    return InvalidRecord(0, path, reason, whole_file=True)
+
+
+def records_of(invalid: list[InvalidRecord]) -> list[InvalidRecord]:
+    """The invalid records that are records (not an unreadable file standing for none)."""
+    return [r for r in invalid if not r.whole_file]
 
 
 @dataclass
@@ -113,7 +127,8 @@ class Chunk:
 
     @property
     def n_read(self) -> int:
-        return len(self.positions) + len(self.invalid)
+        """Records read: valid and invalid ones, not an unreadable file's stand-in."""
+        return len(self.positions) + len(records_of(self.invalid))
 
     def reported_invalid(self, bad: np.ndarray, reason: str) -> Chunk:
         """This chunk with the rows where ``bad`` (bool, per valid row) is set moved to

@@ -20,6 +20,7 @@ from transforms.formats.base import (
     Values,
     default_ids,
     error_line,
+    unreadable_file,
 )
 from transforms.formats.hdf5 import _as_ids
 from transforms.formats.hdf5_files import _H5_ERRORS, _dataset, _opened
@@ -91,7 +92,7 @@ def read_values(unit: Unit, spec: TensorSpec, rows: int, max_bytes: int) -> Iter
     with _opened(unit.path) as f:
         if isinstance(f, Exception):
             yield Values(unit.file_index, np.empty(0, np.int64), np.empty(0, object), [], None,
-                         [InvalidRecord(0, unit.path, f"unreadable HDF5 file: {error_line(f)}")])
+                         [unreadable_file(unit.path, f"unreadable HDF5 file: {error_line(f)}")])
             return
         ds, id_ds, rank_ds = (None if name is None else f[name]
                               for name in (spec.tensor, spec.id, spec.rank))

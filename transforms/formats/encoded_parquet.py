@@ -27,6 +27,7 @@ from transforms.formats.base import (
     default_ids,
     default_ids_arrow,
     error_line,
+    unreadable_file,
 )
 from transforms.formats.encoded import byte_slices
 from transforms.formats.parquet import groups_at
@@ -149,7 +150,7 @@ def read_values(unit: Unit, spec: TensorSpec, rows: int, max_bytes: int) -> Iter
     pf = open_file(unit.path)
     if isinstance(pf, Exception):
         yield Values(unit.file_index, np.empty(0, np.int64), np.empty(0, object), [], None,
-                     [InvalidRecord(0, unit.path, f"unreadable Parquet file: {error_line(pf)}")])
+                     [unreadable_file(unit.path, f"unreadable Parquet file: {error_line(pf)}")])
         return
     stop = pf.metadata.num_rows if unit.stop is None else unit.stop
     columns = list(dict.fromkeys(c for c in (spec.tensor, spec.id, spec.rank) if c is not None))

@@ -22,6 +22,7 @@ from transforms.formats.base import (
     Unit,
     Values,
     default_id,
+    unreadable_file,
 )
 from transforms.formats.tfrecord import _CHECK_ITEMS
 from transforms.formats.tfrecord_frames import _frames
@@ -113,7 +114,7 @@ def read_values(unit: Unit, spec: TensorSpec, rows: int, max_bytes: int) -> Iter
         f = fs.open_read(unit.path)
     except OSError as e:
         yield Values(unit.file_index, np.empty(0, np.int64), np.empty(0, object), [], None,
-                     [InvalidRecord(0, unit.path, f"cannot open file: {e}")])
+                     [unreadable_file(unit.path, f"cannot open file: {e}")])
         return
     layout = _Layout()
     with f:

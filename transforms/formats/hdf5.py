@@ -34,6 +34,7 @@ from transforms.formats.base import (
     default_ids,
     error_line,
     rows_within,
+    unreadable_file,
 )
 from transforms.formats.hdf5_files import (
     _H5_ERRORS,
@@ -169,15 +170,15 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int,
          batch_bytes: int | None = None) -> Iterator[Chunk]:
     with _opened(unit.path) as f:
         if isinstance(f, Exception):
-            yield Chunk.of_invalid(unit.file_index, [InvalidRecord(
-                0, unit.path, f"unreadable HDF5 file: {error_line(f)}")])
+            yield Chunk.of_invalid(unit.file_index, [unreadable_file(
+                unit.path, f"unreadable HDF5 file: {error_line(f)}")])
             return
         try:
             ds, id_ds, rank_ds = (None if name is None else f[name]
                                   for name in (spec.tensor, spec.id, spec.rank))
         except _H5_ERRORS as e:  # check() saw the names, so the object itself is corrupt
-            yield Chunk.of_invalid(unit.file_index, [InvalidRecord(
-                unit.start, unit.path, f"unreadable HDF5 dataset: {error_line(e)}")])
+            yield Chunk.of_invalid(unit.file_index, [unreadable_file(
+                unit.path, f"unreadable HDF5 dataset: {error_line(e)}")])
             return
         stop = len(ds) if unit.stop is None else min(unit.stop, len(ds))
         batch_rows = rows_within(batch_rows, batch_bytes,

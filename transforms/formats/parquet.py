@@ -32,6 +32,7 @@ from transforms.formats.base import (
     error_line,
     record_nbytes,
     rows_within,
+    unreadable_file,
 )
 from transforms.formats.parquet_files import DECODE_BYTES, open_file, read_groups, row_groups
 from transforms.formats.parquet_write import write, write_notes  # noqa: F401 (the format's)
@@ -283,7 +284,7 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int,
     pf = open_file(unit.path)
     if isinstance(pf, Exception):
         yield Chunk.of_invalid(unit.file_index, [
-            InvalidRecord(0, unit.path, f"unreadable Parquet file: {error_line(pf)}")])
+            unreadable_file(unit.path, f"unreadable Parquet file: {error_line(pf)}")])
         return
     stop = pf.metadata.num_rows if unit.stop is None else unit.stop
     columns = list(dict.fromkeys(c for c in (spec.tensor, spec.id, spec.rank) if c is not None))

@@ -37,6 +37,7 @@ from transforms.formats.base import (
     default_id,
     record_nbytes,
     rows_within,
+    unreadable_file,
 )
 from transforms.formats.tfrecord_frames import _WBITS, _frame, _frames, detect_compression
 from transforms.formats.tfrecord_parse import (
@@ -176,7 +177,7 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int,
         f = fs.open_read(unit.path)
     except OSError as e:
         yield Chunk.of_invalid(unit.file_index,
-                               [InvalidRecord(0, unit.path, f"cannot open file: {e}")])
+                               [unreadable_file(unit.path, f"cannot open file: {e}")])
         return
     layout = _Layout(dtype=None if spec.dtype is None else _np_dtype(spec.dtype),
                      shape=None if spec.shape is None else tuple(spec.shape))

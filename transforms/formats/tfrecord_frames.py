@@ -45,6 +45,26 @@ def record_start(head: bytes) -> str | None:
     return None
 
 
+def shows_tfrecord(head: bytes) -> bool:
+    """Whether ``head`` (a file's first bytes) can begin a TFRecord file: it is empty, it
+    is an empty gzip/zlib stream, or a record header starts in it (at 0, or further in
+    when the first record is damaged: a damaged TFRecord is the reader's to report, a
+    file of another kind is not a TFRecord at all)."""
+    if not head:
+        return True
+    for compression in ("none", "gzip", "zlib"):
+        try:
+            dec = None if compression == "none" else zlib.decompressobj(_WBITS[compression])
+            data = head if dec is None else dec.decompress(head, len(head) * 4)
+        except zlib.error:
+            continue
+        if dec is not None and not data and dec.eof:  # an empty compressed TFRecord
+            return True
+        if len(data) >= 12 and len(_header_starts(data, 0, len(data) - 11)):
+            return True
+    return False
+
+
 def detect_compression(f: BinaryIO) -> str:
     """none | gzip | zlib: the first one whose first 12 bytes are a valid record header."""
     head = f.read(1 << 16)

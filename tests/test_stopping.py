@@ -1,0 +1,232 @@
+"""Ctrl-C and SIGTERM (issue 41): on every runner the job starts itself, the command ends
+within 5 s of the first signal with one line (exit 130, or 143 for SIGTERM), publishes
+nothing, and leaves no process, staging directory, lease or temporary file; a second
+signal ends it within 1 s; a Dask cluster given by ``runner.address`` has the job's work
+cancelled and keeps running.
+
+Real signals, sent when the job is at a known point (a file it touches there: Publish
+held by ``TENSORDEDUP_TEST_HOLD_PUBLISH``, a remote filesystem that never answers), never
+after a sleep. SIGINT goes to the command's whole process group, as a terminal's Ctrl-C
+does; SIGTERM to the command alone, as Kubernetes and most schedulers send it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from pipeline.publish import DEAF_ENV, HOLD_ENV
+from tests import slowfs
+from tests.jobkit import assert_clean, interruptible, tagged_processes, write_input
+from tests.test_preflight import snapshot
+
+ROOT = Path(__file__).resolve().parents[1]
+FIRST_S, SECOND_S = 5.0, 1.0  # the targets: from the first signal, from the second
+WAIT_S = 120  # upper bound on a job reaching its held point (Dask and portable start-up)
+LINES = {signal.SIGINT: "interrupted: nothing was published (earlier outputs are "
+                        "unchanged); run the same command again to redo the job",
+         signal.SIGTERM: "stopped by SIGTERM: nothing was published (earlier outputs are "
+                         "unchanged); run the same command again to redo the job"}
+RUNNERS = {"threads": ["runner.processes=false"], "processes": ["runner.processes=true"],
+           "portable": ["runner.name=portable"], "dask": ["runner.name=dask"]}
+
+
+@pytest.fixture(scope="module")
+def near_input(tmp_path_factory) -> Path:
+    """12,000 rows of 32 floats in 3 files, exact and near copies: a near job with
+    several stages (the local runner's default for it: worker processes)."""
+    root = tmp_path_factory.mktemp("stopping_in")
+    rng = np.random.default_rng(41)
+    for f in range(3):
+        x = rng.standard_normal((4000, 32)).astype(np.float32)
+        x[100:200] = x[:100]
+        x[300:400] = x[:100] + 1e-3
+        write_input("parquet", root / f"p{f}.parquet", [f"{f}-{i}" for i in range(4000)], x,
+                    np.zeros(4000, int), row_group_size=1000)
+    return root
+
+
+def config(tmp_path: Path, inputs: str, **extra) -> Path:
+    """The job's YAML, with an older output in place that a stopped run must leave as it
+    is (a run that publishes would replace it: ``overwrite``)."""
+    out = tmp_path / "out"
+    for name, text in (("clean/old.parquet", "an older run's shard"),
+                       ("report/summary.json", '{"read": 1}')):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    cfg = {"input": {"format": "parquet", "path": inputs, "tensor": "emb", "id": "id"},
+           "near": {"metric": "l2", "threshold": 0.01},
+           "output": {"path": str(out / "clean"), "overwrite": True},
+           "report": str(out / "report"), **extra}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def start(cfg: Path, *sets: str, env: dict | None = None, args: tuple = (),
+          code: str | None = None) -> subprocess.Popen:
+    """The command in a session of its own (its process group is what a terminal's
+    Ctrl-C reaches), quiet: its stderr is its errors only."""
+    cli = ["--config", str(cfg), "--quiet", *args, *[a for s in sets for a in ("--set", s)]]
+    argv = ([sys.executable, "-m", "pipeline.run", *cli] if code is None
+            else [sys.executable, "-c", code, *cli])
+    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, **(env or {})}, preexec_fn=interruptible)
+
+
+def wait_for(path: Path, proc: subprocess.Popen) -> None:
+    """Until the job touches ``path`` (it has reached its held point)."""
+    deadline = time.monotonic() + WAIT_S
+    tick = threading.Event()
+    while not path.exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        tick.wait(0.02)
+
+
+def send(proc: subprocess.Popen, signum: int) -> None:
+    if signum == signal.SIGINT:
+        os.killpg(proc.pid, signum)  # the terminal's Ctrl-C: the whole foreground group
+    else:
+        os.kill(proc.pid, signum)
+
+
+def ended(proc: subprocess.Popen, since: float, limit: float) -> tuple[int, list[str], float]:
+    """Exit code, stderr lines and seconds from ``since`` once the command ended (waited
+    for up to WAIT_S so a slow end is measured, not cut short)."""
+    _, err = proc.communicate(timeout=WAIT_S)
+    took = time.monotonic() - since
+    return proc.returncode, err.strip().splitlines(), took
+
+
+def assert_nothing_left(tmp_path: Path, before: dict, tag: str, tmp: Path) -> None:
+    """The older output as it was, nothing beside it (staging, swap, lease files), no
+    process of the run, no temporary file."""
+    out = tmp_path / "out"
+    assert snapshot(out) == before
+    assert sorted(p.name for p in out.iterdir()) == ["clean", "report"]
+    deadline = time.monotonic() + WAIT_S  # a killed process may take a moment to go
+    while tagged_processes(tag):
+        assert time.monotonic() < deadline, tagged_processes(tag)
+        threading.Event().wait(0.05)
+    assert_clean(tag, tmp)
+
+
+@pytest.mark.parametrize(("runner", "signum"), [
+    *[(r, signal.SIGINT) for r in RUNNERS],
+    ("processes", signal.SIGTERM), ("portable", signal.SIGTERM)])
+def test_a_signal_while_the_job_runs_stops_it_at_once(tmp_path, near_input, isolated,
+                                                      runner, signum):
+    """Inside the job's last step (Publish, held): the local runner's worker threads and
+    worker processes, the portable runner's job service and worker pool, the Dask
+    cluster the job starts. Before the fix the processes runner never ended (its main
+    thread joined a thread that waited on a worker process that waited on its runner)."""
+    cfg = config(tmp_path, str(near_input / "*.parquet"))
+    before = snapshot(tmp_path / "out")
+    hold = tmp_path / "hold"
+    proc = start(cfg, *RUNNERS[runner], env={HOLD_ENV: str(hold)})
+    wait_for(hold.with_name("hold.reached"), proc)
+    t0 = time.monotonic()
+    send(proc, signum)
+    code, err, took = ended(proc, t0, FIRST_S)
+    assert (code, err) == ({signal.SIGINT: 130, signal.SIGTERM: 143}[signum], [LINES[signum]])
+    assert took < FIRST_S, took
+    assert_nothing_left(tmp_path, before, *isolated)
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_ctrl_c_during_the_checks(tmp_path, near_input, isolated, dry_run):
+    """The checks wait on a remote filesystem that never answers (its own timeout is 300
+    s): Ctrl-C ends them, with --dry-run too."""
+    cfg = config(tmp_path, "hangfs://bucket/in/*.parquet",
+                 tuning={"remote_timeout_s": 300})
+    before = snapshot(tmp_path / "out")
+    hanging = tmp_path / "hanging"
+    proc = start(cfg, env={slowfs.HANGING_ENV: str(hanging)},
+                 args=("--dry-run",) if dry_run else (),
+                 code="import sys; from pipeline.run import console; import tests.slowfs; "
+                      "sys.argv[0] = 'tensordedup'; console()")
+    wait_for(hanging, proc)
+    t0 = time.monotonic()
+    send(proc, signal.SIGINT)
+    code, err, took = ended(proc, t0, FIRST_S)
+    assert (code, err) == (130, [LINES[signal.SIGINT]])
+    assert took < FIRST_S, took
+    assert_nothing_left(tmp_path, before, *isolated)
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+def test_a_main_thread_that_swallows_ctrl_c_does_not_keep_the_command(tmp_path, near_input,
+                                                                      isolated, signals):
+    """Publish held in the main thread (one in-process worker) by code that catches
+    KeyboardInterrupt, as a library may: the command still ends, GRACE_S after the first
+    signal or at once after a second, having removed its staging and released its
+    leases."""
+    from pipeline.stopping import GRACE_S
+
+    cfg = config(tmp_path, str(near_input / "*.parquet"))
+    before = snapshot(tmp_path / "out")
+    hold = tmp_path / "hold"
+    proc = start(cfg, "runner.workers=1", env={HOLD_ENV: str(hold), DEAF_ENV: "1"})
+    wait_for(hold.with_name("hold.reached"), proc)
+    t0 = time.monotonic()
+    send(proc, signal.SIGINT)
+    if signals == 2:  # once the first was seen (two at once are one to the kernel)
+        wait_for(hold.with_name("hold.swallowed"), proc)
+        t0 = time.monotonic()
+        send(proc, signal.SIGINT)
+    code, err, took = ended(proc, t0, FIRST_S)
+    assert (code, err) == (130, [LINES[signal.SIGINT]])
+    assert took < (GRACE_S + 1.0 if signals == 1 else SECOND_S), took
+    assert_nothing_left(tmp_path, before, *isolated)
+
+
+def test_ctrl_c_cancels_the_work_on_a_cluster_given_by_address(tmp_path, near_input,
+                                                               isolated):
+    """A cluster of the user's: its workers are not the command's to kill, and keep
+    running; the job's tasks are cancelled there, and the one that was publishing, let
+    go afterwards, publishes nothing (the stopped run's leases are gone)."""
+    import distributed
+
+    tag, tmp = isolated
+    cfg = config(tmp_path, str(near_input / "*.parquet"))
+    before = snapshot(tmp_path / "out")
+    hold = tmp_path / "hold"
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as cluster, \
+            distributed.Client(cluster) as client:
+        workers = set(client.scheduler_info()["workers"])
+        env = {HOLD_ENV: str(hold)}
+        os.environ.update(env)  # the workers read it: they were started by this process
+        try:
+            client.run(lambda: os.environ.update(env))  # (a bound method would be a copy's)
+            proc = start(cfg, "runner.name=dask", f"runner.address={cluster.scheduler_address}",
+                         env=env)
+            wait_for(hold.with_name("hold.reached"), proc)
+            t0 = time.monotonic()
+            send(proc, signal.SIGINT)
+            code, err, took = ended(proc, t0, FIRST_S)
+            assert (code, err) == (130, [LINES[signal.SIGINT]])
+            assert took < FIRST_S, took
+            hold.touch()  # the held task may go on: it must find its leases gone
+            deadline = time.monotonic() + WAIT_S
+            while client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)):
+                assert time.monotonic() < deadline, "the job's tasks stayed on the cluster"
+                threading.Event().wait(0.05)
+            assert set(client.scheduler_info()["workers"]) == workers  # none was killed
+        finally:
+            for k in env:
+                os.environ.pop(k, None)
+    out = tmp_path / "out"
+    assert snapshot(out) == before
+    assert sorted(p.name for p in out.iterdir()) == ["clean", "report"]
