@@ -46,17 +46,24 @@ def run(tmp_path: Path, cfg: dict) -> int:
     return main(["--config", str(tmp_path / "job.yaml"), "--quiet"])
 
 
+def text_job(path: Path, texts: list[str], prefix: str, model: str, batch_size: int) -> dict:
+    """``texts`` written as a Parquet text column at ``path``, and the job config that
+    embeds them with ``model`` and removes near copies at cosine 0.15."""
+    pq.write_table(pa.table({"id": [f"{prefix}{i}" for i in range(len(texts))],
+                             "text": texts}), path)
+    return {"input": {"format": "parquet", "path": str(path), "tensor": "text", "id": "id",
+                      "decode": "text"},
+            "embed": {"model": "sentence-transformers", "path": model,
+                      "batch_size": batch_size},
+            "near": {"metric": "cosine", "threshold": 0.15}}
+
+
 def test_minilm_finds_paraphrases_and_copies_on_raw_text(tmp_path, minilm):
     from sentence_transformers import SentenceTransformer
 
     texts = SENTENCES + [t for _, t in PARAPHRASES.values()] + [SENTENCES[i] for i in
                                                                   COPIES.values()]
-    pq.write_table(pa.table({"id": [f"s{i}" for i in range(len(texts))], "text": texts}),
-                   tmp_path / "texts.parquet")
-    cfg = {"input": {"format": "parquet", "path": str(tmp_path / "texts.parquet"),
-                     "tensor": "text", "id": "id", "decode": "text"},
-           "embed": {"model": "sentence-transformers", "path": minilm, "batch_size": 8},
-           "near": {"metric": "cosine", "threshold": 0.15}}
+    cfg = text_job(tmp_path / "texts.parquet", texts, "s", minilm, 8)
     assert run(tmp_path, cfg) == 0
     report = tmp_path / "out" / "report"
     dups = pq.read_table(report / "duplicates.parquet").to_pylist()
@@ -143,12 +150,7 @@ def test_reruns_write_the_same_bytes(tmp_path, minilm):
     duplicates are byte-identical across reruns; chunks of 7 records, batches of 3."""
     texts = (SENTENCES + [t for _, t in PARAPHRASES.values()]
              + [SENTENCES[i] for i in COPIES.values()]) * 2
-    pq.write_table(pa.table({"id": [f"s{i}" for i in range(len(texts))], "text": texts}),
-                   tmp_path / "texts.parquet")
-    cfg = {"input": {"format": "parquet", "path": str(tmp_path / "texts.parquet"),
-                     "tensor": "text", "id": "id", "decode": "text"},
-           "embed": {"model": "sentence-transformers", "path": minilm, "batch_size": 3},
-           "near": {"metric": "cosine", "threshold": 0.15},
+    cfg = {**text_job(tmp_path / "texts.parquet", texts, "s", minilm, 3),
            "runner": {"workers": 2}, "tuning": {"chunk_rows": 7}}
     outputs = []
     for name in ("a", "b"):
@@ -348,12 +350,7 @@ def test_long_texts_are_embedded_in_windows_counted_and_not_merged_by_their_star
     from pipeline.run_summary import RunSummary
 
     texts = long_set()
-    pq.write_table(pa.table({"id": [f"l{i}" for i in range(len(texts))], "text": texts}),
-                   tmp_path / "licences.parquet")
-    cfg = {"input": {"format": "parquet", "path": str(tmp_path / "licences.parquet"),
-                     "tensor": "text", "id": "id", "decode": "text"},
-           "embed": {"model": "sentence-transformers", "path": minilm, "batch_size": 16},
-           "near": {"metric": "cosine", "threshold": 0.15}}
+    cfg = text_job(tmp_path / "licences.parquet", texts, "l", minilm, 16)
     model = SentenceTransformer(minilm, device="cpu")
     counts, direct = oracle(model, texts)
     long = int((counts > model.max_seq_length - 2).sum())
