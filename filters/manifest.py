@@ -29,9 +29,11 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline import layout  # the report's file names (Beam-free, like transforms.fs)
-from transforms import fs  # Beam-free at import: only the Beam fallback below uses Beam
-from transforms.formats.base import default_ids_arrow
+from transforms.io import (
+    fs,  # Beam-free at import: only the Beam fallback below uses Beam
+    layout,  # the report's file names (Beam-free, like transforms.io.fs)
+)
+from transforms.io.formats.base import default_ids_arrow
 
 
 def _default_ids(file: dict) -> pa.Array:

@@ -2,7 +2,7 @@
 
 Why one class for both frameworks: the decision is plain arrays in, a keep mask out,
 using the same kernels as the batch job (``fingerprint_batch`` for exact digests,
-``transforms.near`` for the radius, the float64 check and the greedy grouping). The
+``transforms.near.find`` for the radius, the float64 check and the greedy grouping). The
 tf.data and PyTorch front ends only move batches in and out.
 
 Identity across epochs: with record ids, the state remembers which record owns each
@@ -34,18 +34,18 @@ import xxhash
 from transforms.canonical import to_numpy
 from transforms.exact import digest_words
 from transforms.fingerprint import fingerprint_batch
-from transforms.near import (
-    NearSpec,
-    decide_cell,
-    exact_distance,
+from transforms.near.find import decide_cell
+from transforms.near.greedy import STATE_REMOVED
+from transforms.near.search import Vectors, pairs_within, precision_for
+from transforms.near.space import (
     finite_rows,
     search_radius,
     search_space,
     search_vectors,
     value_scale,
 )
-from transforms.near_greedy import REMOVED
-from transforms.near_search import Vectors, pairs_within, precision_for
+from transforms.near.spec import NearSpec
+from transforms.near.verify import exact_distance
 
 DROPPED = -1  # owner of a digest whose first record was removed as a near duplicate
 NO_ID = 0  # owner when the stream has no ids
@@ -274,7 +274,7 @@ class OnlineDedup:
             return np.empty(0, np.int64)
         spec = dataclasses.replace(self.near, grouping="representative")
         d = decide_cell(x, np.ones(len(x), dtype=bool), spec, radius, center, census=False)
-        return np.flatnonzero(d.state == REMOVED)
+        return np.flatnonzero(d.state == STATE_REMOVED)
 
     def _remember(self, x: np.ndarray) -> None:
         for s in range(0, len(x), NEAR_BLOCK_ROWS):

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from filters.manifest import Manifest, ManifestError
 from filters.online import OnlineDedup
-from transforms.formats.tfrecord_frames import TF_COMPRESSION, detect_compression
+from transforms.io.formats.tfrecord_frames import TF_COMPRESSION, detect_compression
 
 # Where an element keeps a value: a dict key, a tuple index, a function of the element,
 # or None for the element itself.

@@ -28,31 +28,31 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-# Beam warns about optional GCP client libraries when imported: noise for users.
-logging.getLogger().addFilter(lambda r: "apitools not found" not in r.getMessage())
 
-from pipeline import stopping  # noqa: E402
-from pipeline.config import ConfigError, DedupeConfig, load_config, parse_config  # noqa: E402
-from pipeline.job import Job  # noqa: E402
-from pipeline.preflight import prepare  # noqa: E402
-from pipeline.processes import no_traceback  # noqa: E402
-from pipeline.publish import (  # noqa: E402
-    Publication,
-    clear_leftovers,
-    own_stages,
-    take_leases,
-)
-from pipeline.run_summary import RunSummary, human_summary  # noqa: E402
-from pipeline.steps import progress  # noqa: E402
-from transforms.fingerprint import SCHEME  # noqa: E402
-from transforms.formats.base import InputError, InvalidRecordError  # noqa: E402
-from transforms.fs import delete_tree  # noqa: E402
-from transforms.lease import LeaseHeld, keep_alive, release_all  # noqa: E402
+def _gcp_notice(record: logging.LogRecord) -> bool:
+    return "apitools not found" not in record.getMessage()
 
-# RunSummary and human_summary are defined in pipeline.run_summary, and imported from here.
-__all__ = ["run_job", "RunSummary", "JobFailed", "ConfigError", "InputError", "LeaseHeld",
-           "to_config", "human_summary"]
+
+# Beam warns on import that optional GCP client libraries are missing: noise for users
+# (a filter for these imports only: the root logger is as it was afterwards)
+logging.getLogger().addFilter(_gcp_notice)
+try:
+    from pipeline import progress, stopping
+    from pipeline.config import ConfigError, DedupeConfig, load_config, parse_config
+    from pipeline.job import Job
+    from pipeline.preflight import prepare
+    from pipeline.publish import Publication, clear_leftovers, own_stages, take_leases
+    from pipeline.report.summary import RunSummary
+    from pipeline.runners.common import no_traceback
+    from transforms.digests import SCHEME
+    from transforms.io.formats.base import InvalidRecordError
+    from transforms.io.fs import delete_tree
+    from transforms.io.lease import LeaseHeld, keep_alive, release_all
+finally:
+    logging.getLogger().removeFilter(_gcp_notice)
+
+__all__ = ["run_job", "JobFailed", "to_config", "run_prepared", "execute", "publication",
+           "failure_line", "beam_quiet", "is_verbose", "VERBOSE_ENV"]
 
 VERBOSE_ENV = "TENSORDEDUP_VERBOSE"
 # errno values of a write that ran out of room: ENOSPC, EDQUOT, EFBIG (a file size limit)
@@ -69,7 +69,7 @@ class JobFailed(RuntimeError):
 
 
 def beam_pipeline(job: Job):
-    from pipeline.runner import make_pipeline
+    from pipeline.runners import make_pipeline
 
     return make_pipeline(job.cfg.runner)
 
@@ -102,9 +102,10 @@ def execute(job: Job) -> RunSummary:
     it ends; a runner that does not block (Dataflow) hands them to its Publish step, which
     releases them, and the summary says the job was submitted."""
     from pipeline.graph import build
-    from pipeline.runner import blocks, kernel_threads
+    from pipeline.runners.common import launcher_waits
+    from pipeline.runners.local import kernel_threads
 
-    detached = not blocks(job.cfg.runner)
+    detached = not launcher_waits(job.cfg.runner)
     updates = job.store is not None and job.cfg.store.update
     try:
         leases = take_leases(job.output, job.report, job.store.path if updates else None,

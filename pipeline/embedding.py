@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipeline.config import EmbedConfig
-from transforms.formats.base import InputError, error_line
+from pipeline.config.sections import EmbedConfig
+from transforms.io.formats.base import InputError, error_line
 
 if TYPE_CHECKING:
     from pipeline.steps.embed import LongTexts
@@ -43,8 +43,8 @@ class Embedding:
         without a (Rust) text tokenizer and a ``max_seq_length`` (TorchScript)."""
         if self.cfg.model != "sentence-transformers":
             return None
+        from pipeline.models import text_tokenizer
         from pipeline.steps.embed import LongTexts
-        from pipeline.steps.models import text_tokenizer
 
         model = self.handler.load_model()  # loaded once already by the checks
         if text_tokenizer(model) is None:
@@ -58,7 +58,7 @@ def embedding(cfg: EmbedConfig | None, load: bool = True) -> Embedding | None:
     stays loaded for the local runner's workers in this process: models.py)."""
     if cfg is None:
         return None
-    from pipeline.steps.models import SentenceTransformerHandler, as_tensors, torchscript_handler
+    from pipeline.models import SentenceTransformerHandler, as_tensors, torchscript_handler
 
     if cfg.model == "sentence-transformers":
         out = Embedding(cfg, SentenceTransformerHandler(cfg.path, device=cfg.device,

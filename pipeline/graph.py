@@ -11,29 +11,27 @@ from __future__ import annotations
 
 import apache_beam as beam
 
-from pipeline import layout
 from pipeline.job import Job
 from pipeline.publish import Publication, publish_run
-from pipeline.report import TensorSource, rows_to_show, write_report
-from pipeline.runner import copies_at_once, recomputes_finished_steps
+from pipeline.report.tables import TensorSource, rows_to_show, write_report
+from pipeline.runners.common import copies_at_once, recomputes_finished_steps
 from pipeline.steps import (
     DECISIONS,
     FACTS,
     NEAR_REPORT,
     SURVIVORS,
     VECTORS,
-    Chunking,
     Dedup,
-    Keep,
     ReadTensors,
     StoreUpdate,
     WriteClean,
 )
+from transforms.io import layout
 
 
 def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
     cfg = job.cfg
-    chunking = Chunking(cfg.tuning.unit_rows, cfg.tuning.chunk_rows, cfg.tuning.chunk_bytes)
+    chunking = job.chunking
     nonfinite_invalid = (cfg.near is not None and cfg.near.nonfinite == "invalid"
                          and job.spec.decode is None)  # decoded values are finite
     long_texts = None if job.embed is None else job.embed.long_texts()  # embed.long
@@ -70,7 +68,7 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
             read[FACTS] | "LongRecords" >> LongRecords(long_texts))
     updates = pub.store is not None
     dedup = read | "Dedup" >> Dedup(
-        keep=Keep(*job.keep), near=job.near, exact=cfg.exact,
+        keep=job.keep, near=job.near, exact=cfg.exact,
         reference=None if ref is None else ref["chunks"], store=job.store, survivors=updates,
         spill=job.spill, shards=cfg.tuning.shards,
         borderline_pairs=cfg.near.borderline_pairs if cfg.near else 0,

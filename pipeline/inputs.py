@@ -2,7 +2,7 @@
 what they hold (schema, first record, id column), before any work.
 
 Why apart from the other checks: these are the checks that open files (remote ones in
-parallel, bounded by ``pipeline.remote``); the capacity plan reads the same facts.
+parallel, bounded by ``transforms.io.remote``); the capacity plan reads the same facts.
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.config import DedupeConfig, InputConfig
+from pipeline.config import DedupeConfig
+from pipeline.config.sections import InputConfig
 from pipeline.job import References
-from pipeline.remote import bounded, each_bounded
-from transforms import fs
-from transforms.formats import get_format
-from transforms.formats.base import Decode, InputError, TensorSpec, error_line
-from transforms.formats.parquet import row_shapes
-from transforms.formats.tfrecord_frames import record_start, shows_tfrecord
+from transforms.io import fs
+from transforms.io.formats import get_format
+from transforms.io.formats.base import InputError, TensorSpec, error_line
+from transforms.io.formats.parquet import row_shapes
+from transforms.io.formats.tfrecord_frames import record_start, shows_tfrecord
+from transforms.io.remote import bounded, each_bounded
 
 HEAD_BYTES = 4096  # read from each input file: magic numbers, a TFRecord header
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # at 0, or 512, 1024, 2048 after a user block
@@ -304,40 +305,17 @@ def list_files(pattern: str, key: str, timeout: float, fmt: str = "parquet") -> 
 
 
 
-def tensor_spec(source: InputConfig, rank: str | None, chunk_bytes: int) -> TensorSpec:
-    shape = None if source.shape is None else tuple(source.shape)
-    decode = None
-    if source.decode != "none":
-        decode = Decode(source.decode, None if source.resize is None else tuple(source.resize),
-                        source.channels, source.max_pixels, chunk_bytes, source.exact_on)
-    return TensorSpec(source.tensor, source.id, shape, source.dtype, rank, source.compression,
-                      decode)
-
-
-
 def references(cfg: DedupeConfig, resolved: TensorSpec) -> References | None:
     """Reference files, checked like input files; their records must be comparable with
-    the input's (same dtype and size), or no reference record could ever match."""
+    the input's (same dtype and size), or no reference record could ever match (what the
+    config alone tells, the config's validators check)."""
     if not cfg.reference:
         return None
-    formats = {r.format for r in cfg.reference}
-    if len(formats) > 1:
-        raise InputError("reference: all reference sets must have one format (got "
-                         f"{', '.join(sorted(formats))}): convert them or run them separately")
-    src = cfg.reference[0]
-    if any(r.model_dump(exclude={"path"}) != src.model_dump(exclude={"path"})
-           for r in cfg.reference[1:]):
-        raise InputError("reference: reference sets must share tensor/id/shape/dtype keys "
-                         "(only path may differ): run sets with other keys separately")
-    for key in ("decode", "resize", "channels", "exact_on"):
-        if getattr(src, key) != getattr(cfg.input, key):
-            raise InputError(f"reference.{key}: {getattr(src, key)!r}, the input's "
-                             f"{getattr(cfg.input, key)!r}: records decoded otherwise never "
-                             f"match; give reference sets the input's {key}")
+    src = cfg.reference[0]  # the sets share every key but path (DedupeConfig checks)
     timeout = cfg.tuning.remote_timeout_s
     files = sorted({f for r in cfg.reference
                     for f in list_files(r.path, "reference.path", timeout, r.format)})
-    spec = tensor_spec(src, None, cfg.tuning.decoded_chunk_bytes)
+    spec = src.to_spec(None, cfg.tuning.decoded_chunk_bytes)
     for path, got in zip(files, inspect_files(files, src, spec, "reference.path", timeout),
                          strict=True):
         if got.dtype is None:  # nothing to compare: an empty file (first_known)

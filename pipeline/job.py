@@ -2,19 +2,20 @@
 
 Why apart from the checks: everything after ``preflight.prepare`` (the graph, the
 runner, Publish, the capacity plan) reads a Job and never a raw config, so it is the
-one type they share; where its files go is ``pipeline.layout``'s.
+one type they share; where its files go is ``transforms.io.layout``'s.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline import layout
 from pipeline.config import DedupeConfig
 from pipeline.embedding import Embedding
 from pipeline.steps.store import StoreView
-from transforms.formats.base import TensorSpec
-from transforms.near import NearSpec
+from transforms.exact import Keep
+from transforms.io import layout
+from transforms.io.formats.base import Chunking, TensorSpec
+from transforms.near.spec import NearSpec
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,8 @@ class Job:
     root: str  # common directory of the inputs: output names are relative to it
     spec: TensorSpec  # from the config: what every record is read and checked against
     resolved: TensorSpec  # shape and dtype as the first file has them (for the summary)
-    keep: tuple[str, str | None]  # ("first"|"last", None) | ("max"|"min", column)
+    keep: Keep  # which record of a group survives (the config's keep)
+    chunking: Chunking  # how the input is cut into elements (the config's tuning)
     output: str  # a directory, or a URL (gs://...) on another filesystem; no trailing slash
     report: str
     run_id: str  # the user's run id ({run_id} in paths, store entries)

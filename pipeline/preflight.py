@@ -5,7 +5,7 @@ Why up front: a job that fails after an hour because of a typo in a column name,
 or that writes its output over its input, is the worst experience a batch tool
 can give. Every problem here is one line naming the key or file and the fix. The
 files themselves are opened by ``pipeline.inputs``; remote calls are bounded by
-``pipeline.remote``; where the run's files go is ``pipeline.layout``'s.
+``transforms.io.remote``; where the run's files go is ``transforms.io.layout``'s.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline import layout
-from pipeline.config import DedupeConfig, InputConfig, keep_policy
+from pipeline.config import DedupeConfig, keep_policy
+from pipeline.config.sections import InputConfig
 from pipeline.embedding import Embedding, embedding
 from pipeline.inputs import (
     check_one_size,
@@ -34,14 +34,13 @@ from pipeline.inputs import (
     inspect_files,
     list_files,
     references,
-    tensor_spec,
 )
 from pipeline.job import Job
-from pipeline.remote import bounded
 from pipeline.steps.store import open_view, store_meta
-from transforms import fs
-from transforms.formats.base import InputError, TensorSpec
-from transforms.near import NearSpec
+from transforms.io import fs, layout
+from transforms.io.formats.base import InputError, TensorSpec
+from transforms.io.remote import bounded
+from transforms.near.spec import NearSpec
 
 
 def _probe_dir(target: str) -> str:
@@ -143,19 +142,13 @@ SPAWNED_AGAIN = ("the job was started again in a worker process, which Python st
 
 
 def _check_runner(cfg: DedupeConfig) -> None:
-    """Runner settings that would lose records or cannot run this job: Beam 2.77's
-    multi_threading mode set by hand skips the flush-race workaround ``runner.workers``
-    applies (docs/beam-flush-race.md). A portable job service at ``runner.address`` must
-    answer (``tuning.remote_timeout_s``)."""
+    """A runner this job cannot run on: the job started again by a process Python spawned
+    (a script without the main guard), a portable job service at ``runner.address`` that
+    does not answer (``tuning.remote_timeout_s``)."""
     if getattr(multiprocessing.current_process(), "_inheriting", False):
         raise InputError(SPAWNED_AGAIN)
-    mode = cfg.runner.options.get("direct_running_mode")
-    if cfg.runner.name == "local" and mode == "multi_threading":
-        raise InputError("runner.options.direct_running_mode: multi_threading loses shuffle "
-                         "elements in Beam 2.77's local runner; leave it out and set "
-                         "runner.workers: N (parallel, with the workaround)")
     if cfg.runner.name == "portable" and cfg.runner.address is not None:
-        from pipeline.portable import check_address
+        from pipeline.runners.portable import check_address
 
         problem = check_address(cfg.runner.address, cfg.tuning.remote_timeout_s)
         if problem is not None:
@@ -198,28 +191,8 @@ def near_spec(cfg: DedupeConfig, dtype: str | None, channels: int = 1,
                          f"{math.prod(shape):,} {dtype} values, each across its whole "
                          "range), so every record would be a near copy of the first: use a "
                          f"threshold below {top:,.1f} (a small share of it for near copies)")
-    return NearSpec(n.metric, threshold=n.threshold or 0.0, atol=n.atol, rtol=n.rtol,
-                    grouping=n.grouping, index=n.index, nlist=n.nlist, nprobe=n.nprobe,
-                    hnsw_m=n.M, single_index_rows=n.single_index_rows,
-                    partition_rows=n.partition_rows, mode=n.mode, probes=n.probes,
-                    recall_sample=n.recall_sample, device=n.device, channels=channels)
+    return n.to_spec(channels)
 
-
-
-def _check_decode(cfg: DedupeConfig) -> None:
-    """Distances need one shape and numbers that mean something: refuse a near stage on
-    images of many sizes, and on stored bytes or text (those need an embedding)."""
-    src = cfg.input
-    if cfg.near is None or src.decode == "none":
-        return
-    if src.decode == "image" and src.resize is None and src.shape is None:
-        raise InputError("near: decoded images of different sizes cannot be compared by "
-                         "distance: set input.resize: [height, width] (or input.shape: "
-                         "[h, w, c] when every image has that shape)")
-    if src.decode in ("bytes", "text") and cfg.embed is None:
-        raise InputError(f"near: input.decode: {src.decode} values have no distance until "
-                         "they are embedded: add an embed section, or remove near (exact "
-                         "dedup of the stored values needs none)")
 
 
 
@@ -244,7 +217,7 @@ def _with_run_id(cfg: DedupeConfig, run_id: str) -> DedupeConfig:
 PROCESS_ROW_BYTES = 4096
 
 
-def _local_workers(cfg: DedupeConfig, exact_only: bool, embeds: bool,
+def _local_defaults(cfg: DedupeConfig, exact_only: bool, embeds: bool,
                    row_bytes: int | None) -> DedupeConfig:
     """``runner.workers`` unset on the local runner: one worker for an exact-only job over
     stored tensors. Its steps keep both cores busy themselves (row groups read ahead,
@@ -253,7 +226,7 @@ def _local_workers(cfg: DedupeConfig, exact_only: bool, embeds: bool,
     worker and 27.5 s on two (docs/pipeline.md). Decoding, embedding and the near search
     gain from parallel workers: they keep all cores. ``runner.processes`` unset: worker
     processes for a near job without a model over records of at most PROCESS_ROW_BYTES
-    (or of a size it cannot tell before reading them; ``pipeline.processes`` says why),
+    (or of a size it cannot tell before reading them; ``pipeline.runners.local`` says why),
     threads otherwise (one model in one process serves every thread)."""
     if cfg.runner.name != "local":
         return cfg
@@ -279,7 +252,6 @@ def resolve_run_id(cfg: DedupeConfig) -> str:
 def prepare(cfg: DedupeConfig) -> Job:
     """Check the config against the files and resolve it into a Job. Raises InputError."""
     _check_runner(cfg)
-    _check_decode(cfg)
     run_id = resolve_run_id(cfg)
     cfg = _with_run_id(cfg, run_id)
     output = _target(cfg.output.path.replace(RUN_ID_FIELD, run_id))
@@ -289,7 +261,7 @@ def prepare(cfg: DedupeConfig) -> Job:
     files = list_files(cfg.input.path, "input.path", timeout, cfg.input.format)
     root = common_dir(files)
     keep = keep_policy(cfg.keep)
-    spec = tensor_spec(cfg.input, keep[1], cfg.tuning.decoded_chunk_bytes)
+    spec = cfg.input.to_spec(keep.column, cfg.tuning.decoded_chunk_bytes)
     checked = inspect_files(files, cfg.input, spec, "input.path", timeout)
     first = first_known(checked)
     resolved = checked[first]
@@ -305,15 +277,17 @@ def prepare(cfg: DedupeConfig) -> Job:
     near = near_spec(cfg, "float32" if embed else resolved.dtype,
                      resolved.shape[-1] if image and not embed and resolved.shape else 1,
                      None if embed else resolved.shape)
-    cfg = _local_workers(cfg, near is None and embed is None and spec.decode is None,
+    cfg = _local_defaults(cfg, near is None and embed is None and spec.decode is None,
                          embed is not None, _row_bytes(resolved, files[first], cfg.input))
     store = None
     if cfg.store is not None:
         meta = store_meta(resolved, near, _settings(resolved, embed))
         store = bounded(cfg.store.path, lambda path: open_view(path, run_id, meta),
                          "store.path", "reading the store", timeout)
-    return Job(cfg, files, root, spec, resolved, keep, output, report, run_id,
-               f"{os.getpid()}-{time.time_ns()}", replace, near, refs, store, embed)
+    return Job(cfg=cfg, files=files, root=root, spec=spec, resolved=resolved, keep=keep,
+               chunking=cfg.tuning.chunking(), output=output, report=report, run_id=run_id,
+               attempt=f"{os.getpid()}-{time.time_ns()}", replace=replace, near=near,
+               references=refs, store=store, embed=embed)
 
 
 def _row_bytes(resolved: TensorSpec, first: str, source: InputConfig) -> int | None:

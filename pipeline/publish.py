@@ -14,7 +14,7 @@ item, also after it published half): each directory's swap is journaled in a sma
 call finishes the first one's work instead of redoing it (an object store's old files
 are listed in the journal and deleted before any new one is moved in), and a call that
 finds this attempt's summary.json returns it. Publish runs only while the run holds its
-leases (``transforms.lease``): it checks them first, and on runners that do not block
+leases (``transforms.io.lease``): it checks them first, and on runners that do not block
 (Dataflow) it releases them when done.
 
 On object stores (gs://, s3://) the same order holds, but swapping a directory in is
@@ -36,10 +36,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import layout, report
+from pipeline.report import tables as report
 from pipeline.steps.store import StoreCommit
-from transforms import fs
-from transforms.lease import Lease, acquire_all, release_all
+from transforms.io import fs, layout
+from transforms.io.lease import Lease, acquire_all, release_all
 
 HOLD_ENV = "TENSORDEDUP_TEST_HOLD_PUBLISH"  # tests: see _hold_for_tests
 DEAF_ENV = "TENSORDEDUP_TEST_HOLD_DEAF"  # tests: the hold ignores KeyboardInterrupt

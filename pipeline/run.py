@@ -27,7 +27,7 @@ if getattr(multiprocessing.current_process(), "_inheriting", False):
 
 # The command's imports (Beam, Arrow...) make about 170k objects that live as long as the
 # process: collecting while they load is wasted work (three full collections, 0.1-0.2 s).
-# console() then freezes them (pipeline.processes.imports_frozen).
+# console() then freezes them (pipeline.runners.local.imports_frozen).
 _collecting = gc.isenabled()
 gc.disable()
 try:
@@ -43,9 +43,9 @@ try:
     )
     from pipeline.config import ConfigError, describe_keys
     from pipeline.preflight import prepare
-    from pipeline.processes import end_process, fewer_malloc_arenas, imports_frozen
-    from transforms.formats.base import InputError
-    from transforms.lease import LeaseHeld
+    from pipeline.runners.common import end_process, fewer_malloc_arenas, imports_frozen
+    from transforms.io.formats.base import InputError
+    from transforms.io.lease import LeaseHeld
 finally:
     if _collecting:
         gc.enable()
@@ -143,7 +143,7 @@ def _main(argv: list[str] | None) -> int:
     except (ConfigError, InputError) as e:
         print(f"error: {e}", file=sys.stderr)
         if args.dry_run and isinstance(e, InputError) and str(e).startswith("input.path"):
-            from pipeline.capacity import lacking
+            from pipeline.capacity.plan import lacking
 
             print("\n".join(lacking(cfg, str(e).split(": ", 1)[-1])))
         return EXIT_USAGE
@@ -163,9 +163,9 @@ def _main(argv: list[str] | None) -> int:
 
 def _dry_run(job, records: int | None) -> int:
     """The graph built offline (``runner.dry_run``), then the capacity plan."""
-    from pipeline.capacity import RATES_ENV, Rates, plan_lines
+    from pipeline.capacity.plan import RATES_ENV, Rates, plan_lines
     from pipeline.graph import build
-    from pipeline.runner import dry_run
+    from pipeline.runners import dry_run
 
     try:
         rates = Rates.load()
@@ -182,7 +182,7 @@ def _dry_run(job, records: int | None) -> int:
 def console() -> None:
     """The command's process (``tensordedup``, ``python -m pipeline.run``): ``main`` with
     the imports frozen, then the process ended without the interpreter's teardown
-    (``pipeline.processes``: together about 0.5-1 s of a 1 M row job's 5-6 s)."""
+    (``pipeline.runners.local``: together about 0.5-1 s of a 1 M row job's 5-6 s)."""
     imports_frozen()
     end_process(main())
 

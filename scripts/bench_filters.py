@@ -85,7 +85,7 @@ def tf_contenders(x: np.ndarray, ids: np.ndarray, manifest, near_rows: int, peer
 
     from filters.online import OnlineDedup
     from filters.tf import online_filter, skip_removed
-    from transforms.near import NearSpec
+    from transforms.near.spec import NearSpec
 
     def source(n: int) -> tf.data.Dataset:
         return tf.data.Dataset.from_tensor_slices({"id": ids[:n].astype(bytes), "x": x[:n]})
@@ -141,7 +141,7 @@ def torch_contenders(x: np.ndarray, ids: np.ndarray, manifest, near_rows: int,
 
     from filters.online import OnlineDedup
     from filters.torch import OnlineDedupDataset, manifest_sampler
-    from transforms.near import NearSpec
+    from transforms.near.spec import NearSpec
 
     xt = torch.from_numpy(x)
 

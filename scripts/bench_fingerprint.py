@@ -22,7 +22,8 @@ from collections.abc import Callable
 import numpy as np
 import xxhash
 
-from transforms.fingerprint import SCHEME, fingerprint_batch
+from transforms.digests import SCHEME
+from transforms.fingerprint import fingerprint_batch
 
 PEER_SECONDS = 1.5  # time budget for each slow per-row peer
 

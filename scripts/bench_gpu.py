@@ -32,7 +32,8 @@ from tests import shapes  # noqa: E402
 from tests.embeddings import embeddings, planted_copies  # noqa: E402
 from tests.oracle import kept_set_oracle, near_oracle  # noqa: E402
 from transforms.fingerprint import fingerprint, fingerprint_batch  # noqa: E402
-from transforms.near import NearSpec, find_near  # noqa: E402
+from transforms.near.find import find_near  # noqa: E402
+from transforms.near.spec import NearSpec  # noqa: E402
 
 DEVICE = "cuda"  # --device cpu: a dry run of the script where there is no GPU
 
@@ -53,7 +54,7 @@ def _timed(f, *a, **kw):
 def environment() -> dict:
     import faiss
 
-    from transforms.near_search import use_cuda
+    from transforms.near.search import use_cuda
 
     dev = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
     return {"torch": torch.__version__, "numpy": np.__version__, "faiss": faiss.__version__,

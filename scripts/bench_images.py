@@ -64,8 +64,8 @@ from multiprocessing import Pool
 import numpy as np, xxhash
 from PIL import Image
 sys.path.insert(0, sys.argv[3])
-from transforms.formats.encoded_tfrecord import read_values
-from transforms.formats.base import TensorSpec, Unit
+from transforms.io.formats.encoded_tfrecord import read_values
+from transforms.io.formats.base import TensorSpec, Unit
 def one(data):
     im = Image.open(io.BytesIO(data))
     if sys.argv[2] == "draft":
@@ -82,8 +82,8 @@ with Pool(len(os.sched_getaffinity(0))) as pool:
 READER = """
 import sys
 sys.path.insert(0, sys.argv[2])
-from transforms.formats.base import Decode, TensorSpec, Unit
-from transforms.formats.encoded import Encoded
+from transforms.io.formats.base import Decode, TensorSpec, Unit
+from transforms.io.formats.encoded import Encoded
 spec = TensorSpec("image/encoded", decode=Decode("image", resize=(32, 32), channels=3,
                                                  exact_on=sys.argv[3]))
 n = sum(len(c.positions) for c in Encoded("tfrecord").read(Unit(0, sys.argv[1]), spec, 65536))
@@ -199,9 +199,9 @@ def kernel(n: int, shape: tuple[int, int]) -> dict[str, float]:
     gap between whole processes is made of, apart from start-up and parallelism."""
     import xxhash
 
-    from transforms.formats.base import Decode, TensorSpec
-    from transforms.formats.encoded import decode_value
     from transforms.images import open_image
+    from transforms.io.formats.base import Decode, TensorSpec
+    from transforms.io.formats.encoded import decode_value
 
     values = [enc(c, "JPEG", quality=90) for c in _photo_crops(n, shape)]
     spec = TensorSpec("x", decode=Decode("image", resize=SIZE, channels=3))

@@ -182,8 +182,9 @@ def pairs_within(x: np.ndarray, metric: str, t_max: float) -> dict[int, list[tup
     """{row: [(distance, earlier row)]} for every pair within ``t_max``: candidates from
     float64 products (with a slack far above their rounding), verified by the kernel's
     float64 metric."""
-    from transforms.near import NearSpec, search_space
-    from transforms.near_verify import exact_distance
+    from transforms.near.space import search_space
+    from transforms.near.spec import NearSpec
+    from transforms.near.verify import exact_distance
 
     spec = NearSpec(metric, t_max, channels=3)
     z = search_space(x, spec)

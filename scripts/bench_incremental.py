@@ -48,7 +48,7 @@ def random_words(rng: np.random.Generator, n: int) -> np.ndarray:
 
 def build_store(path: str, history: int, rng: np.random.Generator) -> tuple[np.ndarray, dict]:
     """RUNS runs of history/RUNS records, each committed then compacted like the job."""
-    from transforms.store import FingerprintStore
+    from transforms.store.store import FingerprintStore
 
     store, kept, compact_s = FingerprintStore(path), [], []
     per_run = history // RUNS
@@ -70,7 +70,7 @@ def build_store(path: str, history: int, rng: np.random.Generator) -> tuple[np.n
 
 
 def lookup_store(path: str, queries: np.ndarray) -> dict:
-    from transforms.store import FingerprintStore
+    from transforms.store.store import FingerprintStore
 
     store, found = FingerprintStore(path), 0
     stats = {"segments_opened": 0, "bytes_read": 0}
@@ -92,8 +92,8 @@ def lookup_store(path: str, queries: np.ndarray) -> dict:
 
 def stored_digests(path: str) -> list[np.ndarray]:
     """Every stored digest, segment by segment, as (n, 2) uint64."""
-    from transforms.digest_segment import read_all
-    from transforms.store import FingerprintStore
+    from transforms.store.segment import read_all
+    from transforms.store.store import FingerprintStore
 
     out = []
     for seg in FingerprintStore(path).plan().segments:

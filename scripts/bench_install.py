@@ -45,11 +45,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SETS = {  # name: (extras, what the smoke import checks)
     "base": ("", "import filters.manifest, filters.online, transforms.keys, "
-                 "transforms.fingerprint, transforms.formats.tfrecord"),
+                 "transforms.fingerprint, transforms.io.formats.tfrecord"),
     "torch": ("torch", "import filters.torch, filters.manifest"),
     "tf": ("tf", "import filters.tf, filters.manifest"),
-    "job": ("job", "import pipeline.run, transforms.formats.hdf5, transforms.near"),
-    "all": ("all", "import pipeline.run, filters.torch, filters.tf, pipeline.runner"),
+    "job": ("job", "import pipeline.run, transforms.io.formats.hdf5, transforms.near.find"),
+    "all": ("all", "import pipeline.run, filters.torch, filters.tf, pipeline.runners"),
     "readme": ("all,dev", "import pipeline.run, filters.torch, filters.tf, pytest, duckdb"),
 }
 # what a set must not hold: the lean promise (checked with the installed distributions)

@@ -13,7 +13,7 @@ Data sets (``--data``, repeatable):
 Contenders (keep first, representative grouping, every pair verified in float64):
 - the job (auto): ``python -m pipeline.run`` on a Parquet file, timed as a whole
   process (imports, reading, exact and near stages, writing the clean shard and report);
-- this kernel in one process (``transforms.near.find_near``), exact cells and bounded;
+- this kernel in one process (``transforms.near.find.find_near``), exact cells and bounded;
 - FAISS IVF kNN: one IndexIVFFlat (nlist sqrt n, nprobe 8), 10 neighbours per row;
 - SemDeDup-style: spherical k-means into cells of ~1,000 rows, all pairs inside each
   cell only (what SemDeDup does per cluster);
@@ -60,8 +60,9 @@ from benchkit import PEAK_RSS_MB, ROOT, run_python
 
 sys.path.insert(0, str(ROOT))
 from tests.embeddings import embeddings, planted_copies  # noqa: E402
-from transforms.near import NearSpec, exact_distance  # noqa: E402
-from transforms.near_recall import wilson  # noqa: E402
+from transforms.near.recall import wilson  # noqa: E402
+from transforms.near.spec import NearSpec
+from transforms.near.verify import exact_distance  # noqa: E402
 
 GROUP_ROWS = 65536
 SAMPLE = 2000
@@ -127,14 +128,14 @@ def write_inputs(x: np.ndarray, work: Path) -> None:
 # Each snippet runs in a fresh process (cwd = repo root), sets ``seconds`` and saves
 # removed.npy / kept.npy (int64 rows, removed[i] merged into kept[i]) in OUT.
 LOAD = """
-from transforms.near import NearSpec
+from transforms.near.spec import NearSpec
 x = np.load(WORK + "/x.npy")
 if ROWS is not None:
     x = x[:ROWS]
 spec = NearSpec(METRIC, threshold=THRESHOLD, **SPEC)
 """
 KERNEL = LOAD + """
-from transforms.near import find_near
+from transforms.near.find import find_near
 start = time.perf_counter()
 r = find_near(x, np.arange(len(x)), spec)
 seconds = time.perf_counter() - start
@@ -177,7 +178,7 @@ def _grouped(x: np.ndarray, a: np.ndarray, b: np.ndarray, spec: NearSpec
     """Candidate pairs -> verified in float64 -> representative grouping (keep first):
     rows in order, each removed in favour of its nearest earlier kept partner (the pair
     list is the peers' method; the job never builds one)."""
-    from transforms.near_verify import verify
+    from transforms.near.verify import verify
 
     later, earlier = np.maximum(a, b), np.minimum(a, b)
     keep = later != earlier

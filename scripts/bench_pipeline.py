@@ -91,7 +91,7 @@ def make_tfrecord(path: Path, n: int) -> None:
 # Each snippet runs in a fresh process and prints {"rows_out": ...} on its last line.
 JOB = """
 import json, sys
-from pipeline.processes import imports_frozen
+from pipeline.runners.common import imports_frozen
 from pipeline.run import main
 imports_frozen()  # as the command does (pipeline.run.console), and it ends as it does
 rc = main(["--config", CONFIG, "--quiet", "--overwrite"] + EXTRA)
@@ -148,7 +148,7 @@ print(json.dumps({{**json.loads(_last), "rss_mb": {PEAK_RSS_MB}}}))
 
 
 # The command's end (``tensordedup``): exit handlers, then no interpreter teardown.
-COMMAND_END = "from pipeline.processes import end_process\nend_process(0)\n"
+COMMAND_END = "from pipeline.runners.common import end_process\nend_process(0)\n"
 
 
 def run_snippet(code: str, end: str = "", **names) -> dict:

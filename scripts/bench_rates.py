@@ -1,4 +1,4 @@
-"""Per-core rates of the job's steps, for the capacity plan (``pipeline/capacity.py``).
+"""Per-core rates of the job's steps, for the capacity plan (``pipeline/capacity/plan.py``).
 
 Why from the job itself: the plan must predict the job as it runs, with its Beam
 overhead, its copies and its spill, not an idealised kernel. Each calibration run is the
@@ -14,7 +14,7 @@ whole-process start-up (imports, checks, graph, publish) from a tiny run.
     python scripts/bench_rates.py --check 100000 300000 1000000   # predicted vs actual
     python scripts/bench_rates.py --project            # 100M / 1B x 768-d on Dataflow
 
-``--json`` (default pipeline/rates.json, the defaults a dry run loads; a dry run reads
+``--json`` (default pipeline/capacity/rates.json, the defaults a dry run loads; a dry run reads
 another file from TENSORDEDUP_RATES). Run measurements alone on the machine (wrap in
 ``flock /work/BENCH.lock``): they are timings.
 """
@@ -97,8 +97,8 @@ def run_inside(config: dict, result: Path) -> None:
     from pipeline.graph import build
     from pipeline.preflight import prepare
     from pipeline.publish import own_stages
-    from pipeline.runner import make_pipeline
-    from transforms.fs import delete_tree
+    from pipeline.runners import make_pipeline
+    from transforms.io.fs import delete_tree
 
     job = prepare(to_config(config))
     pub = publication(job)
@@ -143,13 +143,13 @@ def calibrate(folder: Path, n: int, dim: int, near: bool = True) -> dict:
 
 
 def kmeans_rate(cells: int = 400, dim: int = 128, repeats: int = 3) -> float:
-    """The planner's k-means (``near_plan.plan``, as the job's plan step runs it) on one
+    """The planner's k-means (``near.plan.plan``, as the job's plan step runs it) on one
     thread: multiply-adds per second, the best of ``repeats`` (the step is short and the
     machine shared, so one slow repeat says little)."""
-    from pipeline.capacity import training_rows
-    from pipeline.workload import NearCost, Workload
+    from pipeline.capacity.plan import training_rows
+    from pipeline.capacity.workload import NearCost, Workload
     from transforms import cores
-    from transforms.near_plan import KMEANS_ITERATIONS, plan
+    from transforms.near.plan import KMEANS_ITERATIONS, plan
 
     x = embeddings(80 * cells, dim=dim, clusters=cells)
     w = Workload(1000 * cells, 0, 4 * dim, dim, near=NearCost(cells, 1, 0, 0, "", ""))
@@ -165,7 +165,7 @@ def kmeans_rate(cells: int = 400, dim: int = 128, repeats: int = 3) -> float:
 def observed(run: dict):
     """The model's inputs for a finished run, from its files and summary.json (the near
     figures are the job's own prediction, as a dry run's are)."""
-    from pipeline.workload import NearCost, Workload
+    from pipeline.capacity.workload import NearCost, Workload
 
     s = run["summary"]
     near = None
@@ -188,7 +188,7 @@ def fit(runs: list[dict], kmeans: float) -> dict[str, dict[str, float]]:
     in the job it is a second or two of every run and the machine is shared."""
     from scipy.optimize import nnls
 
-    from pipeline.capacity import units
+    from pipeline.capacity.plan import units
 
     table: dict[str, list[tuple[dict, float]]] = {}
     for run in runs:
@@ -220,7 +220,7 @@ def held(runs: list[dict], raw: dict) -> tuple[float, float]:
     byte (non-negative least squares)."""
     from scipy.optimize import nnls
 
-    from pipeline.capacity import Cluster, Rates, peak_memory
+    from pipeline.capacity.plan import Cluster, Rates, peak_memory
 
     rates = Rates(raw["steps"], raw["startup_s"], raw["baseline_rss"], 0.0, 0.0, "")
     one = Cluster("local", 1, 1, None, None, False, 1, 0.0)
@@ -278,9 +278,9 @@ def check(folder: Path, sizes: list[int], workers: int) -> list[dict]:
     """The CLI on each size (exact + near, ``workers`` local workers, one BLAS thread per
     worker), whole processes, against the dry run's plan of the same config."""
     from pipeline.api import to_config
-    from pipeline.capacity import Rates, cluster, predict
+    from pipeline.capacity.plan import Rates, cluster, predict
+    from pipeline.capacity.workload import workload
     from pipeline.preflight import prepare
-    from pipeline.workload import workload
 
     rates, rows = Rates.load(), []
     for n in sizes:
@@ -321,10 +321,10 @@ def project(records: list[int], dim: int = 768) -> None:
     """The plan for ``records`` x ``dim`` float32 embeddings (ids of 12 bytes, Parquet of
     the tensor bytes plus 3%), exact + near (cosine 0.01, bounded closed form) on
     Dataflow CPU and GPU workers."""
-    from pipeline.capacity import Rates, cluster, lines
-    from pipeline.config import RunnerConfig
-    from pipeline.workload import Workload, closed_form
-    from transforms.near import NearSpec
+    from pipeline.capacity.plan import Rates, cluster, lines
+    from pipeline.capacity.workload import Workload, closed_form
+    from pipeline.config.runner import RunnerConfig
+    from transforms.near.spec import NearSpec
 
     rates = Rates.load()
     spec = NearSpec("cosine", threshold=THRESHOLD)  # the near section's defaults
@@ -343,7 +343,7 @@ def project(records: list[int], dim: int = 768) -> None:
 def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", type=Path, default=ROOT / "pipeline" / "rates.json")
+    ap.add_argument("--json", type=Path, default=ROOT / "pipeline" / "capacity" / "rates.json")
     ap.add_argument("--check", type=int, nargs="*", metavar="RECORDS")
     ap.add_argument("--workers", type=int, default=1, help="--check: local workers")
     ap.add_argument("--project", action="store_true")

@@ -24,7 +24,8 @@ from benchkit import ROOT, run_watched
 sys.path.insert(0, str(ROOT))
 from tests import shapes  # noqa: E402
 from tests.embeddings import planted_copies  # noqa: E402
-from transforms.near import NearSpec, exact_distance  # noqa: E402
+from transforms.near.spec import NearSpec
+from transforms.near.verify import exact_distance  # noqa: E402
 
 GB = 1 << 30
 LIMIT = 16 * GB  # the watchdog: the shared machine has 24 GB and no swap

@@ -48,7 +48,8 @@ from tests.oracle import (  # noqa: E402
     near_decisions,
     near_pairs,
 )
-from transforms.near import NearSpec, exact_distance  # noqa: E402
+from transforms.near.spec import NearSpec
+from transforms.near.verify import exact_distance  # noqa: E402
 
 EXT = {"parquet": "parquet", "tfrecord": "tfrecord", "hdf5": "h5"}
 

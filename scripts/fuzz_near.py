@@ -36,7 +36,9 @@ from benchkit import ROOT, fuzz_seeds
 
 sys.path.insert(0, str(ROOT))
 from tests.oracle import canonical_key, near_oracle, stream_oracle  # noqa: E402
-from transforms.near import NearSpec, exact_distance, find_near  # noqa: E402
+from transforms.near.find import find_near
+from transforms.near.spec import NearSpec
+from transforms.near.verify import exact_distance  # noqa: E402
 
 
 def random_case(rng: np.random.Generator) -> tuple[np.ndarray, NearSpec]:

@@ -21,7 +21,7 @@ import pytest
 from apache_beam.io.filesystem import BeamIOError, CompressionTypes, FileMetadata
 from apache_beam.io.localfilesystem import LocalFileSystem
 
-from transforms.conditional import local_create_exclusive, local_replace_if_unchanged
+from transforms.io.conditional import local_create_exclusive, local_replace_if_unchanged
 
 SCHEME = "fakegs"
 ENV = "TENSORDEDUP_FAKEGS_ROOT"

@@ -32,7 +32,8 @@ def cases() -> dict[str, np.ndarray]:
 
 
 if __name__ == "__main__":
-    from transforms.fingerprint import SCHEME, fingerprint, quantized_fingerprint
+    from transforms.digests import SCHEME
+    from transforms.fingerprint import fingerprint, quantized_fingerprint
 
     out = {"scheme": SCHEME,
            "exact": {k: fingerprint(v).hex() for k, v in cases().items()},

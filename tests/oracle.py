@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from transforms.near import NearSpec, exact_distance
-from transforms.near_verify import centred_channels
+from transforms.near.spec import NearSpec
+from transforms.near.verify import centred_channels, exact_distance
 
 
 def canonical_key(t: np.ndarray) -> tuple:
@@ -69,7 +69,7 @@ def near_pairs(x: np.ndarray, spec: NearSpec) -> dict[int, list[tuple[float, int
         norms = np.linalg.norm(xs, axis=1, keepdims=True)
         key = (xs / np.where(norms == 0, 1, norms)).mean(axis=1)
         # 1 - cos is rounded near 0 (up to (d + 8) ulp of 1, the kernel's own slack,
-        # transforms.near.search_radius): pairs a little apart can measure 0, so the window
+        # transforms.near.find.search_radius): pairs a little apart can measure 0, so the window
         # holds that much more than the threshold
         width = np.sqrt(2 * (spec.threshold + (d + 8) * 2.0**-52) / d) * 1.001 + 1e-9
     elif spec.metric == "l2":

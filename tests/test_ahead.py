@@ -1,4 +1,4 @@
-"""transforms.formats.ahead: results in the tasks' order, never more than ``depth`` tasks
+"""transforms.io.formats.ahead: results in the tasks' order, never more than ``depth`` tasks
 started ahead of the caller, and a task's error raised where its result is taken."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from transforms.formats.ahead import ahead, in_order
+from transforms.io.formats.ahead import ahead, in_order
 
 
 def test_results_in_order_with_at_most_depth_tasks_ahead():

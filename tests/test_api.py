@@ -17,16 +17,15 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from pipeline import JobFailed, RunSummary, run_job
+from pipeline import JobFailed, RunSummary, progress, run_job
 from pipeline.config import ConfigError, DedupeConfig, load_config
-from pipeline.steps import progress
 from tests.jobkit import EXT
 from tests.oracle import expected_removals
 from tests.test_job import planted, records, write_files
 from tests.test_job_near import by_kind
 from tests.test_job_near import dataset as near_dataset
 from tests.test_job_near import expected as near_expected
-from transforms.formats.base import InputError
+from transforms.io.formats.base import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = Path(sys.executable).parent / "tensordedup"
@@ -105,9 +104,9 @@ def test_a_runner_that_does_not_wait_gives_a_submitted_summary(tmp_path, monkeyp
     """As on Dataflow (simulated: the local runner, which the launcher does not wait
     for): the summary says submitted, without counts; the report, once the job has
     published it, loads as a RunSummary."""
-    from pipeline import runner
+    from pipeline.runners import common
 
-    monkeypatch.setattr(runner, "blocks", lambda cfg: False)
+    monkeypatch.setattr(common, "launcher_waits", lambda cfg: False)
     write_files("parquet", tmp_path / "in", planted(8, files=1))
     s = run_job(config(tmp_path), quiet=True)
     assert s.submitted and s.summary is None and s.read is None and s.removed == {}
@@ -270,7 +269,7 @@ def test_plain_lines_are_throttled_and_end_with_the_total(monkeypatch):
 
 
 def test_progress_is_off_unless_enabled():
-    code = ("from pipeline.steps import progress; progress.tick('read', 1, 5, 'units'); "
+    code = ("from pipeline import progress; progress.tick('read', 1, 5, 'units'); "
             "progress.note('x'); progress.step('s', 1, 2); print(progress.enabled)")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        check=True)
@@ -333,7 +332,7 @@ def test_beam_flags_become_runner_keys(tmp_path):
     assert cfg.runner.options == {"a": 3, "b": 2, "direct_num_workers": 2,
                                   "experiments": ["x", "y"], "save_main_session": True,
                                   "job_name": "n"}
-    from pipeline.runner import pipeline_options
+    from pipeline.runners import pipeline_options
 
     opts = pipeline_options(cfg.runner).get_all_options()
     assert opts["direct_num_workers"] == 2 and opts["experiments"] == ["x", "y"]

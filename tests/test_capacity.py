@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from pipeline.api import to_config
-from pipeline.capacity import Rates, cluster, plan_lines, predict
+from pipeline.capacity.plan import Rates, cluster, plan_lines, predict
+from pipeline.capacity.workload import workload
 from pipeline.preflight import prepare
 from pipeline.run import main
-from pipeline.workload import workload
 from tests import slowfs  # noqa: F401  (registers deniedfs://)
 from tests.embeddings import embeddings
 

@@ -8,13 +8,12 @@ import numpy as np
 import pytest
 
 from pipeline.config import ConfigError, parse_config
-from pipeline.steps.settings import Chunking
 from tests import shapes
 from tests.jobkit import EXT, read_output, report, run_job, write_input
 from tests.test_job_near import by_kind, expected
-from transforms.formats import get_format
-from transforms.formats.base import TensorSpec, record_nbytes
-from transforms.near import NearSpec
+from transforms.io.formats import get_format
+from transforms.io.formats.base import Chunking, TensorSpec, record_nbytes
+from transforms.near.spec import NearSpec
 
 SHAPE = (16, 16, 3)
 

@@ -4,7 +4,8 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from pipeline.config import ConfigError, DedupeConfig, KeyColumn, load_config
+from pipeline.config import ConfigError, DedupeConfig, load_config
+from pipeline.config.sections import KeyColumn
 
 GOOD = {
     "input": {"format": "parquet", "path": "data/*.parquet", "tensor": "embedding", "id": "id"},

@@ -9,9 +9,13 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_info
 
-from pipeline.config import RunnerConfig
-from pipeline.runner import kernel_threads, pipeline_options
-from transforms import cores, fs
+from pipeline.config.runner import RunnerConfig
+from pipeline.runners import pipeline_options
+from pipeline.runners.local import kernel_threads
+from transforms import cores
+from transforms.io import fs
+from transforms.near.space import search_space
+from transforms.near.spec import NearSpec
 
 
 def _blas_threads() -> set[int]:
@@ -30,7 +34,7 @@ def test_threads_limit_and_restore():
 
 def test_parallel_local_workers_get_one_thread_each_and_one_worker_keeps_all():
     """... and one Parquet row group read ahead each, where one worker reads two."""
-    from transforms.formats import ahead
+    from transforms.io.formats import ahead
 
     two, one = RunnerConfig(name="local", workers=2), RunnerConfig(name="local", workers=1)
     with kernel_threads(two, pipeline_options(two)):
@@ -66,17 +70,17 @@ def test_the_planning_sample_names_spilled_rows_and_reads_the_same_values(tmp_pa
     in keep order, whichever worker saw them."""
     import pyarrow as pa
 
-    import transforms.near as near_mod
+    from pipeline.steps import near_sample
     from pipeline.steps.elements import VecBatch
     from pipeline.steps.near import SampleForPlan
     from pipeline.steps.near_cells import collapse
-    from transforms.near_recall import in_sample
+    from transforms.near.recall import in_sample
 
     rng = np.random.default_rng(3)
-    spec = near_mod.NearSpec("cosine", threshold=0.01, recall_sample=300)
+    spec = NearSpec("cosine", threshold=0.01, recall_sample=300)
     fn = SampleForPlan(spec, str(tmp_path / "plan"), str(tmp_path / "recall"))
     cap = 1000
-    monkeypatch.setattr(near_mod, "sample_cap", lambda dim: cap)
+    monkeypatch.setattr(near_sample, "sample_cap", lambda dim: cap)
     accs: dict[bool, list] = {True: [], False: []}
     seen_lo, seen_x, seen = [], [], []
     for part in range(6):  # two workers' accumulators, three chunks each, > cap rows
@@ -113,6 +117,6 @@ def test_the_planning_sample_names_spilled_rows_and_reads_the_same_values(tmp_pa
         assert np.array_equal(recall[spilled].order, rows.order)
         assert np.array_equal(recall[spilled].x, rows.x)
     lo, first = np.unique(np.concatenate(seen_lo), return_index=True)
-    want = near_mod.search_space(np.concatenate(seen_x)[first[:cap]], spec).astype(np.float32)
+    want = search_space(np.concatenate(seen_x)[first[:cap]], spec).astype(np.float32)
     assert got[True].shape == (cap, 16) and np.array_equal(got[True], got[False])
     assert np.array_equal(got[True], want)

@@ -1,6 +1,6 @@
 """The whole job on Dask (exact + near, a reference set and a fingerprint store) against
 the local runner, byte for byte, on real clusters of worker processes; and Beam's side
-inputs computed once per job there (``pipeline.dask_cluster``)."""
+inputs computed once per job there (``pipeline.runners.dask``)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import RunnerConfig
+from pipeline.config.runner import RunnerConfig
 from tests.test_runners import DIM, ROWS, comparable, outputs, run_on, write_inputs
-from transforms import digest_segment
+from transforms.store import segment as digest_segment
 
 distributed = pytest.importorskip("distributed")
 
@@ -77,7 +77,7 @@ def test_a_side_input_is_computed_once_with_its_value(tmp_path, dask_address):
     64 everywhere, that step run once, the shared upstream read once."""
     import apache_beam as beam
 
-    from pipeline.runner import make_pipeline
+    from pipeline.runners import make_pipeline
 
     marks = str(tmp_path)
     p = make_pipeline(RunnerConfig(name="dask", address=dask_address))
@@ -161,7 +161,7 @@ def store_files(store: Path) -> dict[str, bytes]:
 def test_the_first_plan_written_is_the_one_every_task_gets(tmp_path):
     """A recomputed step (a lost worker's, a retried bundle's) returns the value the
     first computation wrote, not its own."""
-    from pipeline.steps.agreed import first_written
+    from transforms.io.agreed import first_written
 
     path = str(tmp_path / "plan" / "plan.pickle")
     assert first_written(path, {"cells": 25}) == {"cells": 25}
@@ -217,9 +217,9 @@ def test_only_the_reads_outputs_are_let_go(tmp_path, near_input):
     import apache_beam as beam
 
     from pipeline.api import publication, to_config
-    from pipeline.dask_cluster import _carries_tensors
     from pipeline.graph import build
     from pipeline.preflight import prepare
+    from pipeline.runners.dask import _carries_tensors
 
     cfg = {"input": {"format": "parquet", "path": str(near_input / "in" / "*.parquet"),
                      "tensor": "emb", "id": "id"},

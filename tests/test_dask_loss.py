@@ -25,8 +25,8 @@ import pytest
 from tests.jobkit import run_job
 from tests.test_dask import near_input, near_sets  # noqa: F401 - a module fixture
 from tests.test_runners import comparable, outputs, run_on
-from transforms import conditional
-from transforms.store import FingerprintStore
+from transforms.io import conditional
+from transforms.store.store import FingerprintStore
 
 distributed = pytest.importorskip("distributed")
 
@@ -76,9 +76,9 @@ def install_hold(stage: str, folder: str) -> None:
 
         near_cells.decide_one = decide_one
     else:
-        from pipeline.layout import output_shard
         from pipeline.steps.write import WriteFile
-        from transforms import fs
+        from transforms.io import fs
+        from transforms.io.layout import output_shard
 
         write = WriteFile.process
 
@@ -147,7 +147,7 @@ def run_killing(tmp_path: Path, root: Path, stage: str, run, must_kill: bool = T
 
 
 # Dask's own cancellation when a result it must recompute has an upstream the scheduler
-# has forgotten (a read's output, which the job does not hold: pipeline.dask_cluster).
+# has forgotten (a read's output, which the job does not hold: pipeline.runners.dask).
 # The issue allows it as the other outcome: the job fails in one line and publishes
 # nothing. Seen once without any kill, before this test's hold was reached.
 LOST = "cancelled for reason: lost dependencies"

@@ -13,9 +13,11 @@ import pytest
 import yaml
 from apache_beam.io.localfilesystem import LocalFileSystem
 
-from pipeline import runner
-from pipeline.config import DATAFLOW_KEYS, RunnerConfig
+from pipeline import runners as runner
+from pipeline.config import runner as runner_keys
+from pipeline.config.runner import DATAFLOW_KEYS, RunnerConfig
 from pipeline.run import main
+from pipeline.runners import common
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "us-central1-docker.pkg.dev/my-project/tensordedup/worker:1"
@@ -157,8 +159,8 @@ def test_every_typed_key_reaches_its_beam_option():
 
 def test_staging_defaults_under_temp_and_accelerator_string():
     cfg = RunnerConfig.model_validate({**DATAFLOW, "temp_location": "gs://bucket/tmp/"})
-    assert runner.dataflow_options(cfg)["staging_location"] == "gs://bucket/tmp/staging"
-    assert runner.dataflow_options(cfg)["dataflow_service_options"] == [T4]
+    assert runner_keys.dataflow_options(cfg)["staging_location"] == "gs://bucket/tmp/staging"
+    assert runner_keys.dataflow_options(cfg)["dataflow_service_options"] == [T4]
 
 
 def test_local_runner_options_pass_through_and_blocking():
@@ -168,21 +170,21 @@ def test_local_runner_options_pass_through_and_blocking():
     got = runner.pipeline_options(local, dry_run=True).get_all_options(drop_default=True)
     assert got["direct_num_workers"] == 2  # as given: runner.options win over runner.workers
     assert isinstance(runner.make_pipeline(local).runner, FnApiRunner)
-    assert runner.blocks(local)
-    assert not runner.blocks(RunnerConfig.model_validate(DATAFLOW))  # launchers return
+    assert common.launcher_waits(local)
+    assert not common.launcher_waits(RunnerConfig.model_validate(DATAFLOW))  # launchers return
 
 
 # --- the dry run ----------------------------------------------------------------------
 
 def capture_plan(monkeypatch) -> dict:
     seen = {}
-    real = runner.plan
+    real = runner.build_offline
 
     def keep(*args):
         seen["plan"] = real(*args)
         return seen["plan"]
 
-    monkeypatch.setattr(runner, "plan", keep)
+    monkeypatch.setattr(runner, "build_offline", keep)
     return seen
 
 

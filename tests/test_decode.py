@@ -231,8 +231,8 @@ def test_hdf5_vlen_images_and_bytes_mode(tmp_path):
 
 
 def test_decoded_chunks_are_bounded_by_bytes(tmp_path):
-    from transforms.formats import get_format
-    from transforms.formats.base import Decode, TensorSpec, Unit
+    from transforms.io.formats import get_format
+    from transforms.io.formats.base import Decode, TensorSpec, Unit
 
     imgs = crops(40, h=60, w=80, seed=5)
     pq.write_table(pa.table({"img": [encode(im) for im in imgs]}), tmp_path / "a.parquet")
@@ -288,8 +288,8 @@ def test_repeated_files_are_decoded_once_per_unit(tmp_path, monkeypatch):
     """A scraped column holds the same file many times: each distinct value is decoded
     once (across the unit's byte slices), rows get the same pixels and digest as when
     decoded alone, and every row of a repeated corrupt value is invalid with the reason."""
-    from transforms.formats import encoded, get_format
-    from transforms.formats.base import Decode, TensorSpec, Unit
+    from transforms.io.formats import encoded, get_format
+    from transforms.io.formats.base import Decode, TensorSpec, Unit
 
     imgs = crops(6, h=40, w=50, seed=9)
     files = [encode(im) for im in imgs] + [b"\x89PNG\r\n\x1a\n broken"]

@@ -104,9 +104,9 @@ def tiny_model(path: Path) -> str:
 
 
 def test_library_pipeline_and_job_config_agree_on_images(tmp_path):
+    from pipeline.models import as_tensors, torchscript_handler
     from pipeline.steps import DECISIONS, Dedup, Embed, NearSpec, ReadTensors, TensorSpec
-    from pipeline.steps.models import as_tensors, torchscript_handler
-    from transforms.formats.base import Decode
+    from transforms.io.formats.base import Decode
 
     imgs = crops(24, h=40, w=40, seed=12)
     values = [encode(im) for im in imgs] + [encode(imgs[0])]  # an exact copy
@@ -184,8 +184,8 @@ class Recording(ModelHandler):
 
 def test_a_chunk_sends_each_distinct_raw_value_to_the_model_once():
     from pipeline.steps.embed import embed_chunk
-    from transforms.formats.base import Chunk, Decode, TensorSpec
-    from transforms.formats.encoded import decode_value
+    from transforms.io.formats.base import Chunk, Decode, TensorSpec
+    from transforms.io.formats.encoded import decode_value
 
     spec = TensorSpec("t", decode=Decode("text"))
     texts = ["a b", "c d e", "a b", "f", "c d e", "a b"]
@@ -225,8 +225,7 @@ def test_exact_copies_in_other_chunks_never_reach_the_model(tmp_path):
     everything first, the invalid record reported once."""
     from pipeline.steps import DECISIONS, Dedup, Embed, NearSpec, ReadTensors, TensorSpec
     from pipeline.steps.embed import EmbedKept
-    from pipeline.steps.settings import Chunking
-    from transforms.formats.base import Decode
+    from transforms.io.formats.base import Chunking, Decode
 
     rng = np.random.default_rng(5)
     words = ["a" * k + e for k in range(1, 15) for e in "bc"]  # same length: near
@@ -347,7 +346,7 @@ def test_long_texts_are_embedded_in_windows_counted_and_not_merged_by_their_star
     what the model does alone, the shared start merges them at distance 0."""
     from sentence_transformers import SentenceTransformer
 
-    from pipeline.run_summary import RunSummary
+    from pipeline.report.summary import RunSummary
 
     texts = long_set()
     cfg = text_job(tmp_path / "licences.parquet", texts, "l", minilm, 16)
@@ -472,7 +471,7 @@ def test_windows_cover_a_100k_character_text_at_word_starts(minilm):
     tokens covered once, found without a per-token Python loop."""
     from sentence_transformers import SentenceTransformer
 
-    from pipeline.steps.models import text_tokenizer, tokens, windows
+    from pipeline.models import text_tokenizer, tokens, windows
 
     model = SentenceTransformer(minilm, device="cpu")
     tok, width = text_tokenizer(model)

@@ -26,7 +26,7 @@ import yaml
 
 from pipeline.run import main
 from tests.jobkit import write_input
-from transforms import fs, owner
+from transforms.io import fs, owner
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -49,7 +49,7 @@ def near_job(tmp_path: Path) -> dict:
 
 READ_AND_EXIT = """
 import sys
-from transforms import fs
+from transforms.io import fs
 assert fs.read_parquet(sys.argv[1]).num_rows == 2000
 """
 

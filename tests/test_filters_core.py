@@ -12,7 +12,7 @@ from filters.manifest import Manifest, ManifestError
 from filters.online import OnlineDedup
 from tests.jobkit import read_output, run_job, write_input
 from tests.oracle import planted_stream, stream_oracle
-from transforms.near import NearSpec
+from transforms.near.spec import NearSpec
 
 SPECS = [None, NearSpec("l2", threshold=0.1), NearSpec("cosine", threshold=0.002),
          NearSpec("allclose", atol=0.03, rtol=0.01)]

@@ -23,7 +23,7 @@ from filters.tf import (  # noqa: E402
 )
 from tests.jobkit import read_output, run_job, write_input  # noqa: E402
 from tests.oracle import StreamOracle, canonical_key  # noqa: E402
-from transforms.near import NearSpec  # noqa: E402
+from transforms.near.spec import NearSpec  # noqa: E402
 
 DIM = 8
 FEATURES = {"id": tf.io.FixedLenFeature([], tf.string),

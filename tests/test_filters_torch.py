@@ -23,7 +23,7 @@ from filters.torch import (
 )
 from tests.jobkit import read_output, run_job, write_input
 from tests.oracle import StreamOracle, canonical_key, planted_stream, stream_oracle
-from transforms.near import NearSpec
+from transforms.near.spec import NearSpec
 
 SPEC = NearSpec("l2", threshold=0.1)
 

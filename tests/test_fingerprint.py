@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from transforms.fingerprint import DIGEST_DTYPE, fingerprint, fingerprint_batch
+from transforms.digests import DIGEST_DTYPE
+from transforms.fingerprint import fingerprint, fingerprint_batch
 
 NUMPY_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
                 np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128]

@@ -1,4 +1,4 @@
-"""transforms.formats.hdf5 against real h5py files and numpy oracles."""
+"""transforms.io.formats.hdf5 against real h5py files and numpy oracles."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import h5py
 import numpy as np
 import pytest
 
-from transforms.formats import hdf5
-from transforms.formats.base import InputError, TensorSpec, Unit
+from transforms.io.formats import hdf5
+from transforms.io.formats.base import InputError, TensorSpec, Unit
 
 N = 1000
 CHUNK = 100

@@ -1,4 +1,4 @@
-"""transforms.formats.parquet on files written by pyarrow, read back by pyarrow."""
+"""transforms.io.formats.parquet on files written by pyarrow, read back by pyarrow."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.jobkit import run_job
-from transforms.formats import parquet, parquet_write
-from transforms.formats.base import InputError, TensorSpec, Unit
+from transforms.io.formats import parquet, parquet_write
+from transforms.io.formats.base import InputError, TensorSpec, Unit
 
 
 def _read_all(path, spec, unit_rows=1000, batch_rows=1000):
@@ -244,7 +244,7 @@ def test_codec_mapping_keeps_writable_codecs_and_maps_the_others():
 def test_row_groups_read_ahead_within_a_byte_budget(tmp_path, monkeypatch):
     """Two row groups are read at once while two fit the budget, one when a group is
     bigger (wide tensors); the chunks read and the clean copy are the same either way."""
-    from transforms.formats import parquet_files
+    from transforms.io.formats import parquet_files
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((6000, 64)).astype(np.float32)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf  # conftest.py quiets its logging
 
-from transforms.formats import tfrecord, tfrecord_frames
-from transforms.formats.base import InputError, TensorSpec, Unit
+from transforms.io.formats import tfrecord, tfrecord_frames
+from transforms.io.formats.base import InputError, TensorSpec, Unit
 
 COMPRESSIONS = ["", "GZIP", "ZLIB"]
 
@@ -375,11 +375,11 @@ def test_empty_compressed_files(tmp_path, compression):
 
 
 def test_example_class_parses_what_tensorflow_writes():
-    """transforms.formats.example_proto: the same messages as TensorFlow's, without it."""
+    """transforms.io.formats.example_proto: the same messages as TensorFlow's, without it."""
     from google.protobuf.message import DecodeError
     from tensorflow.core.example.example_pb2 import Example as TFExample
 
-    from transforms.formats.example_proto import example_class
+    from transforms.io.formats.example_proto import example_class
 
     Example = example_class()
     records = [_example(f=_floats([1.5, -2.25, 3e38]), i=_ints([-3, 2 ** 62, 0]),
@@ -415,8 +415,8 @@ def test_encoded_values_and_writing_do_not_import_tensorflow(tmp_path):
     code = f"""
 import sys
 import numpy as np
-from transforms.formats import get_format
-from transforms.formats.base import Decode, TensorSpec, Unit
+from transforms.io.formats import get_format
+from transforms.io.formats.base import Decode, TensorSpec, Unit
 spec = TensorSpec("image/encoded", decode=Decode("image", resize=(8, 8)))
 fmt = get_format("tfrecord", spec)
 spec = fmt.check({str(src)!r}, spec)

@@ -14,7 +14,8 @@ import pytest
 import xxhash
 
 from tests.golden_cases import cases
-from transforms.fingerprint import SCHEME, fingerprint, quantized_fingerprint
+from transforms.digests import SCHEME
+from transforms.fingerprint import fingerprint, quantized_fingerprint
 
 GOLDEN = json.loads((Path(__file__).parent / "golden_digests.json").read_text())
 CODES = {"bool": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5, "uint8": 6, "uint16": 7,

@@ -13,7 +13,8 @@ from tests.embeddings import embeddings, planted_copies
 from tests.jobkit import EXT, read_output, report, run_job, write_input
 from tests.oracle import expected_removals, near_oracle, near_pairs
 from tests.test_near import planted as planted_vectors
-from transforms.near import NearSpec, exact_distance
+from transforms.near.spec import NearSpec
+from transforms.near.verify import exact_distance
 
 DIM = 16
 

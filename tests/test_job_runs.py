@@ -12,14 +12,16 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import publish, report
-from pipeline.api import human_summary
+from pipeline import publish
+from pipeline.report import tables as report
+from pipeline.report.summary import human_summary
 from pipeline.steps import store, write
 from tests.jobkit import EXT, read_output, run_job, write_input
 from tests.oracle import canonical_key
-from transforms import store as store_mod
-from transforms.near import NearSpec, exact_distance
-from transforms.store import FingerprintStore
+from transforms.near.spec import NearSpec
+from transforms.near.verify import exact_distance
+from transforms.store import store as store_mod
+from transforms.store.store import FingerprintStore
 
 DIM = 8
 THRESHOLD = 0.5

@@ -1,4 +1,4 @@
-"""One writer at a time per output and per store (transforms/lease.py), raced for real:
+"""One writer at a time per output and per store (transforms/io/lease.py), raced for real:
 two ``python -m pipeline.run`` processes, on a local disk and on the fake object store.
 
 No sleeps decide anything: the first run is held inside Publish by a test hook
@@ -25,12 +25,13 @@ import pytest
 import yaml
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline import graph, layout, publish
+from pipeline import graph, publish
 from pipeline.run import main
 from tests import fakefs
 from tests.jobkit import write_input
-from transforms import conditional, digest_segment, fs, lease, owner
-from transforms.store import FingerprintStore
+from transforms.io import conditional, fs, layout, lease, owner
+from transforms.store import segment as digest_segment
+from transforms.store.store import FingerprintStore
 
 ROOT = Path(__file__).resolve().parents[1]
 # the real CLI (pipeline.run's main, as ``python -m pipeline.run`` runs it), with the fake
@@ -242,7 +243,7 @@ RACE = """
 import sys, threading, os
 sys.path.insert(0, {root!r})
 import tests.fakefs
-from transforms import lease
+from transforms.io import lease
 tick = threading.Event()
 while not os.path.exists({go!r}):
     tick.wait(0.005)

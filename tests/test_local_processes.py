@@ -1,4 +1,4 @@
-"""The local runner's worker processes (``runner.processes``, ``pipeline.processes``): a
+"""The local runner's worker processes (``runner.processes``, ``pipeline.runners.local``): a
 near job on them gives the bytes one in-process worker gives, the CLI shows their
 progress and none of Beam's worker chatter, and the default picks them for near jobs
 only."""
@@ -106,7 +106,7 @@ def test_worker_processes_start_with_few_malloc_arenas(monkeypatch):
     start with MALLOC_ARENA_MAX=2 (1M copies of one record: 3.18 -> 2.7 GB at peak), and
     Arrow's mimalloc with no purge delay, unless the user set them; the command's
     environment runs as the shell reads it."""
-    from pipeline import processes
+    from pipeline.runners import local as processes
 
     for user, want, purge in ((None, "2", "0"), ("4", "4", "10")):
         if user is None:
@@ -129,7 +129,7 @@ import ctypes, gc, sys
 import apache_beam as beam
 import numpy as np
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-from pipeline import processes
+from pipeline.runners import local as processes
 
 def mapped(_):  # bytes of large blocks malloc holds live (mmap'd): the 160 MB arrays'
     class Mallinfo2(ctypes.Structure):
@@ -167,7 +167,7 @@ def test_a_finished_stage_lets_go_of_its_output_buffer():
 
 TRIM_CHECK = """
 import gc, os, sys, time
-from pipeline import processes
+from pipeline.runners import local as processes
 
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

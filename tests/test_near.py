@@ -1,4 +1,4 @@
-"""transforms.near against an all-pairs float64 oracle."""
+"""transforms.near.find against an all-pairs float64 oracle."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ import pytest
 from tests.embeddings import embeddings, with_near_copies
 from tests.oracle import near_oracle as oracle
 from tests.oracle import near_pairs
-from transforms import near, near_plan
-from transforms import near_recall as recall
-from transforms import near_search as search
 from transforms.fingerprint import quantized_fingerprint_batch
-from transforms.near import NearSpec, exact_distance, find_near, near_duplicates
-from transforms.near_nearest import nearest_distances
+from transforms.near import find as near
+from transforms.near import plan as near_plan
+from transforms.near import recall, search
+from transforms.near.find import find_near, near_duplicates
+from transforms.near.nearest import nearest_distances
+from transforms.near.spec import NearSpec
+from transforms.near.verify import exact_distance
 
 
 def planted(seed: int, metric: str, n_base: int = 300, d: int = 16):

@@ -20,9 +20,10 @@ from pipeline.run import main
 from tests.imagekit import HF_IMAGE, crops, encode
 from tests.oracle import near_decisions, near_oracle, near_pairs, stream_oracle
 from transforms.images import decode_image
-from transforms.near import NearSpec, exact_distance, find_near
-from transforms.near_nearest import nearest_distances
-from transforms.near_verify import centred_channels
+from transforms.near.find import find_near
+from transforms.near.nearest import nearest_distances
+from transforms.near.spec import NearSpec
+from transforms.near.verify import centred_channels, exact_distance
 
 FLAT = ((0, 0, 0), (40, 40, 40), (50, 50, 50), (128, 128, 128), (200, 60, 60))
 
@@ -157,7 +158,7 @@ def test_report_nearest_neighbours_pass_over_flat_records():
     picture."""
     x = pixels(planted(60)[0])
     spec = NearSpec("correlation", 0.02, channels=3)
-    from transforms.near import search_space, search_vectors
+    from transforms.near.space import search_space, search_vectors
 
     z = search_vectors(x, spec, 0.2, search_space(x, spec).mean(axis=0), np.float64)
     rows = np.arange(len(x))

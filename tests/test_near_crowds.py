@@ -14,8 +14,10 @@ import pytest
 from tests import shapes
 from tests.jobkit import report, run_job
 from tests.oracle import expected_removals, kept_set_oracle, near_oracle
-from transforms.near import NearSpec, exact_distance, find_near
-from transforms.near_greedy import CENSUS_EXACT_PAIRS
+from transforms.near.find import find_near
+from transforms.near.greedy import CENSUS_EXACT_PAIRS
+from transforms.near.spec import NearSpec
+from transforms.near.verify import exact_distance
 
 
 def crowds(metric: str, seed: int = 0) -> tuple[np.ndarray, NearSpec]:
@@ -28,7 +30,19 @@ def crowds(metric: str, seed: int = 0) -> tuple[np.ndarray, NearSpec]:
     parts = [bg, shapes.crowd(bg[1], 3000, t, metric, seed=1)]
     parts += [shapes.crowd(bg[10 + i], 300, t, metric, seed=2 + i) for i in range(5)]
     x = np.concatenate(parts)
-    return x[np.random.default_rng(seed).permutation(len(x))], NearSpec(metric, threshold=t)
+    order = np.random.default_rng(seed).permutation(len(x))
+    return x[order], NearSpec(metric, threshold=t)
+
+
+def crowd_labels(metric: str, seed: int = 0) -> np.ndarray:
+    """``crowds``' rows' crowd: 0 for the big one, 1-5 the small ones, each with the
+    background row it is centred on; -1 for the rest of the background."""
+    label = np.full(4000 + 3000 + 5 * 300, -1)
+    label[[1, *range(10, 15)]] = range(6)
+    label[4000:7000] = 0
+    for i in range(5):
+        label[7000 + 300 * i: 7300 + 300 * i] = i + 1
+    return label[np.random.default_rng(seed).permutation(len(label))]
 
 
 def kernel_matches(x: np.ndarray, spec: NearSpec, **kw):
@@ -45,7 +59,12 @@ def test_crowds_decide_like_the_oracle_and_count_pairs_on_a_sample(metric):
     x, spec = crowds(metric)
     small = replace(spec, single_index_rows=1000, partition_rows=300)
     r = kernel_matches(x, replace(small, mode="exact"))
-    assert len(r.removed) == 3000 - 1 + 5 * 299 + (len(r.removed) - 4494)  # crowds collapse
+    label = crowd_labels(metric)
+    kept = np.ones(len(x), bool)
+    kept[r.removed] = False
+    for c in range(6):  # each crowd, with the row it is centred on, collapses to one
+        assert kept[label == c].sum() == 1, c
+    assert (label[r.removed] == label[r.kept]).all()  # into a record of its own crowd
     assert r.estimated and r.pairs > 3000 * 2999 / 2 * 0.9  # pairs: sampled, scaled
     assert r.recall.recall == 1.0 and r.recall.truncated > 0  # judged on nearest partners
     b = kernel_matches(x, replace(small, mode="bounded", probes=2))  # the crowd in one cell

@@ -18,12 +18,12 @@ import pyarrow as pa
 import pytest
 
 from pipeline.steps.elements import NEAR_REPORT, VecBatch
-from pipeline.steps.near import GatherTruth, SampleForPlan, true_partners
+from pipeline.steps.near import GatherTruth, SampleForPlan, chunk_partners
 from pipeline.steps.near_cells import assign_batch, decide_one
 from pipeline.steps.near_gather import GatherCells, Spilled, loaded
 from pipeline.steps.near_merge import merge_cells
 from tests import shapes
-from transforms.near import NearSpec
+from transforms.near.spec import NearSpec
 
 PER_SIDE = 20
 
@@ -75,7 +75,7 @@ def test_joined_cells_merge_as_the_cells_one_by_one(tmp_path, grouping, mode):
     gather = GatherTruth()
     truth = gather.create_accumulator()
     for b in batches:
-        for t_part in true_partners(b, plan, spec):
+        for t_part in chunk_partners(b, plan, spec):
             truth = gather.add_input(truth, t_part)
     slices = defaultdict(list)
     for b in batches:
@@ -159,7 +159,7 @@ def test_spill_files_are_never_unpickled(tmp_path):
     """The cells' joined outputs and the agreed plan wait in scratch files, which may be
     on shared storage (gs://): a file planted there with a pickle payload is refused,
     never run; so is one in the spill layout naming a class or dtype it must not."""
-    from pipeline.steps.agreed import first_written
+    from transforms.io.agreed import first_written
 
     marker = tmp_path / "ran"
     planted = tmp_path / "cells" / "planted.cells"
@@ -174,7 +174,7 @@ def test_spill_files_are_never_unpickled(tmp_path):
         first_written(str(plan_at), {"cells": 25})
     assert not marker.exists()
 
-    from pipeline.steps.spill_codec import MAGIC, SpillFormatError, decode
+    from transforms.io.spill import MAGIC, SpillFormatError, decode
 
     def crafted(tree: dict, data: bytes = b"") -> bytes:  # the layout, by hand
         header = json.dumps({"tree": tree, "buffers": [[0, len(data)]]}).encode()
@@ -197,7 +197,7 @@ def test_spilled_values_come_back_as_written(tmp_path):
     spilled batch's file reference, float scalars (NaN too), nested tuples and dicts."""
     import ml_dtypes
 
-    from pipeline.steps.spill_codec import decode, encode_bytes
+    from transforms.io.spill import decode, encode_bytes
 
     rng = np.random.default_rng(2)
     n = 500

@@ -1,4 +1,4 @@
-"""The projected prefilter of the recall brute force (``transforms.near_project``): no
+"""The projected prefilter of the recall brute force (``transforms.near.project``): no
 pair within the radius is ever ruled out, at the radius's edge, along the projected
 directions (where the projection keeps the whole distance) and in both precisions; and
 the brute force finds exactly what it found without it, on embedding-shaped data with a
@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from tests.embeddings import embeddings, planted_copies
-from transforms import near, near_project, near_search
-from transforms.near import NearSpec
+from transforms.near import find as near
+from transforms.near import project as near_project
+from transforms.near import search as near_search
+from transforms.near.spec import NearSpec
 
 
 def _passes(q: near_search.Vectors, y: near_search.Vectors, radius: float) -> np.ndarray:
@@ -144,7 +146,7 @@ def test_cells_decide_the_same_with_the_projection(mode, monkeypatch):
     """find_near over 30,000 x 384 embeddings with near copies and a crowd of 2,000, in 24
     cells: the cells' searches through the projection (the plan's basis) remove the same
     records in favour of the same ones, at the same distances, as without it."""
-    from transforms import near_plan
+    from transforms.near import plan as near_plan
 
     rng = np.random.default_rng(9)
     x, _ = planted_copies(embeddings(27_000, seed=8), copies=0.08, decoys=0.03)

@@ -1,4 +1,4 @@
-"""pipeline.near_report: histogram (pairs, nearest neighbours, zoom) against brute-force
+"""pipeline.report.near: histogram (pairs, nearest neighbours, zoom) against brute-force
 counts, report files read back, borderline selection vs brute force."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.near_report import distance_histogram, write_near_report
+from pipeline.report.near import distance_histogram, write_near_report
 from pipeline.steps.borderline import BORDERLINE_SCHEMA, borderline_sample, merge_borderline
 from pipeline.steps.near_grid import pair_grid_edges, pair_histogram
 

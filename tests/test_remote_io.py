@@ -16,11 +16,11 @@ import yaml
 
 from filters.manifest import Manifest
 from pipeline import graph
-from pipeline import report as report_step
+from pipeline.report import tables as report_step
 from pipeline.run import main
 from tests import fakefs
 from tests.jobkit import EXT, read_output, write_input
-from transforms import fs
+from transforms.io import fs
 
 FORMATS = ["parquet", "tfrecord", "hdf5"]
 SHAPE = (2, 3)

@@ -13,11 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import layout
 from pipeline.steps.removed import SPILL_ROWS, Removed
 from tests.jobkit import write_input
 from tests.oracle import expected_removals
 from tests.test_leases import finish, spawn, wait_for
+from transforms.io import layout
 
 COLUMNS = ("position", "record_id", "duplicate_of", "distance", "duplicate_of_run",
            "duplicate_of_file", "duplicate_of_position", "group")

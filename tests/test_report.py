@@ -15,14 +15,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import report_html
+from pipeline.report import html as report_html
 from pipeline.steps.elements import REFERENCE_FILES, digest_hex, group_roots, where_key
 from tests.jobkit import EXT, read_output, run_job, write_input
 from tests.oracle import canonical_key
 from transforms.fingerprint import fingerprint, fingerprint_batch
-from transforms.formats import get_format
-from transforms.formats.base import TensorSpec
-from transforms.near import NearSpec, exact_distance
+from transforms.io.formats import get_format
+from transforms.io.formats.base import TensorSpec
+from transforms.near.spec import NearSpec
+from transforms.near.verify import exact_distance
 
 SHAPE = (4, 4)
 T = 0.5
@@ -289,7 +290,7 @@ def test_page_without_tensors_or_near(tmp_path):
     """No read-back (ids only), no near stage, no removals: still a page."""
     files = pa.table({"file": pa.array([0], pa.int32()), "path": ["a.parquet"],
                       "role": ["input"]})
-    from pipeline.report import DUPLICATES_SCHEMA
+    from pipeline.report.tables import DUPLICATES_SCHEMA
 
     counts = {"read": 3, "kept": 3, "removed_exact": 0, "invalid": 0}
     shown = report_html.write_page(str(tmp_path), counts=counts,
@@ -347,7 +348,7 @@ def test_the_page_takes_parquet_tensors_from_the_clean_copy(tmp_path, monkeypatc
     back made to fail, every card of a near job over two files still has its tensor;
     and the same job with the copy's rows withheld shows none (so the page does need
     them from one of the two)."""
-    from transforms.formats import parquet
+    from transforms.io.formats import parquet
 
     rng = np.random.default_rng(8)
     x = rng.normal(size=(300, 16)).astype(np.float32)

@@ -27,7 +27,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import near_report, report_pick
+from pipeline.report import near as near_report
+from pipeline.report import pick as report_pick
 from pipeline.steps.near_grid import pair_histogram
 from tests.jobkit import EXT, run_job, write_input
 

@@ -1,6 +1,6 @@
 """Runners: the local runner on every core (with Beam 2.77's flush race avoided) and Dask.
 
-The Beam checks fail when Beam changes: the workaround in ``pipeline.runner`` was made
+The Beam checks fail when Beam changes: the workaround in ``pipeline.runners`` was made
 for the data-plane code of 2.77 and must be looked at again for any other release
 (docs/beam-flush-race.md). The Dask tests run the real job on a real local Dask cluster
 and compare its outputs with the local runner's, byte for byte.
@@ -24,9 +24,11 @@ import pytest
 from apache_beam.runners.portability.fn_api_runner import worker_handlers
 from apache_beam.runners.worker import data_plane
 
-from pipeline import runner
-from pipeline.config import ConfigError, RunnerConfig, load_config
-from pipeline.dask_cluster import DASK_PARTITIONS
+from pipeline import runners as runner
+from pipeline.config import ConfigError, load_config
+from pipeline.config.runner import RunnerConfig
+from pipeline.runners import common, local
+from pipeline.runners.dask import DASK_PARTITIONS
 from tests.jobkit import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,8 +42,8 @@ def test_beam_is_the_release_the_flush_workaround_was_made_for():
 
     assert apache_beam.__version__.startswith("2.77."), (
         f"apache-beam {apache_beam.__version__}: re-check the data-plane flush race "
-        "(docs/beam-flush-race.md) and pipeline.runner.FLUSH_RACE_BEAM")
-    assert runner.flush_race_problem() is None
+        "(docs/beam-flush-race.md) and pipeline.runners.FLUSH_RACE_BEAM")
+    assert common.flush_race_problem() is None
     assert isinstance(worker_handlers.DATA_BUFFER_TIME_LIMIT_MS, int)
     timed = data_plane.TimeBasedBufferingClosableOutputStream
     assert issubclass(timed, data_plane.SizeBasedBufferingClosableOutputStream)
@@ -110,7 +112,7 @@ def test_pure_beam_repro_is_exact_with_the_workaround():
     applies: every element arrives, even with the GIL traded every 10 us (which made 8 of
     8 runs lose elements without the workaround). The loss itself is a race, so it is
     shown by scripts/beam_flush_race.py, not asserted here."""
-    assert runner.avoid_flush_race() is None
+    assert common.avoid_flush_race() is None
     assert worker_handlers.DATA_BUFFER_TIME_LIMIT_MS == 0
     repro = _repro()
     interval = sys.getswitchinterval()
@@ -126,15 +128,15 @@ def test_pure_beam_repro_is_exact_with_the_workaround():
 # --- config -> options ---------------------------------------------------------------
 
 def test_local_workers_default_to_the_cores_and_one_means_in_process():
-    cores = runner.available_cores()
-    opts = runner.local_options(RunnerConfig())
+    cores = common.available_cores()
+    opts = local.local_options(RunnerConfig())
     if cores > 1:
-        assert opts == {"direct_num_workers": cores, "direct_running_mode": runner.LOCAL_MODE}
+        assert opts == {"direct_num_workers": cores, "direct_running_mode": local.LOCAL_MODE}
         assert worker_handlers.DATA_BUFFER_TIME_LIMIT_MS == 0
     else:
         assert opts == {}
-    assert runner.local_options(RunnerConfig(workers=1)) == {}
-    assert runner.local_options(RunnerConfig(workers=3))["direct_num_workers"] == 3
+    assert local.local_options(RunnerConfig(workers=1)) == {}
+    assert local.local_options(RunnerConfig(workers=3))["direct_num_workers"] == 3
 
 
 def test_another_beam_release_gets_one_worker_and_the_reason(monkeypatch, capsys):
@@ -144,8 +146,8 @@ def test_another_beam_release_gets_one_worker_and_the_reason(monkeypatch, capsys
     import apache_beam
 
     monkeypatch.setattr(apache_beam, "__version__", "2.78.0")
-    assert "2.78.0" in runner.flush_race_problem()
-    assert runner.local_options(RunnerConfig(workers=2)) == {}
+    assert "2.78.0" in common.flush_race_problem()
+    assert local.local_options(RunnerConfig(workers=2)) == {}
     assert "running 1 worker, not 2" in capsys.readouterr().err
 
 

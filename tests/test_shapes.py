@@ -9,9 +9,10 @@ import pytest
 
 from tests import shapes
 from tests.oracle import near_pairs
-from transforms.formats import parquet
-from transforms.formats.base import TensorSpec
-from transforms.near import NearSpec, exact_distance
+from transforms.io.formats import parquet
+from transforms.io.formats.base import TensorSpec
+from transforms.near.spec import NearSpec
+from transforms.near.verify import exact_distance
 
 
 @pytest.mark.parametrize("metric,tol", [("l2", 0.01), ("cosine", 0.01), ("cosine", 0.002)])

@@ -14,7 +14,7 @@ from tests.embeddings import planted_copies
 from tests.jobkit import report, run_job
 from tests.oracle import near_oracle
 from tests.test_job_near import by_kind, expected
-from transforms.near import NearSpec
+from transforms.near.spec import NearSpec
 
 TOL = 0.01
 

@@ -223,7 +223,7 @@ def _decisions(files: list[str], lie_about: int | None = None) -> list:
     that file's decision counts one record more than the file holds (a file that
     changed while the job ran)."""
     from pipeline.steps.elements import FileDecision
-    from transforms.formats.base import InvalidRecord
+    from transforms.io.formats.base import InvalidRecord
 
     out = []
     for i, f in enumerate(files):

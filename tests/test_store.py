@@ -14,9 +14,11 @@ import pyarrow as pa
 import pytest
 
 from tests import fakefs
-from transforms import digest_segment, fs, store_parts
-from transforms import store as store_mod
-from transforms.store import FingerprintStore, StoreError
+from transforms.io import fs
+from transforms.store import parts as store_parts
+from transforms.store import segment as digest_segment
+from transforms.store import store as store_mod
+from transforms.store.store import FingerprintStore, StoreError
 
 META = {"scheme": "xxh3-128/v1", "dtype": "float32", "shape": [4], "dim": 4}
 

@@ -7,6 +7,8 @@ same on every run and runner whatever order the shuffle delivered the rows in.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 KEEP_POLICIES = ("first", "last", "max", "min")
@@ -104,3 +106,40 @@ def find_exact_duplicates(words: np.ndarray, file_index: np.ndarray, position: n
     by_input = np.lexsort((position[removed], file_index[removed]))
     return removed[by_input], kept[by_input]
 
+
+@dataclass(frozen=True)
+class Keep:
+    """Which record of a duplicate group survives: the ``first`` or ``last`` in input
+    order, or the one with the largest (``max``) or smallest (``min``) value of
+    ``column`` (ties: input order). ``Keep.first()``, ``Keep.max("quality")``..."""
+
+    rule: str = "first"
+    column: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.rule not in KEEP_POLICIES:
+            raise ValueError(f"keep must be one of {', '.join(KEEP_POLICIES)}, got {self.rule!r}")
+        if (self.column is None) != (self.rule in ("first", "last")):
+            raise ValueError(f"keep {self.rule!r} {'needs' if self.column is None else 'takes no'}"
+                             " column")
+
+    @classmethod
+    def first(cls) -> Keep:
+        return cls("first")
+
+    @classmethod
+    def last(cls) -> Keep:
+        return cls("last")
+
+    @classmethod
+    def max(cls, column: str) -> Keep:
+        return cls("max", column)
+
+    @classmethod
+    def min(cls, column: str) -> Keep:
+        return cls("min", column)
+
+    @classmethod
+    def of(cls, keep: Keep | str) -> Keep:
+        """A ``Keep`` from itself or a rule name ("first" | "last")."""
+        return keep if isinstance(keep, Keep) else cls(keep)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from transforms.canonical import FLOAT_BITS, header
-from transforms.fingerprint import DIGEST_DTYPE, hash_rows, header_key, pack_digests
+from transforms.digests import DIGEST_DTYPE, hash_rows, header_key, pack_digests
 from transforms.xxh3 import torch_ops, xxh3_128_rows
 
 DEVICE_MAX_ROW_BYTES = 64 << 10

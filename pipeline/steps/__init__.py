@@ -26,24 +26,22 @@ from pipeline.steps.elements import (
     SEEN,
     SURVIVORS,
     VECTORS,
-    Chunk,
     FileDecision,
     FileResult,
-    InvalidRecord,
     KeyBatch,
     ReadFacts,
-    Removed,
     VecBatch,
 )
 from pipeline.steps.exact import DedupExact
 from pipeline.steps.fingerprint import Fingerprint
 from pipeline.steps.near import DedupNear, NearReport
 from pipeline.steps.read import ReadTensors
-from pipeline.steps.settings import Chunking, Keep
+from pipeline.steps.removed import Removed
 from pipeline.steps.store import StoreUpdate, StoreVectors
 from pipeline.steps.write import WriteClean
-from transforms.formats.base import TensorSpec
-from transforms.near import NearSpec
+from transforms.exact import Keep
+from transforms.io.formats.base import Chunk, Chunking, InvalidRecord, TensorSpec
+from transforms.near.spec import NearSpec
 
 __all__ = [
     "ReadTensors", "Embed", "EmbedKept", "Fingerprint", "DedupExact", "DedupNear", "Dedup",

@@ -10,17 +10,9 @@ from collections.abc import Iterable
 
 import apache_beam as beam
 
-from pipeline.steps.elements import (
-    EMBEDDED,
-    FACTS,
-    FILES,
-    REMOVED,
-    SEEN,
-    FileDecision,
-    ReadFacts,
-    Removed,
-)
-from transforms.formats.base import records_of
+from pipeline.steps.elements import EMBEDDED, FACTS, FILES, REMOVED, SEEN, FileDecision, ReadFacts
+from pipeline.steps.removed import Removed
+from transforms.io.formats.base import records_of
 
 
 def _merge(parts: list[Removed], spill: str | None) -> list[Removed]:

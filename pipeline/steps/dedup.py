@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import apache_beam as beam
 
-from pipeline import layout
 from pipeline.steps.decide import Decide
 from pipeline.steps.elements import (
     CHUNKS,
@@ -29,11 +28,11 @@ from pipeline.steps.exact import DedupExact
 from pipeline.steps.fingerprint import Fingerprint, chunk_vectors
 from pipeline.steps.near import DedupNear
 from pipeline.steps.records import FromDecisions, ToChunks
-from pipeline.steps.settings import Keep
 from pipeline.steps.store import StoreVectors, StoreView
-from transforms import fs
-from transforms.formats.base import TensorSpec
-from transforms.near import NearSpec
+from transforms.exact import Keep
+from transforms.io import fs, layout
+from transforms.io.formats.base import TensorSpec
+from transforms.near.spec import NearSpec
 
 
 class Dedup(beam.PTransform):

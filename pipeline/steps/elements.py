@@ -2,7 +2,7 @@
 
 Why explicit types: the shuffle moves only these small arrays (digests, order
 keys, ids), never tensors, and each step's input and output is visible here.
-Chunks of rows (``Chunk``) come from ``transforms.formats.base``.
+Chunks of rows (``Chunk``) come from ``transforms.io.formats.base``.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from pipeline.steps.removed import Removed, concat_runs, removed_by_file
-from transforms import fs
-from transforms.formats.base import Chunk, InvalidRecord, records_of
+from pipeline.steps.removed import Removed, concat_runs
+from transforms.io import fs, spill
+from transforms.io.formats.base import InvalidRecord, records_of
 
-__all__ = ["Chunk", "FileDecision", "FileResult", "InvalidRecord", "KeyBatch", "ReadFacts",
-           "Removed", "removed_by_file", "VecBatch", "KINDS",
+__all__ = ["FileDecision", "FileResult", "KeyBatch", "ReadFacts",
+           "VecBatch", "KINDS",
            "CHUNKS", "FACTS", "FILES", "KEYS", "VECTORS",
            "REMOVED", "SEEN", "REFERENCE_FILES", "SURVIVORS", "NEAR_REPORT", "DECISIONS",
            "KEPT", "INVALID"]
@@ -190,6 +190,11 @@ class VecBatch:
 
 # Why a record was removed: a copy of / near a record of this run, of a reference set
 # (never removed itself), or of the store of earlier runs.
+
+
+spill.register(VecBatch)  # the near stage writes batches to its scratch files
+
+
 KINDS = ("exact", "near", "reference_exact", "reference_near", "store_exact", "store_near")
 
 

@@ -33,13 +33,14 @@ from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler
 from apache_beam.utils import shared
 
-from pipeline.steps import progress
-from pipeline.steps.elements import CHUNKS, Removed
-from pipeline.steps.models import SentenceTransformerHandler, text_tokenizer, tokens
-from transforms import fs
+from pipeline import progress
+from pipeline.models import SentenceTransformerHandler, text_tokenizer, tokens
+from pipeline.steps.elements import CHUNKS
+from pipeline.steps.removed import Removed
 from transforms.exact import digest_words
 from transforms.fingerprint import fingerprint_batch
-from transforms.formats.base import Chunk, arrow_ids
+from transforms.io import fs
+from transforms.io.formats.base import Chunk, arrow_ids
 
 
 def _vector(prediction: Any) -> np.ndarray:

@@ -13,11 +13,11 @@ from collections.abc import Iterable, Iterator
 import apache_beam as beam
 import numpy as np
 
-from pipeline.steps.elements import REMOVED, SEEN, SURVIVORS, KeyBatch, Removed, removed_by_file
-from pipeline.steps.settings import Keep
+from pipeline.steps.elements import REMOVED, SEEN, SURVIVORS, KeyBatch
+from pipeline.steps.removed import Removed, removed_by_file
 from pipeline.steps.store import StoreView
 from pipeline.steps.tagged import SplitOutputs
-from transforms.exact import NEW, find_exact_duplicates
+from transforms.exact import NEW, Keep, find_exact_duplicates
 
 
 def exact_in_shard(shard_batches: tuple[int, Iterable[KeyBatch]], keep: str,

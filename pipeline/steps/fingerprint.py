@@ -16,13 +16,12 @@ import apache_beam as beam
 import numpy as np
 
 from pipeline.steps.elements import KEYS, REFERENCE_FILES, VECTORS, KeyBatch, VecBatch
-from pipeline.steps.settings import Keep
 from pipeline.steps.tagged import SplitOutputs
-from transforms.digest_segment import range_part
-from transforms.exact import NEW, REFERENCE, digest_words, keep_order
+from transforms.exact import NEW, REFERENCE, Keep, digest_words, keep_order
 from transforms.fingerprint import fingerprint_batch
-from transforms.formats.base import Chunk, arrow_ids
-from transforms.near import finite_rows
+from transforms.io.formats.base import Chunk, arrow_ids
+from transforms.near.space import finite_rows
+from transforms.store.segment import range_part
 
 
 def shard_of(words: np.ndarray, shards: int) -> np.ndarray:

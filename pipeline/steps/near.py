@@ -1,7 +1,7 @@
 """Near: VecBatch (exact survivors' values) -> (file_index, Removed kind "near") + NearReport.
 
 Sample -> Plan -> Assign -> Search -> Merge, all over the plain kernels
-(``transforms.near``, ``near_plan``, ``near_recall``): a bottom-k sample of digests
+(``transforms.near.find``, ``near.plan``, ``near.recall``): a bottom-k sample of digests
 trains k-means cells and predicts what each mode costs, and the plan picks exact or
 bounded (one worker, printed); every chunk's rows are assigned to their home cell and
 the cells they must (exact) or may (bounded, at most ``probes``) meet; each cell is
@@ -27,19 +27,23 @@ from dataclasses import dataclass
 import apache_beam as beam
 import numpy as np
 
-from pipeline import layout
-from pipeline.steps import progress
-from pipeline.steps.agreed import first_written
+from pipeline import progress
 from pipeline.steps.elements import NEAR_REPORT, REMOVED, VecBatch
 from pipeline.steps.near_cells import assign_batch, decide_one
 from pipeline.steps.near_gather import GatherCells
 from pipeline.steps.near_merge import NearReport, merge_cells
 from pipeline.steps.near_sample import RecallRows, Sample
 from pipeline.steps.tagged import SplitOutputs
-from transforms import cores, fs, near
-from transforms.near_plan import Partitions, plan
-from transforms.near_recall import PARTNERS, Truth
-from transforms.near_search import rows_for
+from transforms import cores
+from transforms.io import fs, layout, spill
+from transforms.io.agreed import first_written
+from transforms.near.find import true_partners
+from transforms.near.plan import Partitions, Prediction, plan
+from transforms.near.project import Projection
+from transforms.near.recall import PARTNERS, Truth
+from transforms.near.search import rows_for
+from transforms.near.space import search_radius, value_scale
+from transforms.near.spec import NearSpec
 
 __all__ = ["DedupNear", "NearReport"]
 
@@ -57,6 +61,10 @@ class Plan:
     @property
     def radius(self) -> float:
         return self.parts.radius
+
+
+# the agreed plan (first_written) is written as data, these classes by name
+spill.register(Plan, Partitions, Prediction, Projection)
 
 
 def _one_size(widths: set[int]) -> set[int]:
@@ -80,7 +88,7 @@ class SampleForPlan(beam.CombineFn):
     ``recall_folder``) on one worker; the first plan made is kept at ``agree_at`` and
     any recomputation returns it (``agreed``)."""
 
-    def __init__(self, spec: near.NearSpec, agree_at: str, recall_folder: str):
+    def __init__(self, spec: NearSpec, agree_at: str, recall_folder: str):
         self.spec, self.agree_at, self.recall_folder = spec, agree_at, recall_folder
 
     def create_accumulator(self) -> Sample:
@@ -91,7 +99,7 @@ class SampleForPlan(beam.CombineFn):
         acc.n += len(batch)
         if self.spec.metric == "allclose":  # its radius needs the largest |value|
             batch = batch.loaded()
-            acc.scale = max(acc.scale, near.value_scale(batch.x, self.spec))
+            acc.scale = max(acc.scale, value_scale(batch.x, self.spec))
         acc.add(batch, self.spec)
         return acc
 
@@ -109,7 +117,7 @@ class SampleForPlan(beam.CombineFn):
         if not acc.lo:
             return Plan(plan(np.zeros((0, 1)), 0, 0.0, "exact", 1, 1), 0, 1)
         sample = acc.rows(self.spec)
-        radius = near.search_radius(self.spec, sample.shape[1], acc.scale)
+        radius = search_radius(self.spec, sample.shape[1], acc.scale)
         cells = self.spec.cells(acc.n, sample.shape[1])
         if cells > 1:
             progress.note(f"near: planning about {cells:,} cells from {len(sample):,} "
@@ -134,7 +142,7 @@ def _cost_line(parts: Partitions) -> str:
             " rows")
 
 
-def true_partners(batch: VecBatch, plan: Plan, spec: near.NearSpec) -> Iterator[Truth]:
+def chunk_partners(batch: VecBatch, plan: Plan, spec: NearSpec) -> Iterator[Truth]:
     """Brute force of the recall sample against one chunk: each sampled record's nearest
     earlier partners within tolerance (it within them, as the reference), other records
     only, and how many candidates there were. The chunk is compared in blocks of
@@ -150,7 +158,7 @@ def true_partners(batch: VecBatch, plan: Plan, spec: near.NearSpec) -> Iterator[
     for a in range(0, len(batch), step):
         b = min(a + step, len(batch))
         part = batch.take(np.arange(a, b))
-        si, dj, d, count = near.true_partners(
+        si, dj, d, count = true_partners(
             sample.x, (sample.prio, sample.order), part.x, (part.prio, part.order), spec,
             plan.radius, plan.parts.mean, PARTNERS, plan.parts.projection)
         other = (sample.words[si] != part.words[dj]).any(axis=1)
@@ -186,8 +194,8 @@ class GatherTruth(beam.CombineFn):
 def _drop_spill(done: object, spills: tuple[str, ...]) -> object:
     """``done`` (every cell decided, or the report made): the spilled vectors (or the
     recall sample and the plan) are no longer needed."""
-    for spill in spills:
-        fs.delete_tree(spill)
+    for path in spills:
+        fs.delete_tree(path)
     return done
 
 
@@ -208,7 +216,7 @@ class DedupNear(beam.PTransform):
         read them again after the search.
     """
 
-    def __init__(self, spec: near.NearSpec, *, spill: str, borderline_pairs: int = 500,
+    def __init__(self, spec: NearSpec, *, spill: str, borderline_pairs: int = 500,
                  keep_spill: bool = False):
         super().__init__()
         self.spec, self.per_side, self.spill = spec, borderline_pairs, spill.rstrip("/")
@@ -221,7 +229,7 @@ class DedupNear(beam.PTransform):
             SampleForPlan(self.spec, fs.join(self.plan_spill, "plan.spill"),
                           self.recall_spill)))
         truth = beam.pvalue.AsSingleton(
-            vecs | "RecallBruteForce" >> beam.FlatMap(true_partners, plan, self.spec)
+            vecs | "RecallBruteForce" >> beam.FlatMap(chunk_partners, plan, self.spec)
             | "GatherTruth" >> beam.CombineGlobally(GatherTruth()))
         out = (vecs
                | "AssignCells" >> beam.FlatMap(assign_batch, plan, self.spec, self.spill)

@@ -4,7 +4,7 @@
 rows in the chunk's value file (or, on an object store, holding their values), so the
 shuffle moves references and no runner holds every cell's vectors at once. ``decide_one``
 reads one cell, collapses exact copies, and decides its home records in keep order
-(``transforms.near_greedy``): what travels on to the merge is one line per removed
+(``transforms.near.greedy``): what travels on to the merge is one line per removed
 record, the few records whose fate depends on another cell (with their values), the
 count of pairs within tolerance on a fixed grid, and samples for the report; never
 the pairs themselves, which a crowd of copies has by the million.
@@ -20,16 +20,19 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from pipeline.steps import progress
+from pipeline import progress
 from pipeline.steps.borderline import borderline_sample
 from pipeline.steps.elements import VecBatch
 from pipeline.steps.near_grid import pair_histogram
-from transforms import fs, near
-from transforms.digest_segment import keys_of
 from transforms.exact import is_protected
-from transforms.near_greedy import KEPT, OPEN, REMOVED
-from transforms.near_nearest import nearest_distances
-from transforms.near_plan import assign
+from transforms.io import fs, spill
+from transforms.near.find import decide_cell
+from transforms.near.greedy import STATE_KEPT, STATE_OPEN, STATE_REMOVED
+from transforms.near.nearest import nearest_distances
+from transforms.near.plan import assign
+from transforms.near.space import search_vectors
+from transforms.near.spec import NearSpec
+from transforms.store.segment import keys_of
 
 NN_PER_CELL = 256  # rows of a cell that get a nearest-neighbour distance, at most
 
@@ -47,7 +50,7 @@ class CellSlice:
     rows: int
 
 
-def assign_batch(batch: VecBatch, plan, spec: near.NearSpec, spill: str
+def assign_batch(batch: VecBatch, plan, spec: NearSpec, spill: str
                  ) -> Iterator[tuple[int, CellSlice]]:
     """A chunk's rows -> the cells they join, written as one spill file (a one-batch IPC
     stream per cell, ``CellSlice``; flags: ``home`` there, and ``capped``: had more
@@ -65,7 +68,7 @@ def assign_batch(batch: VecBatch, plan, spec: near.NearSpec, spill: str
                       total_records=plan.n)
         said[0] = done
 
-    a = assign(near.search_vectors(batch.x, spec, plan.radius, plan.parts.mean, np.float32),
+    a = assign(search_vectors(batch.x, spec, plan.radius, plan.parts.mean, np.float32),
                plan.parts, progress=rows_done)
     rows_done("assign", len(batch), len(batch))  # one cell: assign() had nothing to do
     order = np.argsort(a.cells, kind="stable")
@@ -159,9 +162,9 @@ class CellOut:
 
     ``gone``/``dup``/``dist``: removed home records (no values), the kept record each
     duplicates, the distance. ``unsure``: records the merge settles, with values: home
-    records left open (``role`` OPEN) or removed with a nearer open neighbour possible
-    (``role`` REMOVED; ``best``/``best_dist``: the cell's kept candidate), and records
-    of other cells they depend on (``role`` KEPT: their fate comes from their own
+    records left open (``role`` STATE_OPEN) or removed with a nearer open neighbour possible
+    (``role`` STATE_REMOVED; ``best``/``best_dist``: the cell's kept candidate), and records
+    of other cells they depend on (``role`` STATE_KEPT: their fate comes from their own
     cell). Components: ``links`` (member, its component's first row in this cell) and
     the linked home records' ``values``, spilled to files: a crowd's values would
     otherwise cross the runner's data plane to the merge (138 MB of 90k linked records
@@ -189,7 +192,10 @@ class CellOut:
     nn_sampled_cells: int  # cells whose nearest-neighbour rows were sampled (likewise)
 
 
-def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
+spill.register(CellOut)  # a cell's output waits in a scratch file (near_gather)
+
+
+def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: NearSpec,
                per_side: int, links_folder: str) -> CellOut:
     """One cell on one worker: read its rows, collapse exact copies, decide in keep
     order, sample nearest-neighbour distances and borderline pairs. Components: the
@@ -198,9 +204,9 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
     progress.tick("near search", len(plan.parts), 0, "cells", units=0)  # starts its clock
     cell = kv[0]
     batch, home, arrived, capped = read_cell(kv[1])
-    z = near.search_vectors(batch.x, spec, plan.radius,
+    z = search_vectors(batch.x, spec, plan.radius,
                             plan.parts.mean + plan.parts.centroids[cell])
-    d = near.decide_cell(batch.x, home, spec, plan.radius, None, z=z,
+    d = decide_cell(batch.x, home, spec, plan.radius, None, z=z,
                          exact=plan.parts.mode == "exact", kept=is_protected(batch.prio),
                          keys=batch.words, projection=plan.parts.projection)
     nn_rows, nn_all = _nn_rows(batch, home, plan.nn_mod)
@@ -212,12 +218,13 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
                          np.concatenate([earlier, nb[has]]),
                          np.concatenate([np.asarray(bdist, np.float64), nn[has]]),
                          np.concatenate([np.asarray(within, bool), nn_within[has]]), per_side)
-    mine = home & (d.state == REMOVED)
+    mine = home & (d.state == STATE_REMOVED)
     # components: the merge removes by the links alone (a line per removal is not sent)
     sure = np.flatnonzero(mine & ~d.doubt & (d.label is None))
-    unsure = np.flatnonzero((home & ((d.state == OPEN) | d.doubt)) | d.open_refs)
-    role = np.where(home[unsure], np.where(d.state[unsure] == OPEN, OPEN, REMOVED), KEPT)
-    best = np.where(role == REMOVED, d.dup[unsure], unsure)
+    unsure = np.flatnonzero((home & ((d.state == STATE_OPEN) | d.doubt)) | d.open_refs)
+    role = np.where(home[unsure], np.where(d.state[unsure] == STATE_OPEN, STATE_OPEN,
+                                           STATE_REMOVED), STATE_KEPT)
+    best = np.where(role == STATE_REMOVED, d.dup[unsure], unsure)
     links, values = None, []
     if d.label is not None:
         linked = np.flatnonzero(d.label != np.arange(len(batch)))
@@ -231,7 +238,7 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: near.NearSpec,
     progress.tick("near search", len(plan.parts), arrived, "cells")
     return CellOut(batch.take(sure, values=False), batch.take(d.dup[sure], values=False),
                    d.dist[sure], batch.take(unsure), role, batch.take(best, values=False),
-                   np.where(role == REMOVED, d.dist[unsure], np.inf), links, values,
+                   np.where(role == STATE_REMOVED, d.dist[unsure], np.inf), links, values,
                    pair_histogram(exact_d, spec.marker),
                    pair_histogram(sampled_d, spec.marker) if d.census.estimated else None,
                    d.census.weight, np.resize(nn, nn_all), border, int(home.sum()), arrived,

@@ -13,7 +13,7 @@ cell crossed it decoded and encoded several times over. A crowd's cell names eve
 of its records (one crowd of 1.5M records: about 200 MB pickled), and the launcher
 peaked at about 1 GB while it passed. Joined cells wait in a file in ``folder`` (a
 scratch folder the job deletes), and only its name travels (``Spilled``). The file
-holds data only (``spill_codec``: JSON and raw arrays, never a pickle): the scratch
+holds data only (``transforms.io.spill``: JSON and raw arrays, never a pickle): the scratch
 folder may be on shared storage, where a pickle would run whoever wrote it.
 """
 
@@ -25,23 +25,22 @@ from dataclasses import dataclass
 import apache_beam as beam
 import numpy as np
 
-from pipeline.steps import spill_codec
 from pipeline.steps.borderline import merge_borderline
 from pipeline.steps.elements import VecBatch
 from pipeline.steps.near_cells import CellOut
-from transforms import fs
+from transforms.io import fs, spill
 
 
 @dataclass(frozen=True)
 class Spilled:
-    """A joined ``CellOut`` in a scratch file of this job (``spill_codec``)."""
+    """A joined ``CellOut`` in a scratch file of this job (``transforms.io.spill``)."""
 
     path: str
 
 
 def spill_cell(cell: CellOut, folder: str) -> Spilled:
     path = fs.join(folder, f"{uuid.uuid4().hex}.cells")
-    spill_codec.write(path, cell)
+    spill.write(path, cell)
     return Spilled(path)
 
 
@@ -50,9 +49,9 @@ def loaded(cell: CellOut | Spilled) -> CellOut:
     file is not one this job wrote: it is never unpickled)."""
     if not isinstance(cell, Spilled):
         return cell
-    out = spill_codec.load(cell.path)
+    out = spill.load(cell.path)
     if not isinstance(out, CellOut):
-        raise spill_codec.SpillFormatError(f"{cell.path}: not a cell's output")
+        raise spill.SpillFormatError(f"{cell.path}: not a cell's output")
     return out
 
 

@@ -3,12 +3,12 @@
 Cells decide almost every record themselves (``near_cells``). What reaches this one
 worker is a line per removed record, the few records whose fate hung on another cell
 (with their values, settled here in keep order by the same kernel:
-``transforms.near.resolve_open``), counts on a fixed grid and small samples: nothing
+``transforms.near.find.resolve_open``), counts on a fixed grid and small samples: nothing
 that grows with the pairs within tolerance. Components grouping joins each cell's
 components (a link per linked record) by digest.
 
 Recall is judged here too: each sampled record's decision against its brute-force
-partners (``transforms.near_recall``).
+partners (``transforms.near.recall``).
 """
 
 from __future__ import annotations
@@ -22,15 +22,19 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.steps.borderline import BORDERLINE_SCHEMA, merge_borderline
-from pipeline.steps.elements import NEAR_REPORT, VecBatch, removed_by_file
+from pipeline.steps.elements import NEAR_REPORT, VecBatch
 from pipeline.steps.near_gather import loaded
 from pipeline.steps.near_grid import weighted_sum
-from transforms import near
-from transforms.digest_segment import keys_of
+from pipeline.steps.removed import removed_by_file
 from transforms.exact import is_protected, tier_of
-from transforms.near_greedy import KEPT, component_labels
-from transforms.near_recall import Truth, judge
-from transforms.near_search import rows_for
+from transforms.near.components import component_labels
+from transforms.near.find import resolve_open
+from transforms.near.greedy import STATE_KEPT
+from transforms.near.recall import Truth, judge
+from transforms.near.search import rows_for
+from transforms.near.spec import NearSpec
+from transforms.near.verify import exact_distance
+from transforms.store.segment import keys_of
 
 DISTANCE_BYTES = 32 << 20  # float64 values of the removed records whose distance to their
 # keeper is computed at once (each block makes about three such copies)
@@ -51,7 +55,7 @@ class NearReport:
     pairs: dict | None = None
 
 
-def settle_unsure(cells: list, spec: near.NearSpec, radius: float
+def settle_unsure(cells: list, spec: NearSpec, radius: float
                   ) -> tuple[VecBatch, VecBatch, np.ndarray] | None:
     """The records cells left open or in doubt, settled together in keep order with the
     kept records they depend on. Returns (removed, the record each duplicates, distance)
@@ -65,7 +69,7 @@ def settle_unsure(cells: list, spec: near.NearSpec, radius: float
     best_dist = np.concatenate([c.best_dist for c in live])
     key = keys_of(unsure.words)
     gone = keys_of(np.concatenate([c.gone.words for c in cells]))
-    home = role != KEPT  # decided by this cell: open, or removed with a doubt
+    home = role != STATE_KEPT  # decided by this cell: open, or removed with a doubt
     ref_ok = ~home & ~np.isin(key, gone) & ~np.isin(key, key[home])
     refs = np.flatnonzero(ref_ok)
     _, first = np.unique(key[refs], return_index=True)  # a ref named by several cells
@@ -75,7 +79,7 @@ def settle_unsure(cells: list, spec: near.NearSpec, radius: float
     prio, order = np.concatenate([s.prio, b.prio]), np.concatenate([s.order, b.order])
     rank = np.empty(len(prio))
     rank[np.lexsort((order, prio))] = np.arange(len(prio))
-    r, d, dist = near.resolve_open(s.x, rank[:len(s)], h, bd, rank[len(s):], spec, radius)
+    r, d, dist = resolve_open(s.x, rank[:len(s)], h, bd, rank[len(s):], spec, radius)
     local = d >= 0
     dup = VecBatch.concat([s.take(d[local], values=False), b.take(r[~local], values=False)])
     dup = dup.take(np.argsort(np.r_[np.flatnonzero(local), np.flatnonzero(~local)],
@@ -83,7 +87,7 @@ def settle_unsure(cells: list, spec: near.NearSpec, radius: float
     return s.take(r, values=False), dup, dist
 
 
-def component_removals(cells: list, spec: near.NearSpec
+def component_removals(cells: list, spec: NearSpec
                        ) -> tuple[VecBatch, VecBatch, np.ndarray] | None:
     """Components grouping: the cells' links joined by digest; each component keeps its
     first record in keep order (and its protected records); the others are removed, with
@@ -128,7 +132,7 @@ def component_removals(cells: list, spec: near.NearSpec
     step = rows_for(8 * max(1, x.shape[1]), DISTANCE_BYTES, 4096, 1)
     for s in range(0, len(rec), step):  # in blocks: float64 copies of a crowd's rows
         block = slice(s, s + step)      # would be several times its values
-        dist[block] = near.exact_distance(lookup(rec.words[block]), lookup(ref.words[block]),
+        dist[block] = exact_distance(lookup(rec.words[block]), lookup(ref.words[block]),
                                           spec)[0]
     return rec, ref, dist
 
@@ -147,7 +151,7 @@ def _linked_values(parts: list[VecBatch]) -> tuple[np.ndarray, np.ndarray]:
     return words, x
 
 
-def merge_cells(cells: list, plan, spec: near.NearSpec, per_side: int, truth: Truth
+def merge_cells(cells: list, plan, spec: NearSpec, per_side: int, truth: Truth
                 ) -> Iterator[tuple[int, object] | beam.pvalue.TaggedOutput]:
     """All cells' decisions -> removals per file (kind near) and the NearReport.
 
@@ -205,7 +209,7 @@ def merge_cells(cells: list, plan, spec: near.NearSpec, per_side: int, truth: Tr
 
 
 def _judge(sample: VecBatch | None, truth: Truth, rec: VecBatch | None, ref: VecBatch | None,
-           dist: np.ndarray, spec: near.NearSpec) -> dict | None:
+           dist: np.ndarray, spec: NearSpec) -> dict | None:
     """Recall: each sampled record's decision against its brute-force partners."""
     if not spec.recall_sample:
         return None

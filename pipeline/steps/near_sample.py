@@ -18,8 +18,11 @@ import numpy as np
 
 from pipeline.steps.elements import VecBatch
 from pipeline.steps.near_cells import collapse
-from transforms import fs, near
-from transforms.near_recall import in_sample
+from transforms.io import fs
+from transforms.near.find import sample_cap
+from transforms.near.recall import in_sample
+from transforms.near.space import search_space
+from transforms.near.spec import NearSpec
 
 Ref = tuple[str, np.ndarray, np.dtype]  # (value file, rows in it, their dtype)
 
@@ -59,9 +62,9 @@ class Sample:
     widths: set[int] = field(default_factory=set)  # values per record (one, or an error)
 
     def cap(self) -> int:
-        return near.sample_cap(next(iter(self.widths), 1))
+        return sample_cap(next(iter(self.widths), 1))
 
-    def add(self, batch: VecBatch, spec: near.NearSpec) -> None:
+    def add(self, batch: VecBatch, spec: NearSpec) -> None:
         """A chunk's rows that may be in either sample (``n`` already counts them)."""
         lo = batch.words[:, 1]
         full = self.below < 1 << 64
@@ -70,7 +73,7 @@ class Sample:
             ref = _ref_of(batch, pick)
             self.lo.append(lo[pick])
             self.ref.append(ref)
-            self.v.append(None if ref is not None else near.search_space(
+            self.v.append(None if ref is not None else search_space(
                 batch.loaded().x[pick], spec).astype(np.float32))
         self.recall.add(batch, self.n)
         if sum(len(p) for p in self.lo) > self.cap() * 5 // 4:
@@ -107,7 +110,7 @@ class Sample:
                       max(a.scale for a in accs), min(a.below for a in accs),
                       set().union(*(a.widths for a in accs))).compact()
 
-    def rows(self, spec: near.NearSpec) -> np.ndarray:
+    def rows(self, spec: NearSpec) -> np.ndarray:
         """The sample's search-space rows, float32, in digest order (values read back
         from the spill files they name)."""
         self.compact()
@@ -116,7 +119,7 @@ class Sample:
         at = 0
         for p, v, ref in zip(self.lo, self.v, self.ref, strict=True):
             if ref is not None:
-                v = near.search_space(_read(ref, x.shape[1]), spec)
+                v = search_space(_read(ref, x.shape[1]), spec)
             x[at:at + len(p)] = v
             at += len(p)
         return x[np.argsort(lo)]

@@ -13,21 +13,21 @@ from collections.abc import Callable, Iterator, Sequence
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from pipeline.steps import progress
+from pipeline import progress
 from pipeline.steps.elements import CHUNKS, FACTS, FILES, REFERENCE_FILES, ReadFacts
-from pipeline.steps.settings import Chunking
 from pipeline.steps.tagged import SplitOutputs
-from transforms import fs
-from transforms.formats import get_format
-from transforms.formats.base import (
+from transforms.io import fs
+from transforms.io.formats import get_format
+from transforms.io.formats.base import (
     Chunk,
+    Chunking,
     InvalidRecordError,
     TensorSpec,
     Unit,
     record_nbytes,
     records_of,
 )
-from transforms.near import finite_rows
+from transforms.near.space import finite_rows
 
 
 class ChunkCoder(beam.coders.Coder):

@@ -25,7 +25,6 @@ from pipeline.steps.elements import (
     INVALID,
     KEPT,
     REMOVED,
-    Chunk,
     FileDecision,
     ReadFacts,
     digest_hex,
@@ -34,8 +33,8 @@ from pipeline.steps.elements import (
 )
 from pipeline.steps.tagged import SplitOutputs
 from transforms.canonical import to_numpy
-from transforms.formats.base import InvalidRecord, TensorSpec, error_line
-from transforms.formats.parquet import table_chunks
+from transforms.io.formats.base import Chunk, InvalidRecord, TensorSpec, error_line
+from transforms.io.formats.parquet import table_chunks
 
 Records = list[Mapping[str, Any]] | pa.RecordBatch
 

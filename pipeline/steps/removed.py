@@ -16,16 +16,24 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 
-from transforms import fs
 from transforms.exact import NEW, REFERENCE, STORE
+from transforms.io import fs
 
-if TYPE_CHECKING:
-    from pipeline.steps.elements import KeyBatch, VecBatch
+
+class Located(Protocol):
+    """Rows with where they live and what they are (``KeyBatch``, ``VecBatch``)."""
+
+    file_index: np.ndarray
+    position: np.ndarray
+    ids: pa.Array
+    run: pa.Array | None
+    words: np.ndarray
+
 
 TIER_PREFIX = {NEW: "", STORE: "store_", REFERENCE: "reference_"}
 SPILL_ROWS = 16_384  # fewer removal lines cross the runner inline (a file costs a create)
@@ -162,7 +170,7 @@ def _read(path: str) -> dict:
             "group": group}
 
 
-def removed_by_file(batch: KeyBatch | VecBatch, removed: np.ndarray, kept: np.ndarray,
+def removed_by_file(batch: Located, removed: np.ndarray, kept: np.ndarray,
                     kind: str, distance: np.ndarray, kept_tier: np.ndarray | None = None
                     ) -> Iterator[tuple[int, Removed]]:
     """Split removals (sorted by input order) into one ``Removed`` per input file and kind;

@@ -1,6 +1,6 @@
 """The fingerprint store in the job: lookups in Exact, stored values in Near, the update.
 
-The store itself (layout, atomic commits, pruned lookups) is ``transforms.store``;
+The store itself (layout, atomic commits, pruned lookups) is ``transforms.store.store``;
 this module is the thin Beam layer over it. A ``StoreView`` is fixed when the job
 starts (the earlier runs it sees, the current run id it ignores, so a rerun never
 matches its own earlier attempt) and travels to workers as a few strings.
@@ -24,12 +24,12 @@ from pipeline.steps.elements import (
     KeyBatch,
     VecBatch,
 )
-from pipeline.steps.settings import Keep
-from transforms.exact import NEW, STORE, keep_order
-from transforms.fingerprint import SCHEME
-from transforms.formats.base import InputError, TensorSpec
-from transforms.near import NearSpec, finite_rows
-from transforms.store import FingerprintStore, LookupPlan, StoreError
+from transforms.digests import SCHEME
+from transforms.exact import NEW, STORE, Keep, keep_order
+from transforms.io.formats.base import InputError, TensorSpec
+from transforms.near.space import finite_rows
+from transforms.near.spec import NearSpec
+from transforms.store.store import FingerprintStore, LookupPlan, StoreError
 
 
 def store_meta(resolved: TensorSpec, near: NearSpec | None, settings: dict | None = None
@@ -47,7 +47,7 @@ class StoreCommit:
     the Publish step)."""
 
     path: str
-    attempt: object  # transforms.store.Attempt (picklable)
+    attempt: object  # transforms.store.store.Attempt (picklable)
     meta: dict
 
     def commit(self, parts: list[dict], extra: dict) -> dict:

@@ -15,12 +15,12 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
-from pipeline.layout import output_shard
-from pipeline.steps import progress
+from pipeline import progress
 from pipeline.steps.elements import FileDecision, FileResult
-from transforms import fs
-from transforms.formats import get_format
-from transforms.formats.base import TensorSpec
+from transforms.io import fs
+from transforms.io.formats import get_format
+from transforms.io.formats.base import TensorSpec
+from transforms.io.layout import output_shard
 
 
 class WriteFile(beam.DoFn):

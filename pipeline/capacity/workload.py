@@ -1,0 +1,208 @@
+"""What a job must process, as the capacity plan needs it: records, bytes, dimensions,
+and for the near stage the cells, joins and compared pairs its own planner predicts.
+
+Why measured from the input and not from the config: the cost of a near search depends
+on how the vectors lie (how many cells a record must meet within the radius), which
+only the data shows. The near figures come from the job's own planner
+(``transforms.near.plan.plan``) run on a sample of the input, so the dry run predicts
+what the job will decide; past what a dry run can train (``MAX_SAMPLE_CELLS`` cells)
+they come from the closed form the plan is built on (cells of max(partition_rows,
+sqrt n) rows, each record in at most ``probes`` cells), and the plan says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.job import Job
+from transforms.io.formats import get_format
+from transforms.io.formats.base import Chunking
+from transforms.near.plan import TRAIN_PER_CELL, plan
+from transforms.near.space import search_radius, search_space, value_scale
+from transforms.near.spec import NearSpec
+
+# A dry run trains the planner's k-means itself up to this many cells (64 sample rows
+# each: about 2 s at 128 dimensions on one core); beyond, the closed form.
+MAX_SAMPLE_CELLS = 1024
+SAMPLE_HELD = 5  # the planner predicts from one sample row in five
+
+
+@dataclass(frozen=True)
+class NearCost:
+    """The near stage's plan: ``cells``, cells each record joins, pairs compared."""
+
+    cells: int
+    joins: float
+    work: float  # (query, candidate) row pairs compared in all cells
+    largest: int  # rows in the largest cell
+    mode: str
+    source: str  # how it was found, in words
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The model's inputs; a field is None when it could not be learnt (see ``missing``)."""
+
+    records: int | None
+    file_bytes: int | None  # the input files as stored
+    record_bytes: int | None  # tensor bytes per record, as read
+    dim: int | None  # values per record (the search space's dimensions)
+    id_bytes: int = 12  # bytes of a record id (default ids: <file>:<row>, ~ path length)
+    near: NearCost | None = None
+    near_spec: NearSpec | None = None
+    recall_sample: int = 0
+    missing: list[str] = field(default_factory=list)
+    sized: str | None = None  # how a record's size was found, when the spec does not fix it
+    chunking: Chunking = field(default_factory=Chunking)  # tuning's: what a chunk holds
+
+
+def _size(path: str) -> int:
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+
+
+def count_records(job: Job) -> int | None:
+    """Records in the input from each file's index (Parquet footers, HDF5 shapes); None
+    where a format has none (TFRecord: a file must be read to be counted)."""
+    fmt = get_format(job.cfg.input.format, job.spec)
+    units = [u for i, path in enumerate(job.files)
+             for u in fmt.plan(path, i, 1 << 62, job.spec)]
+    if any(u.stop is None for u in units):
+        return None
+    return sum(u.stop - u.start for u in units)
+
+
+def sample_vectors(job: Job, rows: int) -> np.ndarray:
+    """Up to ``rows`` tensors as (rows, values), taken evenly from every file's start.
+    The job samples by digest over all records; the first rows of each file stand in
+    for that here (a named assumption of the plan)."""
+    fmt = get_format(job.cfg.input.format, job.spec)
+    per_file = max(1, math.ceil(rows / len(job.files)))
+    parts = []
+    for i, path in enumerate(job.files):
+        got = 0
+        for unit in fmt.plan(path, i, per_file, job.spec)[:1]:
+            for chunk in fmt.read(unit, job.spec, min(per_file, job.chunking.chunk_rows)):
+                x = chunk.tensors.reshape(len(chunk.tensors), -1)
+                parts.append(x[:per_file - got])
+                got += len(parts[-1])
+                if got >= per_file:
+                    break
+    return np.concatenate(parts)[:rows] if parts else np.zeros((0, 1), np.float32)
+
+
+SIZE_SAMPLE = 2_000  # records read to measure the size of records of no fixed size
+
+
+def _sizes(tensors: np.ndarray) -> tuple[list[int], list[int]]:
+    """(bytes, values) of each record of a chunk: text counts its UTF-8 bytes (what
+    exact dedup hashes), an array its own values."""
+    if tensors.dtype != object:
+        return ([tensors[0].nbytes] * len(tensors), [tensors[0].size] * len(tensors)) \
+            if len(tensors) else ([], [])
+    sizes = [len(v.encode("utf-8")) if isinstance(v, str) else np.asarray(v).nbytes
+             for v in tensors]
+    values = [n if isinstance(v, str) else np.asarray(v).size
+              for v, n in zip(tensors, sizes, strict=True)]
+    return sizes, values
+
+
+def measured_size(job: Job, rows: int = SIZE_SAMPLE) -> tuple[float, float, int] | None:
+    """(mean bytes, mean values, records sampled) of records whose size the spec does not
+    fix (text, stored bytes, lists of no fixed size), from each file's first records;
+    None when none could be read."""
+    fmt = get_format(job.cfg.input.format, job.spec)
+    per_file = max(1, math.ceil(rows / len(job.files)))
+    sizes: list[int] = []
+    values: list[int] = []
+    for i, path in enumerate(job.files):
+        got = 0
+        for unit in fmt.plan(path, i, per_file, job.spec)[:1]:
+            for chunk in fmt.read(unit, job.spec, min(per_file, job.chunking.chunk_rows)):
+                b, v = _sizes(chunk.tensors[:per_file - got])
+                sizes += b
+                values += v
+                got += len(b)
+                if got >= per_file:
+                    break
+    if not sizes:
+        return None
+    return float(np.mean(sizes)), float(np.mean(values)), len(sizes)
+
+
+def near_cost(job: Job, n: int, dim: int) -> NearCost:
+    """The near stage's cells, joins and work for ``n`` records: the job's planner on a
+    sample of the input, or the closed form past ``MAX_SAMPLE_CELLS`` cells."""
+    spec = job.near
+    cells = spec.cells(n, dim)
+    if cells <= MAX_SAMPLE_CELLS:
+        want = TRAIN_PER_CELL * cells * SAMPLE_HELD // (SAMPLE_HELD - 1) + SAMPLE_HELD
+        x = sample_vectors(job, max(want, 2_000) if cells > 1 else min(n, 20_000))
+        if len(x) >= 2:
+            z = search_space(x, spec).astype(np.float32)
+            radius = search_radius(spec, dim, value_scale(x, spec))
+            parts = plan(z, n, radius, spec.mode, spec.probes, cells)
+            p = parts.prediction
+            if p is None:  # one cell: every record against every other
+                return NearCost(1, 1.0, float(n) ** 2, n, parts.mode,
+                                "one cell (all pairs)")
+            exact = parts.mode == "exact"
+            return NearCost(len(parts), p.joins_exact if exact else p.joins_bounded,
+                            p.work_exact if exact else p.work_bounded,
+                            p.largest_exact if exact else p.largest_bounded, parts.mode,
+                            f"the job's planner on {len(x):,} sampled records")
+    return closed_form(spec, n, dim)
+
+
+def closed_form(spec: NearSpec, n: int, dim: int) -> NearCost:
+    """The plan's bound without a sample: the cells the job would make, each record in
+    ``probes`` of them (bounded mode's cap), the largest cell twice the mean."""
+    cells = spec.cells(n, dim)
+    rows = n / cells
+    return NearCost(cells, float(spec.probes), n * spec.probes * rows, math.ceil(2 * rows),
+                    "bounded", f"closed form: {cells:,} cells of about {rows:,.0f} records, "
+                    f"each record in {spec.probes} (probes), largest cell twice the mean")
+
+
+def workload(job: Job, records: int | None = None) -> Workload:
+    """The model's inputs for ``job``; ``records`` plans for that many records of the
+    input's kind, e.g. when the input is a local sample of a larger set (file bytes in
+    proportion; where the files cannot be counted, the tensor bytes stand for them)."""
+    missing = []
+    shape, dtype = job.resolved.shape, job.resolved.dtype
+    dim = math.prod(shape) if shape is not None else None
+    record_bytes, sized = None, None
+    if dim is not None and dtype is not None:
+        record_bytes = dim * np.dtype(dtype).itemsize
+    elif (mean := measured_size(job)) is not None:  # text, stored bytes, ragged lists
+        record_bytes, dim = max(1, round(mean[0])), max(1, round(mean[1]))
+        text = job.spec.decode is not None and job.spec.decode.kind == "text"
+        sized = (f"{'text' if text else 'sizes vary'}: the mean of {mean[2]:,} sampled "
+                 "records")
+    else:
+        missing.append("record size: the records' size is not fixed and none could be "
+                       "read to measure it: set input.shape and input.dtype")
+    counted = count_records(job)
+    file_bytes = sum(_size(f) for f in job.files)
+    if counted is None and records is None:
+        missing.append(f"records: {job.cfg.input.format} files have no index to count "
+                       "them from: give --plan-records N")
+    elif counted is None:
+        file_bytes = records * record_bytes if record_bytes else None
+    elif records is not None:
+        file_bytes = round(file_bytes * records / max(counted, 1))
+    n = records if records is not None else counted
+    near = None
+    if job.embed is not None:
+        missing.append("embed: the model's time and its vectors' size are not in the model "
+                       "(scripts/bench_embed.py measures a model)")
+    elif job.near is not None and n and dim:
+        near = near_cost(job, n, dim)
+    return Workload(n, file_bytes, record_bytes, dim, near=near, near_spec=job.near,
+                    chunking=job.chunking,
+                    recall_sample=job.near.recall_sample if job.near else 0,
+                    missing=missing, sized=sized)

@@ -1,0 +1,242 @@
+"""The job config's section models (input, keep, output, tuning, near, embed, store) and
+the strict base every config model shares; ``pipeline.config`` assembles them into
+``DedupeConfig`` and is where callers import them from."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from transforms.canonical import DTYPE_CODES
+from transforms.io.formats.base import Chunking, Decode, TensorSpec
+from transforms.near.spec import NearSpec
+
+# Tolerances above this are no tolerance at all (every pair is within it) and overflow
+# float32 once squared: refused, like NaN and inf (``allow_inf_nan=False`` on every float).
+MAX_TOLERANCE = 1e18
+
+
+class Strict(BaseModel):
+    """Every config model's base: an unknown key is an error, not ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputConfig(Strict):
+    format: Literal["parquet", "tfrecord", "hdf5"] = Field(
+        description="file format of the input: parquet | tfrecord | hdf5")
+    path: str = Field(description="glob of input files: a local path or any Beam filesystem "
+                      "(gs://, s3://); '{run_id}' is replaced by the run id")
+    tensor: str = Field(description="Parquet column / tf.train.Example feature / HDF5 dataset")
+    id: str | None = Field(None, description="column/feature with a record id; "
+                           "default '<file path>:<index in file>'")
+    shape: list[int] | None = Field(None, description="record shape, where the format "
+                                    "does not carry it (TFRecord float_list / int64_list)")
+    dtype: str | None = Field(None, description="record dtype, likewise (e.g. float32)")
+    compression: Literal["auto", "none", "gzip", "zlib"] = Field(
+        "auto", description="TFRecord compression: auto (detected per file) | none | gzip | zlib")
+    decode: Literal["none", "image", "bytes", "text"] = Field(
+        "none", description="none (the field holds numbers) | image (JPEG/PNG/GIF/BMP/WebP "
+        "bytes decoded to uint8 [h, w, c]) | bytes (the stored bytes as a uint8 vector) | "
+        "text (UTF-8 text; distances only after embed)")
+    resize: list[int] | None = Field(None, description="decode image: [height, width] the "
+                                     "near stage compares (antialiased bilinear); exact dedup "
+                                     "stays on full-resolution pixels")
+    channels: Literal[1, 3] | None = Field(None, description="decode image: 1 (grey) | 3 "
+                                           "(RGB); unset: as stored (RGB with resize)")
+    max_pixels: int = Field(Decode.max_pixels, gt=0, description="decode image: larger images are "
+                            "invalid records (decompression bombs)")
+    exact_on: Literal["pixels", "bytes"] = Field(
+        Decode.exact_on, description="decode image: what exact dedup compares: pixels (the "
+        "full-resolution decoded pixels: copies differing only in container or metadata "
+        "merge) | bytes (the stored bytes: such copies are then left to near, at distance "
+        "0; with resize, JPEGs decode at reduced scale, about 2x faster)")
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, v: str | None) -> str | None:
+        if v is not None and v not in DTYPE_CODES:
+            raise ValueError(f"unknown dtype {v!r}; use one of {', '.join(DTYPE_CODES)}")
+        return v
+
+    @field_validator("resize")
+    @classmethod
+    def _height_width(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (len(v) != 2 or min(v) < 1):
+            raise ValueError(f"{v} is not [height, width] of two sizes >= 1, e.g. [64, 64]")
+        return v
+
+    @model_validator(mode="after")
+    def _image_keys(self) -> InputConfig:
+        for key in ("resize", "channels", "exact_on"):
+            if getattr(self, key) not in (None, "pixels") and self.decode != "image":
+                raise ValueError(f"input.{key} applies to decoded images: set input.decode: "
+                                 f"image or remove input.{key}")
+        return self
+
+    @field_validator("shape")
+    @classmethod
+    def _non_negative_shape(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(d < 0 for d in v):
+            raise ValueError(f"dimensions must be >= 0, got {v}")
+        return v
+
+    def to_spec(self, rank: str | None, decoded_chunk_bytes: int) -> TensorSpec:
+        """What the readers read: this section, the keep column (``rank``) and how many
+        decoded bytes a chunk holds (``tuning.decoded_chunk_bytes``)."""
+        decode = None
+        if self.decode != "none":
+            decode = Decode(self.decode, None if self.resize is None else tuple(self.resize),
+                            self.channels, self.max_pixels, decoded_chunk_bytes,
+                            self.exact_on)
+        return TensorSpec(self.tensor, self.id, None if self.shape is None else tuple(self.shape),
+                          self.dtype, rank, self.compression, decode)
+
+
+class KeyColumn(Strict):
+    max: str | None = None
+    min: str | None = None
+
+
+class OutputConfig(Strict):
+    path: str = Field(description="directory for clean shards (same format as the input)")
+    overwrite: bool = Field(False, description="replace an existing output.path and report "
+                            "(only once the new run has succeeded)")
+
+
+class TuningConfig(Strict):
+    chunk_rows: int = Field(Chunking.chunk_rows, gt=0, description="records per Beam "
+                            "element (a chunk of rows); bigger = less per-element overhead, "
+                            "more memory")
+    chunk_bytes: int = Field(Chunking.chunk_bytes, gt=0, description="tensor bytes per "
+                             "Beam element at most: a chunk holds min(chunk_rows, "
+                             "chunk_bytes / record bytes) records (at least 1), so wide "
+                             "tensors (images) stay small")
+    unit_rows: int = Field(Chunking.unit_rows, gt=0, description="records per read unit "
+                           "(a range of a file read by one worker, split into chunks); "
+                           "units are what runs in parallel; wide records get units of as "
+                           "many chunks as unit_rows / chunk_rows")
+    shards: int = Field(16, gt=0, description="shuffle shards of the digest group-by")
+    decoded_chunk_bytes: int = Field(Decode.chunk_bytes, gt=0, description="input.decode: a chunk "
+                                     "holds at most this many decoded (and encoded) bytes, "
+                                     "whatever its rows")
+    remote_timeout_s: float = Field(10.0, gt=0, le=3600, allow_inf_nan=False,
+                                    description="checks before the run: seconds to wait for "
+                                    "one answer from a remote filesystem (gs://, s3://) before "
+                                    "stopping with exit 2 (no network or credentials)")
+
+    def chunking(self) -> Chunking:
+        """How the steps cut the input into elements (``Chunking``)."""
+        return Chunking(unit_rows=self.unit_rows, chunk_rows=self.chunk_rows,
+                        chunk_bytes=self.chunk_bytes)
+
+
+class NearConfig(Strict):
+    metric: Literal["allclose", "l2", "cosine", "correlation"] = Field(
+        description="allclose | l2 | cosine | correlation (1 - Pearson r, each image channel "
+        "centred on its own mean: brightness and contrast ignored); leave the near section "
+        "out (or null) for no near-duplicate stage")
+    threshold: float | None = Field(None, gt=0, le=MAX_TOLERANCE, allow_inf_nan=False,
+                                    description="l2: Euclidean distance; cosine: cosine "
+                                    "distance 1 - cos, at most 2; correlation: 1 - r, below "
+                                    "2 (required for l2, cosine and correlation)")
+    atol: float = Field(NearSpec.atol, ge=0, le=MAX_TOLERANCE, allow_inf_nan=False,
+                        description="allclose: |a - b| <= atol + rtol * |b| elementwise, b = "
+                        "the kept record (numpy isclose)")
+    rtol: float = Field(NearSpec.rtol, ge=0, le=1, allow_inf_nan=False,
+                        description="allclose: relative tolerance (at most 1)")
+    grouping: Literal["representative", "components"] = Field(
+        NearSpec.grouping, description="representative (removed only if within tolerance of "
+        "a kept record) | components (connected components; chains allowed)")
+    mode: Literal["auto", "exact", "bounded"] = Field(
+        NearSpec.mode, description="exact (every pair within tolerance is found; cost can approach "
+        "all-pairs on high-dimensional data) | bounded (each record meets at most `probes` "
+        "cells: cost grows as n x probes; recall measured) | auto (predicts both from a "
+        "sample and takes exact when it costs no more than bounded)")
+    probes: int = Field(NearSpec.probes, ge=1, le=1000, description="bounded mode: cells "
+                        "each record meets at most (its own included)")
+    recall_sample: int = Field(NearSpec.recall_sample, ge=0, le=1_000_000,
+                               description="records checked by brute force against all "
+                               "records for the recall estimate in summary.json (0: off)")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        NearSpec.device, description="where the matrix products run: auto (a CUDA GPU "
+        "through torch when there is one) | cpu | cuda")
+    index: Literal["auto", "flat", "ivf", "hnsw"] = Field(
+        NearSpec.index, description="search inside each cell: auto = flat (exact) | ivf | hnsw "
+        "(approximate: recall < 1, precision stays 1)")
+    nlist: int | None = Field(NearSpec.nlist, gt=0, description="ivf: inverted lists per partition "
+                              "(default 4 sqrt(rows))")
+    nprobe: int = Field(NearSpec.nprobe, gt=0, description="ivf: lists visited per query")
+    M: int = Field(NearSpec.hnsw_m, gt=1, description="hnsw: links per node")
+    nonfinite: Literal["keep", "invalid"] = Field(
+        "keep", description="records with NaN/inf values: keep (never compared by distance) | "
+        "invalid (reported in invalid.parquet)")
+    single_index_rows: int = Field(NearSpec.single_index_rows, gt=0, description="up to "
+                                   "this many records: one partition (one index)")
+    partition_rows: int = Field(NearSpec.partition_rows, gt=0, description="above that: "
+                                "k-means partitions of about this many records, searched on "
+                                "separate workers")
+    borderline_pairs: int = Field(500, ge=0, description="pairs just inside and just outside "
+                                  "the tolerance sampled into borderline_pairs.parquet (each)")
+
+    @model_validator(mode="after")
+    def _threshold_for_distances(self) -> NearConfig:
+        if self.metric in ("l2", "cosine", "correlation") and self.threshold is None:
+            raise ValueError(f"metric {self.metric} needs a threshold > 0 (near.threshold)")
+        if self.metric == "correlation" and self.threshold is not None and self.threshold >= 2:
+            raise ValueError(f"near.threshold {self.threshold:g}: correlation distance 1 - r "
+                             "is at most 2, so every pair with any contrast would be a "
+                             "duplicate: use a value in (0, 2)")
+        if self.metric == "cosine" and self.threshold is not None and self.threshold > 2:
+            raise ValueError(f"near.threshold {self.threshold:g}: cosine distance is at most 2, "
+                             "so every pair would be a duplicate: use a value in (0, 2]")
+        return self
+
+    def to_spec(self, channels: int = 1) -> NearSpec:
+        """The kernel's settings (``NearSpec``); ``channels``: a decoded image's, each
+        centred on its own mean by the correlation metric."""
+        return NearSpec(self.metric, threshold=self.threshold or 0.0, atol=self.atol,
+                        rtol=self.rtol, grouping=self.grouping, index=self.index,
+                        nlist=self.nlist, nprobe=self.nprobe, hnsw_m=self.M,
+                        single_index_rows=self.single_index_rows,
+                        partition_rows=self.partition_rows, mode=self.mode,
+                        probes=self.probes, recall_sample=self.recall_sample,
+                        device=self.device, channels=channels)
+
+
+class EmbedConfig(Strict):
+    model: Literal["sentence-transformers", "torchscript"] = Field(
+        description="sentence-transformers (a model folder or Hub name: texts, or images "
+        "for CLIP-like models) | torchscript (a torch.jit.save file called on a stacked "
+        "batch of the records' tensors)")
+    path: str = Field(description="the model: a local folder, a Hub name "
+                      "(sentence-transformers) or a .pt file (torchscript)")
+    batch_size: int = Field(64, gt=0, le=65536, description="records per model call")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto (a CUDA GPU where torch sees one) | cpu | cuda")
+    normalize: bool = Field(True, description="sentence-transformers: unit-length "
+                            "embeddings (cosine distance = 1 - dot product)")
+    write: bool = Field(True, description="write every embedding to "
+                        "report/embeddings/*.parquet (record_id, file, row, embedding)")
+    long: Literal["chunks", "truncate", "refuse"] = Field(
+        "chunks", description="sentence-transformers, a text longer than the model's "
+        "max_seq_length: chunks (embedded in windows of that length, their mean weighted by "
+        "tokens) | truncate (cut at it: texts that share their first window get one "
+        "embedding) | refuse (an invalid record, with the reason); counted in "
+        "summary.json's embed.long_records either way")
+
+    @model_validator(mode="after")
+    def _long_for_text_models(self) -> EmbedConfig:
+        if "long" in self.model_fields_set and self.model != "sentence-transformers":
+            raise ValueError("embed.long applies to sentence-transformers models (texts and "
+                             "their tokens): remove embed.long")
+        return self
+
+
+class StoreConfig(Strict):
+    path: str = Field(description="fingerprint store: a directory (local or any Beam "
+                      "filesystem, e.g. gs://) holding the digests (and, with near, the values) "
+                      "of every record kept by earlier runs; inputs are deduplicated against it")
+    update: bool = Field(True, description="append this run's kept records to the store once "
+                         "the run has succeeded (false: only check against it)")

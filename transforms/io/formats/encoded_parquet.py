@@ -1,0 +1,180 @@
+"""Encoded values in Parquet: a binary or string column, or Hugging Face ``Image()``.
+
+``datasets`` stores an image as ``struct<bytes: binary, path: string>``; a row with
+null bytes but a path refers to a file, read here relative to the Parquet file (as
+``datasets`` resolves it), or reported invalid with the reason. Row groups are read as
+the numeric reader reads them (one at a time, the next one prefetched), then cut into
+slices of at most ``rows`` values and ``max_bytes`` encoded bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from transforms.io import fs
+from transforms.io.formats.base import (
+    InputError,
+    InvalidRecord,
+    TensorSpec,
+    Unit,
+    Values,
+    default_ids,
+    default_ids_arrow,
+    error_line,
+    unreadable_file,
+)
+from transforms.io.formats.encoded import byte_slices
+from transforms.io.formats.parquet import groups_at
+from transforms.io.formats.parquet_files import open_file, prefetched
+
+
+def value_kind(t: pa.DataType) -> str | None:
+    """"binary", "text" or "struct" (``struct<bytes, path>``) for a column of encoded
+    values, else None."""
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return "binary"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "text"
+    if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0 and value_kind(
+            t.field("bytes").type) == "binary":
+        return "struct"
+    return None
+
+
+def _beside(path: str, rel: str) -> str:
+    """``rel`` (a path stored in the file) resolved against the Parquet file's folder."""
+    if "://" in rel or os.path.isabs(rel):
+        return rel
+    if fs.is_local(path):
+        return os.path.join(os.path.dirname(path), rel)
+    return posixpath.join(posixpath.dirname(path), rel)
+
+
+def _read_file(path: str) -> bytes:
+    with fs.open_read(path) as f:
+        return f.read()
+
+
+def _column(col: pa.Array) -> tuple[pa.Array, pa.Array | None]:
+    """(values, paths or None) of a value column (the struct's fields for ``Image()``)."""
+    if pa.types.is_struct(col.type):
+        paths = (pc.struct_field(col, "path") if col.type.get_field_index("path") >= 0
+                 else None)
+        return pc.struct_field(col, "bytes"), paths
+    return col, None
+
+
+def _resolve(data: list, paths: list | None, file: str, name: str
+             ) -> tuple[list, dict[int, str]]:
+    """Values with a path-only row's file read in; {row: reason} for the unusable rows."""
+    bad: dict[int, str] = {}
+    for i, v in enumerate(data):
+        if v is not None:
+            continue
+        p = None if paths is None else paths[i]
+        if p is None:
+            bad[i] = f"column {name!r}: null (no bytes and no path)"
+            continue
+        try:
+            data[i] = _read_file(_beside(file, p))
+        except OSError as e:
+            bad[i] = f"column {name!r}: no bytes, and its path {p!r} cannot be read " \
+                     f"({error_line(e)})"
+    return data, bad
+
+
+def check(path: str, spec: TensorSpec) -> tuple[bytes | str, str] | None:
+    """(first value, where) after checking that the columns exist and the tensor column
+    holds encoded values; None when the file has no usable value to try."""
+    pf = open_file(path)
+    if isinstance(pf, Exception):
+        return None
+    schema = pf.schema_arrow
+    for key, name in (("input.tensor", spec.tensor), ("input.id", spec.id), ("keep", spec.rank)):
+        if name is not None and schema.get_field_index(name) < 0:
+            raise InputError(f"{path}: {key}: no column {name!r}; the file has columns "
+                             f"{', '.join(schema.names)}")
+    t = schema.field(spec.tensor).type
+    kind = value_kind(t)
+    if kind is None:
+        raise InputError(f"{path}: input.decode: column {spec.tensor!r} holds {t}, not encoded "
+                         "values (binary, string, or struct<bytes, path> as Hugging Face "
+                         "datasets writes images): set input.decode: none for numeric tensors")
+    if kind == "text" and spec.decode is not None and spec.decode.kind == "image":
+        raise InputError(f"{path}: input.decode: column {spec.tensor!r} holds text ({t}), not "
+                         "image bytes: set input.decode: text")
+    for batch in pf.iter_batches(batch_size=64, columns=[spec.tensor]):
+        data, paths = _column(batch.column(0))
+        values, bad = _resolve(data.to_pylist(), None if paths is None else paths.to_pylist(),
+                               path, spec.tensor)
+        first = next((i for i, v in enumerate(values) if i not in bad), None)
+        if first is not None:
+            return values[first], f"column {spec.tensor!r}"
+    return None
+
+
+def _values(unit: Unit, table: pa.Table, first: int, spec: TensorSpec) -> Values:
+    n = table.num_rows
+    positions = np.arange(first, first + n, dtype=np.int64)
+    data, paths = _column(table.column(spec.tensor).combine_chunks())
+    values, bad = _resolve(data.to_pylist(), None if paths is None else paths.to_pylist(),
+                           unit.path, spec.tensor)
+    if spec.id is None:
+        ids = default_ids_arrow(unit.path, positions)
+    else:
+        ids = table.column(spec.id).combine_chunks().cast(pa.string())
+        if ids.null_count:
+            for i in np.flatnonzero(~ids.is_valid().to_numpy(zero_copy_only=False)).tolist():
+                bad.setdefault(i, f"column {spec.id!r}: null id")
+            ids = pc.coalesce(ids, default_ids_arrow(unit.path, positions))
+    rank = None
+    if spec.rank is not None:
+        rank = table.column(spec.rank).cast(pa.float64()).to_numpy()
+    ok = np.ones(n, dtype=bool)
+    ok[list(bad)] = False
+    keep = np.flatnonzero(ok)
+    invalid = [InvalidRecord(int(positions[i]), ids[i].as_py(), why)
+               for i, why in sorted(bad.items())]
+    return Values(unit.file_index, positions[keep], ids.take(pa.array(keep)),
+                  [values[i] for i in keep.tolist()], None if rank is None else rank[keep],
+                  invalid)
+
+
+def read_values(unit: Unit, spec: TensorSpec, rows: int, max_bytes: int) -> Iterator[Values]:
+    pf = open_file(unit.path)
+    if isinstance(pf, Exception):
+        yield Values(unit.file_index, np.empty(0, np.int64), np.empty(0, object), [], None,
+                     [unreadable_file(unit.path, f"unreadable Parquet file: {error_line(pf)}")])
+        return
+    stop = pf.metadata.num_rows if unit.stop is None else unit.stop
+    columns = list(dict.fromkeys(c for c in (spec.tensor, spec.id, spec.rank) if c is not None))
+    for rg, first, n, table in prefetched(unit.path, pf, unit.start, stop, columns):
+        if isinstance(table, Exception):
+            positions = np.arange(first, first + n, dtype=np.int64)
+            why = f"unreadable row group {rg}: {error_line(table)}"
+            yield Values(unit.file_index, np.empty(0, np.int64), np.empty(0, object), [], None,
+                         [InvalidRecord(int(p), i, why) for p, i in zip(
+                             positions.tolist(), default_ids(unit.path, positions), strict=True)])
+            continue
+        data = _column(table.column(spec.tensor).combine_chunks())[0]
+        lengths = pc.binary_length(data).fill_null(0).to_numpy(zero_copy_only=False)
+        for a, b in byte_slices(lengths, rows, max_bytes):
+            yield _values(unit, table.slice(a, b - a), first + a, spec)
+
+
+def values_at(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, bytes | str]:
+    """The stored values at ``positions`` (only the row groups holding them are read)."""
+    out: dict[int, bytes | str] = {}
+    for offset, local, table in groups_at(path, spec.tensor, positions):
+        data, paths = _column(table.column(0).combine_chunks().take(pa.array(local)))
+        values, bad = _resolve(data.to_pylist(), None if paths is None else paths.to_pylist(),
+                               path, spec.tensor)
+        out.update({offset + p: v for i, (p, v) in enumerate(zip(local, values, strict=True))
+                    if i not in bad})
+    return out

@@ -1,0 +1,83 @@
+"""Remote filesystems in the checks: every call bounded in time, every failure one line.
+
+Why: a remote filesystem without network or credentials does not fail: its client
+retries for minutes. Every remote call here runs in a daemon thread (the process can
+still exit while one hangs) and is given tuning.remote_timeout_s to answer; files are
+inspected by REMOTE_WORKERS threads at once, each call bounded on its own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from apache_beam.io.filesystem import BeamIOError
+
+from transforms.io import fs
+from transforms.io.formats.base import InputError, error_line
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+REMOTE_WORKERS = 8
+
+
+def _remote_fix(key: str) -> str:
+    return (f"check the network and the credentials (gcloud auth application-default login; "
+            f"tuning.remote_timeout_s sets the wait), or, for an offline --dry-run, --set "
+            f"{key}=<a local path>")
+
+
+def _reason(e: BaseException) -> str:
+    """A filesystem error as one line; Beam's BeamIOError wraps the real one per path."""
+    inner = list(getattr(e, "exception_details", None) or {})
+    if isinstance(e, BeamIOError) and inner:
+        e = e.exception_details[inner[0]]
+    return error_line(e)
+
+
+def each_bounded(items: Sequence[str], fn: Callable[[str], R], key: str, what: str,
+                 timeout: float) -> list[R]:
+    """``[fn(p) for p in items]``; remote paths in parallel, each answer awaited at most
+    ``timeout`` seconds. A timeout or an error (other than an InputError, which is
+    already one line) becomes one InputError naming the path, what failed and the fix."""
+    if all(fs.is_local(p) for p in items):
+        return [fn(p) for p in items]
+    results: list = [None] * len(items)
+    done = [threading.Event() for _ in items]
+    lock, todo = threading.Lock(), iter(range(len(items)))
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            try:
+                results[i] = (True, fn(items[i]))
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+                results[i] = (False, e)
+            done[i].set()
+
+    for _ in range(min(REMOTE_WORKERS, len(items))):
+        threading.Thread(target=work, daemon=True, name="preflight-remote").start()
+    out = []
+    for i, path in enumerate(items):
+        if not done[i].wait(timeout):
+            raise InputError(f"{key}: {path}: no answer within {timeout:g} s ({what}): "
+                             f"{_remote_fix(key)}")
+        ok, value = results[i]
+        if not ok:
+            if isinstance(value, InputError):
+                raise value
+            raise InputError(f"{key}: {path}: {what} failed ({_reason(value)}): "
+                             f"{_remote_fix(key)}") from None
+        out.append(value)
+    return out
+
+
+def bounded(path: str, fn: Callable[[str], T], key: str, what: str, timeout: float) -> T:
+    """``fn(path)``, bounded like ``each_bounded`` when ``path`` is remote."""
+    return each_bounded([path], fn, key, what, timeout)[0]
+

@@ -1,0 +1,65 @@
+"""The near stage's settings (``NearSpec``): what a near duplicate is (metric and
+tolerance), how the records are grouped, and how the search is cut into cells.
+
+Why a module of its own: every part of the near stage (the search space, the
+verification, the plan, the Beam steps, the filters, the job's config) reads these
+settings, and none of them may import the driver that uses them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transforms.near.plan import MODES, partition_count
+from transforms.near.search import rows_for
+
+METRICS = ("allclose", "l2", "cosine", "correlation")
+GROUPINGS = ("representative", "components")
+INDEXES = ("auto", "flat", "ivf", "hnsw")
+DEVICES = ("auto", "cpu", "cuda")
+CELL_BYTES = 64 << 20  # float32 search vectors of one cell, about (wide records)
+
+
+@dataclass(frozen=True)
+class NearSpec:
+    metric: str  # allclose | l2 | cosine | correlation
+    threshold: float = 0.0  # l2: Euclidean distance; cosine: 1 - cos; correlation: 1 - r
+    atol: float = 1e-5  # allclose: |a - b| <= atol + rtol * |b| elementwise (b = kept record)
+    rtol: float = 0.0
+    grouping: str = "representative"
+    index: str = "auto"  # inside each cell: auto = flat (exact)
+    nlist: int | None = None  # ivf: lists (default 4 sqrt(n))
+    nprobe: int = 16  # ivf: lists visited per query
+    hnsw_m: int = 32  # hnsw: links per node
+    single_index_rows: int = 20_000  # up to here: one cell (n^2 d flops stay ~2 s)
+    partition_rows: int = 1_000  # above: k-means cells of about this many rows (or sqrt n)
+    mode: str = "auto"  # exact | bounded | auto (chosen from a sample before the search)
+    probes: int = 3  # bounded: cells per row at most (home included)
+    recall_sample: int = 2_000  # records checked by brute force for the recall estimate
+    device: str = "auto"  # auto | cpu | cuda (matrix products on a GPU through torch)
+    channels: int = 1  # correlation: values interleaved as (h, w, c): each c centred alone
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("metric", self.metric, METRICS),
+                                     ("grouping", self.grouping, GROUPINGS),
+                                     ("index", self.index, INDEXES),
+                                     ("mode", self.mode, MODES),
+                                     ("device", self.device, DEVICES)):
+            if value not in allowed:
+                raise ValueError(f"near.{name} must be one of {', '.join(allowed)}, got {value!r}")
+        if self.probes < 1:
+            raise ValueError(f"near.probes must be at least 1, got {self.probes}")
+        if self.channels < 1:
+            raise ValueError(f"channels must be at least 1, got {self.channels}")
+
+    @property
+    def marker(self) -> float:
+        """The distance to mark on a histogram: the threshold (allclose: atol)."""
+        return self.atol if self.metric == "allclose" else self.threshold
+
+    def cells(self, n: int, dim: int = 1) -> int:
+        """Cells for n records of ``dim`` values: the row counts above, capped so that a
+        cell's search vectors stay near CELL_BYTES (16k-value records: 1,024 rows)."""
+        cap = rows_for(4 * dim, CELL_BYTES, max(self.single_index_rows, self.partition_rows), 2)
+        return partition_count(n, min(self.single_index_rows, cap),
+                               min(self.partition_rows, cap))

@@ -1,0 +1,107 @@
+"""Float64 verification of candidate pairs with the user's metric: what every removal
+rests on (the searches only propose pairs; ``transforms.near.find``).
+
+Why apart from the search: the search's rounding is bounded, this is the exact rule
+(l2, 1 - cos, 1 - Pearson r, numpy.isclose), evaluated the same way by the kernel, the
+job's cells, the merge and the recall check.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from transforms.near.search import rows_for
+
+if TYPE_CHECKING:
+    from transforms.near.spec import NearSpec
+
+
+def _rows(x: np.ndarray) -> np.ndarray:
+    """``x`` as (records, values), no record too."""
+    x = np.asarray(x)
+    return x.reshape(len(x), math.prod(x.shape[1:]))
+
+
+def centred_channels(x: np.ndarray, channels: int) -> np.ndarray:
+    """Rows (n, d) as float64 with each channel's values (d / ``channels`` of them,
+    interleaved as in an (h, w, c) image) minus their mean, channel after channel
+    (the layout is (n, channels, d / channels) flattened). A channel whose values are
+    all equal is exactly 0, whatever the mean's rounding.
+
+    Why it must give the same bits for a row whatever rows come with it: the search
+    bounds the distance between the unit vectors of these rows, and the verification
+    measures the same rows again; both are then the cosine of one pair of float64
+    vectors, and the cosine's rounding bound holds (``transforms.near.find.search_radius``).
+    Each mean is a sum along the last axis of a C-contiguous array (numpy's pairwise sum
+    over that row's own values: one order for any number of rows)."""
+    x = _rows(x)
+    if x.shape[1] % channels:
+        raise ValueError(f"correlation over {channels} channels: records of {x.shape[1]} "
+                         "values are not whole pixels")
+    x = x.reshape(len(x), x.shape[1] // channels, channels)
+    y = np.array(x.transpose(0, 2, 1), dtype=np.float64, order="C")  # a copy, always
+    if y.size:
+        y -= (y.sum(axis=2) / y.shape[2])[:, :, None]
+        y[x.max(axis=1) == x.min(axis=1)] = 0.0
+    return y.reshape(len(x), y.shape[1] * y.shape[2])
+
+
+def directed(x: np.ndarray, spec: NearSpec) -> np.ndarray:
+    """Rows that have a direction for cosine (not all zero) or correlation (some channel
+    not flat); a row without one is never within tolerance of anything."""
+    x = _rows(x)
+    if spec.metric == "correlation":
+        y = x.reshape(len(x), x.shape[1] // spec.channels, spec.channels)
+        if not y.size:
+            return np.zeros(len(x), bool)
+        return (y.max(axis=1) != y.min(axis=1)).any(axis=1)
+    return np.any(x != 0, axis=1)
+
+
+def exact_distance(a: np.ndarray, b: np.ndarray, spec: NearSpec
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(distance, within) for row pairs, in float64; ``b`` is the kept (reference) record.
+
+    l2: Euclidean; cosine: 1 - cos (NaN for a zero vector: never within); correlation:
+    1 - Pearson r, the cosine of ``centred_channels`` rows (NaN when every channel of a
+    row is flat: never within); allclose: the largest |a_i - b_i|, within when
+    numpy.isclose(a, b, rtol, atol) holds everywhere.
+    """
+    if spec.metric == "correlation":
+        a, b = centred_channels(a, spec.channels), centred_channels(b, spec.channels)
+    else:
+        a, b = a.astype(np.float64), b.astype(np.float64)
+    if spec.metric == "l2":
+        d = np.linalg.norm(a - b, axis=1)
+        return d, d <= spec.threshold
+    if spec.metric in ("cosine", "correlation"):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cos = (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+        d = 1.0 - np.clip(cos, -1.0, 1.0)
+        return d, d <= spec.threshold
+    diff = np.abs(a - b)
+    return diff.max(axis=1, initial=0.0), (diff <= spec.atol + spec.rtol * np.abs(b)).all(axis=1)
+
+
+def verify(xa: np.ndarray, xb: np.ndarray, spec: NearSpec
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(distance, a within with b as reference, b within with a as reference) in float64;
+    the two differ only for allclose, which is not symmetric."""
+    d, ab = exact_distance(xa, xb, spec)
+    ba = exact_distance(xb, xa, spec)[1] if spec.metric == "allclose" else ab
+    return d, ab, ba
+
+
+def verify_rows(xa: np.ndarray, a: np.ndarray, xb: np.ndarray, b: np.ndarray,
+                spec: NearSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``verify`` of the pairs (xa[a[k]], xb[b[k]]), a slice of pairs at a time: float64
+    copies of both ends of every pair at once would be gigabytes for wide records or
+    many pairs (32 MB of values per slice)."""
+    step = rows_for(16 * max(1, xa.reshape(len(xa), -1).shape[1]), 32 << 20, 1 << 20, 64)
+    parts = [verify(xa[a[k:k + step]], xb[b[k:k + step]], spec) for k in range(0, len(a), step)]
+    if not parts:
+        return np.empty(0), np.empty(0, bool), np.empty(0, bool)
+    return tuple(np.concatenate(c) for c in zip(*parts, strict=True))
