@@ -35,16 +35,18 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
     nonfinite_invalid = (cfg.near is not None and cfg.near.nonfinite == "invalid"
                          and job.spec.decode is None)  # decoded values are finite
     long_texts = None if job.embed is None else job.embed.long_texts()  # embed.long
+    blank = job.near.shingles if job.near is not None and job.near.is_sets else None
     read = p | "Read" >> ReadTensors(job.files, format=cfg.input.format, spec=job.spec,
                                      chunking=chunking, on_invalid=cfg.on_invalid,
-                                     nonfinite_invalid=nonfinite_invalid, long_texts=long_texts)
+                                     nonfinite_invalid=nonfinite_invalid, long_texts=long_texts,
+                                     blank=blank)
     ref = refs = None
     if job.references is not None:
         refs = job.references
         ref = p | "ReadReference" >> ReadTensors(refs.files, format=refs.format, spec=refs.spec,
                                                  chunking=chunking, reference=True,
                                                  nonfinite_invalid=nonfinite_invalid,
-                                                 long_texts=long_texts)
+                                                 long_texts=long_texts, blank=blank)
     embed = None
     if job.embed is not None:  # exact dedup on the raw values, then its survivors embedded
         from pipeline.steps.embed import Embed, EmbedKept  # imports torch: only when embedding

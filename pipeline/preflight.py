@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from pipeline import progress
 from pipeline.config import DedupeConfig, keep_policy
 from pipeline.config.sections import InputConfig
 from pipeline.embedding import Embedding, embedding
@@ -184,6 +185,8 @@ def near_spec(cfg: DedupeConfig, dtype: str | None, channels: int = 1,
         raise InputError(f"near: the tensors are {dtype}; near-duplicate search needs real "
                          "values: remove the near section or store real and imaginary parts")
     n = cfg.near
+    if n.metric == "jaccard":
+        return _jaccard_spec(cfg, dtype)
     top = largest_l2(dtype, shape) if n.metric == "l2" else None
     if top is not None and n.threshold is not None and n.threshold >= top:
         raise InputError(f"near.threshold: {n.threshold:g} is at or above the largest l2 "
@@ -194,6 +197,23 @@ def near_spec(cfg: DedupeConfig, dtype: str | None, channels: int = 1,
     return n.to_spec(channels)
 
 
+
+
+def _jaccard_spec(cfg: DedupeConfig, dtype: str | None) -> NearSpec:
+    """Jaccard's settings: word shingles for text, token shingles for integer sequences
+    (the only numbers a token n-gram means anything over); a threshold below 0.5 warned
+    of (records sharing half their shingles are rarely copies)."""
+    n = cfg.near
+    text = cfg.input.decode == "text"
+    if not text and not (dtype or "").startswith(("int", "uint")):
+        raise InputError(f"near.metric: jaccard on column {cfg.input.tensor!r} of {dtype} "
+                         "values: jaccard compares texts (input.decode: text) or integer "
+                         "sequences (token ids); use a distance metric for other numbers")
+    if n.threshold is not None and n.threshold < 0.5:
+        progress.note(f"warning: near.threshold {n.threshold:g} for jaccard: records that "
+                      "share less than half their shingles are rarely copies of each other; "
+                      "0.7-0.9 is usual")
+    return n.to_spec(unit="word" if text else "token")
 
 
 RUN_ID_FIELD = "{run_id}"
@@ -266,7 +286,7 @@ def prepare(cfg: DedupeConfig) -> Job:
     first = first_known(checked)
     resolved = checked[first]
     if (cfg.near is not None and cfg.embed is None and cfg.input.format == "parquet"
-            and spec.decode is None and resolved.shape is None):
+            and spec.decode is None and resolved.shape is None and cfg.near.metric != "jaccard"):
         check_one_size(files[first], cfg.input, timeout)
     refs = references(cfg, resolved)
     _check_paths(cfg, files, root, output, report, refs.files if refs else [], replace)

@@ -128,6 +128,8 @@ class DedupeConfig(Strict):
         """Distances need one shape and numbers that mean something: no near stage on
         images of many sizes, nor on stored bytes or text without an embedding."""
         src = self.input
+        if self.near is not None and self.near.metric == "jaccard":
+            return self._jaccard_input()
         if self.near is None or src.decode == "none":
             return self
         if src.decode == "image" and src.resize is None and src.shape is None:
@@ -138,6 +140,32 @@ class DedupeConfig(Strict):
             raise ValueError(f"near: input.decode: {src.decode} values have no distance until"
                              " they are embedded: add an embed section, or remove near (exact "
                              "dedup of the stored values needs none)")
+        return self
+
+    def _jaccard_input(self) -> DedupeConfig:
+        """Jaccard compares shingle sets: of texts (word, char) or integer sequences
+        (token), never of embeddings or pixels."""
+        src, unit = self.input, (self.near.shingles.unit if self.near.shingles else None)
+        if self.embed is not None:
+            raise ValueError("near.metric: jaccard compares the records' own shingles, not "
+                             "embeddings: remove the embed section (or use metric cosine "
+                             "with it)")
+        if src.decode in ("image", "bytes"):
+            raise ValueError(f"near.metric: jaccard needs text or integer sequences, not "
+                             f"input.decode: {src.decode}: use decode: text for a text column")
+        if src.decode == "text" and unit == "token":
+            raise ValueError("near.shingles.unit: token compares integer sequences; for "
+                             "input.decode: text use word or char")
+        if src.decode == "none" and unit in ("word", "char"):
+            raise ValueError(f"near.shingles.unit: {unit} needs input.decode: text (a string "
+                             "column); integer sequences use unit token")
+        if self.store is not None:
+            raise ValueError("store with near.metric: jaccard: a fingerprint store holds "
+                             "vectors, not shingle sets, yet (docs/text.md): remove store, or "
+                             "add the earlier runs' outputs as reference sets")
+        if src.shape is not None:
+            raise ValueError("input.shape with near.metric: jaccard: sequences are compared "
+                             "at their own lengths; remove input.shape")
         return self
 
     @model_validator(mode="after")

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from transforms.canonical import DTYPE_CODES
 from transforms.io.formats.base import Chunking, Decode, TensorSpec
+from transforms.near.sets import DEFAULT_SIZE, PERMUTATIONS, TARGET_AT_THRESHOLD, Shingles
 from transforms.near.spec import NearSpec
 
 # Tolerances above this are no tolerance at all (every pair is within it) and overflow
@@ -132,15 +133,55 @@ class TuningConfig(Strict):
                         chunk_bytes=self.chunk_bytes)
 
 
+class ShinglesConfig(Strict):
+    unit: Literal["word", "char", "token"] | None = Field(
+        None, description="word (n-grams of the normalised text's words) | char (n-grams of "
+        "its characters) | token (n-grams of an integer sequence as stored); default: word "
+        "for text, token for integer sequences")
+    size: int | None = Field(None, ge=1, le=1000, description="units per shingle (default "
+                             f"{DEFAULT_SIZE['word']} for word and token, "
+                             f"{DEFAULT_SIZE['char']} for char)")
+    normalize: bool = Field(Shingles.normalize, description="text: Unicode NFKC, lower case, "
+                            "punctuation and whitespace collapsed (false: as stored, words "
+                            "split at whitespace)")
+    permutations: int | None = Field(None, ge=1, le=4096, description="bounded mode: MinHash "
+                                     f"signature length (default {PERMUTATIONS})")
+    bands: int | None = Field(None, ge=1, le=4096, description="bounded mode: LSH bands (rows "
+                              "= permutations / bands; default: chosen from the threshold so "
+                              "a pair at J = threshold is a candidate with chance >= "
+                              f"{TARGET_AT_THRESHOLD})")
+
+    @model_validator(mode="after")
+    def _bands_fit(self) -> ShinglesConfig:
+        k = self.permutations or PERMUTATIONS
+        if self.bands is not None and self.bands > k:
+            raise ValueError(f"near.shingles.bands {self.bands} > permutations {k}: each band "
+                             "holds permutations / bands signature values; use bands <= "
+                             "permutations")
+        return self
+
+    def to_shingles(self, unit: str) -> Shingles:
+        return Shingles(self.unit or unit, self.size, self.normalize, self.permutations,
+                        self.bands)
+
+
+VECTOR_ONLY = ("probes", "index", "nlist", "nprobe", "M", "atol", "rtol", "nonfinite",
+               "single_index_rows", "partition_rows")
+
+
 class NearConfig(Strict):
-    metric: Literal["allclose", "l2", "cosine", "correlation"] = Field(
+    metric: Literal["allclose", "l2", "cosine", "correlation", "jaccard"] = Field(
         description="allclose | l2 | cosine | correlation (1 - Pearson r, each image channel "
-        "centred on its own mean: brightness and contrast ignored); leave the near section "
+        "centred on its own mean: brightness and contrast ignored) | jaccard (texts and token "
+        "sequences: the Jaccard similarity of their shingle sets); leave the near section "
         "out (or null) for no near-duplicate stage")
     threshold: float | None = Field(None, gt=0, le=MAX_TOLERANCE, allow_inf_nan=False,
                                     description="l2: Euclidean distance; cosine: cosine "
                                     "distance 1 - cos, at most 2; correlation: 1 - r, below "
-                                    "2 (required for l2, cosine and correlation)")
+                                    "2; jaccard: the MINIMUM Jaccard similarity of a near "
+                                    "duplicate, in (0, 1] (required for all four)")
+    shingles: ShinglesConfig | None = Field(None, description="jaccard: how a record becomes "
+                                            "a set of shingles")
     atol: float = Field(NearSpec.atol, ge=0, le=MAX_TOLERANCE, allow_inf_nan=False,
                         description="allclose: |a - b| <= atol + rtol * |b| elementwise, b = "
                         "the kept record (numpy isclose)")
@@ -182,8 +223,22 @@ class NearConfig(Strict):
 
     @model_validator(mode="after")
     def _threshold_for_distances(self) -> NearConfig:
-        if self.metric in ("l2", "cosine", "correlation") and self.threshold is None:
+        if self.metric in ("l2", "cosine", "correlation", "jaccard") and self.threshold is None:
+            if self.metric == "jaccard":
+                raise ValueError("metric jaccard needs near.threshold: the minimum Jaccard "
+                                 "similarity of a near duplicate, e.g. 0.8")
             raise ValueError(f"metric {self.metric} needs a threshold > 0 (near.threshold)")
+        if self.metric == "jaccard":
+            if self.threshold is not None and self.threshold > 1:
+                raise ValueError(f"near.threshold {self.threshold:g}: for jaccard it is the "
+                                 "minimum Jaccard similarity, in (0, 1] (e.g. 0.8)")
+            wrong = [k for k in VECTOR_ONLY if k in self.model_fields_set]
+            if wrong:
+                raise ValueError(f"near.{wrong[0]} applies to vector metrics, not jaccard: "
+                                 "remove it (jaccard's settings are near.shingles.*)")
+        elif self.shingles is not None:
+            raise ValueError("near.shingles applies to metric jaccard only: remove it or set "
+                             "near.metric: jaccard")
         if self.metric == "correlation" and self.threshold is not None and self.threshold >= 2:
             raise ValueError(f"near.threshold {self.threshold:g}: correlation distance 1 - r "
                              "is at most 2, so every pair with any contrast would be a "
@@ -193,16 +248,20 @@ class NearConfig(Strict):
                              "so every pair would be a duplicate: use a value in (0, 2]")
         return self
 
-    def to_spec(self, channels: int = 1) -> NearSpec:
+    def to_spec(self, channels: int = 1, unit: str = "word") -> NearSpec:
         """The kernel's settings (``NearSpec``); ``channels``: a decoded image's, each
-        centred on its own mean by the correlation metric."""
+        centred on its own mean by the correlation metric; ``unit``: jaccard's default
+        shingle unit for the input (word for text, token for integer sequences)."""
+        shingles = None
+        if self.metric == "jaccard":
+            shingles = (self.shingles or ShinglesConfig()).to_shingles(unit)
         return NearSpec(self.metric, threshold=self.threshold or 0.0, atol=self.atol,
                         rtol=self.rtol, grouping=self.grouping, index=self.index,
                         nlist=self.nlist, nprobe=self.nprobe, hnsw_m=self.M,
                         single_index_rows=self.single_index_rows,
                         partition_rows=self.partition_rows, mode=self.mode,
                         probes=self.probes, recall_sample=self.recall_sample,
-                        device=self.device, channels=channels)
+                        device=self.device, channels=channels, shingles=shingles)
 
 
 class EmbedConfig(Strict):

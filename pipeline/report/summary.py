@@ -175,9 +175,16 @@ def human_summary(s: dict) -> str:
                      f"{u[0]['reason']}")
     if s.get("near"):
         n = s["near"]
-        how = f", at most {n['probes']} per record" if n["mode"] == "bounded" else ""
-        lines.append(f"near: {n['mode']} search in {n['cells']:,} cell(s){how}; "
-                     f"{recall_line(n['recall'])}")
+        if n.get("metric") == "jaccard":
+            how = (f"{n['bands']} bands x {n['rows']} rows (MinHash-LSH)" if n["mode"] == "bounded"
+                   else "prefix-filter join")
+            lines.append(f"near: jaccard >= {n['threshold_jaccard']:g} over {n['unit']} "
+                         f"{n['size']}-grams, {n['mode']} ({how}); {n['compared']:,} pairs "
+                         f"verified; {recall_line(n['recall'])}")
+        else:
+            how = f", at most {n['probes']} per record" if n["mode"] == "bounded" else ""
+            lines.append(f"near: {n['mode']} search in {n['cells']:,} cell(s){how}; "
+                         f"{recall_line(n['recall'])}")
     if s.get("reference"):
         r = s["reference"]
         lost = len(r.get("unreadable_files") or [])

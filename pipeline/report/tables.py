@@ -148,6 +148,13 @@ def file_summary(res: FileResult) -> dict:
 
 def _near_note(spec: NearSpec, stats: dict) -> str:
     """What the histogram's two series are, and how exact each is."""
+    if spec.metric == "jaccard":
+        return (f"Jaccard: distance = 1 - J of the shingle sets ({stats.get('unit')} "
+                f"{stats.get('size')}-grams); the marker is 1 - threshold "
+                f"({1 - spec.threshold:g}). Pairs: each removed record with the kept record it "
+                "duplicates (verified J). Found: "
+                + ("all of them (exact prefix-filter join)" if stats.get("mode") == "exact"
+                   else "those MinHash-LSH made candidates (recall in summary.json)") + ".")
     what = ("max |a_i - b_i| to the L2-nearest neighbour" if spec.metric == "allclose"
             else f"{spec.metric} distance to the nearest neighbour")
     every = stats["histogram_every"]

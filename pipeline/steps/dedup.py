@@ -27,6 +27,7 @@ from pipeline.steps.elements import (
 from pipeline.steps.exact import DedupExact
 from pipeline.steps.fingerprint import Fingerprint, chunk_vectors
 from pipeline.steps.near import DedupNear
+from pipeline.steps.near_sets import DedupNearSets
 from pipeline.steps.records import FromDecisions, ToChunks
 from pipeline.steps.store import StoreVectors, StoreView
 from transforms.exact import Keep
@@ -116,9 +117,14 @@ class Dedup(beam.PTransform):
             out[DECISIONS] = streams | "Decide" >> Decide(self.removals)
             return out
         values = layout.spill_values(self.spill)
+        sets = self.near is not None and self.near.is_sets
+        if sets and (self.store is not None or self.embed is not None or self.survivors):
+            raise ValueError("near metric jaccard compares shingle sets: no fingerprint "
+                             "store or embed with it (docs/text.md)")
         keys = chunks | "Fingerprint" >> Fingerprint(
             keep=self.keep, shards=self.shards,
-            spill=values if self.near and self.embed is None else None)
+            spill=values if self.near and self.embed is None and not sets else None,
+            sets=self.near.shingles if sets else None)
         exact = keys[KEYS] | "DedupExact" >> DedupExact(
             keep=self.keep, store=self.store, survivors=self.survivors)
         streams.update({"exact": self._spilled(exact[REMOVED], "Exact"), SEEN: exact[SEEN]})
@@ -141,9 +147,10 @@ class Dedup(beam.PTransform):
             if self.store is not None:
                 stored = vectors.pipeline | "ReadStore" >> StoreVectors(self.store, keep=self.keep)
                 vectors = (vectors, stored) | "WithStored" >> beam.Flatten()
-            near = vectors | "DedupNear" >> DedupNear(
+            near = vectors | "DedupNear" >> (DedupNearSets(
+                self.near, borderline_pairs=self.borderline_pairs) if sets else DedupNear(
                 self.near, spill=layout.spill_cells(self.spill),
-                borderline_pairs=self.borderline_pairs, keep_spill=self.keep_spill)
+                borderline_pairs=self.borderline_pairs, keep_spill=self.keep_spill))
             streams["near"] = self._spilled(near[REMOVED], "Near")
             out[NEAR_REPORT] = near[NEAR_REPORT]
             if not (self.survivors or self.keep_spill):  # no reader after the search

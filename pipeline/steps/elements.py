@@ -17,9 +17,10 @@ import pyarrow as pa
 from pipeline.steps.removed import Removed, concat_runs
 from transforms.io import fs, spill
 from transforms.io.formats.base import InvalidRecord, records_of
+from transforms.near.sets import Sets
 
 __all__ = ["FileDecision", "FileResult", "KeyBatch", "ReadFacts",
-           "VecBatch", "KINDS",
+           "VecBatch", "SetBatch", "KINDS",
            "CHUNKS", "FACTS", "FILES", "KEYS", "VECTORS",
            "REMOVED", "SEEN", "REFERENCE_FILES", "SURVIVORS", "NEAR_REPORT", "DECISIONS",
            "KEPT", "INVALID"]
@@ -29,7 +30,7 @@ CHUNKS = "chunks"  # ReadTensors: Chunk
 FACTS = "facts"  # ReadTensors: (file_index, ReadFacts)
 FILES = "files"  # ReadTensors: (file_index, path)
 KEYS = "keys"  # Fingerprint: (shard, KeyBatch)
-VECTORS = "vectors"  # Fingerprint: VecBatch (near stage on)
+VECTORS = "vectors"  # Fingerprint: VecBatch (near stage on; SetBatch for jaccard)
 REMOVED = "removed"  # DedupExact, DedupNear: (file_index, Removed); Dedup over records: dicts
 SEEN = "seen"  # DedupExact: (file_index, rows that reached the duplicate check)
 EMBEDDED = "embedded"  # Dedup(embed=): (file_index, rows the model embedded)
@@ -186,6 +187,36 @@ class VecBatch:
         return VecBatch(*cat, pa.concat_arrays([b.ids for b in batches]),
                         np.concatenate([b.x for b in batches]),
                         concat_runs([b.run for b in batches], [len(b) for b in batches]))
+
+
+@dataclass
+class SetBatch:
+    """Fingerprint -> Near (jaccard): some rows' shingle sets with their digests and keep
+    order (as ``VecBatch``; a set is a few bytes per shingle: 64-bit hashes)."""
+
+    words: np.ndarray  # (n, 2) uint64 digest (hi, lo)
+    prio: np.ndarray  # (n,) float64, smaller = preferred
+    order: np.ndarray  # (n,) int64
+    file_index: np.ndarray  # (n,) int32
+    position: np.ndarray  # (n,) int64
+    ids: pa.Array  # (n,) string record ids
+    sets: Sets  # the rows' shingle sets
+    run: pa.Array | None = None  # no store for sets: always None (``Located``)
+
+    def __len__(self) -> int:
+        return len(self.position)
+
+    def take(self, idx: np.ndarray) -> SetBatch:
+        return SetBatch(self.words[idx], self.prio[idx], self.order[idx], self.file_index[idx],
+                        self.position[idx], self.ids.take(pa.array(idx, pa.int64())),
+                        self.sets.take(idx))
+
+    @staticmethod
+    def concat(batches: list[SetBatch]) -> SetBatch:
+        cat = [np.concatenate([getattr(b, f) for b in batches])
+               for f in ("words", "prio", "order", "file_index", "position")]
+        return SetBatch(*cat, pa.concat_arrays([b.ids for b in batches]),
+                        Sets.concat([b.sets for b in batches]))
 
 
 # Why a record was removed: a copy of / near a record of this run, of a reference set

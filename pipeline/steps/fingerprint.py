@@ -15,11 +15,12 @@ from collections.abc import Iterator
 import apache_beam as beam
 import numpy as np
 
-from pipeline.steps.elements import KEYS, REFERENCE_FILES, VECTORS, KeyBatch, VecBatch
+from pipeline.steps.elements import KEYS, REFERENCE_FILES, VECTORS, KeyBatch, SetBatch, VecBatch
 from pipeline.steps.tagged import SplitOutputs
 from transforms.exact import NEW, REFERENCE, Keep, digest_words, keep_order
 from transforms.fingerprint import fingerprint_batch
 from transforms.io.formats.base import Chunk, arrow_ids
+from transforms.near.sets import Shingles, record_sets
 from transforms.near.space import finite_rows
 from transforms.store.segment import range_part
 
@@ -39,6 +40,13 @@ def _vectors(batch: KeyBatch, tensors: np.ndarray, keep: str, folder: str) -> Ve
     if not finite.all():  # a copy of the chunk's values: only when rows must go
         vec = vec.take(np.flatnonzero(finite))
     return vec.spill(folder)
+
+
+def _sets(batch: KeyBatch, values: np.ndarray, keep: str, shingles: Shingles) -> SetBatch:
+    """The batch's shingle sets (blank records were reported invalid by the read)."""
+    prio, order = keep_order(batch.file_index, batch.position, keep, batch.rank, batch.tier)
+    return SetBatch(batch.words, prio, order, batch.file_index, batch.position, batch.ids,
+                    record_sets(values, shingles))
 
 
 def chunk_vectors(chunk: Chunk, keep: str, folder: str) -> VecBatch:
@@ -61,12 +69,16 @@ def _keys(chunk: Chunk, keep: str) -> KeyBatch:
     return KeyBatch(words, file_index, chunk.positions, arrow_ids(chunk.ids), rank, tier)
 
 
-def shard_keys(chunk: Chunk, shards: int, keep: str, near: str | None = None
+def shard_keys(chunk: Chunk, shards: int, keep: str, near: str | None = None,
+               sets: Shingles | None = None
                ) -> Iterator[tuple[int, KeyBatch] | beam.pvalue.TaggedOutput]:
     """``near``: a folder; a VecBatch of the chunk's finite rows, its values spilled
-    there, also goes to the VECTORS output. Reference files' rows are protected."""
+    there, also goes to the VECTORS output; ``sets``: the chunk's shingle sets go there
+    instead (a SetBatch). Reference files' rows are protected."""
     batch = _keys(chunk, keep)
-    if near:
+    if sets is not None:
+        yield beam.pvalue.TaggedOutput(VECTORS, _sets(batch, chunk.tensors, keep, sets))
+    elif near:
         yield beam.pvalue.TaggedOutput(VECTORS, _vectors(batch, chunk.tensors, keep, near))
     shard = shard_of(batch.words, shards)
     order = np.argsort(shard, kind="stable")
@@ -84,13 +96,15 @@ class Fingerprint(beam.PTransform):
       shards: digest-range shards of the exact stage's group-by.
       spill: a folder (any filesystem) for the near stage's values; the VecBatches
         carry references to files there. None: no VECTORS output.
+      sets: jaccard: VECTORS carries each chunk's shingle sets (SetBatch) instead.
     """
 
-    def __init__(self, *, keep: Keep | str = "first", shards: int = 16, spill: str | None = None):
+    def __init__(self, *, keep: Keep | str = "first", shards: int = 16, spill: str | None = None,
+                 sets: Shingles | None = None):
         super().__init__()
-        self.shards, self.keep, self.spill = shards, Keep.of(keep).rule, spill
+        self.shards, self.keep, self.spill, self.sets = shards, Keep.of(keep).rule, spill, sets
 
     def expand(self, chunks):
         return chunks | "DigestAndShard" >> SplitOutputs(
-            shard_keys, self.shards, self.keep, self.spill, main=KEYS,
+            shard_keys, self.shards, self.keep, self.spill, self.sets, main=KEYS,
             tags=(VECTORS,))

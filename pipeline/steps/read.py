@@ -27,6 +27,7 @@ from transforms.io.formats.base import (
     record_nbytes,
     records_of,
 )
+from transforms.near.sets import Shingles, blank_rows
 from transforms.near.space import finite_rows
 
 
@@ -66,8 +67,10 @@ class ReadChunks(beam.DoFn):
     def __init__(self, format_name: str, spec: TensorSpec, chunk_rows: int, fail_on_invalid: bool,
                  total_units: int, nonfinite_invalid: bool = False, total_records: int = 0,
                  stage: str = "read", chunk_bytes: int | None = None,
-                 long_texts: Callable[[Chunk], tuple[Chunk, int]] | None = None):
+                 long_texts: Callable[[Chunk], tuple[Chunk, int]] | None = None,
+                 blank: Shingles | None = None):
         self.format_name, self.spec, self.chunk_rows = format_name, spec, chunk_rows
+        self.blank = blank
         self.long_texts = long_texts
         self.chunk_bytes = chunk_bytes
         self.fail_on_invalid, self.total_units = fail_on_invalid, total_units
@@ -88,6 +91,11 @@ class ReadChunks(beam.DoFn):
                     ~finite_rows(chunk.tensors.reshape(len(chunk.positions), -1)),
                     "NaN or inf values cannot be compared by distance (near.nonfinite: "
                     "invalid; set keep to keep such records)")
+            if self.blank is not None and len(chunk.positions):
+                chunk = chunk.reported_invalid(
+                    blank_rows(chunk.tensors, self.blank),
+                    f"no {self.blank.unit} to compare (an empty or blank record; "
+                    "near.metric: jaccard)")
             long = 0
             if self.long_texts is not None and len(chunk.positions):  # embed.long
                 chunk, long = self.long_texts(chunk)
@@ -124,6 +132,8 @@ class ReadTensors(beam.PTransform):
       stage: the name progress lines give this read (default "read", "read reference").
       long_texts: ``embed.long``'s check (``pipeline.steps.embed.LongTexts``): counts the
         texts longer than the model takes (``ReadFacts.long``); with refuse, invalid.
+      blank: jaccard's shingles: records with no unit of them (empty texts, empty
+        sequences) are invalid, with the reason.
 
     Returns {CHUNKS: Chunk, FACTS: (file_index, ReadFacts), FILES: (file_index, path)}.
     """
@@ -132,7 +142,8 @@ class ReadTensors(beam.PTransform):
                  chunking: Chunking | None = None, on_invalid: str = "skip",
                  nonfinite_invalid: bool = False, reference: bool = False,
                  stage: str | None = None,
-                 long_texts: Callable[[Chunk], tuple[Chunk, int]] | None = None):
+                 long_texts: Callable[[Chunk], tuple[Chunk, int]] | None = None,
+                 blank: Shingles | None = None):
         super().__init__()
         if on_invalid not in ("skip", "fail"):
             raise ValueError(f"on_invalid must be skip or fail, got {on_invalid!r}")
@@ -146,7 +157,7 @@ class ReadTensors(beam.PTransform):
                                len(self.units), nonfinite_invalid,
                                sum(u.stop - u.start for u in self.units) if known else 0,
                                stage or ("read reference" if reference else "read"),
-                               chunking.chunk_bytes, long_texts)
+                               chunking.chunk_bytes, long_texts, blank)
 
     def expand(self, pbegin):
         out = (pbegin

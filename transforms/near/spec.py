@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from transforms.near.plan import MODES, partition_count
 from transforms.near.search import rows_for
+from transforms.near.sets import Shingles
 
-METRICS = ("allclose", "l2", "cosine", "correlation")
+METRICS = ("allclose", "l2", "cosine", "correlation", "jaccard")
 GROUPINGS = ("representative", "components")
 INDEXES = ("auto", "flat", "ivf", "hnsw")
 DEVICES = ("auto", "cpu", "cuda")
@@ -22,8 +23,9 @@ CELL_BYTES = 64 << 20  # float32 search vectors of one cell, about (wide records
 
 @dataclass(frozen=True)
 class NearSpec:
-    metric: str  # allclose | l2 | cosine | correlation
-    threshold: float = 0.0  # l2: Euclidean distance; cosine: 1 - cos; correlation: 1 - r
+    metric: str  # allclose | l2 | cosine | correlation | jaccard
+    threshold: float = 0.0  # l2: Euclidean distance; cosine: 1 - cos; correlation: 1 - r;
+    # jaccard: the MINIMUM Jaccard similarity of the shingle sets (a similarity, not a distance)
     atol: float = 1e-5  # allclose: |a - b| <= atol + rtol * |b| elementwise (b = kept record)
     rtol: float = 0.0
     grouping: str = "representative"
@@ -38,6 +40,7 @@ class NearSpec:
     recall_sample: int = 2_000  # records checked by brute force for the recall estimate
     device: str = "auto"  # auto | cpu | cuda (matrix products on a GPU through torch)
     channels: int = 1  # correlation: values interleaved as (h, w, c): each c centred alone
+    shingles: Shingles | None = None  # jaccard: how a record becomes a set (None: Shingles())
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("metric", self.metric, METRICS),
@@ -51,10 +54,26 @@ class NearSpec:
             raise ValueError(f"near.probes must be at least 1, got {self.probes}")
         if self.channels < 1:
             raise ValueError(f"channels must be at least 1, got {self.channels}")
+        if self.metric == "jaccard":
+            if not 0 < self.threshold <= 1:
+                raise ValueError("near.threshold for jaccard is the minimum Jaccard similarity "
+                                 f"of a near duplicate, in (0, 1], got {self.threshold:g}")
+            if self.shingles is None:
+                object.__setattr__(self, "shingles", Shingles())
+        elif self.shingles is not None:
+            raise ValueError("near.shingles applies to metric jaccard only")
+
+    @property
+    def is_sets(self) -> bool:
+        """Jaccard over shingle sets (texts, token sequences), not distances of vectors."""
+        return self.metric == "jaccard"
 
     @property
     def marker(self) -> float:
-        """The distance to mark on a histogram: the threshold (allclose: atol)."""
+        """The distance to mark on a histogram: the threshold (allclose: atol; jaccard:
+        1 - threshold, as its report's distances are 1 - J)."""
+        if self.metric == "jaccard":
+            return 1.0 - self.threshold
         return self.atol if self.metric == "allclose" else self.threshold
 
     def cells(self, n: int, dim: int = 1) -> int:
