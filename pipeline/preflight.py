@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import posixpath
 import secrets
+import sys
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -24,7 +25,6 @@ from pathlib import Path
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline import progress
 from pipeline.config import DedupeConfig, keep_policy
 from pipeline.config.sections import InputConfig
 from pipeline.embedding import Embedding, embedding
@@ -210,9 +210,9 @@ def _jaccard_spec(cfg: DedupeConfig, dtype: str | None) -> NearSpec:
                          "values: jaccard compares texts (input.decode: text) or integer "
                          "sequences (token ids); use a distance metric for other numbers")
     if n.threshold is not None and n.threshold < 0.5:
-        progress.note(f"warning: near.threshold {n.threshold:g} for jaccard: records that "
-                      "share less than half their shingles are rarely copies of each other; "
-                      "0.7-0.9 is usual")
+        print(f"warning: near.threshold {n.threshold:g} for jaccard: records that share "
+              "less than half their shingles are rarely copies of each other; 0.7-0.9 is "
+              "usual", file=sys.stderr)  # even with --quiet: it may remove what is no copy
     return n.to_spec(unit="word" if text else "token")
 
 

@@ -21,22 +21,19 @@ Why this way:
   pair at J >= t does (the prefix-filtering lemma of AllPairs / PPJoin, for any total
   order of the tokens), with the length filter ``t |x| <= |y| <= |x| / t``. A candidate is
   never a decision: each pair is verified by its exact Jaccard (precision 1.0).
-- **No pair lists in crowds.** A group of more than ALL_PAIRS records (one boilerplate
-  copied 100,000 times) lists no pairs: when its turn comes in keep order, each member
-  is compared with the crowd's records kept so far, so m near copies cost about m
-  comparisons, not m^2 / 2. No false edge is ever drawn (every edge is verified), so
-  components cannot chain unrelated records.
-- **Decisions in keep order** over the verified edges (``decide_edges``): a record is
-  removed when an earlier *kept* record is within the threshold, and ``duplicate_of``
-  names the kept one with the highest J (ties: keep order). ``components`` grouping joins
-  verified edges only. Pairs of small groups are all verified where the groups are;
-  a group of more than ALL_PAIRS records (a crowd) is decided with the rest, each member
-  compared with the crowd's kept records only (``decide``).
+- **No pair lists, decisions in keep order** (``decide``): each record, in its turn, is
+  compared with the earlier records of its groups that can decide it, all at once: the
+  kept ones (representative: removed when one is at J >= t, as the duplicate of the one
+  with the highest J, ties by keep order) or one record of each other earlier component
+  (components: joined by verified pairs only, so no false edge chains unrelated
+  records). A crowd (one boilerplate copied 100,000 times) that keeps one record costs
+  about one comparison per member, not m^2 / 2. Bounded mode also skips candidates whose
+  MinHash estimate is far below the threshold (``SIGNATURE_MARGIN``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,8 +46,6 @@ from transforms.near.recall import splitmix64
 UNITS = ("word", "char", "token")
 DEFAULT_SIZE = {"word": 5, "char": 24, "token": 5}  # char: shorter n-grams match by chance
 PERMUTATIONS = 128  # MinHash signature length unless set
-ALL_PAIRS = 64  # groups up to this size verify every pair; larger ones (crowds) go by
-# the kept records (``group_edges``)
 TARGET_AT_THRESHOLD = 0.995  # LSH: the chance a pair at J = threshold becomes a candidate
 _SALT = np.uint64(0x6A09E667F3BCC909)  # tokens' and bands' hashes apart from words'
 _PRIME = 0x100000001B3  # char n-grams: polynomial base (odd: invertible mod 2^64)
@@ -392,83 +387,33 @@ def length_fits(na: int, nb: int, threshold: float) -> bool:
 # ---------------------------------------------------------------- groups and decisions
 
 
-@dataclass
-class Edges:
-    """Verified pairs: ``later`` is within the threshold of the earlier ``earlier`` (in
-    keep order), at Jaccard ``j``. Records are integer handles of the caller's."""
-
-    later: np.ndarray
-    earlier: np.ndarray
-    j: np.ndarray
-    compared: int = 0  # pairs whose exact Jaccard was computed
-
-    @staticmethod
-    def concat(parts: Sequence[Edges]) -> Edges:
-        if not parts:
-            return Edges(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
-        return Edges(np.concatenate([p.later for p in parts]),
-                     np.concatenate([p.earlier for p in parts]),
-                     np.concatenate([p.j for p in parts]), sum(p.compared for p in parts))
+SIGNATURE_MARGIN = 0.25  # bounded mode: a candidate whose MinHash estimate of J is more
+# than this below the threshold is not verified (6.6 standard deviations at 112
+# permutations and J = 0.8: a pair at the threshold is lost with chance ~1e-11)
 
 
-def _first_common(a: np.ndarray, b: np.ndarray, banded: bool):
-    """The first key two records share: bands compare position by position (band j of
-    one with band j of the other), prefix tokens as sorted sets."""
-    if banded:
-        same = np.flatnonzero(a == b)
-        return a[same[0]] if len(same) else None
-    both = np.intersect1d(a, b, assume_unique=True)
-    return both[0] if len(both) else None
-
-
-def group_edges(members: np.ndarray, row_of, threshold: float, key=None, keys_of=None,
-                banded: bool = True) -> Edges:
-    """Every pair of a small group (records that share a band or a prefix token ``key``,
-    ``members`` in keep order) verified; those within the threshold become edges.
-    ``row_of(m)``: the member's sorted hash set. ``keys_of(m)`` (with ``key``): its keys
-    (bands, or prefix tokens), so that a pair that meets in several groups is compared
-    in the first one only."""
-    later, earlier, js = [], [], []
-    compared = 0
-    rows = [(m, row_of(m), None if keys_of is None else keys_of(m)) for m in members.tolist()]
-    for i, (m, x, kx) in enumerate(rows):
-        for e, y, ky in rows[:i]:
-            if not length_fits(len(x), len(y), threshold):
-                continue
-            if kx is not None and _first_common(kx, ky, banded) != key:
-                continue  # the pair's first shared group decides it
-            compared += 1
-            j = jaccard(x, y)
-            if j >= threshold:
-                later.append(m)
-                earlier.append(e)
-                js.append(j)
-    return Edges(np.asarray(later, np.int64), np.asarray(earlier, np.int64),
-                 np.asarray(js, np.float64), compared)
-
-
-def groups(keys: np.ndarray, members: np.ndarray, rank: np.ndarray
-           ) -> Iterator[tuple[int, np.ndarray]]:
-    """(key, members) for each key shared by at least two members (handles), members in
-    keep order (``rank``: smaller first; a member listed twice under a key counts once)."""
+def groups(keys: np.ndarray, members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(group, member) of every key shared by at least two members (a member listed twice
+    under one key counts once): groups are numbered from 0."""
     if len(keys) == 0:
-        return
-    order = np.lexsort((members, rank, keys))
+        z = np.zeros(0, np.int64)
+        return z, z
+    order = np.lexsort((members, keys))
     k, m = keys[order], members[order]
-    cut = np.flatnonzero(np.r_[True, k[1:] != k[:-1], True])
-    for a, b in zip(cut[:-1], cut[1:], strict=True):
-        if b - a > 1:
-            g = m[a:b]
-            if (g[1:] == g[:-1]).any():
-                g = g[np.r_[True, g[1:] != g[:-1]]]
-            if len(g) > 1:
-                yield k[a], g
+    first = np.r_[True, (k[1:] != k[:-1]) | (m[1:] != m[:-1])]  # one (key, member) each
+    k, m = k[first], m[first]
+    start = np.r_[True, k[1:] != k[:-1]]
+    gid = np.cumsum(start) - 1
+    size = np.bincount(gid)
+    shared = size[gid] > 1
+    _, gid = np.unique(gid[shared], return_inverse=True)
+    return gid.astype(np.int64), m[shared]
 
 
 @dataclass
 class Decided:
-    """``decide``'s answer: removed records (handles), each with the kept record it
-    duplicates and their Jaccard; ``compared``: pairs verified while deciding (crowds)."""
+    """``decide``'s answer: removed records, each with the kept record it duplicates and
+    their Jaccard; ``compared``: pairs whose exact Jaccard was computed."""
 
     removed: np.ndarray
     kept: np.ndarray
@@ -490,91 +435,118 @@ class _Union:
     def join(self, a: int, b: int) -> None:
         ra, rb = self.root(a), self.root(b)
         if ra != rb:
-            self.parent[rb] = ra
+            self.parent[max(ra, rb, key=self.rank)] = min(ra, rb, key=self.rank)
+
+    rank = staticmethod(lambda x: x)  # replaced per use: keep order of the handles
 
 
-def decide(edges: Edges, crowds: Sequence[np.ndarray], row_of, rank_of, threshold: float,
-           grouping: str = "representative", protected: frozenset = frozenset()) -> Decided:
-    """Decisions in keep order. ``edges``: the verified pairs of the small groups;
-    ``crowds``: the members (keep order) of groups of more than ALL_PAIRS records, whose
-    pairs were not listed: each member is compared, when its turn comes, with the
-    crowd's earlier records that are kept (representative) or with one record of each
-    earlier component it is not in yet (components), so a crowd of m near copies costs
-    about m comparisons and every decision is the one all pairs would give.
+def overlaps(sets: Sets, x: np.ndarray, cands: np.ndarray) -> np.ndarray:
+    """Exact Jaccard of the sorted set ``x`` with each record of ``cands`` at once: every
+    hash of theirs looked up in ``x`` (one vector pass, no Python loop per pair)."""
+    sizes = sets.sizes[cands]
+    starts = np.zeros(len(cands), np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    flat = np.repeat(sets.offsets[cands] - starts, sizes) + np.arange(int(sizes.sum()))
+    v = sets.hashes[flat]
+    pos = np.minimum(np.searchsorted(x, v), len(x) - 1)
+    inter = np.add.reduceat((x[pos] == v).astype(np.int64), starts)
+    return inter / (len(x) + sizes - inter)
+
+
+def _join_pool(pool: dict, d: int, union: _Union, near) -> None:
+    """Components: ``d`` joins each earlier component of one group (root -> members) that
+    one of its members is near, the members tried in growing blocks (1, 2, 4...: in a
+    crowd of near copies the first one decides); then ``d`` is a member."""
+    merged: dict[int, list[int]] = {}
+    for r, members in pool.items():  # components that merged since: one entry each
+        merged.setdefault(union.root(r), []).extend(members)
+    pool.clear()
+    pool.update(merged)
+    for r, members in list(merged.items()):
+        a, step = 0, 1
+        while a < len(members) and union.root(r) != union.root(d):
+            c, _ = near(d, members[a:a + step])
+            if len(c):
+                union.join(r, d)
+            a, step = a + step, step * 2
+    pool.setdefault(union.root(d), []).append(d)
+    root = union.root(d)
+    for r in [r for r in pool if r != root and union.root(r) == root]:
+        pool[root].extend(pool.pop(r))
+
+
+def decide(gid: np.ndarray, member: np.ndarray, sets: Sets, rank: np.ndarray,
+           threshold: float, grouping: str = "representative",
+           protected: np.ndarray | None = None, sig: np.ndarray | None = None) -> Decided:
+    """Decisions in keep order (``rank``: smaller first) over candidate groups
+    (``groups``: records sharing an LSH band or a prefix token). Each record, in its
+    turn, is compared with the earlier records of its groups that can decide it: the
+    kept ones (representative, all at once: ``overlaps``), or the members of each
+    earlier component not its own until one is near (components, ``_join_pool``). No
+    pair is listed: a crowd of m near copies that keeps one record costs about m
+    comparisons, not m^2 / 2.
 
     representative: a record is removed when an earlier kept record is within the
     threshold, as the duplicate of the one with the highest J (ties: keep order);
-    components: a record joined by verified edges to an earlier one is removed, as a
-    duplicate of its component's first record, at the highest J of its own edges.
-    ``rank_of(handles)``: keep order (smaller first); ``row_of(h)``: a sorted hash set;
-    ``protected``: handles never removed (reference records; they rank first)."""
-    later, earlier, js = edges.later, edges.earlier, edges.j
-    crowd_of: dict[int, list[tuple[int, int]]] = {}  # record -> (crowd, its place there)
-    for c, members in enumerate(crowds):
-        for i, m in enumerate(members.tolist()):
-            crowd_of.setdefault(m, []).append((c, i))
-    nodes = np.unique(np.concatenate([later, earlier] + [np.asarray(m) for m in crowds]))
-    if len(nodes) == 0:
+    components: a record joined by verified pairs to an earlier one is removed, as a
+    duplicate of its component's first record, with their own Jaccard (below the
+    threshold where the component chains). ``protected`` (bool per record): never
+    removed. ``sig`` (bounded mode): MinHash signatures; a candidate whose estimate is
+    more than SIGNATURE_MARGIN below the threshold is not verified."""
+    n = len(sets)
+    protected = np.zeros(n, bool) if protected is None else protected
+    if not len(gid):
         z = np.zeros(0, np.int64)
         return Decided(z, z, np.zeros(0))
-    nodes = nodes[np.lexsort((nodes, rank_of(nodes)))]
-    by_later: dict[int, list[tuple[int, float]]] = {}
-    for a, b, j in zip(later.tolist(), earlier.tolist(), js.tolist(), strict=True):
-        by_later.setdefault(a, []).append((b, j))
-    place = {int(n): i for i, n in enumerate(nodes.tolist())}
-    kept_in: list[list[int]] = [[] for _ in crowds]  # representative: kept members
-    seen_in: list[list[int]] = [[] for _ in crowds]  # components: earlier members
-    verified: dict[tuple[int, int], float] = {}
-    removed: dict[int, tuple[int, float]] = {}
+    by = np.argsort(member, kind="stable")  # each record's groups (CSR)
+    m_sorted, g_sorted = member[by], gid[by]
+    nodes, first = np.unique(m_sorted, return_index=True)
+    bounds = np.r_[first, len(m_sorted)].tolist()
+    at = {int(v): i for i, v in enumerate(nodes.tolist())}
+    order = nodes[np.argsort(rank[nodes], kind="stable")].tolist()
+    sizes = sets.sizes
+    pools: list = [[] if grouping != "components" else {} for _ in range(int(gid.max()) + 1)]
     union = _Union()
-    best: dict[int, float] = {}
+    union.rank = lambda h: (rank[h], h)
+    removed: list[tuple[int, int, float]] = []
+    compared = 0
+    lo, hi = threshold - 1e-9, 1.0 / max(threshold, 1e-12) + 1e-9
 
-    def jac(a: int, b: int) -> float:
-        k = (a, b) if a < b else (b, a)
-        if k not in verified:
-            x, y = row_of(a), row_of(b)
-            verified[k] = (jaccard(x, y) if length_fits(len(x), len(y), threshold)
-                           else 0.0)
-        return verified[k]
+    def near(d: int, cands: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The candidates at J >= threshold, with their J (filters first)."""
+        nonlocal compared
+        c = np.asarray(cands, np.int64)
+        ratio = sizes[c] / sizes[d]
+        c = c[(ratio >= lo) & (ratio <= hi)]  # the length filter
+        if sig is not None and len(c):
+            c = c[(sig[c] == sig[d]).mean(axis=1) >= threshold - SIGNATURE_MARGIN]
+        if not len(c):
+            return c, np.zeros(0)
+        compared += len(c)
+        j = overlaps(sets, sets.row(d), c)
+        return c[j >= threshold], j[j >= threshold]
 
-    for d in nodes.tolist():
-        cands = [(e, j) for e, j in by_later.get(d, ()) if e not in removed]
+    for d in order:
+        i = at[d]
+        mine = g_sorted[bounds[i]:bounds[i + 1]].tolist()
         if grouping == "components":
-            for e, j in by_later.get(d, ()):
-                union.join(e, d)
-                best[d] = max(best.get(d, 0.0), j)
-        for c, _ in crowd_of.get(d, ()):
-            if grouping == "components":
-                for e in seen_in[c]:
-                    if union.root(e) != union.root(d) and (j := jac(d, e)) >= threshold:
-                        union.join(e, d)
-                        best[d] = max(best.get(d, 0.0), j)
-                seen_in[c].append(d)
-                continue
-            for e in kept_in[c]:
-                if (j := jac(d, e)) >= threshold:
-                    cands.append((e, j))
-        if grouping == "components":
+            for g in mine:
+                _join_pool(pools[g], d, union, near)
             continue
-        if cands and d not in protected:
-            e, j = min(cands, key=lambda ej: (-ej[1], place.get(ej[0], -1)))
-            removed[d] = (e, j)
+        cands = list({e for g in mine for e in pools[g]})
+        c, j = near(d, cands) if cands else (np.zeros(0, np.int64), np.zeros(0))
+        if len(c) and not protected[d]:
+            best = np.lexsort((rank[c], -j))[0]
+            removed.append((d, int(c[best]), float(j[best])))
         else:
-            for c, _ in crowd_of.get(d, ()):
-                kept_in[c].append(d)
-    compared = len(verified)
+            for g in mine:
+                pools[g].append(d)
     if grouping == "components":
-        first: dict[int, int] = {}
-        for d in nodes.tolist():
-            first.setdefault(union.root(d), d)
-        out = [(d, first[union.root(d)], best.get(d, 0.0)) for d in nodes.tolist()
-               if first[union.root(d)] != d and d not in protected]
-        return Decided(np.array([o[0] for o in out], np.int64),
-                       np.array([o[1] for o in out], np.int64),
-                       np.array([o[2] for o in out], np.float64), compared)
-    r = np.fromiter(removed, np.int64, len(removed))
-    return Decided(r, np.array([v[0] for v in removed.values()], np.int64),
-                   np.array([v[1] for v in removed.values()], np.float64), compared)
+        out = [(d, union.root(d)) for d in order if union.root(d) != d and not protected[d]]
+        removed = [(d, f, jaccard(sets.row(d), sets.row(f))) for d, f in out]
+    return Decided(np.array([r[0] for r in removed], np.int64),
+                   np.array([r[1] for r in removed], np.int64),
+                   np.array([r[2] for r in removed], np.float64), compared)
 
 
 # ---------------------------------------------------------------- the whole, in one go
@@ -592,20 +564,22 @@ class SetResult:
     mode: str
     bands: int
     rows: int
-    compared: int  # pairs verified
+    compared: int  # pairs whose exact Jaccard was computed
     groups: int  # groups (buckets or prefix tokens) of two records or more
+    largest: int = 0  # records in the largest group
 
 
 def candidate_keys(sets: Sets, threshold: float, shingles: Shingles, mode: str
-                   ) -> tuple[np.ndarray, np.ndarray, int, int]:
+                   ) -> tuple[np.ndarray, np.ndarray, int, int, np.ndarray | None]:
     """(record index, key) of every record's group keys: its LSH bands (bounded) or its
-    prefix tokens (exact), and the bands x rows used (0, 0 for exact)."""
+    prefix tokens (exact), the bands x rows used (0, 0 for exact) and the signatures."""
     if mode == "exact":
         rec, keys = prefix_tokens(sets, threshold)
-        return rec, keys, 0, 0
+        return rec, keys, 0, 0, None
     bands, rows = lsh_params(threshold, shingles.permutations, shingles.bands)
-    bk = band_keys(signatures(sets, bands * rows), bands, rows)
-    return np.repeat(np.arange(len(sets)), bands), bk.reshape(-1), bands, rows
+    sig = signatures(sets, bands * rows)
+    bk = band_keys(sig, bands, rows)
+    return np.repeat(np.arange(len(sets)), bands), bk.reshape(-1), bands, rows, sig
 
 
 EXACT_WORK = 64  # auto: exact when its predicted comparisons are at most this many per record
@@ -613,19 +587,20 @@ EXACT_ANYWAY = 2_000_000  # ... or at most this many in all (a few seconds)
 
 
 def choose_mode(sets: Sets, threshold: float, mode: str) -> tuple[str, str]:
-    """(mode, why): ``auto`` takes the exact join when the pairs its prefix groups would
-    compare (groups of more than ALL_PAIRS count one comparison per member: crowds) are
-    at most EXACT_WORK per record or EXACT_ANYWAY in all, else bounded (MinHash-LSH)."""
+    """(mode, why): ``auto`` takes the exact join when the pairs its prefix groups could
+    compare (a group of g records: g (g - 1) / 2 at most) are at most EXACT_WORK per
+    record or EXACT_ANYWAY in all, else bounded (MinHash-LSH). An upper bound: a crowd
+    of near copies costs about one comparison per member."""
     if mode != "auto":
         return mode, f"near.mode: {mode}"
-    rec, keys = prefix_tokens(sets, threshold)
+    _, keys = prefix_tokens(sets, threshold)
     _, sizes = np.unique(keys, return_counts=True)
     sizes = sizes[sizes > 1].astype(np.float64)
-    work = float(np.where(sizes > ALL_PAIRS, sizes, sizes * (sizes - 1) / 2).sum())
+    work = float((sizes * (sizes - 1) / 2).sum())
     per = work / max(1, len(sets))
     pick = "exact" if per <= EXACT_WORK or work <= EXACT_ANYWAY else "bounded"
-    return pick, (f"auto: the exact join predicts {work:,.0f} comparisons ({per:.1f} per "
-                  f"record; exact up to {EXACT_WORK} per record or {EXACT_ANYWAY:,} in all)")
+    return pick, (f"auto: the exact join's groups hold at most {work:,.0f} pairs ({per:.1f} "
+                  f"per record; exact up to {EXACT_WORK} per record or {EXACT_ANYWAY:,} in all)")
 
 
 def near_sets(sets: Sets, rank: np.ndarray, threshold: float, shingles: Shingles = Shingles(),
@@ -635,27 +610,13 @@ def near_sets(sets: Sets, rank: np.ndarray, threshold: float, shingles: Shingles
     Jaccard >= ``threshold``, in keep order ``rank`` (smaller first); ``protected``
     (bool per record): never removed (reference records)."""
     mode, _ = choose_mode(sets, threshold, mode)
-    sub, ok = sets, np.arange(len(sets))
-    keep = frozenset() if protected is None else frozenset(np.flatnonzero(protected).tolist())
     rank = np.asarray(rank)
-    rec, keys, bands, rows = candidate_keys(sub, threshold, shingles, mode)
-    if mode == "exact":
-        starts = np.searchsorted(rec, np.arange(len(sub) + 1))
-        keys_of = lambda m: keys[starts[m]:starts[m + 1]]  # noqa: E731  (sorted)
-    else:
-        table = keys.reshape(len(sub), bands)
-        keys_of = table.__getitem__
-    parts, crowds, n_groups = [], [], 0
-    for key, g in groups(keys, rec, rank[rec]):
-        n_groups += 1
-        if len(g) > ALL_PAIRS:
-            crowds.append(g)
-        else:
-            parts.append(group_edges(g, sub.row, threshold, key, keys_of, mode != "exact"))
-    edges = Edges.concat(parts)
-    dec = decide(edges, crowds, sub.row, lambda h: rank[h], threshold, grouping, keep)
-    return SetResult(ok[dec.removed], ok[dec.kept], dec.j, np.zeros(0, np.int64), mode,
-                     bands, rows, edges.compared + dec.compared, n_groups)
+    rec, keys, bands, rows, sig = candidate_keys(sets, threshold, shingles, mode)
+    gid, member = groups(keys, rec)
+    dec = decide(gid, member, sets, rank, threshold, grouping, protected, sig)
+    largest = int(np.bincount(gid).max()) if len(gid) else 0
+    return SetResult(dec.removed, dec.kept, dec.j, np.zeros(0, np.int64), mode, bands, rows,
+                     dec.compared, int(gid.max()) + 1 if len(gid) else 0, largest)
 
 
 def find_near_sets(values: Sequence, rank: np.ndarray, threshold: float,
@@ -708,22 +669,11 @@ def _prefix_of(rec: np.ndarray, keys: np.ndarray, s: int) -> np.ndarray:
 
 def brute_force_sets(sets: Sets, rank: np.ndarray, threshold: float,
                      grouping: str = "representative") -> Decided:
-    """The oracle: every pair's exact Jaccard, decisions in keep order (tests, benches)."""
+    """The kernel's decisions with every record in one group (all pairs candidates, no
+    signature filter): the oracle for tests and benches."""
     n = len(sets)
-    later, earlier, js = [], [], []
-    order = np.argsort(rank, kind="stable")
-    for ia in range(n):
-        a = order[ia]
-        for ib in range(ia):
-            b = order[ib]
-            j = jaccard(sets.row(a), sets.row(b))
-            if j >= threshold:
-                later.append(a)
-                earlier.append(b)
-                js.append(j)
-    edges = Edges(np.asarray(later, np.int64), np.asarray(earlier, np.int64),
-                  np.asarray(js, np.float64))
-    return decide(edges, (), sets.row, lambda h: rank[h], threshold, grouping)
+    return decide(np.zeros(n, np.int64), np.arange(n, dtype=np.int64), sets, np.asarray(rank),
+                  threshold, grouping)
 
 
 def expected_pairs(bands: int, rows: int, threshold: float) -> dict:
@@ -736,5 +686,5 @@ def expected_pairs(bands: int, rows: int, threshold: float) -> dict:
 __all__ = ["UNITS", "Shingles", "Sets", "text_sets", "token_sets", "record_sets",
            "blank_rows", "near_sets", "choose_mode", "sample_partners",
            "lsh_params", "candidate_chance", "signatures", "band_keys", "prefix_tokens",
-           "jaccard", "group_edges", "groups", "decide", "find_near_sets", "candidate_keys",
-           "brute_force_sets", "Edges", "Decided", "SetResult", "expected_pairs"]
+           "jaccard", "overlaps", "groups", "decide", "find_near_sets", "candidate_keys",
+           "brute_force_sets", "Decided", "SetResult", "expected_pairs"]

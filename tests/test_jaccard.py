@@ -1,0 +1,386 @@
+"""near.metric: jaccard on real texts (the licence and METADATA files of the installed
+packages, edited as crawls edit) and real token ids (all-MiniLM-L6-v2's tokenizer),
+against a brute-force oracle in exact fractions (tests/textkit.py): the exact join
+equals it, bounded mode keeps its recall with precision 1.0, crowds cost linear work,
+and the job writes what the kernel decides, from Parquet, TFRecord and HDF5.
+"""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipeline.run import main
+from tests.textkit import edited, oracle, package_texts
+from transforms.near.sets import (
+    Shingles,
+    blank_rows,
+    brute_force_sets,
+    jaccard,
+    near_sets,
+    record_sets,
+)
+
+BASES = 90  # real texts; each gets a few edited copies, some of them before it
+CROWD = 120  # copies of one licence, with small edits
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[str]:
+    """Real texts, near copies at edit rates spread over 0-20% of words, a crowd, and
+    exact copies; shuffled so that copies come before their source too."""
+    rng = np.random.default_rng(43)
+    base = [t[:3000] for t in package_texts(BASES + 1)]
+    vocab = sorted({w for t in base for w in t.split()})
+    docs = list(base[1:])
+    for i, t in enumerate(base[1:]):
+        for _ in range(1 + i % 3):
+            docs.append(edited(t, rng.uniform(0.0, 0.2), rng, vocab))
+    docs += [edited(base[0], 0.01, rng, vocab) for _ in range(CROWD)]
+    docs += [docs[5], docs[7]]  # exact copies
+    return [docs[i] for i in rng.permutation(len(docs))]
+
+
+@pytest.fixture(scope="module")
+def tokens(corpus) -> list[np.ndarray]:
+    """The corpus as the model's token ids (variable lengths), as a pretraining shard holds."""
+    from all_minilm_l6_v2 import get_model_path
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(get_model_path()) / "tokenizer.json"))
+    tok.no_truncation()  # the whole text, not the model's first 128 tokens
+    return [np.asarray(e.ids[1:-1], np.int32) for e in tok.encode_batch(corpus)]
+
+
+def _survivors(values: list) -> list[int]:
+    """First occurrence of each distinct record (what exact dedup keeps)."""
+    seen, out = set(), []
+    for i, v in enumerate(values):
+        k = v if isinstance(v, str) else v.tobytes()
+        if k not in seen:
+            seen.add(k)
+            out.append(i)
+    return out
+
+
+def _values(unit: str, corpus, tokens) -> list:
+    """Characters: the texts' first 1,500 (24-grams of each character: big sets, and the
+    oracle compares every pair in Python)."""
+    return tokens if unit == "token" else [t[:1500] for t in corpus] if unit == "char" else corpus
+
+
+@pytest.mark.parametrize("grouping", ["representative", "components"])
+@pytest.mark.parametrize("unit", ["word", "char", "token"])
+def test_the_exact_join_equals_the_oracle(corpus, tokens, unit, grouping):
+    values = _values(unit, corpus, tokens)
+    keep = _survivors(values)
+    sh = Shingles(unit)
+    sets = record_sets([values[i] for i in keep], sh)
+    assert not sets.empty.any()
+    want = oracle(sets, 0.8, grouping)
+    got = near_sets(sets, np.arange(len(sets)), 0.8, sh, mode="exact", grouping=grouping)
+    assert got.largest >= CROWD // 2  # the crowd met as one group
+    assert {int(r): int(k) for r, k in zip(got.removed, got.kept, strict=True)} == {
+        r: k for r, (k, _) in want.items()}
+    for r, j in zip(got.removed.tolist(), got.j.tolist(), strict=True):
+        assert j == pytest.approx(float(want[r][1]), abs=1e-12)
+    assert len(want) >= 40  # planted copies (and, for words, the crowd) were there to find
+    if grouping == "components":  # chains: some removals below the threshold (reported)
+        assert all(float(j) <= 1 for _, j in want.values())
+
+
+@pytest.mark.parametrize("threshold", [0.7, 0.8, 0.9])
+def test_bounded_mode_recall_and_precision(corpus, threshold):
+    keep = _survivors(corpus)
+    sh = Shingles("word", permutations=112, bands=14 if threshold == 0.8 else None)
+    sets = record_sets([corpus[i] for i in keep], sh)
+    want = oracle(sets, threshold)
+    got = near_sets(sets, np.arange(len(sets)), threshold, sh, mode="bounded")
+    removed = set(got.removed.tolist())
+    assert len(removed & set(want)) >= 0.99 * len(want)
+    kept = set(range(len(sets))) - removed
+    for r, k, j in zip(got.removed.tolist(), got.kept.tolist(), got.j.tolist(), strict=True):
+        assert k in kept and k < r and j >= threshold  # precision 1.0: verified, earlier, kept
+        assert Fraction(len(np.intersect1d(sets.row(r), sets.row(k))),
+                        len(np.union1d(sets.row(r), sets.row(k)))) >= Fraction(str(threshold))
+
+
+def test_a_crowd_costs_linear_work_and_decides_as_all_pairs():
+    """800 copies of one licence with small edits (0.2-1% of words: boilerplate as crawls
+    copy it; every pair a candidate): each member compared with the few records the crowd
+    keeps, not with every other member (m x kept comparisons, not m^2 / 2), and the
+    decisions of the brute force over all pairs."""
+    rng = np.random.default_rng(7)
+    text = package_texts(1, min_bytes=2000)[0][:4000]
+    vocab = sorted(set(text.split()))
+    docs = list(dict.fromkeys(edited(text, rng.uniform(0.002, 0.01), rng, vocab)
+                              for _ in range(800)))  # exact copies: the exact stage's
+    sh = Shingles("word")
+    sets = record_sets(docs, sh)
+    for mode in ("exact", "bounded"):
+        got = near_sets(sets, np.arange(len(docs)), 0.8, sh, mode=mode)
+        kept = len(docs) - len(got.removed)
+        assert kept <= 10 and got.largest > len(docs) // 2
+        assert got.compared <= len(docs) * kept, (mode, got.compared, kept)
+        want = brute_force_sets(sets, np.arange(len(docs)), 0.8)
+        assert dict(zip(got.removed.tolist(), got.kept.tolist(), strict=True)) == dict(
+            zip(want.removed.tolist(), want.kept.tolist(), strict=True))
+
+
+def test_blank_short_and_normalised_records():
+    sh = Shingles("word")
+    values = ["", "   ", "!!! ...", "Hello", "hello!", "a b c", "a b c d", "ÉCOLE  École", None]
+    assert blank_rows(values, sh).tolist() == [True, True, True, False, False, False, False,
+                                               False, True]
+    sets = record_sets(values[3:8], sh)
+    # shorter than a shingle: one shingle of what they have; NFKC + lower case + punctuation
+    assert jaccard(sets.row(0), sets.row(1)) == 1.0
+    assert jaccard(sets.row(2), sets.row(3)) == 0.0
+    assert len(sets.row(4)) == 1
+    raw = record_sets(values[3:5], Shingles("word", normalize=False))
+    assert jaccard(raw.row(0), raw.row(1)) == 0.0
+    assert blank_rows([np.zeros(0, np.int32), np.arange(3)], Shingles("token")).tolist() == [
+        True, False]
+
+
+def test_word_shingles_are_the_words_5_grams(corpus):
+    """The hashed sets give the Jaccard of the plain 5-gram sets (ASCII texts, split as
+    the docs say: runs of letters and digits, lower case)."""
+    import re
+
+    texts = [t for t in corpus[:60] if t.isascii()]
+    sets = record_sets(texts, Shingles("word"))
+
+    def grams(t: str) -> set:
+        w = [x for x in re.split(r"[^0-9a-z]+", t.lower()) if x]
+        return {tuple(w[i:i + 5]) for i in range(max(1, len(w) - 4))}
+
+    for a in range(0, len(texts) - 1, 3):
+        b = a + 1
+        ga, gb = grams(texts[a]), grams(texts[b])
+        assert jaccard(sets.row(a), sets.row(b)) == pytest.approx(
+            len(ga & gb) / len(ga | gb), abs=1e-12)
+
+
+# ----------------------------------------------------------------------------- the job
+
+
+def _write(fmt: str, path: Path, ids: list[str], values: list) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = isinstance(values[0], str)
+    if fmt == "parquet":
+        col = (pa.array(values, pa.string()) if text
+               else pa.array([v.tolist() for v in values], pa.list_(pa.int32())))
+        pq.write_table(pa.table({"id": ids, "doc": col}), path, row_group_size=100)
+    elif fmt == "tfrecord":
+        import tensorflow as tf
+
+        with tf.io.TFRecordWriter(str(path)) as w:
+            for i, v in zip(ids, values, strict=True):
+                doc = (tf.train.Feature(bytes_list=tf.train.BytesList(value=[v.encode()]))
+                       if text else
+                       tf.train.Feature(int64_list=tf.train.Int64List(value=v.tolist())))
+                feat = {"id": tf.train.Feature(bytes_list=tf.train.BytesList(value=[i.encode()])),
+                        "doc": doc}
+                w.write(tf.train.Example(features=tf.train.Features(feature=feat))
+                        .SerializeToString())
+    else:
+        with h5py.File(path, "w") as h:
+            if text:
+                h.create_dataset("doc", data=values, dtype=h5py.string_dtype())
+            else:
+                d = h.create_dataset("doc", (len(values),), dtype=h5py.vlen_dtype(np.int32))
+                for k, v in enumerate(values):
+                    d[k] = v
+            h.create_dataset("id", data=[i.encode() for i in ids])
+
+
+EXT = {"parquet": "parquet", "tfrecord": "tfrecord", "hdf5": "h5"}
+
+
+def _job(tmp: Path, fmt: str, values: list, near: dict, files: int = 2, **extra) -> dict:
+    """``values`` split over ``files`` files; runs the CLI; returns summary.json."""
+    ids = [f"doc{i}" for i in range(len(values))]
+    for f, part in enumerate(np.array_split(np.arange(len(values)), files)):
+        _write(fmt, tmp / "in" / f"part{f}.{EXT[fmt]}", [ids[i] for i in part],
+               [values[i] for i in part])
+    text = isinstance(values[0], str)
+    cfg = {"input": {"format": fmt, "path": str(tmp / "in" / f"*.{EXT[fmt]}"), "tensor": "doc",
+                     "id": "id", **({"decode": "text"} if text else {})},
+           "output": {"path": str(tmp / "out")}, "report": str(tmp / "report"),
+           "near": near, **extra}
+    (tmp / "job.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["--config", str(tmp / "job.yaml"), "--quiet"]) == 0
+    return json.loads((tmp / "report" / "summary.json").read_text())
+
+
+def _removals(tmp: Path) -> dict[str, tuple[str, str, float]]:
+    t = pq.read_table(tmp / "report" / "duplicates.parquet").to_pylist()
+    return {r["record_id"]: (r["duplicate_of"], r["kind"], r["distance"]) for r in t}
+
+
+def _expected(values: list, threshold: float, unit: str, grouping: str = "representative"
+              ) -> dict[str, tuple[str, str, float]]:
+    """The oracle in the job's terms: exact copies first, then near over the survivors."""
+    keep = _survivors(values)
+    first = {}
+    out = {}
+    for i, v in enumerate(values):
+        k = v if isinstance(v, str) else v.tobytes()
+        if k in first:
+            out[f"doc{i}"] = (f"doc{first[k]}", "exact", 0.0)
+        else:
+            first[k] = i
+    sets = record_sets([values[i] for i in keep], Shingles(unit))
+    for r, (k, j) in oracle(sets, threshold, grouping).items():
+        out[f"doc{keep[r]}"] = (f"doc{keep[k]}", "near", 1.0 - float(j))
+    return out
+
+
+def _same(got: dict, want: dict) -> None:
+    assert {k: v[:2] for k, v in got.items()} == {k: v[:2] for k, v in want.items()}
+    for k, v in got.items():
+        assert v[2] == pytest.approx(want[k][2], abs=1e-9)
+
+
+@pytest.mark.parametrize("fmt,unit", [("parquet", "word"), ("tfrecord", "char"),
+                                      ("hdf5", "word"), ("parquet", "token")])
+def test_the_job_in_exact_mode_writes_the_oracle(tmp_path, corpus, tokens, fmt, unit):
+    values = _values(unit, corpus, tokens)
+    near = {"metric": "jaccard", "threshold": 0.8, "mode": "exact"}
+    if unit == "char":
+        near["shingles"] = {"unit": "char"}
+    s = _job(tmp_path, fmt, values, near)
+    assert s["read"] == s["kept"] + s["removed_exact"] + s["removed_near"] + s["invalid"]
+    assert s["invalid"] == 0 and s["near"]["mode"] == "exact"
+    assert (s["near"]["unit"], s["near"]["size"]) == (unit, 24 if unit == "char" else 5)
+    _same(_removals(tmp_path), _expected(values, 0.8, unit))
+    assert s["near"]["recall"]["recall"] == 1.0
+
+
+def test_components_grouping_in_the_job(tmp_path, corpus):
+    near = {"metric": "jaccard", "threshold": 0.8, "mode": "exact", "grouping": "components"}
+    _job(tmp_path, "parquet", corpus, near)
+    _same(_removals(tmp_path), _expected(corpus, 0.8, "word", "components"))
+
+
+def test_bounded_job_blank_records_and_the_report(tmp_path, corpus):
+    values = corpus + ["", "   \n", "—"]
+    near = {"metric": "jaccard", "threshold": 0.8, "mode": "bounded",
+            "shingles": {"permutations": 112, "bands": 14}}
+    s = _job(tmp_path, "parquet", values, near)
+    assert s["invalid"] == 3
+    bad = pq.read_table(tmp_path / "report" / "invalid.parquet").to_pylist()
+    assert {b["record_id"] for b in bad} == {f"doc{len(corpus) + i}" for i in range(3)}
+    assert all("no word to compare" in b["reason"] for b in bad)
+    n = s["near"]
+    assert (n["mode"], n["bands"], n["rows"]) == ("bounded", 14, 8)
+    assert n["recall"]["recall"] >= 0.95
+    got, want = _removals(tmp_path), _expected(corpus, 0.8, "word")
+    near_want = {k for k, v in want.items() if v[1] == "near"}
+    near_got = {k for k, v in got.items() if v[1] == "near"}
+    assert len(near_got & near_want) >= 0.99 * len(near_want)
+    kept = set(pq.read_table(tmp_path / "out" / "part0.parquet").column("id").to_pylist()
+               + pq.read_table(tmp_path / "out" / "part1.parquet").column("id").to_pylist())
+    for k, (dup, kind, d) in got.items():  # precision 1.0: every near removal's keeper kept
+        assert k not in kept
+        if kind == "near":  # (an exact copy names the record exact dedup kept)
+            assert dup in kept and d <= 0.2 + 1e-12
+    hist = json.loads((tmp_path / "report" / "near_distances.json").read_text())
+    assert hist["metric"] == "jaccard"
+
+
+def test_reference_texts_remove_their_near_copies(tmp_path, corpus):
+    """Benchmark decontamination: training texts that near-copy an evaluation set go, as
+    reference_near; the evaluation set is never touched."""
+    from pydoc_data.topics import topics  # Python's own help texts: no licence among them
+
+    rng = np.random.default_rng(3)
+    evals = [topics[k][:3000] for k in sorted(topics) if len(topics[k]) > 1500][:10]
+    vocab = sorted({w for t in evals for w in t.split()})
+    leaks = [edited(t, 0.005, rng, vocab) for t in evals[:5]]
+    _write("parquet", tmp_path / "ref" / "eval.parquet", [f"e{i}" for i in range(10)], evals)
+    s = _job(tmp_path, "parquet", corpus[:100] + leaks,
+             {"metric": "jaccard", "threshold": 0.8},
+             reference=[{"format": "parquet", "path": str(tmp_path / "ref" / "*.parquet"),
+                         "tensor": "doc", "id": "id", "decode": "text"}])
+    got = _removals(tmp_path)
+    leaked = {f"doc{100 + i}": f"e{i}" for i in range(5)}
+    assert {k: v[0] for k, v in got.items() if v[1] == "reference_near"} == leaked
+    assert s["removed_reference_near"] == 5
+
+
+@pytest.mark.parametrize("near,extra,words", [
+    ({"metric": "jaccard"}, {}, "needs near.threshold"),
+    ({"metric": "jaccard", "threshold": 1.5}, {}, "in (0, 1]"),
+    ({"metric": "jaccard", "threshold": 0.8, "probes": 4}, {}, "near.probes applies to vector"),
+    ({"metric": "jaccard", "threshold": 0.8, "shingles": {"unit": "token"}}, {},
+     "for input.decode: text use word or char"),
+    ({"metric": "cosine", "threshold": 0.1, "shingles": {"unit": "word"}}, {},
+     "near.shingles applies to metric jaccard"),
+    ({"metric": "jaccard", "threshold": 0.8, "shingles": {"bands": 300}}, {}, "bands <="),
+    ({"metric": "jaccard", "threshold": 0.8},
+     {"embed": {"model": "sentence-transformers", "path": "x"}}, "remove the embed section"),
+])
+def test_bad_jaccard_settings_are_one_line_before_any_work(tmp_path, capsys, near, extra,
+                                                           words):
+    _write("parquet", tmp_path / "in" / "a.parquet", ["a", "b"], ["one text", "another"])
+    cfg = {"input": {"format": "parquet", "path": str(tmp_path / "in" / "*.parquet"),
+                     "tensor": "doc", "id": "id", "decode": "text"},
+           "output": {"path": str(tmp_path / "out")}, "report": str(tmp_path / "report"),
+           "near": near, **extra}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["--config", str(tmp_path / "job.yaml"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_low_threshold_is_warned_of(tmp_path, corpus, capsys):
+    _job(tmp_path, "parquet", corpus[:50], {"metric": "jaccard", "threshold": 0.3})
+    assert "warning: near.threshold 0.3 for jaccard" in capsys.readouterr().err
+
+
+def test_jaccard_on_floats_is_refused(tmp_path, capsys):
+    path = tmp_path / "in" / "a.parquet"
+    path.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"id": ["a", "b"], "doc": pa.array([[0.5, 1.0], [2.0]],
+                                                                pa.list_(pa.float32()))}), path)
+    cfg = {"input": {"format": "parquet", "path": str(path), "tensor": "doc", "id": "id"},
+           "output": {"path": str(tmp_path / "out")}, "report": str(tmp_path / "report"),
+           "near": {"metric": "jaccard", "threshold": 0.8}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["--config", str(tmp_path / "job.yaml"), "--quiet"]) == 2
+    assert "integer sequences" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("runner", [("runner.name=dask", "runner.workers=2"),
+                                    ("runner.name=portable", "runner.workers=2")])
+def test_every_runner_writes_the_local_runners_bytes(tmp_path, corpus, runner):
+    near = {"metric": "jaccard", "threshold": 0.8, "mode": "bounded"}
+    local = _job(tmp_path / "local", "parquet", corpus, near, files=3)
+    cfg = yaml.safe_load((tmp_path / "local" / "job.yaml").read_text())
+    other = tmp_path / "other"
+    cfg["output"]["path"], cfg["report"] = str(other / "out"), str(other / "report")
+    other.mkdir()
+    (other / "job.yaml").write_text(yaml.safe_dump(cfg))
+    sets = [a for s in runner for a in ("--set", s)]
+    assert main(["--config", str(other / "job.yaml"), "--quiet", *sets]) == 0
+    theirs = json.loads((other / "report" / "summary.json").read_text())
+    for key in ("read", "kept", "removed_exact", "removed_near", "invalid"):
+        assert theirs[key] == local[key]
+    assert local["removed_near"] > CROWD
+    for sub in ("out", "report"):
+        mine = {p.relative_to(tmp_path / "local"): p.read_bytes()
+                for p in sorted((tmp_path / "local" / sub).rglob("*.parquet"))}
+        them = {p.relative_to(other): p.read_bytes()
+                for p in sorted((other / sub).rglob("*.parquet"))}
+        assert mine == them

@@ -1,0 +1,99 @@
+"""Real texts for the jaccard tests, and a brute-force oracle that shares nothing with the
+kernel's candidate search or its decisions.
+
+Texts: the licence and METADATA files the installed packages ship (real boilerplate with
+natural near copies: the same licence with another holder), deterministic by name.
+Edits of the kinds crawls have: words replaced, dropped or inserted at random places.
+"""
+
+from __future__ import annotations
+
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+from transforms.near.sets import Sets
+
+
+def package_texts(limit: int, min_bytes: int = 400, max_bytes: int = 20_000) -> list[str]:
+    """Distinct licence / METADATA texts of the installed packages, sorted by path."""
+    site = Path(np.__file__).resolve().parents[1]
+    names = ("LICENSE*", "LICENCE*", "COPYING*", "METADATA")
+    paths = sorted({p for n in names for p in site.glob(f"*.dist-info/**/{n}") if p.is_file()})
+    out, seen = [], set()
+    for p in paths:
+        text = p.read_text(errors="replace")[:max_bytes]
+        if len(text) >= min_bytes and text not in seen:
+            seen.add(text)
+            out.append(text)
+        if len(out) == limit:
+            break
+    assert len(out) == limit, f"only {len(out)} package texts under {site} ({sys.prefix})"
+    return out
+
+
+def edited(text: str, rate: float, rng: np.random.Generator, vocab: list[str]) -> str:
+    """``text`` with about ``rate`` of its words replaced, dropped or preceded by another."""
+    words = text.split(" ")
+    out = []
+    for w in words:
+        r = rng.random()
+        if r < rate / 3:
+            out.append(vocab[rng.integers(len(vocab))])
+        elif r < 2 * rate / 3:
+            continue
+        elif r < rate:
+            out += [vocab[rng.integers(len(vocab))], w]
+        else:
+            out.append(w)
+    return " ".join(out)
+
+
+def oracle(sets: Sets, threshold: float, grouping: str = "representative"
+           ) -> dict[int, tuple[int, Fraction]]:
+    """removed record -> (the record it duplicates, J), records in keep order (index
+    order), every pair compared in exact fractions. representative: removed when an
+    earlier kept record has J >= t, as the duplicate of the one with the highest J (ties:
+    the earlier); components: every record joined to an earlier one by J >= t (any
+    chain) is removed, as a duplicate of its component's first record (with their own J,
+    below t where the component chains)."""
+    t = Fraction(str(threshold))
+    rows = [set(sets.row(i).tolist()) for i in range(len(sets))]
+
+    def jac(a: int, b: int) -> Fraction:
+        return Fraction(len(rows[a] & rows[b]), len(rows[a] | rows[b]))
+
+    n = len(rows)
+    out: dict[int, tuple[int, Fraction]] = {}
+    if grouping == "representative":
+        kept: list[int] = []
+        for d in range(n):
+            best = None
+            for k in kept:
+                j = jac(d, k)
+                if j >= t and (best is None or j > best[1]):
+                    best = (k, j)
+            if best is None:
+                kept.append(d)
+            else:
+                out[d] = best
+        return out
+    parent = list(range(n))
+
+    def root(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for a in range(n):
+        for b in range(a):
+            if jac(a, b) >= t:
+                ra, rb = root(a), root(b)
+                parent[max(ra, rb)] = min(ra, rb)
+    for d in range(n):
+        if root(d) != d:
+            out[d] = (root(d), jac(d, root(d)))
+    return out
