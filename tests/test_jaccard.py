@@ -149,6 +149,9 @@ def test_blank_short_and_normalised_records():
     assert jaccard(raw.row(0), raw.row(1)) == 0.0
     assert blank_rows([np.zeros(0, np.int32), np.arange(3)], Shingles("token")).tolist() == [
         True, False]
+    # Chinese and Japanese have no spaces: each ideograph or kana is a word
+    cjk = record_sets(["今天天气很好，我们去公园散步吧。", "今天天气很好，我们去公园散步。"], sh)
+    assert cjk.sizes.tolist() == [10, 9] and jaccard(cjk.row(0), cjk.row(1)) == 9 / 10
 
 
 def test_word_shingles_are_the_words_5_grams(corpus):

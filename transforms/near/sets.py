@@ -48,6 +48,9 @@ DEFAULT_SIZE = {"word": 5, "char": 24, "token": 5}  # char: shorter n-grams matc
 PERMUTATIONS = 128  # MinHash signature length unless set
 TARGET_AT_THRESHOLD = 0.995  # LSH: the chance a pair at J = threshold becomes a candidate
 _SALT = np.uint64(0x6A09E667F3BCC909)  # tokens' and bands' hashes apart from words'
+# Chinese and Japanese are written without spaces: each of these characters is a word (as
+# BERT's basic tokenizer splits them); Korean separates its words with spaces
+_IDEOGRAPHS = r"[\p{Han}\p{Hiragana}\p{Katakana}]"
 _PRIME = 0x100000001B3  # char n-grams: polynomial base (odd: invertible mod 2^64)
 
 
@@ -211,6 +214,8 @@ def text_sets(texts: Sequence[str] | pa.Array, shingles: Shingles) -> Sets:
     if shingles.unit == "word":
         if shingles.normalize:  # NFKC, lower case; words: runs of letters, marks, digits
             arr = pc.utf8_lower(pc.utf8_normalize(arr, "NFKC"))
+            if pc.any(pc.match_substring_regex(arr, _IDEOGRAPHS)).as_py():  # each a word
+                arr = pc.replace_substring_regex(arr, f"({_IDEOGRAPHS})", r" \1 ")
             split = pc.split_pattern_regex(arr, r"[^\p{L}\p{M}\p{N}]+")
         else:
             split = pc.split_pattern_regex(arr, r"\s+")
