@@ -201,11 +201,9 @@ def workload(job: Job, records: int | None = None) -> Workload:
         missing.append("embed: the model's time and its vectors' size are not in the model "
                        "(scripts/bench_embed.py measures a model)")
     elif job.near is not None and job.near.is_sets:
-        held = f" (at most {n * dim * 16 / 2 ** 30:,.1f} GiB for these records)" if n and dim else ""
-        missing.append("near jaccard: the plan does not model the jaccard stage yet; its "
-                       "decisions run on one worker holding every record's shingle set, 8 "
-                       f"bytes per shingle, twice over while they are joined{held} "
-                       "(docs/text.md)")
+        missing.append("near jaccard: the plan does not model the jaccard stage yet "
+                       "(shingles, group keys through the shuffle, decisions per component "
+                       "of grouped records: docs/text.md)")
     elif job.near is not None and n and dim:
         near = near_cost(job, n, dim)
     return Workload(n, file_bytes, record_bytes, dim, near=near, near_spec=job.near,

@@ -123,7 +123,7 @@ class Dedup(beam.PTransform):
                              "store or embed with it (docs/text.md)")
         keys = chunks | "Fingerprint" >> Fingerprint(
             keep=self.keep, shards=self.shards,
-            spill=values if self.near and self.embed is None and not sets else None,
+            spill=values if self.near and self.embed is None else None,
             sets=self.near.shingles if sets else None)
         exact = keys[KEYS] | "DedupExact" >> DedupExact(
             keep=self.keep, store=self.store, survivors=self.survivors)

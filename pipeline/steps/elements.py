@@ -192,7 +192,8 @@ class VecBatch:
 @dataclass
 class SetBatch:
     """Fingerprint -> Near (jaccard): some rows' shingle sets with their digests and keep
-    order (as ``VecBatch``; a set is a few bytes per shingle: 64-bit hashes)."""
+    order (as ``VecBatch``). The sets wait in a file (``spill``); the element the runner
+    holds and shuffles carries the rows' keys and the file's name."""
 
     words: np.ndarray  # (n, 2) uint64 digest (hi, lo)
     prio: np.ndarray  # (n,) float64, smaller = preferred
@@ -200,23 +201,47 @@ class SetBatch:
     file_index: np.ndarray  # (n,) int32
     position: np.ndarray  # (n,) int64
     ids: pa.Array  # (n,) string record ids
-    sets: Sets  # the rows' shingle sets
+    sets: Sets | None = None  # the rows' shingle sets; None while spilled (or not needed)
+    spilled: str | None = None  # the file holding ``sets`` (``loaded()`` reads it)
     run: pa.Array | None = None  # no store for sets: always None (``Located``)
 
     def __len__(self) -> int:
         return len(self.position)
 
     def take(self, idx: np.ndarray) -> SetBatch:
+        """The rows ``idx``, their sets too when in memory (a spilled batch's rows keep
+        only their keys)."""
         return SetBatch(self.words[idx], self.prio[idx], self.order[idx], self.file_index[idx],
                         self.position[idx], self.ids.take(pa.array(idx, pa.int64())),
-                        self.sets.take(idx))
+                        None if self.sets is None else self.sets.take(idx))
+
+    def spill(self, folder: str) -> SetBatch:
+        """The same rows with their sets written to a file in ``folder``."""
+        path = fs.join(folder, f"{uuid.uuid4().hex}.sets")
+        head = np.array([len(self)], np.int64)
+        fs.write_scratch(path, iter([memoryview(head).cast("B"),
+                                     memoryview(np.ascontiguousarray(self.sets.offsets)).cast("B"),
+                                     memoryview(np.ascontiguousarray(self.sets.hashes)).cast("B")]))
+        return dataclasses.replace(self, sets=None, spilled=path)
+
+    def loaded(self) -> SetBatch:
+        """The sets back in memory (itself when they are)."""
+        if self.spilled is None:
+            return self
+        raw = fs.read_bytes(self.spilled)
+        n = int(np.frombuffer(raw, np.int64, 1)[0])
+        offsets = np.frombuffer(raw, np.int64, n + 1, 8)
+        hashes = np.frombuffer(raw, np.uint64, int(offsets[-1]), 8 * (n + 2))
+        return dataclasses.replace(self, sets=Sets(offsets, hashes, np.zeros(n, bool)),
+                                   spilled=None)
 
     @staticmethod
     def concat(batches: list[SetBatch]) -> SetBatch:
         cat = [np.concatenate([getattr(b, f) for b in batches])
                for f in ("words", "prio", "order", "file_index", "position")]
-        return SetBatch(*cat, pa.concat_arrays([b.ids for b in batches]),
-                        Sets.concat([b.sets for b in batches]))
+        sets = (None if any(b.sets is None for b in batches)
+                else Sets.concat([b.sets for b in batches]))
+        return SetBatch(*cat, pa.concat_arrays([b.ids for b in batches]), sets)
 
 
 # Why a record was removed: a copy of / near a record of this run, of a reference set

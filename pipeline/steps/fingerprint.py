@@ -74,10 +74,11 @@ def shard_keys(chunk: Chunk, shards: int, keep: str, near: str | None = None,
                ) -> Iterator[tuple[int, KeyBatch] | beam.pvalue.TaggedOutput]:
     """``near``: a folder; a VecBatch of the chunk's finite rows, its values spilled
     there, also goes to the VECTORS output; ``sets``: the chunk's shingle sets go there
-    instead (a SetBatch). Reference files' rows are protected."""
+    instead (a SetBatch, its sets spilled there too). Reference files' rows are protected."""
     batch = _keys(chunk, keep)
-    if sets is not None:
-        yield beam.pvalue.TaggedOutput(VECTORS, _sets(batch, chunk.tensors, keep, sets))
+    if sets is not None:  # (spilled to ``near``, the folder, as values are)
+        yield beam.pvalue.TaggedOutput(VECTORS, _sets(batch, chunk.tensors, keep, sets)
+                                       .spill(near))
     elif near:
         yield beam.pvalue.TaggedOutput(VECTORS, _vectors(batch, chunk.tensors, keep, near))
     shard = shard_of(batch.words, shards)
@@ -96,7 +97,8 @@ class Fingerprint(beam.PTransform):
       shards: digest-range shards of the exact stage's group-by.
       spill: a folder (any filesystem) for the near stage's values; the VecBatches
         carry references to files there. None: no VECTORS output.
-      sets: jaccard: VECTORS carries each chunk's shingle sets (SetBatch) instead.
+      sets: jaccard: VECTORS carries each chunk's shingle sets (SetBatch, spilled to
+        ``spill``) instead.
     """
 
     def __init__(self, *, keep: Keep | str = "first", shards: int = 16, spill: str | None = None,

@@ -1,23 +1,38 @@
-"""Near (jaccard): SetBatch (shingle sets of texts or token sequences) -> (file_index,
-Removed kind "near") + NearReport.
+"""Near (jaccard): SetBatch (shingle sets of texts or token sequences, spilled) ->
+(file_index, Removed kind "near") + NearReport.
 
-The kernel is ``transforms.near.sets.near_sets``: candidates from MinHash-LSH bands
-(bounded) or an exact prefix-filter join (exact), every candidate verified by its true
-Jaccard, decisions in keep order (crowds compared with their kept members only). Exact
-copies are collapsed first (the record exact dedup kept stands for its digest), and
-reference records are protected (never removed; a record near one is removed as
-``reference_near``).
+Plan -> Keys -> GroupByKey(key shard) -> Groups -> Components -> GroupByKey(component)
+-> Decide -> Merge, over the kernel ``transforms.near.sets``:
 
-Where it runs: the sets are gathered on one worker (``GatherSets``), which holds about
-8 bytes per shingle of every record exact dedup kept (docs/text.md sizes it): the first
-landing of jaccard; the band shuffle across workers is the next step (issue 43's note).
-Recall is measured as for vectors: a seeded sample of records, each compared with every
-record through the exact prefix index, judged by its decision (``transforms.near.recall``).
+- **Plan** (one worker, small): a bottom-k sample of the records by digest hash gives
+  the recall sample (with its sets) and, for ``mode: auto``, the pairs the exact join's
+  groups would hold (estimated from the sample's prefix hashes), so the mode is chosen
+  before any key is made, the same on every runner.
+- **Keys** (every worker): each chunk's sets, read back from their file, give its rows'
+  group keys: MinHash-LSH bands (bounded) or prefix hashes (exact); rows travel as
+  (key, digest, keep order, where) lines to the key's shard, never their sets.
+- **Groups** (every worker, per shard): rows of one digest collapse to the one exact
+  dedup kept; keys shared by two digests or more are candidate groups.
+- **Components** (one worker): which grouped records can affect each other's decisions
+  (connected through shared groups): the group memberships of grouped records only, as
+  integers (a record in no group is kept without a comparison).
+- **Decide** (every worker, per component): the component's sets, read from their
+  files, decided in keep order by the kernel (``decide``: each record against the kept
+  records of its groups, verified by its true Jaccard). A crowd is one component on one
+  worker holding the crowd's sets only.
+- **Merge** (one worker): a line per removed record, as for vectors.
+
+Exact copies never count twice (a digest stands for its copies), reference records are
+protected (never removed; a record near one goes as ``reference_near``). Recall: the
+sample against every chunk through each chunk's prefix index (exact), judged by the
+sampled records' decisions (``transforms.near.recall``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import apache_beam as beam
 import numpy as np
@@ -30,145 +45,447 @@ from pipeline.steps.near_merge import NearReport
 from pipeline.steps.removed import removed_by_file
 from pipeline.steps.tagged import SplitOutputs
 from transforms.exact import is_protected, tier_of
-from transforms.near.recall import Truth, in_sample, judge
+from transforms.near.components import component_labels
+from transforms.near.recall import Truth, judge, splitmix64
 from transforms.near.sets import (
-    choose_mode,
+    EXACT_ANYWAY,
+    EXACT_WORK,
+    band_keys,
+    decide,
     expected_pairs,
+    jaccard,
+    length_fits,
     lsh_params,
-    near_sets,
-    sample_partners,
+    prefix_tokens,
+    signatures,
 )
 from transforms.near.spec import NearSpec
+from transforms.store.segment import keys_of
 
 __all__ = ["DedupNearSets"]
 
+PLAN_SAMPLE = 20_000  # records whose prefix hashes estimate the exact join's work (auto)
+KEY_SHARDS = 64  # shards of the group keys' shuffle
 
-class GatherSets(beam.CombineFn):
-    """Every chunk's SetBatch, on one worker."""
+
+def _rank_hash(words: np.ndarray) -> np.ndarray:
+    """A seeded hash of each digest: the bottom-k samples take the smallest."""
+    with np.errstate(over="ignore"):
+        return splitmix64(splitmix64(words[:, 0] ^ np.uint64(0x43)) ^ words[:, 1])
+
+
+def _best_per_digest(b: SetBatch) -> SetBatch:
+    """One row per digest: the first in keep order (the one exact dedup kept)."""
+    if not len(b):
+        return b
+    o = np.lexsort((b.order, b.prio, b.words[:, 1], b.words[:, 0]))
+    w = b.words[o]
+    return b.take(np.sort(o[np.r_[True, (w[1:] != w[:-1]).any(axis=1)]]))
+
+
+def _bottom(b: SetBatch, k: int) -> SetBatch:
+    """The rows of the k smallest digest hashes (one row per digest)."""
+    b = _best_per_digest(b)
+    if len(b) <= k:
+        return b
+    return b.take(np.sort(np.argsort(_rank_hash(b.words), kind="stable")[:k]))
+
+
+@dataclass
+class SetPlan:
+    """What every step of the stage reads: the mode and its keys, and the recall sample."""
+
+    mode: str
+    why: str
+    bands: int
+    rows: int
+    n: int  # records that entered the stage
+    sample: SetBatch | None  # the recall sample, its sets in memory (a few MB)
+
+
+@dataclass
+class _Acc:
+    n: int
+    plan: SetBatch | None
+    recall: SetBatch | None
+
+
+class PlanSets(beam.CombineFn):
+    """SetBatch -> SetPlan: bottom-k samples (the mode's estimate, recall), on one worker."""
+
+    def __init__(self, spec: NearSpec):
+        self.spec = spec
+        self.k = max(PLAN_SAMPLE if spec.mode == "auto" else 0, spec.recall_sample)
+
+    def create_accumulator(self) -> _Acc:
+        return _Acc(0, None, None)
+
+    def add_input(self, acc: _Acc, batch: SetBatch) -> _Acc:
+        acc.n += len(batch)
+        if self.k:
+            mine = _bottom(batch.loaded(), self.k)
+            acc.plan = mine if acc.plan is None else _bottom(SetBatch.concat([acc.plan, mine]),
+                                                             self.k)
+        return acc
+
+    def merge_accumulators(self, accs: Iterable[_Acc]) -> _Acc:
+        accs = list(accs)
+        parts = [a.plan for a in accs if a.plan is not None]
+        return _Acc(sum(a.n for a in accs),
+                    _bottom(SetBatch.concat(parts), self.k) if parts else None, None)
+
+    def extract_output(self, acc: _Acc) -> SetPlan:
+        spec, sh = self.spec, self.spec.shingles
+        mode, why = spec.mode, f"near.mode: {spec.mode}"
+        if mode == "auto":
+            mode, why = _auto_mode(acc.plan, acc.n, spec.threshold)
+        bands, rows = lsh_params(spec.threshold, sh.permutations, sh.bands) \
+            if mode == "bounded" else (0, 0)
+        sample = None
+        if acc.plan is not None and spec.recall_sample:
+            sample = _bottom(acc.plan, spec.recall_sample)
+            sample = sample.take(np.flatnonzero(~is_protected(sample.prio)))
+        if mode == "bounded":
+            curve = expected_pairs(bands, rows, spec.threshold)
+            how = (f"MinHash-LSH, {bands} bands x {rows} rows: a pair at J = "
+                   f"{spec.threshold:g} is a candidate with chance {curve['at_threshold']:.4f}, "
+                   f"at J = {max(spec.threshold - 0.1, 0):.2g}: {curve['below_0_1']:.4f}")
+        else:
+            how = "prefix-filter join (every pair at or above the threshold is found)"
+        progress.note(f"near: jaccard >= {spec.threshold:g} over {sh.unit} {sh.n}-grams of "
+                      f"{acc.n:,} records, {mode} ({why}): {how}")
+        return SetPlan(mode, why, bands, rows, acc.n, sample)
+
+
+def _auto_mode(sample: SetBatch | None, n: int, threshold: float) -> tuple[str, str]:
+    """``choose_mode``'s rule on a uniform sample (by digest hash) of the records: a pair
+    is in it with chance f^2, so the sample's group pairs / f^2 estimate the whole's."""
+    if sample is None or not len(sample):
+        return "exact", "auto: no record to compare"
+    f = len(sample) / max(n, 1)
+    _, keys = prefix_tokens(sample.sets, threshold)
+    _, counts = np.unique(keys, return_counts=True)
+    c = counts[counts > 1].astype(np.float64)
+    work = float((c * (c - 1) / 2).sum()) / (f * f)
+    per = work / max(1, n)
+    pick = "exact" if per <= EXACT_WORK or work <= EXACT_ANYWAY else "bounded"
+    return pick, (f"auto: the exact join's groups hold about {work:,.0f} pairs ({per:.1f} per "
+                  f"record, estimated from {len(sample):,} sampled records; exact up to "
+                  f"{EXACT_WORK} per record or {EXACT_ANYWAY:,} in all)")
+
+
+@dataclass
+class KeyRows:
+    """Keys -> Groups: one line per (group key, row): where the row's set waits."""
+
+    key: np.ndarray  # (m,) uint64 group key (band hash or prefix hash)
+    words: np.ndarray  # (m, 2) uint64 digest
+    prio: np.ndarray  # (m,) float64
+    order: np.ndarray  # (m,) int64
+    row: np.ndarray  # (m,) int64: the row in its batch (and set file)
+    batch: np.ndarray  # (m,) int32: index into ``batches``
+    batches: list  # the SetBatches (spilled: keys only) the rows come from
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+    @staticmethod
+    def concat(parts: list[KeyRows]) -> KeyRows:
+        starts = np.cumsum([0] + [len(p.batches) for p in parts[:-1]])
+        return KeyRows(*(np.concatenate([getattr(p, f) for p in parts])
+                         for f in ("key", "words", "prio", "order", "row")),
+                       np.concatenate([p.batch + s for p, s in zip(parts, starts, strict=True)]),
+                       [b for p in parts for b in p.batches])
+
+
+def chunk_keys(batch: SetBatch, plan: SetPlan, spec: NearSpec, shards: int
+               ) -> Iterator[tuple[int, KeyRows]]:
+    """A chunk's group keys, split by key shard; its sets are read from their file."""
+    progress.tick("near keys", 0, len(batch), "chunks", units=0, total_records=plan.n)
+    sets = batch.loaded().sets
+    if plan.mode == "bounded":
+        k = band_keys(signatures(sets, plan.bands * plan.rows), plan.bands, plan.rows)
+        rec, key = np.repeat(np.arange(len(batch)), plan.bands), k.reshape(-1)
+    else:
+        rec, key = prefix_tokens(sets, spec.threshold)
+    ref = SetBatch(batch.words, batch.prio, batch.order, batch.file_index, batch.position,
+                   batch.ids, None, batch.spilled)
+    shard = (splitmix64(key) % np.uint64(shards)).astype(np.int64)
+    order = np.argsort(shard, kind="stable")
+    bounds = np.searchsorted(shard[order], np.arange(shards + 1))
+    for s in range(shards):
+        if bounds[s + 1] > bounds[s]:
+            i = order[bounds[s]:bounds[s + 1]]
+            r = rec[i]
+            yield s, KeyRows(key[i], batch.words[r], batch.prio[r], batch.order[r], r,
+                             np.zeros(len(i), np.int32), [ref])
+
+
+@dataclass
+class Members:
+    """Groups -> Components -> Decide: the members of candidate groups."""
+
+    group: np.ndarray  # (m,) uint64 group key
+    rows: KeyRows  # the member rows (one per digest and group)
+
+    def __len__(self) -> int:
+        return len(self.group)
+
+
+def shard_groups(item: tuple[int, Iterable[KeyRows]]) -> Iterator[Members]:
+    """A shard's keys -> the groups of two digests or more (one row per digest: the best
+    in keep order, as exact dedup kept)."""
+    _, parts = item
+    rows = KeyRows.concat(list(parts))
+    if not len(rows):
+        return
+    o = np.lexsort((rows.order, rows.prio, rows.words[:, 1], rows.words[:, 0], rows.key))
+    k, w = rows.key[o], rows.words[o]
+    first = np.r_[True, (k[1:] != k[:-1]) | (w[1:] != w[:-1]).any(axis=1)]
+    o, k = o[first], k[first]
+    start = np.r_[True, k[1:] != k[:-1]]
+    gid = np.cumsum(start) - 1
+    shared = np.bincount(gid)[gid] > 1
+    if shared.any():
+        keep = o[shared]
+        yield Members(k[shared], _take_rows(rows, keep))
+
+
+def _take_rows(rows: KeyRows, idx: np.ndarray) -> KeyRows:
+    used, batch = np.unique(rows.batch[idx], return_inverse=True)
+    return KeyRows(rows.key[idx], rows.words[idx], rows.prio[idx], rows.order[idx],
+                   rows.row[idx], batch.astype(np.int32), [rows.batches[u] for u in used])
+
+
+class Gather(beam.CombineFn):
+    """Every element, on one worker."""
 
     def create_accumulator(self) -> list:
         return []
 
-    def add_input(self, acc: list, batch: SetBatch) -> list:
-        acc.append(batch)
+    def add_input(self, acc: list, x) -> list:
+        acc.append(x)
         return acc
 
     def merge_accumulators(self, accs: Iterable[list]) -> list:
-        return [b for a in accs for b in a]
+        return [x for a in accs for x in a]
 
     def extract_output(self, acc: list) -> list:
         return acc
 
 
-def exact_survivors(batch: SetBatch) -> SetBatch:
-    """One row per digest: the first in keep order (the one exact dedup kept)."""
-    if not len(batch):
-        return batch
-    o = np.lexsort((batch.order, batch.prio, batch.words[:, 1], batch.words[:, 0]))
-    w = batch.words[o]
-    first = np.r_[True, (w[1:] != w[:-1]).any(axis=1)]
-    return batch.take(np.sort(o[first]))
-
-
-def decide_sets(batches: list[SetBatch], spec: NearSpec, per_side: int
-                ) -> Iterator[tuple[int, object] | beam.pvalue.TaggedOutput]:
-    """All sets -> removals per file (kind near) and the NearReport."""
-    sh = spec.shingles
-    n_in = sum(len(b) for b in batches)
-    u = exact_survivors(SetBatch.concat(batches)) if batches else None
-    del batches
-    n = 0 if u is None else len(u)
-    stats = {"metric": "jaccard", "records_searched": n, "partitions": 1,
-             "histogram_every": 1, "unit": sh.unit, "size": sh.n, "normalize": sh.normalize,
-             "threshold_jaccard": spec.threshold}
-    if not n:
-        stats.update(mode="exact", removed=0, recall=None, recall_removed=None,
-                     pairs_within_tolerance=0, compared=0)
-        yield beam.pvalue.TaggedOutput(NEAR_REPORT, NearReport(
-            np.empty(0), BORDERLINE_SCHEMA.empty_table(), stats))
+def components(members: list[Members]) -> Iterator[tuple[int, Members]]:
+    """Groups linked through shared records, each with its members' group lines: what
+    one decision can depend on (one worker; integers per grouped record only)."""
+    if not members:
         return
-    rank = np.empty(n, np.int64)
-    rank[np.lexsort((u.order, u.prio))] = np.arange(n)
-    protected = is_protected(u.prio)
-    mode, why = choose_mode(u.sets, spec.threshold, spec.mode)
-    if mode == "bounded":
-        bands, rows = lsh_params(spec.threshold, sh.permutations, sh.bands)
-        curve = expected_pairs(bands, rows, spec.threshold)
-        stats["s_curve"] = curve
-        how = (f"MinHash-LSH, {bands} bands x {rows} rows: a pair at J = {spec.threshold:g} "
-               f"is a candidate with chance {curve['at_threshold']:.4f}, at J = "
-               f"{max(spec.threshold - 0.1, 0):.2g}: {curve['below_0_1']:.4f}")
-    else:
-        how = "prefix-filter join (every pair at or above the threshold is found)"
-    progress.note(f"near: jaccard >= {spec.threshold:g} over {sh.unit} {sh.n}-grams of "
-                  f"{n:,} records, {mode} ({why}): {how}")
-    res = near_sets(u.sets, rank, spec.threshold, sh, mode=mode, grouping=spec.grouping,
-                    protected=protected)
-    removed = len(res.removed)
-    stats.update(mode=mode, mode_reason=why, bands=res.bands, rows=res.rows,
-                 compared=int(res.compared), candidate_groups=int(res.groups),
-                 removed=int(removed), pairs_within_tolerance=int(removed),
-                 records_entered=int(n_in))
-    dist = 1.0 - res.j
-    if removed:
-        by_input = np.lexsort((u.position[res.removed], u.file_index[res.removed]))
-        yield from removed_by_file(u, res.removed[by_input], res.kept[by_input], "near",
-                                   dist[by_input], tier_of(u.prio[res.kept[by_input]],
-                                                           u.order[res.kept[by_input]]))
-    judged = _judge(u, rank, protected, res, spec)
-    stats.update(recall=judged, recall_removed=None if judged is None
+    group = np.concatenate([m.group for m in members])
+    rows = KeyRows.concat([m.rows for m in members])
+    _, node = np.unique(keys_of(rows.words), return_inverse=True)
+    _, g = np.unique(group, return_inverse=True)
+    o = np.lexsort((node, g))  # link each group's members to its first one
+    first_of = np.r_[True, g[o][1:] != g[o][:-1]]
+    head = np.maximum.accumulate(np.where(first_of, np.arange(len(o)), 0))
+    label = component_labels(int(node.max()) + 1, node[o], node[o][head])
+    comp = label[node]
+    by = np.argsort(comp, kind="stable")
+    cuts = np.flatnonzero(np.diff(comp[by])) + 1
+    for part in np.split(by, cuts):
+        yield int(comp[part[0]]), Members(group[part], _take_rows(rows, part))
+
+
+@dataclass
+class Decided:
+    """Decide -> Merge: a component's removals, the rows of both ends and their J."""
+
+    removed: SetBatch
+    kept: SetBatch
+    j: np.ndarray
+    compared: int
+    groups: int
+    largest: int
+    records: int
+
+
+def decide_component(item: tuple[int, Iterable[Members]], plan: SetPlan, spec: NearSpec
+                     ) -> Decided:
+    """One component decided in keep order over its members' sets (read from their
+    files, each file once)."""
+    _, parts = item
+    m = list(parts)
+    group = np.concatenate([p.group for p in m])
+    rows = KeyRows.concat([p.rows for p in m])
+    uk, node = np.unique(keys_of(rows.words), return_inverse=True)
+    first = np.zeros(len(uk), np.int64)
+    first[node[::-1]] = np.arange(len(node))[::-1]  # one line per record
+    recs = _records(rows, first)
+    _, gid = np.unique(group, return_inverse=True)
+    rank = np.empty(len(uk), np.int64)
+    rank[np.lexsort((recs.order, recs.prio))] = np.arange(len(uk))
+    sig = (signatures(recs.sets, plan.bands * plan.rows) if plan.mode == "bounded" else None)
+    dec = decide(gid.astype(np.int64), node.astype(np.int64), recs.sets, rank, spec.threshold,
+                 spec.grouping, is_protected(recs.prio), sig)
+    sizes = np.bincount(gid)
+    keys = dataclasses.replace(recs, sets=None)  # only the ends' keys go on
+    return Decided(keys.take(dec.removed), keys.take(dec.kept), dec.j, dec.compared,
+                   len(sizes), int(sizes.max()), len(uk))
+
+
+def _records(rows: KeyRows, first: np.ndarray) -> SetBatch:
+    """The records (one line each) with their sets, read batch file by batch file."""
+    parts, at = [], []
+    b = rows.batch[first]
+    for u in np.unique(b).tolist():
+        mine = first[b == u]
+        src = rows.batches[u].loaded()
+        parts.append(src.take(rows.row[mine]))
+        at.append(np.flatnonzero(b == u))
+    cat = SetBatch.concat(parts)
+    inv = np.empty(len(first), np.int64)
+    inv[np.concatenate(at)] = np.arange(len(first))
+    return cat.take(inv)
+
+
+def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Truth]:
+    """The recall sample against one chunk: each sampled record's earlier partners (in
+    keep order) at J >= threshold, through the chunk's prefix index (complete)."""
+    s = plan.sample
+    if s is None or not len(s):
+        return
+    b = _best_per_digest(batch.loaded())
+    rec, keys = prefix_tokens(b.sets, spec.threshold)
+    o = np.argsort(keys, kind="stable")
+    skeys, srec = keys[o], rec[o]
+    srec_s, stok = prefix_tokens(s.sets, spec.threshold)
+    lo, hi = np.searchsorted(skeys, stok), np.searchsorted(skeys, stok, side="right")
+    pairs = set()
+    for i, a, z in zip(srec_s.tolist(), lo.tolist(), hi.tolist(), strict=True):
+        for c in srec[a:z].tolist():
+            pairs.add((i, c))
+    out_s, out_p, out_j = [], [], []
+    for i, c in sorted(pairs):
+        earlier = (b.prio[c], b.order[c]) < (s.prio[i], s.order[i])
+        if not earlier or (b.words[c] == s.words[i]).all():
+            continue
+        x, y = s.sets.row(i), b.sets.row(c)
+        if length_fits(len(x), len(y), spec.threshold):
+            j = jaccard(x, y)
+            if j >= spec.threshold:
+                out_s.append(i)
+                out_p.append(c)
+                out_j.append(j)
+    if out_s:
+        si, pi = np.asarray(out_s), np.asarray(out_p)
+        counts: dict = {}
+        for w in s.words[si].tolist():
+            counts[tuple(w)] = counts.get(tuple(w), 0) + 1
+        yield Truth(s.words[si], b.words[pi], 1.0 - np.asarray(out_j), b.prio[pi],
+                    b.order[pi], counts).cut()
+
+
+class GatherTruth(beam.CombineFn):
+    def create_accumulator(self) -> Truth:
+        return Truth.empty()
+
+    def add_input(self, acc: Truth, t: Truth) -> Truth:
+        return acc.add(t)
+
+    def merge_accumulators(self, accs) -> Truth:
+        out = Truth.empty()
+        for a in accs:
+            out = out.add(a)
+        return out
+
+    def extract_output(self, acc: Truth) -> Truth:
+        return acc
+
+
+def merge_sets(parts: list[Decided], plan: SetPlan, spec: NearSpec, per_side: int,
+               truth: Truth) -> Iterator[tuple[int, object] | beam.pvalue.TaggedOutput]:
+    """Every component's removals -> removals per file (kind near) and the NearReport."""
+    sh = spec.shingles
+    stats = {"metric": "jaccard", "unit": sh.unit, "size": sh.n, "normalize": sh.normalize,
+             "threshold_jaccard": spec.threshold, "mode": plan.mode, "mode_reason": plan.why,
+             "bands": plan.bands, "rows": plan.rows, "records_entered": plan.n,
+             "partitions": 1, "histogram_every": 1}
+    if plan.mode == "bounded":
+        stats["s_curve"] = expected_pairs(plan.bands, plan.rows, spec.threshold)
+    done = [p for p in parts if len(p.removed)]
+    removed = 0
+    dist = np.empty(0)
+    gone: dict = {}
+    border = BORDERLINE_SCHEMA.empty_table()
+    if done:
+        rec = SetBatch.concat([p.removed for p in done])
+        ref = SetBatch.concat([p.kept for p in done])
+        j = np.concatenate([p.j for p in done])
+        ends = SetBatch.concat([rec, ref])
+        m = removed = len(rec)
+        dist = 1.0 - j
+        by_input = np.lexsort((rec.position, rec.file_index))
+        yield from removed_by_file(ends, by_input, m + by_input, "near", dist[by_input],
+                                   tier_of(ref.prio[by_input], ref.order[by_input]))
+        asked = set(map(tuple, np.concatenate([truth.sample, truth.partner]).tolist()))
+        gone = {a: (b, d) for a, b, d in zip(map(tuple, rec.words.tolist()),
+                                             map(tuple, ref.words.tolist()), dist.tolist(),
+                                             strict=True) if a in asked}
+        border = _borderline(rec, ref, dist, per_side)
+    judged = None
+    if spec.recall_sample and plan.sample is not None:
+        sampled = set(map(tuple, plan.sample.words.tolist()))
+        judged = judge(truth, sampled, gone, spec.grouping == "components").as_dict()
+    stats.update(removed=int(removed), pairs_within_tolerance=int(removed),
+                 compared=int(sum(p.compared for p in parts)),
+                 candidate_groups=int(sum(p.groups for p in parts)),
+                 largest_group=int(max((p.largest for p in parts), default=0)),
+                 components=len(parts), records_searched=int(sum(p.records for p in parts)),
+                 recall=judged, recall_removed=None if judged is None
                  else judged["recall_removed"])
-    yield beam.pvalue.TaggedOutput(NEAR_REPORT, NearReport(
-        dist, _borderline(u, res, dist, per_side), stats))
+    yield beam.pvalue.TaggedOutput(NEAR_REPORT, NearReport(dist, border, stats))
 
 
-def _borderline(u: SetBatch, res, dist: np.ndarray, per_side: int) -> pa.Table:
-    """The removals closest to the threshold (the verified pairs with the lowest J)."""
+def _borderline(rec: SetBatch, ref: SetBatch, dist: np.ndarray, per_side: int) -> pa.Table:
+    """The removals nearest the threshold (the verified pairs with the lowest J)."""
     pick = np.argsort(-dist, kind="stable")[:per_side]
-    r, k = res.removed[pick], res.kept[pick]
-    return pa.table({"record_id": u.ids.take(pa.array(r, pa.int64())),
-                     "neighbour_id": u.ids.take(pa.array(k, pa.int64())),
-                     "distance": dist[pick], "within": np.ones(len(pick), bool),
-                     "record_file": u.file_index[r].astype(np.int32),
-                     "record_row": u.position[r], "neighbour_file": u.file_index[k].astype(
-                         np.int32), "neighbour_row": u.position[k]}, schema=BORDERLINE_SCHEMA)
-
-
-def _judge(u: SetBatch, rank: np.ndarray, protected: np.ndarray, res, spec: NearSpec
-           ) -> dict | None:
-    """Recall: each sampled record's decision against its true earlier partners."""
-    if not spec.recall_sample:
-        return None
-    sample = np.flatnonzero(in_sample(u.words, len(u), spec.recall_sample) & ~protected)
-    s, p, j = sample_partners(u.sets, rank, sample, spec.threshold)
-    counts: dict = {}
-    for w in u.words[s].tolist():
-        counts[tuple(w)] = counts.get(tuple(w), 0) + 1
-    truth = Truth(u.words[s], u.words[p], 1.0 - j, u.prio[p], u.order[p], counts).cut()
-    asked = set(map(tuple, u.words[np.concatenate([s, p])].tolist()))
-    gone = {a: (b, d) for a, b, d in zip(map(tuple, u.words[res.removed].tolist()),
-                                         map(tuple, u.words[res.kept].tolist()),
-                                         (1.0 - res.j).tolist(), strict=True) if a in asked}
-    sampled = set(map(tuple, u.words[sample].tolist()))
-    return judge(truth, sampled, gone, spec.grouping == "components").as_dict()
+    r, k = rec.take(pick), ref.take(pick)
+    return pa.table({"record_id": r.ids, "neighbour_id": k.ids, "distance": dist[pick],
+                     "within": np.ones(len(pick), bool),
+                     "record_file": r.file_index.astype(np.int32), "record_row": r.position,
+                     "neighbour_file": k.file_index.astype(np.int32),
+                     "neighbour_row": k.position}, schema=BORDERLINE_SCHEMA)
 
 
 class DedupNearSets(beam.PTransform):
-    """SetBatch -> {REMOVED: (file_index, Removed), NEAR_REPORT: NearReport} (jaccard).
+    """SetBatch (sets spilled) -> {REMOVED: (file_index, Removed), NEAR_REPORT: NearReport}.
 
     Args:
       spec: a jaccard ``NearSpec`` (threshold: the minimum Jaccard; ``shingles``).
       borderline_pairs: verified pairs nearest the threshold kept for the report.
+      shards: shards of the group keys' shuffle.
     """
 
-    def __init__(self, spec: NearSpec, *, borderline_pairs: int = 500):
+    def __init__(self, spec: NearSpec, *, borderline_pairs: int = 500,
+                 shards: int = KEY_SHARDS):
         super().__init__()
         if not spec.is_sets:
             raise ValueError("DedupNearSets takes a jaccard NearSpec; DedupNear the others")
-        self.spec, self.per_side = spec, borderline_pairs
+        self.spec, self.per_side, self.shards = spec, borderline_pairs, shards
 
     def expand(self, sets):
+        plan = beam.pvalue.AsSingleton(sets | "Plan" >> beam.CombineGlobally(
+            PlanSets(self.spec)))
+        truth = beam.pvalue.AsSingleton(
+            sets | "RecallBruteForce" >> beam.FlatMap(chunk_truth, plan, self.spec)
+            | "GatherTruth" >> beam.CombineGlobally(GatherTruth()))
         return (sets
-                | "GatherSets" >> beam.CombineGlobally(GatherSets())
-                | "DecideSets" >> SplitOutputs(decide_sets, self.spec, self.per_side,
-                                               main=REMOVED, tags=(NEAR_REPORT,)))
+                | "Keys" >> beam.FlatMap(chunk_keys, plan, self.spec, self.shards)
+                | "GroupByKeyShard" >> beam.GroupByKey()
+                | "Groups" >> beam.FlatMap(shard_groups)
+                | "GatherGroups" >> beam.CombineGlobally(Gather())
+                | "Components" >> beam.FlatMap(components)
+                | "GroupByComponent" >> beam.GroupByKey()
+                | "Decide" >> beam.Map(decide_component, plan, self.spec)
+                | "GatherDecisions" >> beam.CombineGlobally(Gather())
+                | "Merge" >> SplitOutputs(merge_sets, plan, self.spec, self.per_side, truth,
+                                          main=REMOVED, tags=(NEAR_REPORT,)))
+
