@@ -11,6 +11,7 @@ import fnmatch
 import math
 import os
 import posixpath
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -305,6 +306,14 @@ def list_files(pattern: str, key: str, timeout: float, fmt: str = "parquet") -> 
 
 
 
+def as_sequences(cfg: DedupeConfig, spec: TensorSpec) -> TensorSpec:
+    """Jaccard over numbers compares integer sequences of any length: read as such
+    (``TensorSpec.ragged``), one chunk per read batch, not one per length."""
+    if cfg.near is not None and cfg.near.metric == "jaccard" and spec.decode is None:
+        return replace(spec, ragged=True)
+    return spec
+
+
 def references(cfg: DedupeConfig, resolved: TensorSpec) -> References | None:
     """Reference files, checked like input files; their records must be comparable with
     the input's (same dtype and size), or no reference record could ever match (what the
@@ -315,7 +324,7 @@ def references(cfg: DedupeConfig, resolved: TensorSpec) -> References | None:
     timeout = cfg.tuning.remote_timeout_s
     files = sorted({f for r in cfg.reference
                     for f in list_files(r.path, "reference.path", timeout, r.format)})
-    spec = src.to_spec(None, cfg.tuning.decoded_chunk_bytes)
+    spec = as_sequences(cfg, src.to_spec(None, cfg.tuning.decoded_chunk_bytes))
     for path, got in zip(files, inspect_files(files, src, spec, "reference.path", timeout),
                          strict=True):
         if got.dtype is None:  # nothing to compare: an empty file (first_known)

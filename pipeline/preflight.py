@@ -29,6 +29,7 @@ from pipeline.config import DedupeConfig, keep_policy
 from pipeline.config.sections import InputConfig
 from pipeline.embedding import Embedding, embedding
 from pipeline.inputs import (
+    as_sequences,
     check_one_size,
     common_dir,
     first_known,
@@ -281,7 +282,7 @@ def prepare(cfg: DedupeConfig) -> Job:
     files = list_files(cfg.input.path, "input.path", timeout, cfg.input.format)
     root = common_dir(files)
     keep = keep_policy(cfg.keep)
-    spec = cfg.input.to_spec(keep.column, cfg.tuning.decoded_chunk_bytes)
+    spec = as_sequences(cfg, cfg.input.to_spec(keep.column, cfg.tuning.decoded_chunk_bytes))
     checked = inspect_files(files, cfg.input, spec, "input.path", timeout)
     first = first_known(checked)
     resolved = checked[first]

@@ -255,7 +255,8 @@ def _same(got: dict, want: dict) -> None:
 
 
 @pytest.mark.parametrize("fmt,unit", [("parquet", "word"), ("tfrecord", "char"),
-                                      ("hdf5", "word"), ("parquet", "token")])
+                                      ("hdf5", "word"), ("parquet", "token"),
+                                      ("tfrecord", "token"), ("hdf5", "token")])
 def test_the_job_in_exact_mode_writes_the_oracle(tmp_path, corpus, tokens, fmt, unit):
     values = _values(unit, corpus, tokens)
     near = {"metric": "jaccard", "threshold": 0.8, "mode": "exact"}

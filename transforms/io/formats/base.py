@@ -81,6 +81,34 @@ class TensorSpec:
     rank: str | None = None  # scalar column/feature/dataset for keep {max|min: column}
     compression: str = "auto"  # TFRecord only: auto | none | gzip | zlib
     decode: Decode | None = None  # encoded values (images, bytes, text); None: numbers
+    ragged: bool = False  # 1-d integer sequences of any length (near.metric jaccard, token
+    # shingles): a chunk's tensors are an object array of them, digests given (``ragged_rows``)
+
+
+def ragged_rows(offsets: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(object array of the 1-d sequences values[offsets[i]:offsets[i + 1]], their V16
+    exact digests): each digest the one ``fingerprint_batch`` gives the sequence as a
+    tensor of its own length (hashed in one call per length)."""
+    from transforms.fingerprint import fingerprint_batch
+
+    n = len(offsets) - 1
+    tensors = np.empty(n, object)
+    for i, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)):
+        tensors[i] = values[a:b]
+    digests = np.empty(n, "V16")
+    lengths = np.diff(offsets)
+    for length in np.unique(lengths).tolist():
+        rows = np.flatnonzero(lengths == length)
+        digests[rows] = fingerprint_batch(values[offsets[rows][:, None] + np.arange(length)])
+    return tensors, digests
+
+
+def ragged_tensors(seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``ragged_rows`` of an object array of 1-d sequences (as a reader parsed them)."""
+    lengths = np.fromiter((len(t) for t in seqs), np.int64, len(seqs))
+    offsets = np.r_[0, np.cumsum(lengths)].astype(np.int64)
+    flat = np.concatenate(list(seqs)) if offsets[-1] else np.zeros(0, np.int64)
+    return ragged_rows(offsets, flat)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from transforms.io.formats.base import (
     Unit,
     default_ids,
     error_line,
+    ragged_tensors,
     rows_within,
     unreadable_file,
 )
@@ -70,6 +71,9 @@ def _check(f: h5py.File, path: str, spec: TensorSpec) -> TensorSpec:
     if not ds.shape:
         raise InputError(f"{path}: input.tensor: dataset {spec.tensor!r} has no axes (shape "
                          f"{ds.shape}): name a dataset whose first axis is the records")
+    base = h5py.check_vlen_dtype(ds.dtype)
+    if spec.ragged and base is not None and ds.ndim == 1 and base.kind in "iu":
+        return replace(spec, shape=None, dtype=base.name)  # sequences of any length
     dtype = ds.dtype.name
     if dtype not in DTYPE_CODES:
         raise InputError(f"{path}: input.tensor: dataset {spec.tensor!r} holds {ds.dtype}, not "
@@ -157,13 +161,17 @@ def _chunk(unit: Unit, a: int, b: int, ds: h5py.Dataset, id_ds: h5py.Dataset | N
         for lo, hi, _ in bad_ids:
             ids[lo - a:hi - a] = default_ids(unit.path, positions[lo - a:hi - a])
     rank = None if rank_ds is None else rows(rank_ds)[0].astype(np.float64)
+    digests = None
+    if tensors.dtype == object:  # variable-length integer sequences (TensorSpec.ragged)
+        tensors, digests = ragged_tensors(tensors)
     if not reasons:
-        return Chunk(unit.file_index, positions, ids, tensors, rank)
+        return Chunk(unit.file_index, positions, ids, tensors, rank, digests=digests)
     invalid = [InvalidRecord(a + p, ids[p], why) for p, why in sorted(reasons.items())]
     ok = np.ones(b - a, dtype=bool)
     ok[list(reasons)] = False
     return Chunk(unit.file_index, positions[ok], ids[ok], tensors[ok],
-                 None if rank is None else rank[ok], invalid)
+                 None if rank is None else rank[ok], invalid,
+                 None if digests is None else digests[ok])
 
 
 def read(unit: Unit, spec: TensorSpec, batch_rows: int,

@@ -30,6 +30,7 @@ from transforms.io.formats.base import (
     default_ids,
     default_ids_arrow,
     error_line,
+    ragged_rows,
     record_nbytes,
     rows_within,
     unreadable_file,
@@ -194,6 +195,8 @@ def table_chunks(file_index: int, path: str, table: pa.Table, first: int, spec: 
     """Chunks (one per tensor shape) and the invalid records of a slice of a row group."""
     positions = np.arange(first, first + table.num_rows, dtype=np.int64)
     col = table.column(spec.tensor).combine_chunks()
+    if spec.ragged:
+        return [_ragged_chunk(file_index, path, table, col, positions, spec)]
     sizes = _layout(col.type)[0]
     shape = tuple(spec.shape) if spec.shape is not None else (
         tuple(sizes) if None not in sizes else None)  # fixed_size_list: shape from the type
@@ -226,6 +229,39 @@ def table_chunks(file_index: int, path: str, table: pa.Table, first: int, spec: 
     if invalid or not chunks:
         chunks.append(Chunk.of_invalid(file_index, invalid))
     return chunks
+
+
+def _ragged_chunk(file_index: int, path: str, table: pa.Table, col: pa.Array,
+                  positions: np.ndarray, spec: TensorSpec) -> Chunk:
+    """A list column of integer sequences of any length as one chunk (``ragged_rows``);
+    a null list, a null value or a nested list is an invalid record."""
+    ids = (default_ids_arrow(path, positions) if spec.id is None
+           else table.column(spec.id).combine_chunks().cast(pa.string()))
+    if pa.types.is_fixed_size_list(col.type):
+        col = col.cast(pa.list_(col.type.value_type))
+    flat_ok = (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)) and (
+        pa.types.is_integer(col.type.value_type))
+    ok = _not_null(col) & (ids.is_valid().to_numpy(zero_copy_only=False) if ids.null_count
+                           else True)
+    if flat_ok and col.flatten().null_count:
+        leaf_null = ~_not_null(col.flatten())
+        ok[pc.list_parent_indices(col).to_numpy()[leaf_null]] = False
+    if not flat_ok:
+        ok[:] = False
+    why = (f"column {spec.tensor!r}: null, null values, or not a list of integers "
+           "(near.metric jaccard compares integer sequences)")
+    invalid = [InvalidRecord(int(positions[i]), ids[int(i)].as_py() or "", why)
+               for i in np.flatnonzero(~ok)]
+    good = col.filter(pa.array(ok)) if not ok.all() else col
+    rows = np.flatnonzero(ok)
+    offsets = np.asarray(good.offsets, np.int64)
+    values = good.flatten().to_numpy(zero_copy_only=False) if flat_ok else np.zeros(0, np.int64)
+    tensors, digests = ragged_rows(offsets - offsets[0], values)
+    rank = None
+    if spec.rank is not None:
+        rank = table.column(spec.rank).cast(pa.float64()).to_numpy()[rows]
+    return Chunk(file_index, positions[rows], ids.take(pa.array(rows, pa.int64())), tensors,
+                 rank, invalid, digests)
 
 
 def _row_bytes(pf: pq.ParquetFile, rg: int, spec: TensorSpec) -> float:

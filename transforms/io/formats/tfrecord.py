@@ -35,6 +35,7 @@ from transforms.io.formats.base import (
     TensorSpec,
     Unit,
     default_id,
+    ragged_tensors,
     record_nbytes,
     rows_within,
     unreadable_file,
@@ -78,7 +79,10 @@ def _chunk(file_index: int, path: str, first: int, items: list[bytes | str],
     invalid += [InvalidRecord(int(positions[i]), ids[i], reasons[i] or "")
                 for i in np.flatnonzero(~ok)]
     invalid.sort(key=lambda r: r.position)
-    return Chunk(file_index, positions[ok], ids[ok], tensors, rank, invalid)
+    digests = None
+    if spec.ragged:  # integer sequences of any length: digests of each as its own tensor
+        tensors, digests = ragged_tensors(tensors)
+    return Chunk(file_index, positions[ok], ids[ok], tensors, rank, invalid, digests)
 
 
 # ---------------------------------------------------------------------------- the format
@@ -124,6 +128,8 @@ def _check_list(path: str, spec: TensorSpec, kind: str, n: int) -> None:
     problem = list_problem(spec, kind)
     if problem:
         raise InputError(f"{path}: {problem} (the first record has {n} values)")
+    if spec.ragged:
+        return
     assert spec.shape is not None
     if math.prod(spec.shape) != n:
         raise InputError(f"{path}: input.shape: feature {spec.tensor!r} has {n} values in the "

@@ -82,7 +82,10 @@ def list_problem(spec: TensorSpec, kind: str) -> str | None:
     if spec.dtype is not None and spec.dtype != dtype:
         return (f"input.dtype: feature {spec.tensor!r} is a {kind} ({dtype}), not "
                 f"{spec.dtype}: set input.dtype: {dtype}")
-    if spec.shape is None:
+    if spec.ragged and kind != "int64_list":
+        return (f"input.tensor: feature {spec.tensor!r} is a {kind}: near.metric jaccard "
+                "compares integer sequences (an int64_list)")
+    if spec.shape is None and not spec.ragged:
         return (f"input.shape: feature {spec.tensor!r} is a flat {kind}: set input.shape "
                 "to the per-record shape")
     return None
@@ -150,6 +153,8 @@ def _tensor(feats: dict[str, Any], spec: TensorSpec, layout: FeatureLayout) -> A
     if kind == "bytes_list":
         return _value(feats, name, (kind,))[1]
     values = getattr(feats[name], kind).value
+    if spec.ragged:  # a sequence of its own length
+        return np.asarray(values, dtype=LIST_DTYPES[kind])
     assert spec.shape is not None  # else layout.problem
     if len(values) != math.prod(spec.shape):
         raise BadExample(f"feature {name!r} has {len(values)} values, not {math.prod(spec.shape)} "
@@ -182,7 +187,7 @@ def parse_one(data: bytes, spec: TensorSpec, layout: FeatureLayout) -> tuple[Any
 def _parse_batch(datas: list[bytes], spec: TensorSpec, layout: FeatureLayout) -> tuple | None:
     """(ids or None, tensors, ranks) of a batch in which every record is well-formed,
     parsed in one ``tf.io.parse_example``; None if any record is not."""
-    if not datas or not layout.ready(spec) or layout.problem:
+    if not datas or not layout.ready(spec) or layout.problem or spec.ragged:
         return None
     tf = _tf()
     kind_dtype = {"float_list": tf.float32, "int64_list": tf.int64, "bytes_list": tf.string}
@@ -288,6 +293,9 @@ def parse_records(datas: list[bytes], spec: TensorSpec,
         tensors = _decode_tensors(values, reasons, spec, layout)
     elif fast is not None:
         tensors = values
+    elif layout.kind in LIST_DTYPES and spec.ragged:
+        tensors = np.empty(sum(why is None for why in reasons), object)
+        tensors[:] = [v for v, why in zip(values, reasons, strict=True) if why is None]
     elif layout.kind in LIST_DTYPES and spec.shape is not None:
         rows = [v for v, why in zip(values, reasons, strict=True) if why is None]
         tensors = np.array(rows, dtype=LIST_DTYPES[layout.kind])
