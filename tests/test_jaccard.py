@@ -300,6 +300,20 @@ def test_bounded_job_blank_records_and_the_report(tmp_path, corpus):
             assert dup in kept and d <= 0.2 + 1e-12
     hist = json.loads((tmp_path / "report" / "near_distances.json").read_text())
     assert hist["metric"] == "jaccard"
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert page.count("<mark>") >= 2  # the borderline pairs' texts, their edits marked
+
+
+def test_a_pair_of_texts_is_shown_from_its_first_difference_with_the_edits_marked():
+    from pipeline.report.html import word_diff
+
+    text = package_texts(1, min_bytes=2000)[0]
+    words = text.split()
+    edited_text = " ".join(words[:150] + ["INSERTED"] + words[150:160] + words[161:])
+    a, b = word_diff(edited_text, text)
+    assert a.startswith('<div class="text">...') and "<mark>INSERTED</mark>" in a
+    assert f"<mark>{words[160]}</mark>" in b  # the word the copy dropped
+    assert a.count("<mark>") == 1 and b.count("<mark>") == 1
 
 
 def test_reference_texts_remove_their_near_copies(tmp_path, corpus):

@@ -17,6 +17,7 @@ output paths), so two runs of one input give the same bytes. Plain functions, no
 from __future__ import annotations
 
 import base64
+import difflib
 import html
 import json
 import math
@@ -158,10 +159,10 @@ def tensor_html(t: np.ndarray | None, lo: float, hi: float) -> str:
 # ---------------------------------------------------------------------------- the page
 
 
-def _card(r: Rec, lo: float, hi: float, cls: str = "") -> str:
+def _card(r: Rec, lo: float, hi: float, cls: str = "", body: str | None = None) -> str:
     where = "earlier run" if r.where is None else f"file {r.file}, row {r.row}"
     return (f'<figure class="rec {cls}" data-id="{html.escape(r.id)}">'
-            f"{tensor_html(r.tensor, lo, hi)}"
+            f"{tensor_html(r.tensor, lo, hi) if body is None else body}"
             f'<figcaption><b>{html.escape(r.id)}</b><br>{html.escape(where)}'
             f'<br><span class="note">{html.escape(r.note)}</span></figcaption></figure>')
 
@@ -213,13 +214,50 @@ def _groups_html(groups: list[Group]) -> str:
     return "\n".join(parts)
 
 
+DIFF_WORDS = 3000  # words of each text compared for the marks (a quadratic worst case)
+DIFF_CONTEXT = 8  # words shown before the first difference
+
+
+def word_diff(a: str, b: str) -> tuple[str, str]:
+    """Two texts as HTML from a few words before their first difference, the words each
+    has and the other lacks marked (``<mark>``): what a near copy changed."""
+    wa, wb = a.split()[:DIFF_WORDS], b.split()[:DIFF_WORDS]
+    ops = difflib.SequenceMatcher(None, wa, wb, autojunk=False).get_opcodes()
+    first = next((o for o in ops if o[0] != "equal"), None)
+    starts = (0, 0) if first is None else (max(0, first[1] - DIFF_CONTEXT),
+                                           max(0, first[3] - DIFF_CONTEXT))
+
+    def side(words: list[str], lo: int, spans: list[tuple[int, int]]) -> str:
+        marked = np.zeros(len(words), bool)
+        for x, y in spans:
+            marked[x:y] = True
+        out, chars = ["..."] if lo else [], 0
+        for i in range(lo, len(words)):
+            w = html.escape(words[i])
+            out.append(f"<mark>{w}</mark>" if marked[i] else w)
+            chars += len(words[i]) + 1
+            if chars > TEXT_CHARS:
+                out.append("...")
+                break
+        return f'<div class="text">{" ".join(out)}</div>'
+
+    changed = [o for o in ops if o[0] != "equal"]
+    return (side(wa, starts[0], [(o[1], o[2]) for o in changed]),
+            side(wb, starts[1], [(o[3], o[4]) for o in changed]))
+
+
 def _pairs_html(pairs: list[Pair], title: str) -> str:
     rows = []
     for p in pairs:
         lo, hi = _range([r.tensor for r in (p.record, p.neighbour) if r.tensor is not None])
         ids = f"{html.escape(p.record.id)} {html.escape(p.neighbour.id)}"
+        bodies = (None, None)
+        if all(r.tensor is not None and _is_text(r.tensor) for r in (p.record, p.neighbour)):
+            bodies = word_diff(str(np.asarray(p.record.tensor).item()),
+                               str(np.asarray(p.neighbour.tensor).item()))
         rows.append(f'<div class="pair" data-ids="{ids}"><div class="dist">{p.distance:.5g}'
-                    f"</div>{_card(p.record, lo, hi)}{_card(p.neighbour, lo, hi)}</div>")
+                    f"</div>{_card(p.record, lo, hi, body=bodies[0])}"
+                    f"{_card(p.neighbour, lo, hi, body=bodies[1])}</div>")
     body = "\n".join(rows) or "<p>none</p>"
     return f'<div class="side"><h3>{title}</h3>{body}</div>'
 
@@ -290,6 +328,7 @@ img.t{image-rendering:pixelated;background:#000;cursor:zoom-in;display:block}
 img.t.big{width:216px;height:auto;cursor:zoom-out}
 .vals{font-family:ui-monospace,monospace;font-size:10px;color:#444}
 .text{font-size:12px;line-height:1.25;white-space:pre-wrap;max-height:12.5em;overflow:auto}
+.text mark{background:#ffe08a}
 figcaption{margin-top:6px;padding-top:4px;border-top:1px solid #e3e6ea}
 .none{color:#999;font-style:italic}
 details.more{margin:6px 0 0}details.more summary{cursor:pointer;color:#1f6fb2;width:max-content}
