@@ -118,6 +118,10 @@ class OnlineDedup:
     stats: Stats = field(default_factory=Stats)
 
     def __post_init__(self) -> None:
+        if self.near is not None and self.near.is_sets:
+            raise ValueError("OnlineDedup compares vectors: near metric jaccard (texts, token "
+                             "sequences) is the batch job's for now (docs/text.md); filter a "
+                             "stream with the job's manifest (filters.manifest) instead")
         if self.near is not None and self.near.grouping != "representative":
             raise ValueError("online near dedup is greedy in stream order: grouping must be "
                              "'representative'")

@@ -347,6 +347,8 @@ def test_reference_texts_remove_their_near_copies(tmp_path, corpus):
     ({"metric": "jaccard", "threshold": 0.8, "shingles": {"bands": 300}}, {}, "bands <="),
     ({"metric": "jaccard", "threshold": 0.8},
      {"embed": {"model": "sentence-transformers", "path": "x"}}, "remove the embed section"),
+    ({"metric": "jaccard", "threshold": 0.8}, {"store": {"path": "store"}},
+     "add the earlier runs' outputs as reference sets"),
 ])
 def test_bad_jaccard_settings_are_one_line_before_any_work(tmp_path, capsys, near, extra,
                                                            words):
@@ -402,3 +404,11 @@ def test_every_runner_writes_the_local_runners_bytes(tmp_path, corpus, runner):
         them = {p.relative_to(other): p.read_bytes()
                 for p in sorted((other / sub).rglob("*.parquet"))}
         assert mine == them
+
+
+def test_the_online_filter_refuses_jaccard_with_the_way_that_works():
+    from filters.online import OnlineDedup
+    from transforms.near.spec import NearSpec
+
+    with pytest.raises(ValueError, match="filters.manifest"):
+        OnlineDedup(near=NearSpec("jaccard", 0.8))
