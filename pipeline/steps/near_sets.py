@@ -48,12 +48,13 @@ from transforms.exact import is_protected, tier_of
 from transforms.near.components import component_labels
 from transforms.near.recall import Truth, judge, splitmix64
 from transforms.near.sets import (
-    EXACT_ANYWAY,
-    EXACT_WORK,
+    auto_choice,
     band_keys,
     decide,
     expected_pairs,
+    frequent_tokens,
     jaccard,
+    join_work,
     length_fits,
     lsh_params,
     prefix_tokens,
@@ -101,6 +102,7 @@ class SetPlan:
     rows: int
     n: int  # records that entered the stage
     sample: SetBatch | None  # the recall sample, its sets in memory (a few MB)
+    frequent: tuple | None = None  # exact: the shingles common in the sample (ordered last)
 
 
 @dataclass
@@ -115,7 +117,7 @@ class PlanSets(beam.CombineFn):
 
     def __init__(self, spec: NearSpec):
         self.spec = spec
-        self.k = max(PLAN_SAMPLE if spec.mode == "auto" else 0, spec.recall_sample)
+        self.k = max(PLAN_SAMPLE if spec.mode != "bounded" else 0, spec.recall_sample)
 
     def create_accumulator(self) -> _Acc:
         return _Acc(0, None, None)
@@ -137,8 +139,10 @@ class PlanSets(beam.CombineFn):
     def extract_output(self, acc: _Acc) -> SetPlan:
         spec, sh = self.spec, self.spec.shingles
         mode, why = spec.mode, f"near.mode: {spec.mode}"
+        frequent = (frequent_tokens(acc.plan.sets) if acc.plan is not None
+                    and spec.mode != "bounded" else None)
         if mode == "auto":
-            mode, why = _auto_mode(acc.plan, acc.n, spec.threshold)
+            mode, why = _auto_mode(acc.plan, acc.n, spec.threshold, frequent)
         bands, rows = lsh_params(spec.threshold, sh.permutations, sh.bands) \
             if mode == "bounded" else (0, 0)
         sample = None
@@ -154,24 +158,21 @@ class PlanSets(beam.CombineFn):
             how = "prefix-filter join (every pair at or above the threshold is found)"
         progress.note(f"near: jaccard >= {spec.threshold:g} over {sh.unit} {sh.n}-grams of "
                       f"{acc.n:,} records, {mode} ({why}): {how}")
-        return SetPlan(mode, why, bands, rows, acc.n, sample)
+        return SetPlan(mode, why, bands, rows, acc.n, sample,
+                       frequent if mode == "exact" else None)
 
 
-def _auto_mode(sample: SetBatch | None, n: int, threshold: float) -> tuple[str, str]:
-    """``choose_mode``'s rule on a uniform sample (by digest hash) of the records: a pair
-    is in it with chance f^2, so the sample's group pairs / f^2 estimate the whole's."""
+def _auto_mode(sample: SetBatch | None, n: int, threshold: float, frequent: tuple | None
+               ) -> tuple[str, str]:
+    """``choose_mode``'s rule on a uniform sample (by digest hash) of the records: a key
+    held by c sampled records is held by about c / f of all (f: the sampled share)."""
     if sample is None or not len(sample):
         return "exact", "auto: no record to compare"
     f = len(sample) / max(n, 1)
-    _, keys = prefix_tokens(sample.sets, threshold)
+    _, keys = prefix_tokens(sample.sets, threshold, frequent)
     _, counts = np.unique(keys, return_counts=True)
-    c = counts[counts > 1].astype(np.float64)
-    work = float((c * (c - 1) / 2).sum()) / (f * f)
-    per = work / max(1, n)
-    pick = "exact" if per <= EXACT_WORK or work <= EXACT_ANYWAY else "bounded"
-    return pick, (f"auto: the exact join's groups hold about {work:,.0f} pairs ({per:.1f} per "
-                  f"record, estimated from {len(sample):,} sampled records; exact up to "
-                  f"{EXACT_WORK} per record or {EXACT_ANYWAY:,} in all)")
+    return auto_choice(join_work(counts[counts > 1] / f), n,
+                       f", estimated from {len(sample):,} sampled records")
 
 
 @dataclass
@@ -207,7 +208,7 @@ def chunk_keys(batch: SetBatch, plan: SetPlan, spec: NearSpec, shards: int
         k = band_keys(signatures(sets, plan.bands * plan.rows), plan.bands, plan.rows)
         rec, key = np.repeat(np.arange(len(batch)), plan.bands), k.reshape(-1)
     else:
-        rec, key = prefix_tokens(sets, spec.threshold)
+        rec, key = prefix_tokens(sets, spec.threshold, plan.frequent)
     ref = SetBatch(batch.words, batch.prio, batch.order, batch.file_index, batch.position,
                    batch.ids, None, batch.spilled)
     shard = (splitmix64(key) % np.uint64(shards)).astype(np.int64)
@@ -353,10 +354,10 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
     if s is None or not len(s):
         return
     b = _best_per_digest(batch.loaded())
-    rec, keys = prefix_tokens(b.sets, spec.threshold)
+    rec, keys = prefix_tokens(b.sets, spec.threshold, plan.frequent)
     o = np.argsort(keys, kind="stable")
     skeys, srec = keys[o], rec[o]
-    srec_s, stok = prefix_tokens(s.sets, spec.threshold)
+    srec_s, stok = prefix_tokens(s.sets, spec.threshold, plan.frequent)
     lo, hi = np.searchsorted(skeys, stok), np.searchsorted(skeys, stok, side="right")
     pairs = set()
     for i, a, z in zip(srec_s.tolist(), lo.tolist(), hi.tolist(), strict=True):
