@@ -39,6 +39,7 @@ logging.getLogger().addFilter(_gcp_notice)
 try:
     from pipeline import progress, stopping
     from pipeline.config import ConfigError, DedupeConfig, load_config, parse_config
+    from pipeline.config.sections import VECTOR_ONLY
     from pipeline.job import Job
     from pipeline.preflight import prepare
     from pipeline.publish import Publication, clear_leftovers, own_stages, take_leases
@@ -74,6 +75,18 @@ def beam_pipeline(job: Job):
     return make_pipeline(job.cfg.runner)
 
 
+def _settings(near, job: Job) -> dict:
+    """summary.json's near settings: the config's keys, for jaccard only those that apply
+    and the shingles as resolved (the unit the input took, the size it defaults to)."""
+    out = near.model_dump(mode="json")
+    if near.metric == "jaccard" and job.near is not None:
+        out = {k: v for k, v in out.items() if k not in VECTOR_ONLY}
+        sh = job.near.shingles
+        out["shingles"] = {"unit": sh.unit, "size": sh.n, "normalize": sh.normalize,
+                           "permutations": sh.permutations, "bands": sh.bands}
+    return out
+
+
 def publication(job: Job) -> Publication:
     """What the Publish step needs: final and staging paths, and summary.json's header."""
     cfg = job.cfg
@@ -89,7 +102,7 @@ def publication(job: Job) -> Publication:
                 "working_dir": os.getcwd(),  # resolves relative input paths in record ids
                 "config": cfg.model_dump(mode="json"), "resolved": resolved,
                 "store": None if job.store is None else job.store.describe()},
-        near_settings=None if cfg.near is None else cfg.near.model_dump(mode="json"),
+        near_settings=None if cfg.near is None else _settings(cfg.near, job),
         store=store, spill=job.spill if job.near else None, removals=job.removals)
 
 

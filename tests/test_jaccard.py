@@ -266,6 +266,8 @@ def test_the_job_in_exact_mode_writes_the_oracle(tmp_path, corpus, tokens, fmt, 
     assert s["read"] == s["kept"] + s["removed_exact"] + s["removed_near"] + s["invalid"]
     assert s["invalid"] == 0 and s["near"]["mode"] == "exact"
     assert (s["near"]["unit"], s["near"]["size"]) == (unit, 24 if unit == "char" else 5)
+    settings = s["near"]["settings"]  # as resolved, and only the keys that apply
+    assert settings["shingles"]["unit"] == unit and "probes" not in settings
     _same(_removals(tmp_path), _expected(values, 0.8, unit))
     assert s["near"]["recall"]["recall"] == 1.0
 
