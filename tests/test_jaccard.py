@@ -24,6 +24,7 @@ from transforms.near.sets import (
     Shingles,
     blank_rows,
     brute_force_sets,
+    find_near_sets,
     jaccard,
     near_sets,
     record_sets,
@@ -149,6 +150,11 @@ def test_blank_short_and_normalised_records():
     assert jaccard(raw.row(0), raw.row(1)) == 0.0
     assert blank_rows([np.zeros(0, np.int32), np.arange(3)], Shingles("token")).tolist() == [
         True, False]
+    # NFKC (composed): a voiced kana stays one character, a decomposed accent composes
+    assert find_near_sets(["ドア", "トア"], np.arange(2), 0.6, Shingles("word", 1),
+                          mode="exact").removed.size == 0
+    accents = record_sets(["école", "e\u0301cole"], sh)
+    assert jaccard(accents.row(0), accents.row(1)) == 1.0
     # Chinese and Japanese have no spaces: each ideograph or kana is a word
     cjk = record_sets(["今天天气很好，我们去公园散步吧。", "今天天气很好，我们去公园散步。"], sh)
     assert cjk.sizes.tolist() == [10, 9] and jaccard(cjk.row(0), cjk.row(1)) == 9 / 10
@@ -414,3 +420,27 @@ def test_the_online_filter_refuses_jaccard_with_the_way_that_works():
 
     with pytest.raises(ValueError, match="filters.manifest"):
         OnlineDedup(near=NearSpec("jaccard", 0.8))
+
+
+def test_above_the_plan_sample_the_job_equals_the_kernel(tmp_path):
+    """21,000 records, more than the plan's sample (PLAN_SAMPLE): the exact join's order
+    then comes from a sample, not all records, and auto estimates from a share of them;
+    exact mode still finds what the kernel finds over every record (any fixed order is
+    complete), and auto's choice is printed in summary.json."""
+    from pipeline.steps.near_sets import PLAN_SAMPLE
+
+    rng = np.random.default_rng(11)
+    base = [t[:1500] for t in package_texts(300)]
+    vocab = sorted({w for t in base for w in t.split()})
+    docs = [edited(base[int(rng.integers(len(base)))], rng.uniform(0.0, 0.3), rng, vocab)
+            for _ in range(21_000)]
+    assert len(docs) > PLAN_SAMPLE
+    s = _job(tmp_path, "parquet", docs, {"metric": "jaccard", "threshold": 0.8,
+                                         "mode": "exact"}, files=4)
+    keep = _survivors(docs)
+    sets = record_sets([docs[i] for i in keep], Shingles("word"))
+    want = near_sets(sets, np.arange(len(sets)), 0.8, mode="exact")
+    got = {k: v[0] for k, v in _removals(tmp_path).items() if v[1] == "near"}
+    assert got == {f"doc{keep[r]}": f"doc{keep[k]}" for r, k in
+                   zip(want.removed.tolist(), want.kept.tolist(), strict=True)}
+    assert s["removed_near"] > 1000

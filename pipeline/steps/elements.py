@@ -216,24 +216,42 @@ class SetBatch:
                         None if self.sets is None else self.sets.take(idx))
 
     def spill(self, folder: str) -> SetBatch:
-        """The same rows with their sets written to a file in ``folder``."""
+        """The same rows with their keys and sets written to a file in ``folder`` (Arrow
+        IPC): the element then carries the keys and the file's name; a step that needs
+        a few rows reads them back by name alone (``read``)."""
         path = fs.join(folder, f"{uuid.uuid4().hex}.sets")
-        head = np.array([len(self)], np.int64)
-        fs.write_scratch(path, iter([memoryview(head).cast("B"),
-                                     memoryview(np.ascontiguousarray(self.sets.offsets)).cast("B"),
-                                     memoryview(np.ascontiguousarray(self.sets.hashes)).cast("B")]))
+        sets = pa.LargeListArray.from_arrays(pa.array(self.sets.offsets, pa.int64()),
+                                             pa.array(self.sets.hashes, pa.uint64()))
+        rb = pa.RecordBatch.from_pydict({
+            "hi": self.words[:, 0], "lo": self.words[:, 1], "prio": self.prio,
+            "order": self.order, "file_index": self.file_index, "position": self.position,
+            "ids": self.ids, "sets": sets})
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, rb.schema) as w:
+            w.write_batch(rb)
+        fs.write_scratch(path, sink.getvalue())
         return dataclasses.replace(self, sets=None, spilled=path)
+
+    @staticmethod
+    def read(path: str) -> SetBatch:
+        """A spilled batch back from its file alone: keys and sets."""
+        rb = pa.ipc.open_file(pa.py_buffer(fs.read_bytes(path))).get_batch(0)
+
+        def arr(name: str) -> np.ndarray:
+            return rb.column(name).to_numpy(zero_copy_only=False)
+
+        col = rb.column("sets")
+        n = len(rb)
+        sets = Sets(np.asarray(col.offsets, np.int64), col.values.to_numpy(zero_copy_only=False),
+                    np.zeros(n, bool))
+        return SetBatch(np.stack([arr("hi"), arr("lo")], axis=1), arr("prio"), arr("order"),
+                        arr("file_index"), arr("position"), rb.column("ids"), sets)
 
     def loaded(self) -> SetBatch:
         """The sets back in memory (itself when they are)."""
         if self.spilled is None:
             return self
-        raw = fs.read_bytes(self.spilled)
-        n = int(np.frombuffer(raw, np.int64, 1)[0])
-        offsets = np.frombuffer(raw, np.int64, n + 1, 8)
-        hashes = np.frombuffer(raw, np.uint64, int(offsets[-1]), 8 * (n + 2))
-        return dataclasses.replace(self, sets=Sets(offsets, hashes, np.zeros(n, bool)),
-                                   spilled=None)
+        return dataclasses.replace(self, sets=SetBatch.read(self.spilled).sets, spilled=None)
 
     @staticmethod
     def concat(batches: list[SetBatch]) -> SetBatch:

@@ -53,10 +53,9 @@ from transforms.near.sets import (
     decide,
     expected_pairs,
     frequent_tokens,
-    jaccard,
     join_work,
-    length_fits,
     lsh_params,
+    overlaps,
     prefix_tokens,
     signatures,
 )
@@ -177,26 +176,27 @@ def _auto_mode(sample: SetBatch | None, n: int, threshold: float, frequent: tupl
 
 @dataclass
 class KeyRows:
-    """Keys -> Groups: one line per (group key, row): where the row's set waits."""
+    """Keys -> Groups: one line per (group key, row): its digest, keep order and where its
+    set waits (a spill file, by index into ``paths``, and the row in it)."""
 
     key: np.ndarray  # (m,) uint64 group key (band hash or prefix hash)
     words: np.ndarray  # (m, 2) uint64 digest
     prio: np.ndarray  # (m,) float64
     order: np.ndarray  # (m,) int64
-    row: np.ndarray  # (m,) int64: the row in its batch (and set file)
-    batch: np.ndarray  # (m,) int32: index into ``batches``
-    batches: list  # the SetBatches (spilled: keys only) the rows come from
+    row: np.ndarray  # (m,) int64: the row in its spill file
+    file: np.ndarray  # (m,) int32: index into ``paths``
+    paths: list  # the spill files the rows come from
 
     def __len__(self) -> int:
         return len(self.key)
 
     @staticmethod
     def concat(parts: list[KeyRows]) -> KeyRows:
-        starts = np.cumsum([0] + [len(p.batches) for p in parts[:-1]])
+        starts = np.cumsum([0] + [len(p.paths) for p in parts[:-1]])
         return KeyRows(*(np.concatenate([getattr(p, f) for p in parts])
                          for f in ("key", "words", "prio", "order", "row")),
-                       np.concatenate([p.batch + s for p, s in zip(parts, starts, strict=True)]),
-                       [b for p in parts for b in p.batches])
+                       np.concatenate([p.file + s for p, s in zip(parts, starts, strict=True)]),
+                       [f for p in parts for f in p.paths])
 
 
 def chunk_keys(batch: SetBatch, plan: SetPlan, spec: NearSpec, shards: int
@@ -209,8 +209,6 @@ def chunk_keys(batch: SetBatch, plan: SetPlan, spec: NearSpec, shards: int
         rec, key = np.repeat(np.arange(len(batch)), plan.bands), k.reshape(-1)
     else:
         rec, key = prefix_tokens(sets, spec.threshold, plan.frequent)
-    ref = SetBatch(batch.words, batch.prio, batch.order, batch.file_index, batch.position,
-                   batch.ids, None, batch.spilled)
     shard = (splitmix64(key) % np.uint64(shards)).astype(np.int64)
     order = np.argsort(shard, kind="stable")
     bounds = np.searchsorted(shard[order], np.arange(shards + 1))
@@ -219,7 +217,7 @@ def chunk_keys(batch: SetBatch, plan: SetPlan, spec: NearSpec, shards: int
             i = order[bounds[s]:bounds[s + 1]]
             r = rec[i]
             yield s, KeyRows(key[i], batch.words[r], batch.prio[r], batch.order[r], r,
-                             np.zeros(len(i), np.int32), [ref])
+                             np.zeros(len(i), np.int32), [batch.spilled])
 
 
 @dataclass
@@ -253,9 +251,10 @@ def shard_groups(item: tuple[int, Iterable[KeyRows]]) -> Iterator[Members]:
 
 
 def _take_rows(rows: KeyRows, idx: np.ndarray) -> KeyRows:
-    used, batch = np.unique(rows.batch[idx], return_inverse=True)
+    """The lines ``idx``, naming only the spill files they use."""
+    used, file = np.unique(rows.file[idx], return_inverse=True)
     return KeyRows(rows.key[idx], rows.words[idx], rows.prio[idx], rows.order[idx],
-                   rows.row[idx], batch.astype(np.int32), [rows.batches[u] for u in used])
+                   rows.row[idx], file.astype(np.int32), [rows.paths[u] for u in used])
 
 
 class Gather(beam.CombineFn):
@@ -333,14 +332,14 @@ def decide_component(item: tuple[int, Iterable[Members]], plan: SetPlan, spec: N
 
 
 def _records(rows: KeyRows, first: np.ndarray) -> SetBatch:
-    """The records (one line each) with their sets, read batch file by batch file."""
+    """The records of lines ``first`` (one each), keys and sets read from their spill
+    files, each file once."""
     parts, at = [], []
-    b = rows.batch[first]
-    for u in np.unique(b).tolist():
-        mine = first[b == u]
-        src = rows.batches[u].loaded()
-        parts.append(src.take(rows.row[mine]))
-        at.append(np.flatnonzero(b == u))
+    f = rows.file[first]
+    for u in np.unique(f).tolist():
+        mine = np.flatnonzero(f == u)
+        parts.append(SetBatch.read(rows.paths[u]).take(rows.row[first[mine]]))
+        at.append(mine)
     cat = SetBatch.concat(parts)
     inv = np.empty(len(first), np.int64)
     inv[np.concatenate(at)] = np.arange(len(first))
@@ -359,22 +358,30 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
     skeys, srec = keys[o], rec[o]
     srec_s, stok = prefix_tokens(s.sets, spec.threshold, plan.frequent)
     lo, hi = np.searchsorted(skeys, stok), np.searchsorted(skeys, stok, side="right")
-    pairs = set()
-    for i, a, z in zip(srec_s.tolist(), lo.tolist(), hi.tolist(), strict=True):
-        for c in srec[a:z].tolist():
-            pairs.add((i, c))
+    n_hit = hi - lo
+    at = np.repeat(lo, n_hit) + (np.arange(int(n_hit.sum())) - np.repeat(np.cumsum(n_hit) - n_hit,
+                                                                          n_hit))
+    pair_s, pair_c = np.repeat(srec_s, n_hit), srec[at]
+    by = np.argsort(pair_s, kind="stable")
+    pair_s, pair_c = pair_s[by], pair_c[by]
+    cuts = (np.flatnonzero(np.r_[True, pair_s[1:] != pair_s[:-1], True]) if len(by)
+            else np.zeros(1, np.int64)).tolist()
     out_s, out_p, out_j = [], [], []
-    for i, c in sorted(pairs):
-        earlier = (b.prio[c], b.order[c]) < (s.prio[i], s.order[i])
-        if not earlier or (b.words[c] == s.words[i]).all():
-            continue
-        x, y = s.sets.row(i), b.sets.row(c)
-        if length_fits(len(x), len(y), spec.threshold):
-            j = jaccard(x, y)
-            if j >= spec.threshold:
-                out_s.append(i)
-                out_p.append(c)
-                out_j.append(j)
+    for a, z in zip(cuts[:-1], cuts[1:], strict=True):  # each sampled record: its candidates
+        i = int(pair_s[a])
+        c = np.unique(pair_c[a:z])
+        earlier = (b.prio[c] < s.prio[i]) | ((b.prio[c] == s.prio[i]) & (b.order[c] < s.order[i]))
+        c = c[earlier & (b.words[c] != s.words[i]).any(axis=1)]
+        x = s.sets.row(i)
+        sizes = b.sets.sizes[c]
+        fits = (sizes >= spec.threshold * len(x) - 1e-9) & (len(x) >= spec.threshold * sizes - 1e-9)
+        c = c[fits]
+        if len(c):
+            j = overlaps(b.sets, x, c)
+            keep = j >= spec.threshold
+            out_s += [i] * int(keep.sum())
+            out_p += c[keep].tolist()
+            out_j += j[keep].tolist()
     if out_s:
         si, pi = np.asarray(out_s), np.asarray(out_p)
         counts: dict = {}

@@ -33,6 +33,7 @@ Why this way:
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -186,9 +187,19 @@ def _short_runs(starts: np.ndarray, lengths: np.ndarray, units: np.ndarray) -> n
     return acc
 
 
+def nfkc(texts: pa.Array) -> pa.Array:
+    """Unicode NFKC by Python's ``unicodedata``: pyarrow 25's ``utf8_normalize`` returns
+    the decomposed form for "NFKC" (a voiced kana became two characters). ASCII texts
+    are NFKC already and skip it."""
+    if pc.all(pc.string_is_ascii(texts)).as_py() in (True, None):
+        return texts
+    return pa.array([None if t is None else unicodedata.normalize("NFKC", t)
+                     for t in texts.to_pylist()], texts.type)
+
+
 def normalized(texts: pa.Array) -> pa.Array:
     """NFKC, lower case, punctuation and symbols as spaces, whitespace collapsed."""
-    t = pc.utf8_normalize(texts, "NFKC")
+    t = nfkc(texts)
     t = pc.utf8_lower(t)
     t = pc.replace_substring_regex(t, r"[\p{P}\p{S}]", " ")
     t = pc.replace_substring_regex(t, r"\s+", " ")
@@ -213,7 +224,7 @@ def text_sets(texts: Sequence[str] | pa.Array, shingles: Shingles) -> Sets:
         arr = arr.combine_chunks()
     if shingles.unit == "word":
         if shingles.normalize:  # NFKC, lower case; words: runs of letters, marks, digits
-            arr = pc.utf8_lower(pc.utf8_normalize(arr, "NFKC"))
+            arr = pc.utf8_lower(nfkc(arr))
             if pc.any(pc.match_substring_regex(arr, _IDEOGRAPHS)).as_py():  # each a word
                 arr = pc.replace_substring_regex(arr, f"({_IDEOGRAPHS})", r" \1 ")
             split = pc.split_pattern_regex(arr, r"[^\p{L}\p{M}\p{N}]+")
@@ -281,7 +292,7 @@ def blank_rows(values: Sequence | np.ndarray, shingles: Shingles) -> np.ndarray:
     arr = pa.array(list(values), pa.large_string()) if not isinstance(values, pa.Array) \
         else values
     if shingles.unit == "word" and shingles.normalize:
-        has = pc.match_substring_regex(pc.utf8_normalize(arr, "NFKC"), r"[\p{L}\p{M}\p{N}]")
+        has = pc.match_substring_regex(nfkc(arr), r"[\p{L}\p{M}\p{N}]")
     elif shingles.unit == "char" and shingles.normalize:
         has = pc.greater(pc.utf8_length(normalized(arr)), 0)
     elif shingles.unit == "word":
