@@ -79,9 +79,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from transforms.near.sets import Sets  # noqa: E402
-
 SHINGLE = 5
 WORD_SPLIT = r"[^\p{L}\p{M}\p{N}]+"  # after NFKC and lower case: words are the rest
 # Chinese and Japanese are written without spaces: each of these characters is a word of
@@ -196,9 +193,23 @@ def _word_hash(w: str) -> int:
     return int.from_bytes(hashlib.blake2b(w.encode(), digest_size=8).digest(), "little")
 
 
-# Documents as sorted sets of 64-bit shingle hashes, CSR (the job's container; the
-# shingling and hashing here are this script's own, so the oracle stays independent)
-ShingleSets = Sets
+@dataclass
+class ShingleSets:
+    """Documents as sorted sets of 64-bit shingle hashes, CSR: document i holds
+    ``hashes[offsets[i]:offsets[i + 1]]``. This script's own (it also runs in the peers'
+    environments, without the project), so the oracle stays independent of the job."""
+
+    offsets: np.ndarray
+    hashes: np.ndarray
+
+    def __len__(self) -> int:
+        return self.offsets.size - 1
+
+    sizes = property(lambda self: np.diff(self.offsets))
+
+    def row(self, i: int) -> np.ndarray:
+        start, stop = self.offsets[i:i + 2]
+        return self.hashes[start:stop]
 
 
 def _grams(offsets: np.ndarray, units: np.ndarray, size: int) -> ShingleSets:
