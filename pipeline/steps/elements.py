@@ -234,8 +234,10 @@ class SetBatch:
 
     @staticmethod
     def read(path: str) -> SetBatch:
-        """A spilled batch back from its file alone: keys and sets."""
-        rb = pa.ipc.open_file(pa.py_buffer(fs.read_bytes(path))).get_batch(0)
+        """A spilled batch back from its file alone: keys and sets (a local file mapped:
+        a step taking a few of its rows reads only their pages)."""
+        src = pa.memory_map(path) if fs.is_local(path) else pa.py_buffer(fs.read_bytes(path))
+        rb = pa.ipc.open_file(src).get_batch(0)  # local: mapped, only the rows used are read
 
         def arr(name: str) -> np.ndarray:
             return rb.column(name).to_numpy(zero_copy_only=False)

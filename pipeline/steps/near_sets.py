@@ -226,6 +226,7 @@ class Members:
 
     group: np.ndarray  # (m,) uint64 group key
     rows: KeyRows  # the member rows (one per digest and group)
+    components: int = 0  # Components -> Decide: the connected components they form
 
     def __len__(self) -> int:
         return len(self.group)
@@ -274,9 +275,10 @@ class Gather(beam.CombineFn):
         return acc
 
 
-def components(members: list[Members]) -> Iterator[tuple[int, Members]]:
-    """Groups linked through shared records, each with its members' group lines: what
-    one decision can depend on (one worker; integers per grouped record only)."""
+def components(members: list[Members], shards: int) -> Iterator[tuple[int, Members]]:
+    """Groups linked through shared records (what one decision can depend on), on one
+    worker as integers per grouped record; the components go out in ``shards`` batches
+    (a batch's decisions read each spill file once, not once per component)."""
     if not members:
         return
     group = np.concatenate([m.group for m in members])
@@ -288,15 +290,17 @@ def components(members: list[Members]) -> Iterator[tuple[int, Members]]:
     head = np.maximum.accumulate(np.where(first_of, np.arange(len(o)), 0))
     label = component_labels(int(node.max()) + 1, node[o], node[o][head])
     comp = label[node]
-    by = np.argsort(comp, kind="stable")
-    cuts = np.flatnonzero(np.diff(comp[by])) + 1
+    shard = comp % shards
+    by = np.argsort(shard, kind="stable")
+    cuts = np.flatnonzero(np.diff(shard[by])) + 1
     for part in np.split(by, cuts):
-        yield int(comp[part[0]]), Members(group[part], _take_rows(rows, part))
+        yield int(shard[part[0]]), Members(group[part], _take_rows(rows, part),
+                                           len(np.unique(comp[part])))
 
 
 @dataclass
 class Decided:
-    """Decide -> Merge: a component's removals, the rows of both ends and their J."""
+    """Decide -> Merge: a batch of components' removals, both ends' rows and their J."""
 
     removed: SetBatch
     kept: SetBatch
@@ -305,14 +309,16 @@ class Decided:
     groups: int
     largest: int
     records: int
+    components: int
 
 
 def decide_component(item: tuple[int, Iterable[Members]], plan: SetPlan, spec: NearSpec
                      ) -> Decided:
-    """One component decided in keep order over its members' sets (read from their
-    files, each file once)."""
+    """A batch of components decided in keep order over their members' sets (read from
+    their files, each file once): independent components decide alike together."""
     _, parts = item
     m = list(parts)
+    n_components = sum(p.components for p in m)
     group = np.concatenate([p.group for p in m])
     rows = KeyRows.concat([p.rows for p in m])
     uk, node = np.unique(keys_of(rows.words), return_inverse=True)
@@ -328,7 +334,7 @@ def decide_component(item: tuple[int, Iterable[Members]], plan: SetPlan, spec: N
     sizes = np.bincount(gid)
     keys = dataclasses.replace(recs, sets=None)  # only the ends' keys go on
     return Decided(keys.take(dec.removed), keys.take(dec.kept), dec.j, dec.compared,
-                   len(sizes), int(sizes.max()), len(uk))
+                   len(sizes), int(sizes.max()), len(uk), n_components)
 
 
 def _records(rows: KeyRows, first: np.ndarray) -> SetBatch:
@@ -446,7 +452,8 @@ def merge_sets(parts: list[Decided], plan: SetPlan, spec: NearSpec, per_side: in
                  compared=int(sum(p.compared for p in parts)),
                  candidate_groups=int(sum(p.groups for p in parts)),
                  largest_group=int(max((p.largest for p in parts), default=0)),
-                 components=len(parts), records_searched=int(sum(p.records for p in parts)),
+                 components=int(sum(p.components for p in parts)),
+                 records_searched=int(sum(p.records for p in parts)),
                  recall=judged, recall_removed=None if judged is None
                  else judged["recall_removed"])
     yield beam.pvalue.TaggedOutput(NEAR_REPORT, NearReport(dist, border, stats))
@@ -469,7 +476,7 @@ class DedupNearSets(beam.PTransform):
     Args:
       spec: a jaccard ``NearSpec`` (threshold: the minimum Jaccard; ``shingles``).
       borderline_pairs: verified pairs nearest the threshold kept for the report.
-      shards: shards of the group keys' shuffle.
+      shards: shards of the group keys' shuffle, and batches of components decided.
     """
 
     def __init__(self, spec: NearSpec, *, borderline_pairs: int = 500,
@@ -490,7 +497,7 @@ class DedupNearSets(beam.PTransform):
                 | "GroupByKeyShard" >> beam.GroupByKey()
                 | "Groups" >> beam.FlatMap(shard_groups)
                 | "GatherGroups" >> beam.CombineGlobally(Gather())
-                | "Components" >> beam.FlatMap(components)
+                | "Components" >> beam.FlatMap(components, self.shards)
                 | "GroupByComponent" >> beam.GroupByKey()
                 | "Decide" >> beam.Map(decide_component, plan, self.spec)
                 | "GatherDecisions" >> beam.CombineGlobally(Gather())
