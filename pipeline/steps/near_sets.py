@@ -106,9 +106,8 @@ class SetPlan:
 
 @dataclass
 class _Acc:
-    n: int
-    plan: SetBatch | None
-    recall: SetBatch | None
+    n: int  # records seen
+    plan: SetBatch | None  # the bottom-k rows so far, their sets in memory
 
 
 class PlanSets(beam.CombineFn):
@@ -119,7 +118,7 @@ class PlanSets(beam.CombineFn):
         self.k = max(PLAN_SAMPLE if spec.mode != "bounded" else 0, spec.recall_sample)
 
     def create_accumulator(self) -> _Acc:
-        return _Acc(0, None, None)
+        return _Acc(0, None)
 
     def add_input(self, acc: _Acc, batch: SetBatch) -> _Acc:
         acc.n += len(batch)
@@ -133,7 +132,7 @@ class PlanSets(beam.CombineFn):
         accs = list(accs)
         parts = [a.plan for a in accs if a.plan is not None]
         return _Acc(sum(a.n for a in accs),
-                    _bottom(SetBatch.concat(parts), self.k) if parts else None, None)
+                    _bottom(SetBatch.concat(parts), self.k) if parts else None)
 
     def extract_output(self, acc: _Acc) -> SetPlan:
         spec, sh = self.spec, self.spec.shingles
