@@ -38,26 +38,19 @@ from __future__ import annotations
 
 import argparse
 import io
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-SIZE = (32, 32)
-TILE = 64
-PER_PHOTO = 64
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_images_quality import HALVES, SIZE, edits, enc, tiles  # noqa: E402
+
 REDUCING_GAP = 3.0
-HALVES = {  # copied from scripts/bench_images_quality.py
-    "choose": ("astronaut", "coffee", "moon", "hubble_deep_field", "rocket", "grass", "brick",
-               "page", "immunohistochemistry", "china"),
-    "report": ("camera", "chelsea", "retina", "clock", "gravel", "text", "cell", "coins",
-               "motorcycle", "flower")}
-FLAT = {"choose": ((0, 0, 0), (37, 37, 37), (129, 129, 129), (213, 213, 213), (200, 40, 40),
-                   (40, 90, 200)),
-        "report": ((18, 18, 18), (83, 83, 83), (171, 171, 171), (255, 255, 255),
-                   (30, 160, 60), (230, 200, 60))}
 TARGET = ("jpeg q95", "jpeg q80", "jpeg q70", "jpeg q60", "resize +1px", "resize +2px",
           "resize -1px", "resize -2px", "brightness -10", "brightness +10")
 KINDS = TARGET + ("brightness -5", "brightness +5", "crop 10% (not caught)",
@@ -72,28 +65,7 @@ GRID = np.array(sorted({round(m * 10.0 ** e, 6) for e in range(-4, 1)
 FLAT_EPS = 1e-9  # a transformed channel whose values span less than this is flat
 
 
-# ---- the set (copied from scripts/bench_images_quality.py, decoding inlined) ----
-
-def _photos(*names: str) -> list[np.ndarray]:
-    import skimage.data
-
-    def one(name: str) -> np.ndarray:
-        if name in ("china", "flower"):
-            from sklearn.datasets import load_sample_image
-
-            return load_sample_image(f"{name}.jpg")
-        if name == "motorcycle":
-            return skimage.data.stereo_motorcycle()[0]
-        return getattr(skimage.data, name)()
-
-    return [one(n) for n in names]
-
-
-def enc(img: np.ndarray, fmt: str = "PNG", **kw) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(img).save(buf, fmt, **kw)
-    return buf.getvalue()
-
+# ---- the set: bench_images_quality.py's tiles and edits; decoding inlined here ----
 
 def decode(data: bytes) -> tuple[np.ndarray, np.ndarray]:
     """(full-resolution RGB pixels, 32 x 32 x 3 as the job resizes them): what
@@ -108,49 +80,6 @@ def decode(data: bytes) -> tuple[np.ndarray, np.ndarray]:
         return full, full
     small = im.resize((SIZE[1], SIZE[0]), Image.Resampling.BILINEAR, reducing_gap=REDUCING_GAP)
     return full, np.asarray(small, dtype=np.uint8)
-
-
-def tiles(half: str, per_photo: int = PER_PHOTO, seed: int = 0
-          ) -> tuple[list[np.ndarray], list[str], int]:
-    rng = np.random.default_rng(seed)
-    out, src, seen, dropped = [], [], set(), 0
-    flat = [np.broadcast_to(np.array(c, np.uint8), (TILE, TILE, 3)).copy() for c in FLAT[half]]
-    photos = zip(HALVES[half], _photos(*HALVES[half]), strict=True)
-    for name, p in [*photos, ("flat", None)]:
-        if p is None:
-            cut = flat
-        else:
-            spots = [(y, x) for y in range(0, p.shape[0] - TILE + 1, TILE)
-                     for x in range(0, p.shape[1] - TILE + 1, TILE)]
-            pick = sorted(rng.choice(len(spots), min(per_photo, len(spots)), replace=False))
-            cut = [np.ascontiguousarray(p[y:y + TILE, x:x + TILE])
-                   for y, x in (spots[i] for i in pick)]
-        for t in cut:
-            small = decode(enc(t))[1].tobytes()
-            if t.tobytes() in seen or small in seen:
-                dropped += 1
-                continue
-            seen.update((t.tobytes(), small))
-            out.append(t)
-            src.append(name)
-    return out, src, dropped
-
-
-def edits(im: np.ndarray) -> dict[str, bytes]:
-    h, w = im.shape[:2]
-    pil = Image.fromarray(im)
-    out = {f"jpeg q{q}": enc(im, "JPEG", quality=q) for q in (95, 80, 70, 60)}
-    for d in (1, 2, -1, -2):
-        out[f"resize {d:+d}px"] = enc(np.asarray(pil.resize((w + d, h + d),
-                                                            Image.Resampling.BILINEAR)))
-    for b in (-10, -5, 5, 10):
-        out[f"brightness {b:+d}"] = enc(np.clip(im.astype(int) + b, 0, 255).astype(np.uint8))
-    box = np.zeros((h + 12, w) + im.shape[2:], np.uint8)
-    box[6:6 + h] = im
-    out["crop 10% (not caught)"] = enc(im[h // 20:h - h // 20, w // 20:w - w // 20])
-    out["flip (not caught)"] = enc(np.ascontiguousarray(im[:, ::-1]))
-    out["letterbox (not caught)"] = enc(box)
-    return out
 
 
 class Half:

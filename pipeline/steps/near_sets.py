@@ -41,6 +41,7 @@ import pyarrow as pa
 from pipeline import progress
 from pipeline.steps.borderline import BORDERLINE_SCHEMA
 from pipeline.steps.elements import NEAR_REPORT, REMOVED, SetBatch
+from pipeline.steps.near import GatherTruth
 from pipeline.steps.near_merge import NearReport
 from pipeline.steps.removed import removed_by_file
 from pipeline.steps.tagged import SplitOutputs
@@ -394,23 +395,6 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
             counts[tuple(w)] = counts.get(tuple(w), 0) + 1
         yield Truth(s.words[si], b.words[pi], 1.0 - np.asarray(out_j), b.prio[pi],
                     b.order[pi], counts).cut()
-
-
-class GatherTruth(beam.CombineFn):
-    def create_accumulator(self) -> Truth:
-        return Truth.empty()
-
-    def add_input(self, acc: Truth, t: Truth) -> Truth:
-        return acc.add(t)
-
-    def merge_accumulators(self, accs) -> Truth:
-        out = Truth.empty()
-        for a in accs:
-            out = out.add(a)
-        return out
-
-    def extract_output(self, acc: Truth) -> Truth:
-        return acc
 
 
 def merge_sets(parts: list[Decided], plan: SetPlan, spec: NearSpec, per_side: int,
