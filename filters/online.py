@@ -11,6 +11,10 @@ the order, and a restored state never re-admits a duplicate. Without ids each ep
 deduplicated on its own: ``new_epoch()`` (the front ends call it when a new pass starts)
 forgets what was seen.
 
+Texts and token sequences (``NearSpec("jaccard", t)``): ``filters.online_sets`` keeps
+the kept records' shingle sets under their LSH bands (``mode`` bounded or auto) or
+prefix tokens (exact), and exact digests are of the texts' bytes.
+
 Memory (docs/filters.md measures it): exact digests in a dict, 100-140 B per record;
 ``max_items`` bounds it (the oldest ~10% are forgotten when it is full, so an old
 record seen again is admitted once more); ``bloom`` replaces the dict by an rbloom
@@ -31,12 +35,14 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from filters.online_sets import SetIndex, stream_values, value_digests
 from transforms.canonical import to_numpy
 from transforms.exact import digest_words
 from transforms.fingerprint import fingerprint_batch
 from transforms.near.find import decide_cell
 from transforms.near.greedy import STATE_REMOVED
 from transforms.near.search import Vectors, pairs_within, precision_for
+from transforms.near.sets import Shingles
 from transforms.near.space import (
     finite_rows,
     search_radius,
@@ -118,10 +124,6 @@ class OnlineDedup:
     stats: Stats = field(default_factory=Stats)
 
     def __post_init__(self) -> None:
-        if self.near is not None and self.near.is_sets:
-            raise ValueError("OnlineDedup compares vectors: near metric jaccard (texts, token "
-                             "sequences) is the batch job's for now (docs/text.md); filter a "
-                             "stream with the job's manifest (filters.manifest) instead")
         if self.near is not None and self.near.grouping != "representative":
             raise ValueError("online near dedup is greedy in stream order: grouping must be "
                              "'representative'")
@@ -138,6 +140,8 @@ class OnlineDedup:
         self._blooms = self._new_blooms() if self.bloom is not None else None
         self._blocks: list[_NearBlock] = []
         self._scale = 0.0
+        self._sets = SetIndex(self.near) if self.near is not None and self.near.is_sets \
+            else None
 
     # --- the decision -------------------------------------------------------------------
 
@@ -146,10 +150,13 @@ class OnlineDedup:
         """Decide the rows of ``batch`` (first axis = records) in order; updates the state.
 
         ``ids``: one record id per row (ints, strings or bytes), or None. A stream must
-        either always or never pass ids. ``digests``: the rows' ``fingerprint_batch``
-        digests when the caller has them already (not hashed again)."""
+        either always or never pass ids. ``digests``: the rows' ``digests`` when the
+        caller has them already (not hashed again). With a jaccard ``near``, ``batch``
+        holds texts (str or UTF-8 bytes) or integer sequences (unit token)."""
+        if self._sets is not None:
+            batch = stream_values(batch, self._sets.shingles.unit)
         if digests is None:
-            digests = fingerprint_batch(batch, backend=self.backend)
+            digests = self.digests(batch)
         n = len(digests)
         with_ids = ids is not None
         if self._with_ids is None:
@@ -176,8 +183,18 @@ class OnlineDedup:
         self.stats.kept += int(keep.sum())
         return keep
 
+    def digests(self, batch: Any) -> np.ndarray:
+        """The exact digests this filter compares: ``fingerprint_batch`` of tensors, or
+        of texts and token sequences their bytes' (``filters.online_sets``)."""
+        if self._sets is not None:
+            return value_digests(stream_values(batch, self._sets.shingles.unit),
+                                 self._sets.shingles.unit)
+        return fingerprint_batch(batch, backend=self.backend)
+
     def keep(self, t: Any, id: Any = None) -> bool:
         """One record: ``keep_mask`` of a batch of one."""
+        if self._sets is not None:
+            return bool(self.keep_mask([t], None if id is None else [id])[0])
         arr, _ = to_numpy(t)
         return bool(self.keep_mask(arr[None], None if id is None else [id])[0])
 
@@ -188,6 +205,8 @@ class OnlineDedup:
             return
         self._owner.clear()
         self._blocks.clear()
+        if self._sets is not None:
+            self._sets.clear()
         if self._blooms is not None:
             self._blooms = self._new_blooms()
 
@@ -241,6 +260,11 @@ class OnlineDedup:
         """Rows (of ``rows``) within tolerance of a kept record or of an earlier kept row of
         this batch; the others join the kept vectors. Rows with NaN/inf are never compared."""
         spec = self.near
+        if self._sets is not None:
+            drop, _ = self._sets.decide([batch[i] for i in rows.tolist()])
+            if self.max_items is not None:
+                self._sets.forget_beyond(self.max_items)
+            return rows[drop]
         arr, _ = to_numpy(batch)
         x = np.asarray(arr[rows]).reshape(len(rows), -1)
         if np.iscomplexobj(x):
@@ -338,6 +362,8 @@ class OnlineDedup:
         }
         if self._blocks:
             arrays["values"] = np.concatenate([b.values for b in self._blocks])
+        if self._sets is not None:
+            arrays.update(self._sets.arrays())
         if self._blooms is not None:
             for i, b in enumerate(self._blooms):
                 arrays[f"bloom{i}"] = np.frombuffer(b.save_bytes(), np.uint8)
@@ -355,7 +381,7 @@ class OnlineDedup:
                 raise ValueError(f"{path}: state version {meta.get('version')} is not "
                                  f"{STATE_VERSION}")
             s = meta["settings"]
-            self = cls(near=None if s["near"] is None else NearSpec(**s["near"]),
+            self = cls(near=None if s["near"] is None else _near_spec(s["near"]),
                        max_items=s["max_items"], bloom=s["bloom"],
                        bloom_capacity=s["bloom_capacity"], backend=s.get("backend", "auto"),
                        stats=Stats(**meta["stats"]))
@@ -367,6 +393,8 @@ class OnlineDedup:
 
                 self._blooms = tuple(Bloom.load_bytes(z[f"bloom{i}"].tobytes(), _same)
                                      for i in range(2))
+            if self._sets is not None:
+                self._sets.restore(z["set_offsets"], z["set_hashes"], z["set_blocks"])
             if len(z["block_rows"]):
                 values = z["values"]
                 bounds = np.cumsum(np.r_[0, z["block_rows"]])
@@ -381,6 +409,13 @@ class OnlineDedup:
         """Approximate bytes the state holds (dict entries measured at 100-140 B each)."""
         if self._blooms is not None:
             return sum(b.size_in_bits // 8 for b in self._blooms)
+        if self._sets is not None:
+            return 140 * len(self._owner) + self._sets.nbytes()
         vec = sum(b.values.nbytes + b.vectors.v.nbytes for b in self._blocks)
         return 140 * len(self._owner) + vec
 
+
+def _near_spec(saved: dict) -> NearSpec:
+    """A NearSpec from its saved dict (shingles, for jaccard, as a dict of their own)."""
+    shingles = saved.get("shingles")
+    return NearSpec(**{**saved, "shingles": None if shingles is None else Shingles(**shingles)})

@@ -33,7 +33,6 @@ from filters.manifest import Manifest, ManifestError
 from filters.online import OnlineDedup
 from transforms.canonical import to_numpy
 from transforms.exact import digest_words
-from transforms.fingerprint import fingerprint_batch
 
 ROUTES = ("digest", "replicate")
 
@@ -165,6 +164,8 @@ def _same_kind(tensors: list[Any]) -> bool:
 def _rows(batch: Any, rows: np.ndarray) -> Any:
     if isinstance(batch, torch.Tensor):
         return batch[torch.from_numpy(rows).to(batch.device)]
+    if isinstance(batch, (list, tuple)):  # texts, token sequences
+        return [batch[i] for i in rows.tolist()]
     return batch[rows]
 
 
@@ -326,7 +327,7 @@ class OnlineDedupDataset(IterableDataset):
             return self.dedup.keep_mask(batch, ids)
         if self.route == "replicate":
             return self.dedup.keep_mask(batch, ids) & (positions % workers == worker)
-        digests = fingerprint_batch(batch, backend=self.dedup.backend)
+        digests = self.dedup.digests(batch)
         mine = np.flatnonzero(_owner_workers(digests, workers) == worker)
         keep = np.zeros(len(digests), dtype=bool)
         if len(mine):
@@ -354,7 +355,9 @@ class OnlineDedupDataset(IterableDataset):
             tensors = list(map(self.tensor_fn, elements))
             ids = self._chunk_ids(elements, start)
             positions = np.arange(start, start + len(elements))
-            if _same_kind(tensors):
+            if self.dedup.near is not None and self.dedup.near.is_sets:  # texts, sequences
+                keep = self._decide(tensors, ids, positions, worker, workers)
+            elif _same_kind(tensors):
                 keep = self._decide(_stack(tensors), ids, positions, worker, workers)
             else:
                 tensors = [t if isinstance(t, torch.Tensor | np.ndarray) else np.asarray(t)

@@ -162,6 +162,27 @@ for ids, sh in batches():
 open(OUT + "/removed.txt", "w").write("\\n".join(removed))
 json.dump({"version": md.version("rensa"), "read": read}, open(OUT + "/info.json", "w"))
 """
+ONLINE = """
+import glob, json, sys
+sys.path.insert(0, CODE)
+import pyarrow.parquet as pq
+from filters.online import OnlineDedup
+from transforms.near.sets import Shingles, blank_rows
+from transforms.near.spec import NearSpec
+shingles = Shingles("word", 5)
+dedup = OnlineDedup(near=NearSpec("jaccard", THRESHOLD, mode=MODE, shingles=shingles))
+removed, read = [], 0
+for f in sorted(glob.glob(INPUT + "/*.parquet")):
+    for b in pq.ParquetFile(f).iter_batches(1024, columns=["id", "text"]):
+        ids, texts = b.column(0).to_pylist(), b.column(1)
+        read += len(ids)
+        some = (~blank_rows(texts, shingles)).nonzero()[0]  # no shingle: nothing to compare
+        keep = dedup.keep_mask(texts.take(some))
+        removed += [ids[i] for i, k in zip(some.tolist(), keep.tolist()) if not k]
+open(OUT + "/removed.txt", "w").write("\\n".join(removed))
+json.dump({"mode": MODE, "stats": vars(dedup.stats), "state_mb": dedup.nbytes() / 2 ** 20,
+           "read": read}, open(OUT + "/info.json", "w"))
+"""
 
 
 def job_config(corpus: Path, out: Path, threshold: float, mode: str) -> Path:
@@ -203,6 +224,10 @@ def contenders(a: argparse.Namespace) -> dict[str, dict]:
         "the job (mode: exact)": {"job": "exact"},
         "the job (mode: auto)": {"job": "auto"},
         "the job (bounded, default bands)": {"job": "bounded-default"},
+        "OnlineDedup stream filter (bounded)": {"python": Path(sys.executable),
+                                                "code": 'MODE = "bounded"\n' + ONLINE},
+        "OnlineDedup stream filter (exact)": {"python": Path(sys.executable),
+                                              "code": 'MODE = "exact"\n' + ONLINE},
     }
 
 
@@ -259,7 +284,7 @@ def run_contender(name: str, c: dict, corpus: Path, work: Path, a: argparse.Name
             return {"error": f"{NOT_AVAILABLE}: no {c['python']} (see --help)"}
         prelude = "".join(f"{k} = {v!r}\n" for k, v in dict(
             INPUT=str(corpus / "text"), OUT=str(out), THRESHOLD=a.threshold, PARTS=parts,
-            SCRIPTS=SCRIPTS).items())
+            SCRIPTS=SCRIPTS, CODE=str(Path(a.code).resolve())).items())
         cmd = [str(c["python"]), "-c", prelude + textwrap.dedent(c["code"])]
         cwd = out
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}

@@ -36,3 +36,19 @@ def isolated(tmp_path, monkeypatch) -> tuple[str, Path]:
     monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     return tag, tmp
+
+
+@pytest.fixture(scope="session")
+def corpus() -> list[str]:
+    """Real texts with crawl-like near copies, a crowd and exact copies (the jaccard tests)."""
+    from tests.textkit import crawl_corpus
+
+    return crawl_corpus()
+
+
+@pytest.fixture(scope="session")
+def tokens(corpus) -> list[np.ndarray]:
+    """``corpus`` as the all-MiniLM-L6-v2 tokenizer's ids."""
+    from tests.textkit import token_ids
+
+    return token_ids(corpus)

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from pipeline.run import main
-from tests.textkit import edited, oracle, package_texts
+from tests.textkit import CROWD, edited, oracle, package_texts
 from transforms.near.sets import (
     Shingles,
     blank_rows,
@@ -29,36 +29,6 @@ from transforms.near.sets import (
     near_sets,
     record_sets,
 )
-
-BASES = 90  # real texts; each gets a few edited copies, some of them before it
-CROWD = 120  # copies of one licence, with small edits
-
-
-@pytest.fixture(scope="module")
-def corpus() -> list[str]:
-    """Real texts, near copies at edit rates spread over 0-20% of words, a crowd, and
-    exact copies; shuffled so that copies come before their source too."""
-    rng = np.random.default_rng(43)
-    base = [t[:3000] for t in package_texts(BASES + 1)]
-    vocab = sorted({w for t in base for w in t.split()})
-    docs = list(base[1:])
-    for i, t in enumerate(base[1:]):
-        for _ in range(1 + i % 3):
-            docs.append(edited(t, rng.uniform(0.0, 0.2), rng, vocab))
-    docs += [edited(base[0], 0.01, rng, vocab) for _ in range(CROWD)]
-    docs += [docs[5], docs[7]]  # exact copies
-    return [docs[i] for i in rng.permutation(len(docs))]
-
-
-@pytest.fixture(scope="module")
-def tokens(corpus) -> list[np.ndarray]:
-    """The corpus as the model's token ids (variable lengths), as a pretraining shard holds."""
-    from all_minilm_l6_v2 import get_model_path
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(Path(get_model_path()) / "tokenizer.json"))
-    tok.no_truncation()  # the whole text, not the model's first 128 tokens
-    return [np.asarray(e.ids[1:-1], np.int32) for e in tok.encode_batch(corpus)]
 
 
 def _survivors(values: list) -> list[int]:
@@ -344,6 +314,64 @@ def test_reference_texts_remove_their_near_copies(tmp_path, corpus):
     assert s["removed_reference_near"] == 5
 
 
+def _run(tmp: Path, name: str, ids: list[str], texts: list[str], near: dict, **extra) -> int:
+    """One run over ``texts`` (one Parquet file) into tmp/name; its exit code."""
+    _write("parquet", tmp / name / "in" / "part.parquet", ids, texts)
+    cfg = {"input": {"format": "parquet", "path": str(tmp / name / "in" / "*.parquet"),
+                     "tensor": "doc", "id": "id", "decode": "text"},
+           "output": {"path": str(tmp / name / "out")}, "report": str(tmp / name / "report"),
+           "near": near, **extra}
+    (tmp / name / "job.yaml").write_text(yaml.safe_dump(cfg))
+    return main(["--config", str(tmp / name / "job.yaml"), "--quiet"])
+
+
+def test_the_store_removes_near_copies_of_earlier_runs(tmp_path, corpus, capsys):
+    """A new crawl against an earlier one: run 2's copies of what run 1 kept go as
+    store_exact / store_near (the oracle over run 1's kept texts first, then run 2's);
+    a run with other shingle settings is refused, one line."""
+    rng = np.random.default_rng(5)
+    vocab = sorted({w for t in corpus for w in t.split()})
+    store = {"path": str(tmp_path / "store")}
+    near = {"metric": "jaccard", "threshold": 0.8, "mode": "exact"}
+    first = corpus[:150]
+    assert _run(tmp_path, "r1", [f"a{i}" for i in range(150)], first, near, store=store,
+                run_id="r1") == 0
+    kept1 = pq.read_table(tmp_path / "r1" / "out" / "part.parquet").to_pylist()
+    assert 0 < len(kept1) < 150
+    second = corpus[150:] + [edited(k["doc"], 0.02, rng, vocab) for k in kept1[:20]] + [
+        kept1[3]["doc"]]
+    ids2 = [f"b{i}" for i in range(len(second))]
+    assert _run(tmp_path, "r2", ids2, second, near, store=store, run_id="r2") == 0
+    table = pq.read_table(tmp_path / "r2" / "report" / "duplicates.parquet").to_pylist()
+    got = {r["record_id"]: (r["duplicate_of"], r["kind"], r["distance"]) for r in table}
+    assert {r["duplicate_of_run"] for r in table if r["kind"].startswith("store")} == {"r1"}
+    # the oracle: run 1's kept texts (protected, first), then run 2's texts in order
+    old = {k["doc"]: k["id"] for k in kept1}
+    want, first_of, rows, names = {}, {}, [k["doc"] for k in kept1], [k["id"] for k in kept1]
+    for i, t in zip(ids2, second, strict=True):
+        if t in old:
+            want[i] = (old[t], "store_exact", 0.0)
+        elif t in first_of:
+            want[i] = (first_of[t], "exact", 0.0)
+        else:
+            first_of[t] = i
+            rows.append(t)
+            names.append(i)
+    for r, (k, j) in oracle(record_sets(rows, Shingles()), 0.8).items():
+        assert r >= len(kept1)  # run 1's kept texts are not near each other
+        want[names[r]] = (names[k], "store_near" if k < len(kept1) else "near", 1.0 - float(j))
+    _same(got, want)
+    assert sum(v[1] == "store_near" for v in got.values()) >= 20
+    s = json.loads((tmp_path / "r2" / "report" / "summary.json").read_text())
+    for kind in ("store_exact", "store_near", "near", "exact"):
+        assert s[f"removed_{kind}"] == sum(v[1] == kind for v in want.values())
+    capsys.readouterr()
+    other = {**near, "shingles": {"unit": "char"}}
+    assert _run(tmp_path, "r3", ["c0"], [corpus[0]], other, store=store, run_id="r3") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "shingles" in err[0] and "store.path" in err[0], err
+
+
 @pytest.mark.parametrize("near,extra,words", [
     ({"metric": "jaccard"}, {}, "needs near.threshold"),
     ({"metric": "jaccard", "threshold": 1.5}, {}, "in (0, 1]"),
@@ -355,8 +383,6 @@ def test_reference_texts_remove_their_near_copies(tmp_path, corpus):
     ({"metric": "jaccard", "threshold": 0.8, "shingles": {"bands": 300}}, {}, "bands <="),
     ({"metric": "jaccard", "threshold": 0.8},
      {"embed": {"model": "sentence-transformers", "path": "x"}}, "remove the embed section"),
-    ({"metric": "jaccard", "threshold": 0.8}, {"store": {"path": "store"}},
-     "add the earlier runs' outputs as reference sets"),
 ])
 def test_bad_jaccard_settings_are_one_line_before_any_work(tmp_path, capsys, near, extra,
                                                            words):
@@ -412,14 +438,6 @@ def test_every_runner_writes_the_local_runners_bytes(tmp_path, corpus, runner):
         them = {p.relative_to(other): p.read_bytes()
                 for p in sorted((other / sub).rglob("*.parquet"))}
         assert mine == them
-
-
-def test_the_online_filter_refuses_jaccard_with_the_way_that_works():
-    from filters.online import OnlineDedup
-    from transforms.near.spec import NearSpec
-
-    with pytest.raises(ValueError, match="filters.manifest"):
-        OnlineDedup(near=NearSpec("jaccard", 0.8))
 
 
 def test_above_the_plan_sample_the_job_equals_the_kernel(tmp_path):

@@ -51,6 +51,36 @@ def edited(text: str, rate: float, rng: np.random.Generator, vocab: list[str]) -
     return " ".join(out)
 
 
+BASES = 90  # crawl_corpus: real texts; each gets a few edited copies, some before it
+CROWD = 120  # crawl_corpus: copies of one licence, with small edits
+
+
+def crawl_corpus() -> list[str]:
+    """Real texts, near copies at edit rates spread over 0-20% of words, a crowd, and
+    exact copies; shuffled so that copies come before their source too."""
+    rng = np.random.default_rng(43)
+    base = [t[:3000] for t in package_texts(BASES + 1)]
+    vocab = sorted({w for t in base for w in t.split()})
+    docs = list(base[1:])
+    for i, t in enumerate(base[1:]):
+        for _ in range(1 + i % 3):
+            docs.append(edited(t, rng.uniform(0.0, 0.2), rng, vocab))
+    docs += [edited(base[0], 0.01, rng, vocab) for _ in range(CROWD)]
+    docs += [docs[5], docs[7]]  # exact copies
+    return [docs[i] for i in rng.permutation(len(docs))]
+
+
+def token_ids(texts: list[str]) -> list[np.ndarray]:
+    """Texts as the all-MiniLM-L6-v2 tokenizer's ids (variable lengths, whole texts), as a
+    pretraining shard holds them."""
+    from all_minilm_l6_v2 import get_model_path
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(get_model_path()) / "tokenizer.json"))
+    tok.no_truncation()  # the whole text, not the model's first 128 tokens
+    return [np.asarray(e.ids[1:-1], np.int32) for e in tok.encode_batch(texts)]
+
+
 def oracle(sets: Sets, threshold: float, grouping: str = "representative"
            ) -> dict[int, tuple[int, Fraction]]:
     """removed record -> (the record it duplicates, J), records in keep order (index
