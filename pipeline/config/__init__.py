@@ -159,10 +159,6 @@ class DedupeConfig(Strict):
         if src.decode == "none" and unit in ("word", "char"):
             raise ValueError(f"near.shingles.unit: {unit} needs input.decode: text (a string "
                              "column); integer sequences use unit token")
-        if self.store is not None:
-            raise ValueError("store with near.metric: jaccard: a fingerprint store holds "
-                             "vectors, not shingle sets, yet (docs/text.md): remove store, or "
-                             "add the earlier runs' outputs as reference sets")
         if src.shape is not None:
             raise ValueError("input.shape with near.metric: jaccard: sequences are compared "
                              "at their own lengths; remove input.shape")

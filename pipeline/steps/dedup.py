@@ -118,9 +118,9 @@ class Dedup(beam.PTransform):
             return out
         values = layout.spill_values(self.spill)
         sets = self.near is not None and self.near.is_sets
-        if sets and (self.store is not None or self.embed is not None or self.survivors):
-            raise ValueError("near metric jaccard compares shingle sets: no fingerprint "
-                             "store or embed with it (docs/text.md)")
+        if sets and self.embed is not None:
+            raise ValueError("near metric jaccard compares shingle sets: no embed with it "
+                             "(docs/text.md)")
         keys = chunks | "Fingerprint" >> Fingerprint(
             keep=self.keep, shards=self.shards,
             spill=values if self.near and self.embed is None else None,
@@ -145,7 +145,8 @@ class Dedup(beam.PTransform):
             if self.survivors:
                 out[VECTORS] = vectors
             if self.store is not None:
-                stored = vectors.pipeline | "ReadStore" >> StoreVectors(self.store, keep=self.keep)
+                stored = vectors.pipeline | "ReadStore" >> StoreVectors(
+                    self.store, keep=self.keep, spill=values if sets else None)
                 vectors = (vectors, stored) | "WithStored" >> beam.Flatten()
             near = vectors | "DedupNear" >> (DedupNearSets(
                 self.near, borderline_pairs=self.borderline_pairs) if sets else DedupNear(

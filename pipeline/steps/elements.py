@@ -203,7 +203,7 @@ class SetBatch:
     ids: pa.Array  # (n,) string record ids
     sets: Sets | None = None  # the rows' shingle sets; None while spilled (or not needed)
     spilled: str | None = None  # the file holding ``sets`` (``loaded()`` reads it)
-    run: pa.Array | None = None  # no store for sets: always None (``Located``)
+    run: pa.Array | None = None  # store run ids (null: this run's records), or None
 
     def __len__(self) -> int:
         return len(self.position)
@@ -213,7 +213,8 @@ class SetBatch:
         only their keys)."""
         return SetBatch(self.words[idx], self.prio[idx], self.order[idx], self.file_index[idx],
                         self.position[idx], self.ids.take(pa.array(idx, pa.int64())),
-                        None if self.sets is None else self.sets.take(idx))
+                        None if self.sets is None else self.sets.take(idx),
+                        run=_take_opt(self.run, idx))
 
     def spill(self, folder: str) -> SetBatch:
         """The same rows with their keys and sets written to a file in ``folder`` (Arrow
@@ -225,7 +226,8 @@ class SetBatch:
         rb = pa.RecordBatch.from_pydict({
             "hi": self.words[:, 0], "lo": self.words[:, 1], "prio": self.prio,
             "order": self.order, "file_index": self.file_index, "position": self.position,
-            "ids": self.ids, "sets": sets})
+            "ids": self.ids, "sets": sets,
+            **({} if self.run is None else {"run": self.run})})
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, rb.schema) as w:
             w.write_batch(rb)
@@ -247,7 +249,8 @@ class SetBatch:
         sets = Sets(np.asarray(col.offsets, np.int64), col.values.to_numpy(zero_copy_only=False),
                     np.zeros(n, bool))
         return SetBatch(np.stack([arr("hi"), arr("lo")], axis=1), arr("prio"), arr("order"),
-                        arr("file_index"), arr("position"), rb.column("ids"), sets)
+                        arr("file_index"), arr("position"), rb.column("ids"), sets,
+                        run=rb.column("run") if "run" in rb.schema.names else None)
 
     def loaded(self) -> SetBatch:
         """The sets back in memory (itself when they are)."""
@@ -261,7 +264,8 @@ class SetBatch:
                for f in ("words", "prio", "order", "file_index", "position")]
         sets = (None if any(b.sets is None for b in batches)
                 else Sets.concat([b.sets for b in batches]))
-        return SetBatch(*cat, pa.concat_arrays([b.ids for b in batches]), sets)
+        return SetBatch(*cat, pa.concat_arrays([b.ids for b in batches]), sets,
+                        run=concat_runs([b.run for b in batches], [len(b) for b in batches]))
 
 
 # Why a record was removed: a copy of / near a record of this run, of a reference set

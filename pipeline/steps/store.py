@@ -22,11 +22,13 @@ from pipeline.steps.elements import (
     VECTORS,
     FileDecision,
     KeyBatch,
+    SetBatch,
     VecBatch,
 )
 from transforms.digests import SCHEME
 from transforms.exact import NEW, STORE, Keep, keep_order
 from transforms.io.formats.base import InputError, TensorSpec
+from transforms.near.sets import Sets
 from transforms.near.space import finite_rows
 from transforms.near.spec import NearSpec
 from transforms.store.store import FingerprintStore, LookupPlan, StoreError
@@ -36,9 +38,12 @@ def store_meta(resolved: TensorSpec, near: NearSpec | None, settings: dict | Non
                ) -> dict:
     """What every run appending to one store must share (``settings``: how values were
     made, e.g. decode and embedding model)."""
+    sets = near is not None and near.is_sets  # shingle sets of these settings, not values
     return {"fingerprint_scheme": SCHEME, "dtype": resolved.dtype,
             "shape": None if resolved.shape is None else list(resolved.shape),
-            "values": near is not None, **(settings or {})}
+            "values": near is not None, **(settings or {}),
+            **({"shingles": {"unit": near.shingles.unit, "size": near.shingles.n,
+                             "normalize": near.shingles.normalize}} if sets else {})}
 
 
 @dataclass(frozen=True)
@@ -100,15 +105,17 @@ class StoreView:
 
     def vectors(self, keep: str) -> Iterator[VecBatch]:
         """Every stored value (all earlier runs) as protected rows for the near stage."""
-        start = 0
-        for words, ids, runs, x in FingerprintStore(self.path).vectors(self.run_id):
-            n = len(words)
-            pos = np.arange(start, start + n, dtype=np.int64)
-            start += n
-            fi = np.full(n, -1, np.int32)
-            prio, order = keep_order(fi, pos, keep, np.full(n, np.nan),
-                                     np.full(n, STORE, np.int8))
-            yield VecBatch(words, prio, order, fi, pos, ids, x, runs)
+        for (words, ids, runs, x), where in _stored(
+                FingerprintStore(self.path).vectors(self.run_id), keep):
+            yield VecBatch(words, *where, ids, x, runs)
+
+    def sets(self, keep: str, folder: str) -> Iterator[SetBatch]:
+        """Every stored shingle set (a jaccard store) as protected rows for the near
+        stage, spilled to ``folder`` as the stage reads them."""
+        for (words, ids, runs, offsets, hashes), where in _stored(
+                FingerprintStore(self.path).sets(self.run_id), keep):
+            yield SetBatch(words, *where, ids, Sets(offsets, hashes, np.zeros(len(ids), bool)),
+                           run=runs).spill(folder)
 
     def begin(self) -> StoreCommit:
         return StoreCommit(self.path, FingerprintStore(self.path).begin(self.run_id),
@@ -124,6 +131,19 @@ class StoreView:
         FingerprintStore(self.path).cleanup_uncommitted(self.run_id)
 
 
+def _stored(batches: Iterator[tuple], keep: str) -> Iterator[tuple[tuple, tuple]]:
+    """Each stored batch with its rows' (prio, order, file index -1, position): protected
+    rows of the store's tier, numbered across batches."""
+    start = 0
+    for batch in batches:
+        n = len(batch[0])
+        pos = np.arange(start, start + n, dtype=np.int64)
+        start += n
+        fi = np.full(n, -1, np.int32)
+        prio, order = keep_order(fi, pos, keep, np.full(n, np.nan), np.full(n, STORE, np.int8))
+        yield batch, (prio, order, fi, pos)
+
+
 def open_view(path: str, run_id: str, meta: dict) -> StoreView:
     """Check the store against this run (raises InputError, one line) and fix its view."""
     store = FingerprintStore(path)
@@ -137,16 +157,24 @@ def open_view(path: str, run_id: str, meta: dict) -> StoreView:
 
 
 class StoreVectors(beam.PTransform):
-    """PBegin -> VecBatch of every stored value (protected rows for Near)."""
+    """PBegin -> VecBatch of every stored value, or SetBatch of every stored shingle set
+    (a jaccard store, ``spill``: the folder the sets are spilled to): protected rows for
+    Near."""
 
-    def __init__(self, view: StoreView, *, keep: Keep | str = "first"):
+    def __init__(self, view: StoreView, *, keep: Keep | str = "first",
+                 spill: str | None = None):
         super().__init__()
-        self.view, self.keep = view, Keep.of(keep).rule
+        self.view, self.keep, self.spill = view, Keep.of(keep).rule, spill
 
     def expand(self, pbegin):
+        if self.spill is not None:
+            read = beam.FlatMap(lambda v, keep, folder: v.sets(keep, folder), self.keep,
+                                self.spill)
+        else:
+            read = beam.FlatMap(lambda v, keep: v.vectors(keep), self.keep)
         return (pbegin
                 | "Start" >> beam.Create([self.view])
-                | "ReadStoredValues" >> beam.FlatMap(lambda v, keep: v.vectors(keep), self.keep)
+                | "ReadStoredValues" >> read
                 | "Spread" >> beam.Reshuffle())
 
 
@@ -169,14 +197,22 @@ def write_digests(shard_batch: tuple[int, KeyBatch], drops: dict, commit: StoreC
         yield commit.attempt.write_exact(shard, b.words, b.ids)
 
 
-def write_values(batch: VecBatch, drops: dict, commit: StoreCommit) -> Iterator[dict]:
+def write_values(batch: VecBatch | SetBatch, drops: dict, commit: StoreCommit
+                 ) -> Iterator[dict]:
+    """This run's kept rows of ``batch``: their values, or shingle sets (jaccard)."""
     batch = batch.loaded()
-    mine = (batch.file_index < REFERENCE_FILES) & finite_rows(batch.x)
+    sets = isinstance(batch, SetBatch)
+    mine = batch.file_index < REFERENCE_FILES
+    if not sets:
+        mine &= finite_rows(batch.x)
     rows = np.flatnonzero(mine & _kept(batch.file_index, batch.position, drops))
     if len(rows):
         b = batch.take(rows)
         part = (int(b.file_index[0]) << 40) | int(b.position[0])  # unique per chunk
-        yield commit.attempt.write_vectors(part, b.words, b.ids, b.x)
+        if sets:
+            yield commit.attempt.write_sets(part, b.words, b.ids, b.sets.offsets, b.sets.hashes)
+        else:
+            yield commit.attempt.write_vectors(part, b.words, b.ids, b.x)
 
 
 class StoreUpdate(beam.PTransform):

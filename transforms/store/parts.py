@@ -16,6 +16,7 @@ from transforms.store.segment import KEY
 
 VECTOR_GROUP_BYTES = 16 << 20  # vectors parts: bounds the memory of one row group
 DTYPE_KEY = b"tensordedup.dtype"
+SETS = "sets"  # DTYPE_KEY of a values part holding shingle sets (``write_sets``)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,26 @@ class Attempt:
         fs.write_bytes_atomic(fs.join(self.path, name), memoryview(buf.getvalue()))
         return {"kind": "vectors", "part": part, "file": name, "rows": len(x),
                 "dim": x.shape[1]}
+
+
+    def write_sets(self, part: int, words: np.ndarray, ids: pa.Array, offsets: np.ndarray,
+                   hashes: np.ndarray) -> dict:
+        """Write one part of shingle sets (near metric jaccard; CSR: record i holds
+        ``hashes[offsets[i]:offsets[i + 1]]``) as a values part whose column ``sets`` is
+        a list of uint64 per record."""
+        words, ids = _checked(words, ids)
+        if len(offsets) != len(words) + 1:
+            raise ValueError(f"{len(words)} digests but {len(offsets) - 1} sets")
+        table = _key_table(words, ids).append_column("sets", pa.LargeListArray.from_arrays(
+            pa.array(offsets, pa.int64()), pa.array(hashes, pa.uint64())))
+        table = table.replace_schema_metadata({DTYPE_KEY: SETS.encode()})
+        name = f"vectors-{part:05d}.parquet"
+        buf = pa.BufferOutputStream()
+        rows = max(1, VECTOR_GROUP_BYTES * len(words) // max(8 * len(hashes), 1))
+        pq.write_table(table, buf, row_group_size=rows, compression="zstd",
+                       use_dictionary=False)
+        fs.write_bytes_atomic(fs.join(self.path, name), memoryview(buf.getvalue()))
+        return {"kind": "vectors", "part": part, "file": name, "rows": len(words), "dim": 0}
 
 
 def digest_bounds(words: np.ndarray) -> dict:

@@ -122,6 +122,25 @@ class StoreReads:
                                x.view(dtype).reshape(-1, part["dim"]))
 
 
+    def sets(self, exclude_run: str | None = None, batch_rows: int = 65536
+             ) -> Iterator[tuple[np.ndarray, pa.Array, pa.Array, np.ndarray, np.ndarray]]:
+        """All stored shingle sets (a jaccard store), oldest run first, in batches:
+        (words (n, 2) uint64, record ids, run ids, CSR offsets (n + 1,), hashes uint64).
+        The store's settings (``check_compatible``) say it holds sets, not vectors."""
+        for run in self.runs(exclude=exclude_run):
+            run_id = pa.scalar(run.run_id, pa.string())
+            for part in run.vector_parts:
+                with fs.open_read(self._data(run, part["file"])) as f:
+                    pf = pq.ParquetFile(f)
+                    for batch in pf.iter_batches(batch_size=batch_rows):
+                        col = batch["sets"]
+                        offsets = np.asarray(col.offsets, np.int64)
+                        hashes = col.values.to_numpy(zero_copy_only=False)[
+                            offsets[0]:offsets[-1]]
+                        yield (batch_words(batch), batch["record_id"],
+                               pa.repeat(run_id, len(batch)), offsets - offsets[0], hashes)
+
+
 def compaction_pairs(compaction: dict) -> list[tuple[str, str]]:
     """The (run id, attempt) pairs a compaction's merged segments cover."""
     return [tuple(p) for p in compaction["covers"]]

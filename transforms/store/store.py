@@ -20,7 +20,7 @@ segment are skipped by lookups and dropped by the next merge.
     <store>/STORE.json                                     settings the store was built with
     <store>/commits/<run_id>/<attempt>.json                commit markers (listed cheaply)
     <store>/runs/<run_id>/<attempt>/exact-<part>.seg       this run's digests, sorted
-    <store>/runs/<run_id>/<attempt>/vectors-<part>.parquet hi, lo, record_id, x (values)
+    <store>/runs/<run_id>/<attempt>/vectors-<part>.parquet hi, lo, record_id, x or sets (jaccard)
     <store>/compactions/<id>.json                          compaction markers
     <store>/compacted/<id>/exact-<part>.seg                merged digests of several runs
 
