@@ -31,6 +31,7 @@ sampled records' decisions (``transforms.near.recall``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -46,6 +47,7 @@ from pipeline.steps.near_merge import NearReport
 from pipeline.steps.removed import removed_by_file
 from pipeline.steps.tagged import SplitOutputs
 from transforms.exact import is_protected, tier_of
+from transforms.io import fs
 from transforms.near.components import component_labels
 from transforms.near.recall import Truth, judge, splitmix64
 from transforms.near.sets import (
@@ -199,9 +201,26 @@ class KeyRows:
                        [f for p in parts for f in p.paths])
 
 
+@dataclass
+class KeySlice:
+    """Keys -> Groups: one chunk's key lines of one shard, spilled: an Arrow IPC stream of
+    one record batch at bytes [offset, offset + size) of ``path``, whose rows' sets wait
+    in ``sets``. Only these travel through the shuffle (the runner's local shuffle held
+    every line in memory: 14M lines at 1M documents x 14 bands)."""
+
+    path: str
+    offset: int
+    size: int
+    sets: str
+
+
+_LINE_COLUMNS = ("key", "hi", "lo", "prio", "order", "row")
+
+
 def chunk_keys(batch: SetBatch, plan: SetPlan, spec: NearSpec, shards: int
-               ) -> Iterator[tuple[int, KeyRows]]:
-    """A chunk's group keys, split by key shard; its sets are read from their file."""
+               ) -> Iterator[tuple[int, KeySlice]]:
+    """A chunk's group keys, split by key shard into one file beside its sets (one IPC
+    stream per shard); its sets are read from their file."""
     progress.tick("near keys", 0, len(batch), "chunks", units=0, total_records=plan.n)
     sets = batch.loaded().sets
     if plan.mode == "bounded":
@@ -211,13 +230,37 @@ def chunk_keys(batch: SetBatch, plan: SetPlan, spec: NearSpec, shards: int
         rec, key = prefix_tokens(sets, spec.threshold, plan.frequent)
     shard = (splitmix64(key) % np.uint64(shards)).astype(np.int64)
     order = np.argsort(shard, kind="stable")
-    bounds = np.searchsorted(shard[order], np.arange(shards + 1))
-    for s in range(shards):
-        if bounds[s + 1] > bounds[s]:
-            i = order[bounds[s]:bounds[s + 1]]
-            r = rec[i]
-            yield s, KeyRows(key[i], batch.words[r], batch.prio[r], batch.order[r], r,
-                             np.zeros(len(i), np.int32), [batch.spilled])
+    bounds = np.searchsorted(shard[order], np.arange(shards + 1)).tolist()
+    r = rec[order]
+    rb = pa.RecordBatch.from_arrays(
+        [key[order], batch.words[r, 0], batch.words[r, 1], batch.prio[r], batch.order[r], r],
+        names=list(_LINE_COLUMNS))
+    path = f"{batch.spilled.removesuffix('.sets')}.keys"
+    out = []
+    with fs.local_file_for(path) as local, pa.OSFile(local, "wb") as sink:
+        for s in range(shards):
+            if bounds[s + 1] > bounds[s]:
+                at = sink.tell()
+                with pa.ipc.new_stream(sink, rb.schema) as writer:
+                    writer.write_batch(rb.slice(bounds[s], bounds[s + 1] - bounds[s]))
+                out.append((s, KeySlice(path, at, sink.tell() - at, batch.spilled)))
+    yield from out
+
+
+def read_lines(slices: Iterable[KeySlice]) -> KeyRows:
+    """A shard's key lines from their files (each file opened once)."""
+    parts = []
+    for path, group in itertools.groupby(sorted(slices, key=lambda c: (c.path, c.offset)),
+                                         key=lambda c: c.path):
+        with fs.open_read(path) as f:
+            for c in group:
+                f.seek(c.offset)
+                rb = pa.ipc.open_stream(pa.py_buffer(f.read(c.size))).read_next_batch()
+                col = {n: rb.column(n).to_numpy() for n in _LINE_COLUMNS}
+                parts.append(KeyRows(col["key"], np.stack([col["hi"], col["lo"]], axis=1),
+                                     col["prio"], col["order"], col["row"],
+                                     np.zeros(len(rb), np.int32), [c.sets]))
+    return KeyRows.concat(parts)
 
 
 @dataclass
@@ -232,11 +275,11 @@ class Members:
         return len(self.group)
 
 
-def shard_groups(item: tuple[int, Iterable[KeyRows]]) -> Iterator[Members]:
+def shard_groups(item: tuple[int, Iterable[KeySlice]]) -> Iterator[Members]:
     """A shard's keys -> the groups of two digests or more (one row per digest: the best
     in keep order, as exact dedup kept)."""
-    _, parts = item
-    rows = KeyRows.concat(list(parts))
+    _, slices = item
+    rows = read_lines(slices)
     if not len(rows):
         return
     o = np.lexsort((rows.order, rows.prio, rows.words[:, 1], rows.words[:, 0], rows.key))
