@@ -132,7 +132,7 @@ class SetIndex:
                                  strict=True):
                 out[i] = flat[a:b]
         else:
-            sig = signatures(part, self.bands * self.rows)
+            sig = signatures(part, self.bands * self.rows, self.spec.device)
             for i, row in zip(ok.tolist(), band_keys(sig, self.bands, self.rows)
                               .view(np.int64).tolist(), strict=True):
                 out[i] = row

@@ -277,9 +277,20 @@ def test_bounded_job_blank_records_and_the_report(tmp_path, corpus):
         if kind == "near":  # (an exact copy names the record exact dedup kept)
             assert dup in kept and d <= 0.2 + 1e-12
     hist = json.loads((tmp_path / "report" / "near_distances.json").read_text())
-    assert hist["metric"] == "jaccard"
+    assert hist["metric"] == "jaccard" and hist["threshold_jaccard"] == 0.8
+    near_j = sorted(1 - v[2] for v in got.values() if v[1] == "near")
+    assert hist["removed"]["n"] == len(near_j) == s["removed_near"]
+    assert sum(hist["removed"]["counts"][:80]) == 0  # every removal at J >= 0.8
+    assert hist["verified"]["n"] == n["compared"] >= len(near_j)
+    border = pq.read_table(tmp_path / "report" / "borderline_pairs.parquet").to_pylist()
+    below = [1 - b["distance"] for b in border if not b["within"]]
+    above = [1 - b["distance"] for b in border if b["within"]]
+    assert below and max(below) < 0.8 <= min(above)  # near misses: candidates under t
+    gaps = [abs(1 - b["distance"] - 0.8) for b in border]
+    assert gaps == sorted(gaps)  # nearest the threshold first
     page = (tmp_path / "report" / "index.html").read_text()
     assert page.count("<mark>") >= 2  # the borderline pairs' texts, their edits marked
+    assert "J &gt;= 0.8 (distance 1 - J &lt;= 0.2)" in page and "lower it" in page
 
 
 def test_a_pair_of_texts_is_shown_from_its_first_difference_with_the_edits_marked():
@@ -462,3 +473,33 @@ def test_above_the_plan_sample_the_job_equals_the_kernel(tmp_path):
     assert got == {f"doc{keep[r]}": f"doc{keep[k]}" for r, k in
                    zip(want.removed.tolist(), want.kept.tolist(), strict=True)}
     assert s["removed_near"] > 1000
+
+
+def test_the_library_checks_its_arguments_as_the_job_does(corpus):
+    texts = corpus[:50]
+    with pytest.raises(ValueError, match=r"in \(0, 1\]"):
+        find_near_sets(texts, np.arange(50), 80)
+    with pytest.raises(ValueError, match="near.mode must be one of"):
+        find_near_sets(texts, np.arange(50), 0.8, mode="exactt")
+    with pytest.raises(ValueError, match="rank holds 49 values for 50 records"):
+        find_near_sets(texts, np.arange(49), 0.8)
+    with pytest.raises(TypeError, match="token sequences need unit token"):
+        find_near_sets([np.arange(9)], np.arange(1), 0.8)
+    res = find_near_sets(texts, np.arange(50), 0.8)  # auto, as the job's default
+    exact = find_near_sets(texts, np.arange(50), 0.8, mode="exact")
+    assert res.mode == "exact" and res.removed.tolist() == exact.removed.tolist()
+    assert len(res.removed) > 0
+
+
+@pytest.mark.parametrize("unit", ["word", "token"])
+def test_signatures_through_torch_equal_numpys(corpus, tokens, unit):
+    """near.device's path (torch, run here on the CPU): the same signatures, in blocks of
+    permutations (these sets' hashes make two blocks of 112)."""
+    import torch
+
+    from transforms.near.sets import SIGNATURE_BLOCK, signatures, signatures_torch
+
+    sets = record_sets(corpus if unit == "word" else tokens, Shingles(unit))
+    assert SIGNATURE_BLOCK // len(sets.hashes) < 112
+    assert np.array_equal(signatures_torch(sets, 112, torch.device("cpu")),
+                          signatures(sets, 112))

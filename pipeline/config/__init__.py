@@ -217,9 +217,12 @@ def describe_keys(model: type[BaseModel] = DedupeConfig, prefix: str = "") -> li
         if sub:
             lines += describe_keys(sub[0], f"{key}.")
             continue
+        text = field.description or ""
         default = ("required" if field.is_required()
                    else f"default {field.get_default(call_default_factory=True)!r}")
-        lines.append(f"  {key:<22} {field.description or ''} ({default})")
+        if "default" not in text:  # a default the description explains says it there
+            text += f" ({default})"
+        lines.append(f"  {key:<22} {text}")
     return lines
 
 

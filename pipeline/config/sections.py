@@ -40,7 +40,8 @@ class InputConfig(Strict):
     decode: Literal["none", "image", "bytes", "text"] = Field(
         "none", description="none (the field holds numbers) | image (JPEG/PNG/GIF/BMP/WebP "
         "bytes decoded to uint8 [h, w, c]) | bytes (the stored bytes as a uint8 vector) | "
-        "text (UTF-8 text; distances only after embed)")
+        "text (UTF-8 text: near metric jaccard compares its shingles; vector metrics need an "
+        "embed section)")
     resize: list[int] | None = Field(None, description="decode image: [height, width] the "
                                      "near stage compares (antialiased bilinear); exact dedup "
                                      "stays on full-resolution pixels")
@@ -179,7 +180,8 @@ class NearConfig(Strict):
                                     description="l2: Euclidean distance; cosine: cosine "
                                     "distance 1 - cos, at most 2; correlation: 1 - r, below "
                                     "2; jaccard: the MINIMUM Jaccard similarity of a near "
-                                    "duplicate, in (0, 1] (required for all four)")
+                                    "duplicate, in (0, 1] (required for every metric but "
+                                    "allclose)")
     shingles: ShinglesConfig | None = Field(None, description="jaccard: how a record becomes "
                                             "a set of shingles")
     atol: float = Field(NearSpec.atol, ge=0, le=MAX_TOLERANCE, allow_inf_nan=False,

@@ -275,10 +275,20 @@ def _near_html(near: dict | None, png_bytes: bytes | None) -> str:
     if near is None:
         return ""
     s, h = near.get("stats") or {}, near.get("histogram") or {}
-    facts = [("metric", near["metric"]), ("threshold", f"{near['threshold']:g}"),
-             ("mode", s.get("mode", "")), ("cells", f"{s.get('cells', s.get('partitions', 0)):,}")]
-    if h:
-        facts.append(("pairs within tolerance", f"{h['pairs']['n']:,}"))
+    if near["metric"] == "jaccard":
+        t = near["threshold"]
+        facts = [("metric", f"jaccard over {s.get('unit', '')} {s.get('size', '')}-grams"),
+                 ("threshold", f"J >= {t:g} (distance 1 - J <= {round(1 - t, 12):g})"),
+                 ("mode", s.get("mode", ""))]
+        if h:
+            facts += [("near duplicates removed", f"{h['removed']['n']:,}"),
+                      ("candidate pairs verified", f"{h['verified']['n']:,}")]
+    else:
+        facts = [("metric", near["metric"]), ("threshold", f"{near['threshold']:g}"),
+                 ("mode", s.get("mode", "")),
+                 ("cells", f"{s.get('cells', s.get('partitions', 0)):,}")]
+        if h:
+            facts.append(("pairs within tolerance", f"{h['pairs']['n']:,}"))
     if s:
         facts.append(("recall", recall_line(s.get("recall"))))
     table = "".join(f'<tr><th>{html.escape(k)}</th><td data-near="{html.escape(k)}">'
@@ -287,12 +297,17 @@ def _near_html(near: dict | None, png_bytes: bytes | None) -> str:
     if png_bytes:
         img = (f'<img class="hist" alt="distance histogram" src="data:image/png;base64,'
                f'{base64.b64encode(png_bytes).decode()}">')
+    cap = ("Jaccard J on a linear axis. Grey: every candidate pair whose J was computed; "
+           "blue: each removed record's J with the record it duplicates; red: the threshold. "
+           "Right: the threshold +- 0.1; orange: near misses (below it) that the borderline "
+           "sample kept." if near["metric"] == "jaccard" else
+           "Blue: every verified pair within tolerance, each once (exact counts). Black line: "
+           "nearest-neighbour distance of sampled records (the bulk). Right: half a decade "
+           "either side of the threshold; orange: pairs just outside it that the borderline "
+           "sample kept.")
     return (f'<section id="near"><h2>Near-duplicates</h2><table class="facts">{table}</table>'
-            f"{img}<p class=\"cap\">Blue: every verified pair within tolerance, each once "
-            "(exact counts). Black line: nearest-neighbour distance of sampled records (the "
-            "bulk). Right: half a decade either side of the threshold; orange: pairs just "
-            "outside it that the borderline sample kept. near_distances.json / .csv hold "
-            "the numbers.</p></section>")
+            f'{img}<p class="cap">{cap} near_distances.json / .csv hold the numbers.</p>'
+            "</section>")
 
 
 def _files_html(files: pa.Table, limit: int = 50) -> str:
@@ -438,12 +453,17 @@ def render(counts: dict, groups: list[Group], inside: list[Pair], outside: list[
                f"file(s), {reference['invalid']:,} unreadable (never removed).</p>")
     pairs = ""
     if near is not None:
+        sets = near["metric"] == "jaccard"  # a minimum similarity: the other way round
+        advice = ("if those just below it look like duplicates, lower it; if those just "
+                  "above it do not, raise it" if sets else "if those just outside look like "
+                  "duplicates, raise it; if those just inside do not, lower it")
         pairs = ('<section id="borderline"><h2>Borderline pairs</h2><p class="cap">The '
-                 "verified pairs nearest the threshold: if those just outside look like "
-                 "duplicates, raise it; if those just inside do not, lower it "
+                 f"verified pairs nearest the threshold: {advice} "
                  "(borderline_pairs.parquet has them all).</p><div class=\"pairs\">"
-                 + _pairs_html(inside, "just inside the tolerance (duplicates)")
-                 + _pairs_html(outside, "just outside (not duplicates)") + "</div></section>")
+                 + _pairs_html(inside, "just above the threshold (duplicates)" if sets else
+                               "just inside the tolerance (duplicates)")
+                 + _pairs_html(outside, "just below it (not duplicates)" if sets else
+                               "just outside (not duplicates)") + "</div></section>")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">

@@ -23,6 +23,7 @@ import csv
 import json
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -53,7 +54,9 @@ _drawer: list[ThreadPoolExecutor] = []
 _drawer_lock = threading.Lock()
 
 
-def _drawing_thread() -> ThreadPoolExecutor:
+def drawing_thread() -> ThreadPoolExecutor:
+    """The one thread that draws the report's plots (matplotlib figures are drawn one at a
+    time), while the caller goes on."""
     with _drawer_lock:
         if not _drawer:
             _drawer.append(ThreadPoolExecutor(1, thread_name_prefix="tensordedup-plot"))
@@ -275,7 +278,7 @@ def tick_labels(ticks: list[float]) -> list[str]:
     return out
 
 
-def _nulls_for_unknown(table: pa.Table) -> pa.Table:
+def nulls_for_unknown(table: pa.Table) -> pa.Table:
     """-1 file/row (a stored record of an earlier run) -> null in the report."""
     for name in ("record_file", "record_row", "neighbour_file", "neighbour_row"):
         col = table.column(name)
@@ -316,11 +319,19 @@ def write_near_report(report_dir: str, nn_distance: np.ndarray, threshold: float
         for series in ("pairs", "outside_pairs", "nearest_neighbour"):
             w.writerows((f"zoom_{series}", lo, hi, c) for lo, hi, c in
                         zip(z[:-1], z[1:], out["zoom"][series], strict=True))
-    png = os.path.join(report_dir, layout.NEAR_DISTANCES + ".png")
-    plot = _drawing_thread().submit(_plot, png, out, metric, note, removed, every)
+    draw_and_write(report_dir, lambda png: _plot(png, out, metric, note, removed, every),
+                   table, drawing)
+    return out
+
+
+def draw_and_write(report_dir: str, draw: Callable[[str], None], borderline: pa.Table,
+                   drawing: list[Future] | None) -> None:
+    """Start ``draw(png path)`` on the drawing thread (waited for here when ``drawing`` is
+    None, else appended to it) and write borderline_pairs.parquet meanwhile."""
+    plot = drawing_thread().submit(draw, os.path.join(report_dir,
+                                                      layout.NEAR_DISTANCES + ".png"))
     if drawing is None:
         plot.result()
     else:
         drawing.append(plot)
-    pq.write_table(_nulls_for_unknown(table), os.path.join(report_dir, layout.BORDERLINE))
-    return out
+    pq.write_table(nulls_for_unknown(borderline), os.path.join(report_dir, layout.BORDERLINE))

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from pipeline.report import html as report_html
 from pipeline.report import pick as report_pick
+from pipeline.report.jaccard import write_jaccard_report
 from pipeline.report.near import write_near_report
 from pipeline.steps.elements import (
     KINDS,
@@ -149,12 +150,12 @@ def file_summary(res: FileResult) -> dict:
 def _near_note(spec: NearSpec, stats: dict) -> str:
     """What the histogram's two series are, and how exact each is."""
     if spec.metric == "jaccard":
-        return (f"Jaccard: distance = 1 - J of the shingle sets ({stats.get('unit')} "
-                f"{stats.get('size')}-grams); the marker is 1 - threshold "
-                f"({1 - spec.threshold:g}). Pairs: each removed record with the kept record it "
-                "duplicates (verified J). Found: "
-                + ("all of them (exact prefix-filter join)" if stats.get("mode") == "exact"
-                   else "those MinHash-LSH made candidates (recall in summary.json)") + ".")
+        return (f"Jaccard J of the shingle sets ({stats.get('unit')} {stats.get('size')}-grams; "
+                f"duplicates.parquet's distance is 1 - J). Grey: every candidate pair whose J "
+                "was computed; blue: each removed record with the kept record it duplicates. "
+                "Found: " + ("every pair at J >= threshold (exact prefix-filter join)"
+                             if stats.get("mode") == "exact" else "the pairs MinHash-LSH made "
+                             "candidates (recall in summary.json)") + ".")
     what = ("max |a_i - b_i| to the L2-nearest neighbour" if spec.metric == "allclose"
             else f"{spec.metric} distance to the nearest neighbour")
     every = stats["histogram_every"]
@@ -232,7 +233,13 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
                        os.path.join(folder, layout.INVALID))
         near_stats = hist = None
         drawing: list = []  # the histogram's plot, drawn while the page reads rows back
-        if near is not None and near_report is not None:
+        if near is not None and near_report is not None and near.is_sets:
+            stats = near_report.stats
+            hist = write_jaccard_report(folder, near_report.nn, near_report.pairs["verified_j"],
+                                        near.threshold, near_report.borderline,
+                                        _near_note(near, stats), drawing)
+            near_stats = {**stats, "borderline_pairs": near_report.borderline.num_rows}
+        elif near is not None and near_report is not None:
             stats = near_report.stats
             hist = write_near_report(folder, near_report.nn, near.marker, near.metric,
                                      near_report.borderline, _near_note(near, stats),
@@ -266,7 +273,9 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
         try:
             report_html.write_page(
                 folder, counts=_counts(per_file), duplicates=duplicates, files=files,
-                near=None if near is None else {"metric": near.metric, "threshold": near.marker,
+                near=None if near is None else {"metric": near.metric,
+                                                "threshold": near.threshold if near.is_sets
+                                                else near.marker,
                                                 "stats": near_stats, "histogram": hist},
                 borderline=None if near_report is None else near_report.borderline,
                 read_rows=lambda f, rows: _shown(results, f, rows) or _read_back(

@@ -51,6 +51,7 @@ from transforms.io import fs
 from transforms.near.components import component_labels
 from transforms.near.recall import Truth, judge, splitmix64
 from transforms.near.sets import (
+    J_BINS,
     auto_choice,
     band_keys,
     decide,
@@ -224,7 +225,8 @@ def chunk_keys(batch: SetBatch, plan: SetPlan, spec: NearSpec, shards: int
     progress.tick("near keys", 0, len(batch), "chunks", units=0, total_records=plan.n)
     sets = batch.loaded().sets
     if plan.mode == "bounded":
-        k = band_keys(signatures(sets, plan.bands * plan.rows), plan.bands, plan.rows)
+        k = band_keys(signatures(sets, plan.bands * plan.rows, spec.device), plan.bands,
+                      plan.rows)
         rec, key = np.repeat(np.arange(len(batch)), plan.bands), k.reshape(-1)
     else:
         rec, key = prefix_tokens(sets, spec.threshold, plan.frequent)
@@ -353,6 +355,8 @@ class Decided:
     largest: int
     records: int
     components: int
+    verified: np.ndarray  # the verified pairs' J, counted in J_BINS bins
+    missed: tuple  # (record, candidate, J): near misses below the threshold (keys only)
 
 
 def decide_component(item: tuple[int, Iterable[Members]], plan: SetPlan, spec: NearSpec
@@ -371,13 +375,16 @@ def decide_component(item: tuple[int, Iterable[Members]], plan: SetPlan, spec: N
     _, gid = np.unique(group, return_inverse=True)
     rank = np.empty(len(uk), np.int64)
     rank[np.lexsort((recs.order, recs.prio))] = np.arange(len(uk))
-    sig = (signatures(recs.sets, plan.bands * plan.rows) if plan.mode == "bounded" else None)
+    sig = (signatures(recs.sets, plan.bands * plan.rows, spec.device)
+           if plan.mode == "bounded" else None)
     dec = decide(gid.astype(np.int64), node.astype(np.int64), recs.sets, rank, spec.threshold,
                  spec.grouping, is_protected(recs.prio), sig)
     sizes = np.bincount(gid)
     keys = dataclasses.replace(recs, sets=None)  # only the ends' keys go on
+    d, c, j = dec.missed
     return Decided(keys.take(dec.removed), keys.take(dec.kept), dec.j, dec.compared,
-                   len(sizes), int(sizes.max()), len(uk), n_components)
+                   len(sizes), int(sizes.max()), len(uk), n_components, dec.verified,
+                   (keys.take(d), keys.take(c), j))
 
 
 def _records(rows: KeyRows, first: np.ndarray) -> SetBatch:
@@ -469,7 +476,13 @@ def merge_sets(parts: list[Decided], plan: SetPlan, spec: NearSpec, per_side: in
         gone = {a: (b, d) for a, b, d in zip(map(tuple, rec.words.tolist()),
                                              map(tuple, ref.words.tolist()), dist.tolist(),
                                              strict=True) if a in asked}
-        border = _borderline(rec, ref, dist, per_side)
+        border = _borderline(rec, ref, dist, per_side, True)
+    missed = [p.missed for p in parts if len(p.missed[2])]
+    if missed:
+        j = np.concatenate([m[2] for m in missed])
+        border = pa.concat_tables([border, _borderline(
+            SetBatch.concat([m[0] for m in missed]), SetBatch.concat([m[1] for m in missed]),
+            1.0 - j, per_side, False)])
     judged = None
     if spec.recall_sample and plan.sample is not None:
         sampled = set(map(tuple, plan.sample.words.tolist()))
@@ -482,15 +495,19 @@ def merge_sets(parts: list[Decided], plan: SetPlan, spec: NearSpec, per_side: in
                  records_searched=int(sum(p.records for p in parts)),
                  recall=judged, recall_removed=None if judged is None
                  else judged["recall_removed"])
-    yield beam.pvalue.TaggedOutput(NEAR_REPORT, NearReport(dist, border, stats))
+    verified = np.sum([p.verified for p in parts], axis=0) if parts else np.zeros(J_BINS)
+    yield beam.pvalue.TaggedOutput(NEAR_REPORT, NearReport(
+        dist, border, stats, {"verified_j": np.asarray(verified, np.int64).tolist()}))
 
 
-def _borderline(rec: SetBatch, ref: SetBatch, dist: np.ndarray, per_side: int) -> pa.Table:
-    """The removals nearest the threshold (the verified pairs with the lowest J)."""
-    pick = np.argsort(-dist, kind="stable")[:per_side]
+def _borderline(rec: SetBatch, ref: SetBatch, dist: np.ndarray, per_side: int,
+                within: bool) -> pa.Table:
+    """The verified pairs nearest the threshold on one side: removals with the lowest J
+    (``within``), or near misses with the highest."""
+    pick = np.argsort(-dist if within else dist, kind="stable")[:per_side]
     r, k = rec.take(pick), ref.take(pick)
     return pa.table({"record_id": r.ids, "neighbour_id": k.ids, "distance": dist[pick],
-                     "within": np.ones(len(pick), bool),
+                     "within": np.full(len(pick), within),
                      "record_file": r.file_index.astype(np.int32), "record_row": r.position,
                      "neighbour_file": k.file_index.astype(np.int32),
                      "neighbour_row": k.position}, schema=BORDERLINE_SCHEMA)

@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from transforms.near.recall import splitmix64
+from transforms.near.search import use_cuda
 
 UNITS = ("word", "char", "token")
 DEFAULT_SIZE = {"word": 5, "char": 24, "token": 5}  # char: shorter n-grams match by chance
@@ -342,10 +343,16 @@ def _perm_coefficients(k: int) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-def signatures(sets: Sets, permutations: int) -> np.ndarray:
+def signatures(sets: Sets, permutations: int, device: str = "cpu") -> np.ndarray:
     """(n, permutations) uint32 MinHash signatures: for each hash function h_i(x) =
     high 32 bits of (a_i x + b_i) mod 2^64 (a_i odd: a permutation of the 64-bit space),
-    each record's minimum. Records must hold at least one shingle."""
+    each record's minimum. Records must hold at least one shingle. ``device``: auto |
+    cpu | cuda (``near.device``): on a GPU through torch (``signatures_torch``), the
+    same values."""
+    if use_cuda(device):
+        import torch
+
+        return signatures_torch(sets, permutations, torch.device("cuda"))
     a, b = _perm_coefficients(permutations)
     n = len(sets)
     out = np.empty((n, permutations), np.uint32)
@@ -356,6 +363,30 @@ def signatures(sets: Sets, permutations: int) -> np.ndarray:
             v = (h * a[i] + b[i]) >> np.uint64(32)
             out[:, i] = np.minimum.reduceat(v, starts).astype(np.uint32)
     return out
+
+
+SIGNATURE_BLOCK = 8 << 20  # torch: products computed at once (64 MB of int64)
+
+
+def signatures_torch(sets: Sets, permutations: int, dev) -> np.ndarray:
+    """``signatures`` on a torch device: int64 arithmetic wraps as uint64 does (two's
+    complement), the high 32 bits are masked after the arithmetic shift, and each
+    record's minimum is a scatter-reduce; permutations go in blocks that bound memory."""
+    import torch
+
+    a, b = (torch.from_numpy(c.view(np.int64)).to(dev) for c in _perm_coefficients(
+        permutations))
+    h = torch.from_numpy(sets.hashes.view(np.int64)).to(dev)
+    n = len(sets)
+    rec = torch.from_numpy(np.repeat(np.arange(n, dtype=np.int64), sets.sizes)).to(dev)
+    out = torch.empty((n, permutations), dtype=torch.int64, device=dev)
+    step = max(1, SIGNATURE_BLOCK // max(len(h), 1))
+    for lo in range(0, permutations, step):
+        hi = min(permutations, lo + step)
+        v = ((h[:, None] * a[None, lo:hi] + b[None, lo:hi]) >> 32) & 0xFFFFFFFF
+        m = torch.full((n, hi - lo), 1 << 32, dtype=torch.int64, device=dev)
+        out[:, lo:hi] = m.scatter_reduce(0, rec[:, None].expand(-1, hi - lo), v, "amin")
+    return out.cpu().numpy().astype(np.uint32)
 
 
 def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
@@ -453,12 +484,17 @@ def groups(keys: np.ndarray, members: np.ndarray) -> tuple[np.ndarray, np.ndarra
 @dataclass
 class Decided:
     """``decide``'s answer: removed records, each with the kept record it duplicates and
-    their Jaccard; ``compared``: pairs whose exact Jaccard was computed."""
+    their Jaccard; ``compared``: pairs whose exact Jaccard was computed, ``verified``
+    their J counted in J_BINS bins of [0, 1] (the last holds 1); ``missed``: (record,
+    candidate, J) of the candidates nearest the threshold from below (the report's
+    pairs just outside it: at most MISSED, the highest J, one per record)."""
 
     removed: np.ndarray
     kept: np.ndarray
     j: np.ndarray
     compared: int = 0
+    verified: np.ndarray = field(default_factory=lambda: np.zeros(J_BINS, np.int64))
+    missed: tuple = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
 
 
 class _Union:
@@ -515,6 +551,21 @@ def _join_pool(pool: dict, d: int, union: _Union, near) -> None:
         pool[root].extend(pool.pop(r))
 
 
+J_BINS = 100  # the verified pairs' J histogram: bins of 0.01
+MISSED = 500  # near misses a decision keeps (the report's borderline pairs below t)
+
+
+def _best_missed(missed: list) -> tuple:
+    """The MISSED near misses of highest J, one per record (its highest)."""
+    best: dict[int, tuple[int, float]] = {}
+    for d, c, j in missed:
+        if d not in best or j > best[d][1]:
+            best[d] = (c, j)
+    top = sorted(best.items(), key=lambda kv: (-kv[1][1], kv[0]))[:MISSED]
+    return (np.array([d for d, _ in top], np.int64), np.array([c for _, (c, _) in top],
+            np.int64), np.array([j for _, (_, j) in top], np.float64))
+
+
 def decide(gid: np.ndarray, member: np.ndarray, sets: Sets, rank: np.ndarray,
            threshold: float, grouping: str = "representative",
            protected: np.ndarray | None = None, sig: np.ndarray | None = None) -> Decided:
@@ -550,6 +601,8 @@ def decide(gid: np.ndarray, member: np.ndarray, sets: Sets, rank: np.ndarray,
     union.rank = lambda h: (rank[h], h)
     removed: list[tuple[int, int, float]] = []
     compared = 0
+    verified = np.zeros(J_BINS, np.int64)
+    missed: list[tuple[int, int, float]] = []
     lo, hi = threshold - 1e-9, 1.0 / max(threshold, 1e-12) + 1e-9
 
     def near(d: int, cands: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -564,7 +617,13 @@ def decide(gid: np.ndarray, member: np.ndarray, sets: Sets, rank: np.ndarray,
             return c, np.zeros(0)
         compared += len(c)
         j = overlaps(sets, sets.row(d), c)
-        return c[j >= threshold], j[j >= threshold]
+        verified[:] += np.bincount(np.minimum((j * J_BINS).astype(np.int64), J_BINS - 1),
+                                   minlength=J_BINS)
+        ok = j >= threshold
+        if not ok.all():
+            b = int(np.argmax(np.where(ok, -1.0, j)))
+            missed.append((d, int(c[b]), float(j[b])))
+        return c[ok], j[ok]
 
     for d in order:
         i = at[d]
@@ -586,7 +645,8 @@ def decide(gid: np.ndarray, member: np.ndarray, sets: Sets, rank: np.ndarray,
         removed = [(d, f, jaccard(sets.row(d), sets.row(f))) for d, f in out]
     return Decided(np.array([r[0] for r in removed], np.int64),
                    np.array([r[1] for r in removed], np.int64),
-                   np.array([r[2] for r in removed], np.float64), compared)
+                   np.array([r[2] for r in removed], np.float64), compared, verified,
+                   _best_missed(missed))
 
 
 # ---------------------------------------------------------------- the whole, in one go
@@ -659,11 +719,12 @@ def auto_choice(work: float, n: int, source: str) -> tuple[str, str]:
 
 
 def near_sets(sets: Sets, rank: np.ndarray, threshold: float, shingles: Shingles = Shingles(),
-              *, mode: str = "bounded", grouping: str = "representative",
+              *, mode: str = "auto", grouping: str = "representative",
               protected: np.ndarray | None = None) -> SetResult:
     """Near duplicates among records given as sets (``record_sets``), none empty, at
     Jaccard >= ``threshold``, in keep order ``rank`` (smaller first); ``protected``
     (bool per record): never removed (reference records)."""
+    _checked(len(sets), rank, threshold, shingles, mode, grouping)
     mode, _ = choose_mode(sets, threshold, mode)
     rank = np.asarray(rank)
     rec, keys, bands, rows, sig = candidate_keys(sets, threshold, shingles, mode)
@@ -674,13 +735,30 @@ def near_sets(sets: Sets, rank: np.ndarray, threshold: float, shingles: Shingles
                      dec.compared, int(gid.max()) + 1 if len(gid) else 0, largest)
 
 
+def _checked(n: int, rank: np.ndarray, threshold: float, shingles: Shingles, mode: str,
+             grouping: str) -> None:
+    """The library's arguments checked as the job checks its config (``NearSpec``)."""
+    from transforms.near.spec import NearSpec  # spec imports this module
+
+    NearSpec("jaccard", threshold, mode=mode, grouping=grouping, shingles=shingles)
+    if len(rank) != n:
+        raise ValueError(f"rank holds {len(rank)} values for {n} records: one per record")
+
+
 def find_near_sets(values: Sequence, rank: np.ndarray, threshold: float,
-                   shingles: Shingles = Shingles(), *, mode: str = "bounded",
+                   shingles: Shingles = Shingles(), *, mode: str = "auto",
                    grouping: str = "representative") -> SetResult:
     """Near duplicates among ``values`` (texts, or integer sequences for unit token) at
     Jaccard >= ``threshold``, in keep order ``rank`` (smaller first): the library's
-    single-process form of the job's jaccard stage. Records with nothing to compare
-    (empty texts) are returned as ``invalid``, never removed."""
+    single-process form of the job's jaccard stage (``mode`` auto, exact or bounded, as
+    the job's). Records with nothing to compare (empty texts) are returned as
+    ``invalid``, never removed."""
+    _checked(len(values), rank, threshold, shingles, mode, grouping)
+    kind = next((v for v in values if v is not None), "")
+    if (shingles.unit == "token") == isinstance(kind, str):
+        raise TypeError(f"unit {shingles.unit} takes " + (
+            "integer sequences, got texts: use unit word or char" if shingles.unit == "token"
+            else f"texts, got {type(kind).__name__}: token sequences need unit token"))
     sets = record_sets(values, shingles)
     ok = np.flatnonzero(~sets.empty)
     res = near_sets(sets.take(ok), np.asarray(rank)[ok], threshold, shingles, mode=mode,
