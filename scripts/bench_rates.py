@@ -13,6 +13,7 @@ whole-process start-up (imports, checks, graph, publish) from a tiny run.
     python scripts/bench_rates.py                      # measure: table + rates JSON
     python scripts/bench_rates.py --check 100000 300000 1000000   # predicted vs actual
     python scripts/bench_rates.py --project            # 100M / 1B x 768-d on Dataflow
+    python scripts/bench_rates.py --jaccard            # the jaccard stage's rates
 
 ``--json`` (default pipeline/capacity/rates.json, the defaults a dry run loads; a dry run reads
 another file from TENSORDEDUP_RATES). Run measurements alone on the machine (wrap in
@@ -83,9 +84,26 @@ STEPS = (("Read/", "read"), ("Dedup/Fingerprint/", "fingerprint"),
          ("CollectResults", "report"), ("Publish", "report"))
 
 
-def step_of(transform: str) -> str:
+# A jaccard job's transforms (pipeline/steps/near_sets.py): its group-bys are the
+# framework's (shuffles), every other transform of the stage a step of the plan.
+JACCARD_STEPS = (("Read/", "read"), ("Dedup/Fingerprint/", "fingerprint"),
+                 ("Dedup/DedupExact/", "exact"), ("Dedup/Decide/", "exact"),
+                 ("Dedup/SpillExactRemovals", "exact"), ("Dedup/DedupNear/GroupBy", "framework"),
+                 ("Dedup/DedupNear/Plan", "plan"), ("Dedup/DedupNear/RecallBruteForce", "recall"),
+                 ("Dedup/DedupNear/GatherTruth", "recall"), ("Dedup/DedupNear/Keys", "keys"),
+                 ("Dedup/DedupNear/Groups", "groups"),
+                 ("Dedup/DedupNear/GatherGroups", "components"),
+                 ("Dedup/DedupNear/Components", "components"),
+                 ("Dedup/DedupNear/Decide", "decide"),
+                 ("Dedup/DedupNear/GatherDecisions", "decide"), ("Dedup/DedupNear/", "merge"),
+                 ("Dedup/SpillNearRemovals", "merge"), ("Dedup/DropSpill", "merge"),
+                 ("Write/", "write"), ("Report", "report"), ("CollectResults", "report"),
+                 ("Publish", "report"))
+
+
+def step_of(transform: str, table: tuple = STEPS) -> str:
     """The plan's step a leaf transform's time counts for; the rest is the framework's."""
-    return next((step for prefix, step in STEPS if transform.startswith(prefix)), "framework")
+    return next((step for prefix, step in table if transform.startswith(prefix)), "framework")
 
 
 def run_inside(config: dict, result: Path) -> None:
@@ -111,9 +129,10 @@ def run_inside(config: dict, result: Path) -> None:
     for stage in own_stages(pub):
         delete_tree(stage)
     steps: dict[str, float] = defaultdict(float)
+    table = JACCARD_STEPS if job.near is not None and job.near.is_sets else STEPS
     for c in r.monitoring_metrics().query()["counters"]:
         if c.key.metric.name.endswith("ptransform_execution_time:total_msecs:v1"):
-            steps[step_of(c.key.step)] += c.committed / 1000
+            steps[step_of(c.key.step, table)] += c.committed / 1000
     steps["framework"] += wall - sum(steps.values())  # shuffles, coders, bundles
     summary = json.loads((Path(job.report) / "summary.json").read_text())
     out_bytes = sum(f.stat().st_size for f in Path(job.output).rglob("*") if f.is_file())
@@ -186,20 +205,26 @@ def fit(runs: list[dict], kmeans: float) -> dict[str, dict[str, float]]:
     """Each step's seconds per unit: non-negative least squares over the runs; the plan's
     k-means from its own timing (``kmeans``: multiply-adds per second per core), since
     in the job it is a second or two of every run and the machine is shared."""
-    from scipy.optimize import nnls
-
     from pipeline.capacity.plan import units
 
     table: dict[str, list[tuple[dict, float]]] = {}
     for run in runs:
         for step, amounts in units(observed(run), run["out_bytes"]).items():
             table.setdefault(step, []).append((amounts, run["steps"].get(step, 0.0)))
-    rates = {"plan": {"madd": 1 / kmeans}}
     del table["plan"]
+    return {"plan": {"madd": 1 / kmeans}, **fit_steps(table)}
+
+
+def fit_steps(table: dict[str, list[tuple[dict, float]]]) -> dict[str, dict[str, float]]:
+    """Each step's seconds per unit from (units, seconds) of every run: non-negative
+    least squares, the columns scaled first (units of very different sizes)."""
+    from scipy.optimize import nnls
+
+    rates = {}
     for step, rows in table.items():
         keys = sorted({k for amounts, _ in rows for k in amounts})
         a = np.array([[amounts.get(k, 0.0) for k in keys] for amounts, _ in rows], float)
-        scale = np.maximum(a.max(axis=0), 1e-300)  # columns of very different sizes
+        scale = np.maximum(a.max(axis=0), 1e-300)
         x, _ = nnls(a / scale, np.array([s for _, s in rows]))
         rates[step] = {k: float(v) for k, v in zip(keys, x / scale, strict=True)}
     return rates
@@ -240,7 +265,11 @@ def show(rates: dict) -> None:
           "tensor bytes")
     print("| step | rate per core |\n| --- | --- |")
     per = {"record": ("records/s", 1), "byte": ("MB/s", 1e6), "score": ("M scores/s", 1e6),
-           "madd": ("G multiply-adds/s", 1e9), "value": ("dimensions/s", 1)}
+           "madd": ("G multiply-adds/s", 1e9), "value": ("dimensions/s", 1),
+           "shingle": ("M shingles/s", 1e6), "ordered": ("M shingles ordered/s", 1e6),
+           "minhash": ("M MinHash values/s", 1e6), "line": ("M key lines/s", 1e6),
+           "member": ("M grouped lines/s", 1e6), "pair": ("k pairs verified/s", 1e3),
+           "probe": ("k sampled records x chunks/s", 1e3), "removed": ("k removals/s", 1e3)}
     for step, r in rates["steps"].items():
         parts = [f"{v:.3g} s per run" if k == "run" else
                  f"{1 / (v * per[k][1]):.3g} {per[k][0]}" for k, v in r.items() if v > 0]
@@ -266,6 +295,8 @@ def measure(folder: Path, out: Path, refit: bool = False) -> None:
              "steps": fit(runs, 1 / json.loads(out.read_text())["steps"]["plan"]["madd"]
                           if refit else kmeans_rate())}
     rates["held_fixed"], rates["held_per_byte"] = held(runs, rates)
+    if out.exists() and "jaccard" in (before := json.loads(out.read_text())):
+        rates["jaccard"] = before["jaccard"]  # measured apart: --jaccard
     out.write_text(json.dumps(rates, indent=1) + "\n")
     show(rates)
     for run in runs:
@@ -340,6 +371,182 @@ def project(records: list[int], dim: int = 768) -> None:
             print("\n".join(lines(w, cluster(cfg, rates), rates, remote_spill=True)))
 
 
+# ------------------------------------------------------------------ jaccard (--jaccard)
+# Calibration corpora (scripts/text_corpus.py: real vocabulary, 10% planted near copies,
+# a crowd of docs / 20, boilerplate, CJK, two 1 MB pages), sizes, page sizes, modes and
+# signatures other than the check's (scripts/bench_plan_jaccard.py: 20k, 100k, 300k of
+# ~1 KB, the default settings): (documents, median page bytes, near settings).
+JACCARD_CALIBRATION = ((8_000, 1000, {"mode": "bounded"}),
+                       (15_000, 3000, {"mode": "exact"}),
+                       (30_000, 2000, {"mode": "exact"}),
+                       (50_000, 600, {"mode": "bounded", "shingles": {"permutations": 64}}),
+                       (40_000, 1500, {"mode": "bounded",
+                                       "shingles": {"permutations": 112, "bands": 14}}),
+                       (70_000, 1000, {"mode": "exact"}),
+                       (120_000, 1000, {"mode": "bounded"}))
+JACCARD_TINY = (600, 1000, {"mode": "bounded"})
+JACCARD_THRESHOLD = 0.8
+
+
+def text_input(folder: Path, docs: int, doc_bytes: int, seed: int) -> str:
+    """A corpus of ``docs`` pages (scripts/text_corpus.py, written once into ``folder``);
+    returns its Parquet glob."""
+    import text_corpus
+
+    out = folder / f"text-{docs}-{doc_bytes}-{seed}"
+    if not (out / "corpus.json").exists():
+        a = text_corpus.arguments(argparse.ArgumentParser()).parse_args(
+            ["--seed", str(seed), "--doc-bytes", str(doc_bytes), "--no-tokens"])
+        a.threshold = [JACCARD_THRESHOLD]
+        text_corpus.make(docs, out, a, log=lambda line: None)
+    return str(out / "text" / "*.parquet")
+
+
+def jaccard_config(data: str, out: Path, near: dict, workers: int | None = 1) -> dict:
+    """A jaccard job over a corpus (``workers`` None: the runner's defaults, as a user's
+    config leaves them: on this machine worker processes, one per core)."""
+    cfg = {"input": {"format": "parquet", "path": data, "tensor": "text", "id": "id",
+                     "decode": "text"},
+           "output": {"path": str(out / "clean"), "overwrite": True},
+           "report": str(out / "report"),
+           "near": {"metric": "jaccard", "threshold": JACCARD_THRESHOLD, **near}}
+    if workers is not None:
+        cfg["runner"] = {"name": "local", "workers": workers}
+    return cfg
+
+
+def jaccard_observed(cfg: dict, summary: dict):
+    """The model's inputs for a finished jaccard run: the dry run's workload of its config
+    with the counts the job reported (records in groups, pairs verified, removals,
+    groups); the grouped lines in proportion to the records in groups."""
+    from dataclasses import replace
+
+    from pipeline.api import to_config
+    from pipeline.capacity.workload import workload
+    from pipeline.preflight import prepare
+
+    w = workload(prepare(to_config(cfg)))
+    near, n = summary["near"], w.records
+    est = w.sets
+    grouped = near["records_searched"] / n
+    return replace(w, sets=replace(
+        est, mode=near["mode"], bands=near["bands"], rows=near["rows"], grouped=grouped,
+        members=est.members * grouped / max(est.grouped, 1e-12),
+        compared=near["compared"] / n, removed=near["removed"] / n,
+        groups=near["candidate_groups"] / n, largest_group=near["largest_group"]))
+
+
+def jaccard_tag(docs: int, doc_bytes: int, near: dict) -> str:
+    """A calibration run's name in the work folder."""
+    return (f"jaccard-{docs}-{doc_bytes}-{near['mode']}-"
+            f"{near.get('shingles', {}).get('permutations', 'd')}")
+
+
+def jaccard_calibrate(folder: Path, docs: int, doc_bytes: int, near: dict) -> dict:
+    """One corpus, run twice, whole processes: in one process on one worker (each
+    step's time, as Beam counts it) and with the runner's defaults (worker processes:
+    their wall time and peak memory)."""
+    data = text_input(folder, docs, doc_bytes, seed=1)
+    tag = jaccard_tag(docs, doc_bytes, near)
+    cfg = jaccard_config(data, folder / f"out-{tag}", near)
+    cfg_path, result = folder / f"cfg-{tag}.json", folder / f"result-{tag}.json"
+    cfg_path.write_text(json.dumps(cfg))
+    got = run_watched([sys.executable, __file__, "--inside", str(cfg_path), str(result)],
+                      cwd=ROOT, log=folder / f"log-{tag}.txt", env=one_core_env())
+    if got["rc"] != 0:
+        raise RuntimeError(f"calibration run failed: {got['stderr_tail']}")
+    run = {**json.loads(result.read_text()), "config": cfg, "wall_s": got["wall_s"],
+           "peak_rss": got["peak_rss_bytes"]}
+    proc = jaccard_config(data, folder / f"out-{tag}-proc", near, workers=None)
+    (folder / f"cfg-{tag}-proc.json").write_text(json.dumps(proc))
+    got = run_watched([sys.executable, "-m", "pipeline.run", "--config",
+                       str(folder / f"cfg-{tag}-proc.json"), "--quiet"], cwd=ROOT,
+                      log=folder / f"log-{tag}-proc.txt")
+    if got["rc"] != 0:
+        raise RuntimeError(f"calibration run failed: {got['stderr_tail']}")
+    run.update(proc_config=proc, proc_wall_s=got["wall_s"], proc_peak_rss=got["peak_rss_bytes"])
+    result.write_text(json.dumps(run))  # --refit reads it again
+    return run
+
+
+def jaccard_fit(tiny: dict, runs: list[dict]) -> dict:
+    """The jaccard section of the rates: each step's rates (non-negative least squares
+    over the one-worker runs), the start-up and baseline, what the local runner holds
+    (fitted per text byte and per key line byte), and the worker processes' cost beyond
+    their share of the steps (fitted per run and per record) and memory."""
+    import platform
+
+    from scipy.optimize import nnls
+
+    from pipeline.api import to_config
+    from pipeline.capacity.jaccard import set_shuffled, set_units
+    from pipeline.capacity.plan import Rates, cluster, predict_sets, set_memory
+    from pipeline.config.runner import RunnerConfig
+    from pipeline.preflight import prepare
+
+    ws = [jaccard_observed(r["config"], r["summary"]) for r in runs]
+    table: dict[str, list[tuple[dict, float]]] = {}
+    for r, w in zip(runs, ws, strict=True):
+        units = set_units(w.records, w.file_bytes, w.record_bytes, w.sets, w.recall_sample,
+                          w.chunks, r["out_bytes"])
+        for step, amounts in units.items():
+            table.setdefault(step, []).append((amounts, r["steps"].get(step, 0.0)))
+    raw = {"measured": f"{time.strftime('%Y-%m-%d')} on {platform.node()} "
+                       f"({os.cpu_count()} cores), scripts/bench_rates.py --jaccard",
+           "startup_s": float(np.median([r["wall_s"] - r["pipeline_s"]
+                                         for r in [tiny, *runs]])),
+           "baseline_rss": float(tiny["peak_rss"]), "held_fixed": 0.0, "held_per_byte": 0.0,
+           "steps": fit_steps(table)}
+    rates = Rates.of(raw)
+    one = cluster(RunnerConfig(name="local", workers=1), rates)
+    text = np.array([w.records * w.record_bytes for w in ws], float)
+    lines = np.array([set_shuffled(w.records, w.id_bytes, w.sets)["keys"] for w in ws])
+    extra = np.array([r["peak_rss"] - set_memory(w, one, rates)
+                      for r, w in zip(runs, ws, strict=True)])
+    (fixed, per_byte, per_line), _ = nnls(
+        np.stack([np.full(len(ws), 1e9), text, lines], axis=1), extra)
+    raw.update(held_fixed=float(fixed * 1e9), held_per_byte=float(per_byte),
+               held_per_line=float(per_line))
+    rates = Rates.of(raw)
+    procs = [cluster(prepare(to_config(r["proc_config"])).cfg.runner, rates) for r in runs]
+    rest = np.array([r["proc_wall_s"] - predict_sets(w, c, rates).wall_s
+                     for r, w, c in zip(runs, ws, procs, strict=True)])
+    n = np.array([w.records for w in ws], float)
+    (per_run, per_record), _ = nnls(np.stack([np.full(len(ws), 1.0), n / n.max()], axis=1),
+                                    rest)
+    raw.update(process_s=float(per_run), process_record=float(per_record / n.max()))
+    rss = [(r["proc_peak_rss"] - set_memory(w, c, rates)) / c.workers
+           for r, w, c in zip(runs, ws, procs, strict=True)]
+    raw["process_rss"] = float(max(np.median(rss), 0.0))
+    return raw
+
+
+def jaccard_measure(folder: Path, out: Path, refit: bool = False) -> None:
+    """The jaccard calibration runs (``refit``: those saved in ``folder``), the fit,
+    written as the ``jaccard`` section of ``out`` (its other keys kept), and a table."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cases = (JACCARD_TINY, *JACCARD_CALIBRATION)
+    if refit:
+        tiny, *runs = [json.loads((folder / f"result-{jaccard_tag(*c)}.json").read_text())
+                       for c in cases]
+    else:
+        tiny, *runs = [jaccard_calibrate(folder, *c) for c in cases]
+    section = jaccard_fit(tiny, runs)
+    rates = json.loads(out.read_text()) if out.exists() else {}
+    rates["jaccard"] = section
+    out.write_text(json.dumps(rates, indent=1) + "\n")
+    show(section)
+    print(f"worker processes: {section['process_s']:.2f} s per run + "
+          f"{section['process_record'] * 1e6:.2f} us per record, "
+          f"{section['process_rss'] / 2**20:.0f} MB each; the runner holds "
+          f"{section['held_per_line']:.2f} x the key lines' bytes too")
+    for r in runs:
+        print(f"calibration {r['summary']['read']:,} pages, {r['config']['near']}: pipeline "
+              f"{r['pipeline_s']:.1f} s (processes: {r['proc_wall_s']:.1f} s whole), "
+              + ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["steps"].items())))
+    print(f"wrote the jaccard section of {out}")
+
+
 def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -347,6 +554,9 @@ def main() -> None:
     ap.add_argument("--check", type=int, nargs="*", metavar="RECORDS")
     ap.add_argument("--workers", type=int, default=1, help="--check: local workers")
     ap.add_argument("--project", action="store_true")
+    ap.add_argument("--jaccard", action="store_true",
+                    help="measure the jaccard stage's rates (the rates file's 'jaccard' "
+                         "section; its check: scripts/bench_plan_jaccard.py)")
     ap.add_argument("--refit", action="store_true",
                     help="fit the rates again from the calibration runs saved in --dir")
     ap.add_argument("--inside", nargs=2, metavar=("CONFIG", "RESULT"), help=argparse.SUPPRESS)
@@ -356,6 +566,8 @@ def main() -> None:
         run_inside(json.loads(Path(args.inside[0]).read_text()), Path(args.inside[1]))
     elif args.project:
         project([100_000_000, 1_000_000_000])
+    elif args.jaccard:
+        jaccard_measure(args.dir, args.json, args.refit)
     elif args.check:
         json.dump(check(args.dir, args.check, args.workers), sys.stdout, indent=1)
     else:

@@ -14,11 +14,22 @@ explains the model, checks it against local runs and names its assumptions.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.capacity.jaccard import (
+    KEY_SHARDS,
+    SET_ONE_WORKER,
+    SET_SHARDED,
+    plan_sample,
+    set_shuffled,
+    set_spilled,
+    set_units,
+    working_sets,
+)
 from pipeline.capacity.workload import Workload, workload
 from pipeline.config import DedupeConfig
 from pipeline.config.runner import RunnerConfig
@@ -56,13 +67,26 @@ class Rates:
     held_fixed: float  # what an in-process runner holds between steps: bytes
     held_per_byte: float  # and bytes per tensor byte
     measured: str  # where and when
+    held_per_line: float = 0.0  # jaccard: and bytes per byte of key lines
+    process_s: float = 0.0  # jaccard, local worker processes: their start and hand-offs
+    process_record: float = 0.0  # and seconds per record (elements between processes)
+    process_rss: float = 0.0  # bytes: each worker process beyond its working set
+    jaccard: Rates | None = None  # the rates of jobs with near.metric jaccard
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None) -> Rates:
         """``path``, else TENSORDEDUP_RATES, else the defaults shipped in the package."""
         raw = json.loads(Path(path or os.environ.get(RATES_ENV) or DEFAULT_RATES).read_text())
+        return cls.of(raw)
+
+    @classmethod
+    def of(cls, raw: dict) -> Rates:
+        """Rates from their JSON (a ``jaccard`` section: the jaccard jobs' own)."""
         return cls(raw["steps"], raw["startup_s"], raw["baseline_rss"], raw["held_fixed"],
-                   raw["held_per_byte"], raw["measured"])
+                   raw["held_per_byte"], raw["measured"],
+                   **{k: raw[k] for k in ("held_per_line", "process_s", "process_record",
+                                          "process_rss") if k in raw},
+                   jaccard=cls.of(raw["jaccard"]) if "jaccard" in raw else None)
 
 
 def units(w: Workload, out_bytes: float | None = None) -> dict[str, dict[str, float]]:
@@ -127,6 +151,7 @@ class Cluster:
     plan_cores: int  # cores the one-worker k-means uses (all of its machine's)
     startup_s: float  # beyond the pipeline: VMs, or the process
     assumed: tuple[str, ...] = ()
+    processes: bool = False  # the local runner's workers are processes (runner.processes)
 
 
 def cluster(cfg: RunnerConfig, rates: Rates) -> Cluster:
@@ -140,7 +165,8 @@ def cluster(cfg: RunnerConfig, rates: Rates) -> Cluster:
         return Cluster(cfg.name, workers, 1, None, None, cfg.name == "local" and workers > 1,
                        1 if remote else os.cpu_count() or 1, rates.startup_s,
                        ("the cluster at runner.address: runner.workers workers of one core "
-                        "like this machine's",) if remote else ())
+                        "like this machine's",) if remote else (),
+                       cfg.name == "local" and workers > 1 and bool(cfg.processes))
     assumed = []
     machine = cfg.machine_type or DATAFLOW_DEFAULT_MACHINE
     if cfg.machine_type is None:
@@ -236,6 +262,21 @@ def _time(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
+def _figures(cap: Capacity, steps: dict[str, float]) -> list[str]:
+    """The lines every plan has: wall time (the four longest ``steps`` named), bytes,
+    memory and worker-hours."""
+    c = cap.cluster
+    busiest = sorted(((k, v) for k, v in steps.items() if v > 0), key=lambda kv: -kv[1])[:4]
+    return [f"  wall time: {_time(cap.wall_s)} (start-up {_time(c.startup_s)}; "
+            + ", ".join(f"{k} {_time(v)}" for k, v in busiest) + ")",
+            f"  shuffled: {_size(cap.shuffled)}; spilled: {_size(cap.spilled)}",
+            f"  peak memory per worker: {_size(cap.peak_memory)}"
+            + (f" of {_size(c.memory)}" if c.memory else ""),
+            f"  worker-hours: {cap.worker_hours:.3g}"
+            + (f" ({cap.worker_hours * c.cores:.3g} vCPU-hours)" if c.runner == "dataflow"
+               else "")]
+
+
 def lines(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> list[str]:
     """The dry run's capacity lines: the figures, or what the model lacks."""
     if w.missing:
@@ -251,15 +292,7 @@ def lines(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> list[str
         out.append(f"  near: {near.mode} search in {near.cells:,} cell(s), {near.joins:.2f} "
                    f"cells per record, {near.work:.3g} pairs compared, largest cell "
                    f"{near.largest:,} records ({near.source})")
-    busiest = sorted(cap.steps.items(), key=lambda kv: -kv[1])[:4]
-    out += [f"  wall time: {_time(cap.wall_s)} (start-up {_time(c.startup_s)}; "
-            + ", ".join(f"{k} {_time(v)}" for k, v in busiest) + ")",
-            f"  shuffled: {_size(cap.shuffled)}; spilled: {_size(cap.spilled)}",
-            f"  peak memory per worker: {_size(cap.peak_memory)}"
-            + (f" of {_size(c.memory)}" if c.memory else ""),
-            f"  worker-hours: {cap.worker_hours:.3g}"
-            + (f" ({cap.worker_hours * c.cores:.3g} vCPU-hours)" if c.runner == "dataflow"
-               else "")]
+    out += _figures(cap, cap.steps)
     if near is not None and near.cells > 1 and training_rows(w) < min(
             TRAIN_PER_CELL * near.cells, w.records):
         out.append(f"  warning: the planning sample trains {near.cells:,} cells on "
@@ -272,6 +305,167 @@ def lines(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> list[str
     return out + [f"  assumed: {a}" for a in c.assumed]
 
 
+def _spread(c: Cluster) -> int:
+    """Cores a jaccard job's parallel steps spread over: every core of the cluster; the
+    local runner's worker processes (at most this machine's cores); one for its threads,
+    which share one interpreter (as for vectors)."""
+    if c.runner != "local":
+        return c.workers * c.cores
+    return min(c.workers, os.cpu_count() or 1) if c.processes else 1
+
+
+def predict_sets(w: Workload, c: Cluster, rates: Rates) -> Capacity:
+    """The plan of a jaccard job: ``rates`` are the jaccard jobs' (``Rates.jaccard``).
+    The one-worker steps take one core's time, the sharded ones spread over at most
+    their shards, the rest over every core; local worker processes add their start and
+    hand-offs."""
+    s = w.sets
+    u = set_units(w.records, w.file_bytes, w.record_bytes, s, w.recall_sample, w.chunks)
+    cores = _spread(c)
+    steps = {step: step_seconds(rates, {step: amounts})[step]
+             / (1 if step in SET_ONE_WORKER else min(cores, SET_SHARDED.get(step, cores)))
+             for step, amounts in u.items()}
+    if c.processes:
+        steps["processes"] = rates.process_s + rates.process_record * w.records
+    wall = c.startup_s + sum(steps.values())
+    moved = sum(set_shuffled(w.records, w.id_bytes, s).values())
+    return Capacity(wall, steps, moved, set_spilled(w.records, w.id_bytes, s),
+                    set_memory(w, c, rates), wall * c.workers / 3600, c)
+
+
+def set_memory(w: Workload, c: Cluster, rates: Rates) -> float:
+    """Bytes per worker of a jaccard job: the largest step's working set on each core
+    (``jaccard.working_sets``), the one-worker steps' alone; the local runner holds its
+    elements between steps (fitted per text byte and per key line byte), its worker
+    processes a baseline each; a Dataflow worker runs an SDK process per vCPU."""
+    s = w.sets
+    ws = working_sets(w.records, w.record_bytes, s, _chunk_rows(w), w.recall_sample,
+                      plan_sample(w.near_spec))
+    slots = (_spread(c) if c.processes else c.workers) if c.runner == "local" else c.cores
+    hosts = 1 if c.runner == "local" else c.workers  # a sharded step's bundles spread over them
+    each = max(v * (min(slots, math.ceil(SET_SHARDED[k] / hosts)) if k in SET_SHARDED
+                    else slots) for k, v in ws.items() if k not in SET_ONE_WORKER)
+    alone = max(ws[k] for k in SET_ONE_WORKER if k in ws)
+    held = (rates.held_fixed + rates.held_per_byte * w.records * w.record_bytes
+            + rates.held_per_line * set_shuffled(w.records, w.id_bytes, s)["keys"])
+    if c.runner == "local":
+        return (rates.baseline_rss + held + max(each, alone)
+                + (c.workers * rates.process_rss if c.processes else 0))
+    return c.cores * rates.baseline_rss + max(each, alone) + (
+        0 if c.runner == "dataflow" else held / c.workers)
+
+
+def _chunk_rows(w: Workload) -> int:
+    return max(1, round(w.records / max(w.chunks, 1)))
+
+
+# The stages a jaccard plan names: (name, its steps); "shuffle" is the framework's time
+# per key line (the key lines' and the grouped lines' GroupByKeys).
+SET_STAGES = (("read, digests, exact dedup", ("read", "exact")),
+              ("shingles (+ spill)", ("fingerprint",)),
+              ("keys", ("keys",)),
+              ("key shuffle (GroupByKey)", ("shuffle",)),
+              ("candidate groups", ("groups",)),
+              ("components (one worker)", ("components",)),
+              ("verification and decisions", ("decide",)),
+              ("merge, report (one worker)", ("merge", "report")),
+              ("plan sample, recall", ("plan", "recall")),
+              ("write", ("write",)),
+              ("framework", ("framework", "processes")))
+
+
+def set_lines(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> list[str]:
+    """The dry run's capacity lines of a jaccard job: its stages with their time, working
+    memory and bytes, then the figures every plan has."""
+    s, spec = w.sets, w.near_spec
+    cap = predict_sets(w, c, rates)
+    n = w.records
+    steps = dict(cap.steps)
+    line_s = rates.steps.get("framework", {}).get("line", 0.0) * set_units(
+        n, w.file_bytes, w.record_bytes, s, w.recall_sample, w.chunks)["framework"]["line"]
+    steps["shuffle"] = min(line_s / _spread(c), steps["framework"])
+    steps["framework"] -= steps["shuffle"]
+    ws = working_sets(n, w.record_bytes, s, _chunk_rows(w), w.recall_sample,
+                      plan_sample(spec))
+    moved = set_shuffled(n, w.id_bytes, s)
+    keys = (f"signatures + band keys ({s.bands} x {s.rows})" if s.mode == "bounded"
+            else "prefix tokens")
+    said = {
+        "read, digests, exact dedup": f"{_size(w.file_bytes)} read, "
+                                      f"{_size(moved['digests'])} shuffled (digests)",
+        "shingles (+ spill)": f"{_size(set_spilled(n, w.id_bytes, s))} of sets spilled",
+        "keys": f"{n * s.valid * s.lines:,.0f} key lines",
+        "key shuffle (GroupByKey)": f"{_size(moved['keys'])} moved, {KEY_SHARDS} key shards",
+        "candidate groups": f"{n * s.groups:,.0f} groups of {n * s.grouped:,.0f} records "
+                            f"({s.grouped:.1%}), largest {s.largest_group:,}",
+        "components (one worker)": f"{_size(moved['groups'])} gathered, largest component "
+                                   f"{s.largest_component:,} records",
+        "verification and decisions": f"{n * s.compared:,.0f} pairs verified, "
+                                      f"{n * s.removed:,.0f} removed",
+        "merge, report (one worker)": f"{n * s.removed:,.0f} removal lines",
+        "plan sample, recall": f"{min(w.recall_sample, n):,} sampled records x "
+                               f"{w.chunks:,} chunks",
+        "write": f"{_size(w.file_bytes)} written (at most)",
+        "framework": "Beam's coders, bundles"
+                     + (", worker processes" if c.processes else ""),
+    }
+    workers = (f"{c.workers} worker(s) x {c.cores} core(s)"
+               + (" (processes)" if c.processes else "") + (f" + {c.gpu}" if c.gpu else ""))
+    sh = spec.shingles
+    out = [f"capacity plan ({c.runner}, {workers}; rates: {rates.measured}):",
+           f"  input: {n:,} records of {_size(w.record_bytes)} each ({w.sized}), "
+           f"{_size(w.file_bytes)} in files",
+           f"  near: jaccard >= {spec.threshold:g} over {sh.unit} {sh.n}-grams, mode "
+           f"{s.mode} ({s.why}); {s.shingles:.0f} shingles and {s.lines:.1f} keys per record",
+           f"  candidates: {s.source}",
+           "  stages (wall time on this cluster; working memory per core; what moves):"]
+    for name, parts in SET_STAGES:
+        t = sum(steps.get(p, 0.0) for p in parts)
+        mem = max((ws.get(p, 0.0) for p in parts), default=0.0)
+        stage = keys if name == "keys" else name
+        out.append(f"    {stage}: {f'{t:.1f} s' if t < 10 else _time(t)}; "
+                   + (f"{_size(mem)}; " if mem else "") + said[name])
+    out += _figures(cap, steps)
+    return out + _set_warnings(w, c, cap, ws, remote_spill) + [
+        f"  assumed: {a}" for a in (*c.assumed, *_set_assumptions(w))]
+
+
+def _set_warnings(w: Workload, c: Cluster, cap: Capacity, ws: dict[str, float],
+                  remote_spill: bool) -> list[str]:
+    """Where a jaccard plan meets the job's limits at this size."""
+    out = []
+    cores = _spread(c)
+    if cores > KEY_SHARDS:
+        out.append(f"  warning: candidate groups and decisions run in {KEY_SHARDS} shards: "
+                   f"{KEY_SHARDS} of the {cores:,} cores work on them")
+    if c.memory and ws["components"] > c.memory / 2:
+        out.append(f"  warning: the components step holds {_size(ws['components'])} of "
+                   "grouped lines on one worker")
+    if c.memory and ws["decide"] > c.memory / max(c.cores, 1):
+        out.append(f"  warning: a decision batch (the largest component, "
+                   f"{w.sets.largest_component:,} records) holds {_size(ws['decide'])}, "
+                   "more than a core's share of the worker's memory")
+    if remote_spill:
+        out.append(f"  warning: on an object store each of the {KEY_SHARDS} decision batches "
+                   "reads whole spill files: up to "
+                   f"{_size(KEY_SHARDS * set_spilled(w.records, w.id_bytes, w.sets))} read")
+    if c.memory and cap.peak_memory > c.memory:
+        out.append("  warning: the peak exceeds the worker's memory: choose a machine type "
+                   "with more (runner.machine_type)")
+    return out
+
+
+def _set_assumptions(w: Workload) -> list[str]:
+    """What a jaccard plan takes for granted."""
+    out = ["the first records of each file are a uniform sample of the input (the job "
+           "samples by digest)"]
+    if w.sets.sampled < w.records * w.sets.valid * w.sets.distinct:
+        out.append("the input is duplicated throughout as in its sample: records in "
+                   "candidate groups, pairs verified and removals per record stay as "
+                   "measured; the largest group and component grow as they grew within it")
+    return out
+
+
 def plan_lines(job: Job, records: int | None = None, rates: Rates | None = None
                ) -> list[str]:
     """The capacity lines for a checked job (``records``: plan for that many records of
@@ -279,8 +473,14 @@ def plan_lines(job: Job, records: int | None = None, rates: Rates | None = None
     from transforms.io import fs
 
     rates = rates or Rates.load()
-    return lines(workload(job, records), cluster(job.cfg.runner, rates), rates,
-                 remote_spill=not fs.is_local(job.output))
+    w = workload(job, records)
+    remote = not fs.is_local(job.output)
+    if w.sets is None or w.missing:
+        return lines(w, cluster(job.cfg.runner, rates), rates, remote_spill=remote)
+    if rates.jaccard is None:
+        return _lacks(["rates of the jaccard stage: the rates file has no 'jaccard' section "
+                       "(scripts/bench_rates.py --jaccard measures them)"])
+    return set_lines(w, cluster(job.cfg.runner, rates.jaccard), rates.jaccard, remote)
 
 
 def lacking(cfg: DedupeConfig, problem: str) -> list[str]:
@@ -293,7 +493,10 @@ def lacking(cfg: DedupeConfig, problem: str) -> list[str]:
     elif (src.shape is None or src.dtype is None) and not (
             src.decode == "image" and src.resize is not None):
         missing.append("record size: input.shape and input.dtype are not both set")
-    if cfg.near is not None:
+    if cfg.near is not None and cfg.near.metric == "jaccard":
+        missing.append("near jaccard: shingles, keys and candidate groups per record, from "
+                       "a sample of the records")
+    elif cfg.near is not None:
         missing.append("near cells per record: the planner needs a sample of the vectors")
     missing.append("to plan offline: point input.path at a local sample of the data and "
                    "give --plan-records N (the full set's records)")

@@ -13,10 +13,12 @@ sqrt n) rows, each record in at most ``probes`` cells), and the plan says so.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from pipeline.capacity.jaccard import SAMPLE, SetsCost, sets_cost
 from pipeline.job import Job
 from transforms.io.formats import get_format
 from transforms.io.formats.base import Chunking
@@ -54,6 +56,8 @@ class Workload:
     near: NearCost | None = None
     near_spec: NearSpec | None = None
     recall_sample: int = 0
+    sets: SetsCost | None = None  # jaccard: what the stage does per record
+    chunks: int = 1  # elements the input is cut into (the recall's probes are per chunk)
     missing: list[str] = field(default_factory=list)
     sized: str | None = None  # how a record's size was found, when the spec does not fix it
     chunking: Chunking = field(default_factory=Chunking)  # tuning's: what a chunk holds
@@ -76,22 +80,35 @@ def count_records(job: Job) -> int | None:
     return sum(u.stop - u.start for u in units)
 
 
-def sample_vectors(job: Job, rows: int) -> np.ndarray:
-    """Up to ``rows`` tensors as (rows, values), taken evenly from every file's start.
-    The job samples by digest over all records; the first rows of each file stand in
-    for that here (a named assumption of the plan)."""
+def count_chunks(job: Job, rows: int) -> int | None:
+    """Chunks the job cuts the input into at ``rows`` records each (a chunk never spans a
+    Parquet row group: each file's smallest units); None where a format cannot say."""
+    fmt = get_format(job.cfg.input.format, job.spec)
+    units = [u for i, path in enumerate(job.files) for u in fmt.plan(path, i, 1, job.spec)]
+    if any(u.stop is None for u in units):
+        return None
+    return sum(max(1, math.ceil((u.stop - u.start) / rows)) for u in units)
+
+
+def first_records(job: Job, rows: int) -> Iterator[np.ndarray]:
+    """Chunks of up to ``rows`` records in all, taken evenly from every file's start (the
+    records as the job reads them). The job samples by digest over all records; the
+    first records of each file stand in for that here (a named assumption of the plan)."""
     fmt = get_format(job.cfg.input.format, job.spec)
     per_file = max(1, math.ceil(rows / len(job.files)))
-    parts = []
     for i, path in enumerate(job.files):
         got = 0
         for unit in fmt.plan(path, i, per_file, job.spec)[:1]:
             for chunk in fmt.read(unit, job.spec, min(per_file, job.chunking.chunk_rows)):
-                x = chunk.tensors.reshape(len(chunk.tensors), -1)
-                parts.append(x[:per_file - got])
-                got += len(parts[-1])
+                yield chunk.tensors[:per_file - got]
+                got += min(len(chunk.tensors), per_file - got)
                 if got >= per_file:
                     break
+
+
+def sample_vectors(job: Job, rows: int) -> np.ndarray:
+    """Up to ``rows`` tensors as (rows, values), from every file's start."""
+    parts = [x.reshape(len(x), -1) for x in first_records(job, rows)]
     return np.concatenate(parts)[:rows] if parts else np.zeros((0, 1), np.float32)
 
 
@@ -115,20 +132,12 @@ def measured_size(job: Job, rows: int = SIZE_SAMPLE) -> tuple[float, float, int]
     """(mean bytes, mean values, records sampled) of records whose size the spec does not
     fix (text, stored bytes, lists of no fixed size), from each file's first records;
     None when none could be read."""
-    fmt = get_format(job.cfg.input.format, job.spec)
-    per_file = max(1, math.ceil(rows / len(job.files)))
     sizes: list[int] = []
     values: list[int] = []
-    for i, path in enumerate(job.files):
-        got = 0
-        for unit in fmt.plan(path, i, per_file, job.spec)[:1]:
-            for chunk in fmt.read(unit, job.spec, min(per_file, job.chunking.chunk_rows)):
-                b, v = _sizes(chunk.tensors[:per_file - got])
-                sizes += b
-                values += v
-                got += len(b)
-                if got >= per_file:
-                    break
+    for tensors in first_records(job, rows):
+        b, v = _sizes(tensors)
+        sizes += b
+        values += v
     if not sizes:
         return None
     return float(np.mean(sizes)), float(np.mean(values)), len(sizes)
@@ -200,13 +209,64 @@ def workload(job: Job, records: int | None = None) -> Workload:
     if job.embed is not None:
         missing.append("embed: the model's time and its vectors' size are not in the model "
                        "(scripts/bench_embed.py measures a model)")
-    elif job.near is not None and job.near.is_sets:
-        missing.append("near jaccard: the plan does not model the jaccard stage yet "
-                       "(shingles, group keys through the shuffle, decisions per component "
-                       "of grouped records: docs/text.md)")
+    elif job.near is not None and job.near.is_sets and n and record_bytes:
+        return _with_sets(job, Workload(n, file_bytes, record_bytes, dim, near_spec=job.near,
+                                        chunking=job.chunking,
+                                        recall_sample=job.near.recall_sample,
+                                        missing=missing, sized=sized), counted)
     elif job.near is not None and n and dim:
         near = near_cost(job, n, dim)
     return Workload(n, file_bytes, record_bytes, dim, near=near, near_spec=job.near,
                     chunking=job.chunking,
                     recall_sample=job.near.recall_sample if job.near else 0,
                     missing=missing, sized=sized)
+
+
+def parquet_text_bytes(job: Job) -> float | None:
+    """Mean UTF-8 bytes of the text column over every record, from the Parquet footers
+    (each column chunk's uncompressed size, less a 4-byte length per value): the first
+    records of a file can hold a few very long pages that are not the mean. None when
+    the input is not text in Parquet files."""
+    from transforms.io.formats.parquet_files import open_file
+
+    if job.cfg.input.format != "parquet" or job.spec.decode is None \
+            or job.spec.decode.kind != "text":
+        return None
+    total = rows = 0
+    for path in job.files:
+        pf = open_file(path)
+        if isinstance(pf, Exception):
+            return None
+        for g in range(pf.metadata.num_row_groups):
+            rg = pf.metadata.row_group(g)
+            for c in range(rg.num_columns):
+                col = rg.column(c)
+                if col.path_in_schema == job.spec.tensor:
+                    total += col.total_uncompressed_size - 4 * col.num_values
+                    rows += col.num_values
+    return total / rows if rows and total > 0 else None
+
+
+def _with_sets(job: Job, w: Workload, counted: int | None) -> Workload:
+    """``w`` with the jaccard stage's figures (``jaccard.sets_cost`` on the first records
+    of every file), the text's mean size over all records where the files say it, and
+    the chunks the input is cut into."""
+    from transforms.io.formats.base import rows_within
+
+    if (text := parquet_text_bytes(job)) is not None:
+        w = replace(w, record_bytes=max(1, round(text)),
+                    sized="text: the Parquet column's size over every record")
+
+    values = [v for chunk in first_records(job, SAMPLE) for v in chunk]
+    local = counted if counted is not None else w.records
+    cost = sets_cost(job.near, values, local, w.records) if values else None
+    if cost is None:
+        return replace(w, missing=[*w.missing, "near jaccard: no sampled record holds a "
+                                   f"{job.near.shingles.unit} to compare"])
+    decode = job.spec.decode
+    rows = rows_within(job.chunking.chunk_rows, decode.chunk_bytes if decode is not None
+                       else job.chunking.chunk_bytes, w.record_bytes)
+    chunks = count_chunks(job, rows) if counted is not None else None
+    chunks = (math.ceil(w.records / rows) + len(job.files) if chunks is None
+              else chunks * w.records / max(counted, 1))
+    return replace(w, sets=cost, chunks=max(1, round(chunks)))

@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from transforms.canonical import DTYPE_CODES
 from transforms.io.formats.base import Chunking, Decode, TensorSpec
-from transforms.near.sets import DEFAULT_SIZE, PERMUTATIONS, TARGET_AT_THRESHOLD, Shingles
-from transforms.near.spec import NearSpec
+from transforms.near.sets import PERMUTATIONS, TARGET_AT_THRESHOLD
+from transforms.near.spec import DEFAULT_SIZE, NearSpec, Shingles
 
 # Tolerances above this are no tolerance at all (every pair is within it) and overflow
 # float32 once squared: refused, like NaN and inf (``allow_inf_nan=False`` on every float).

@@ -44,43 +44,16 @@ import xxhash
 
 from transforms.near.recall import splitmix64
 from transforms.near.search import use_cuda
+from transforms.near.spec import NearSpec, Shingles
 
-UNITS = ("word", "char", "token")
-DEFAULT_SIZE = {"word": 5, "char": 24, "token": 5}  # char: shorter n-grams match by chance
+WORDS = Shingles()  # the default: word 5-grams of normalised text
 PERMUTATIONS = 128  # MinHash signature length unless set
 TARGET_AT_THRESHOLD = 0.995  # LSH: the chance a pair at J = threshold becomes a candidate
 _SALT = np.uint64(0x6A09E667F3BCC909)  # tokens' and bands' hashes apart from words'
 # Chinese and Japanese are written without spaces: each of these characters is a word (as
-# BERT's basic tokenizer splits them); Korean separates its words with spaces
+# BERT's basic tokenizer splits Han characters); Korean separates its words with spaces
 _IDEOGRAPHS = r"[\p{Han}\p{Hiragana}\p{Katakana}]"
 _PRIME = 0x100000001B3  # char n-grams: polynomial base (odd: invertible mod 2^64)
-
-
-@dataclass(frozen=True)
-class Shingles:
-    """How a record becomes a set: ``unit`` word (of normalised text), char (n-grams of
-    its characters) or token (of an integer sequence as stored), ``size`` units per
-    shingle (None: 5 for words and tokens, 24 for characters), ``normalize`` (text: NFKC,
-    lower case, punctuation and whitespace collapsed), and the MinHash signature:
-    ``permutations`` and ``bands`` (None: chosen from the threshold, ``lsh_params``)."""
-
-    unit: str = "word"
-    size: int | None = None
-    normalize: bool = True
-    permutations: int | None = None
-    bands: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.unit not in UNITS:
-            raise ValueError(f"shingles.unit must be one of {', '.join(UNITS)}, got "
-                             f"{self.unit!r}")
-        if self.size is not None and self.size < 1:
-            raise ValueError(f"shingles.size must be at least 1, got {self.size}")
-
-    @property
-    def n(self) -> int:
-        """Units per shingle."""
-        return self.size if self.size is not None else DEFAULT_SIZE[self.unit]
 
 
 # ------------------------------------------------------------------------- shingling
@@ -718,7 +691,7 @@ def auto_choice(work: float, n: int, source: str) -> tuple[str, str]:
                   f"{EXACT_ANYWAY:,} in all)")
 
 
-def near_sets(sets: Sets, rank: np.ndarray, threshold: float, shingles: Shingles = Shingles(),
+def near_sets(sets: Sets, rank: np.ndarray, threshold: float, shingles: Shingles = WORDS,
               *, mode: str = "auto", grouping: str = "representative",
               protected: np.ndarray | None = None) -> SetResult:
     """Near duplicates among records given as sets (``record_sets``), none empty, at
@@ -738,15 +711,13 @@ def near_sets(sets: Sets, rank: np.ndarray, threshold: float, shingles: Shingles
 def _checked(n: int, rank: np.ndarray, threshold: float, shingles: Shingles, mode: str,
              grouping: str) -> None:
     """The library's arguments checked as the job checks its config (``NearSpec``)."""
-    from transforms.near.spec import NearSpec  # spec imports this module
-
     NearSpec("jaccard", threshold, mode=mode, grouping=grouping, shingles=shingles)
     if len(rank) != n:
         raise ValueError(f"rank holds {len(rank)} values for {n} records: one per record")
 
 
 def find_near_sets(values: Sequence, rank: np.ndarray, threshold: float,
-                   shingles: Shingles = Shingles(), *, mode: str = "auto",
+                   shingles: Shingles = WORDS, *, mode: str = "auto",
                    grouping: str = "representative") -> SetResult:
     """Near duplicates among ``values`` (texts, or integer sequences for unit token) at
     Jaccard >= ``threshold``, in keep order ``rank`` (smaller first): the library's
@@ -816,7 +787,7 @@ def expected_pairs(bands: int, rows: int, threshold: float) -> dict:
             "bands": bands, "rows": rows}
 
 
-__all__ = ["UNITS", "Shingles", "Sets", "text_sets", "token_sets", "record_sets",
+__all__ = ["Shingles", "Sets", "text_sets", "token_sets", "record_sets",
            "blank_rows", "near_sets", "choose_mode", "sample_partners",
            "lsh_params", "candidate_chance", "signatures", "band_keys", "prefix_tokens",
            "frequent_tokens", "jaccard", "overlaps", "groups", "join_work", "auto_choice",

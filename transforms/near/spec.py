@@ -12,13 +12,42 @@ from dataclasses import dataclass
 
 from transforms.near.plan import MODES, partition_count
 from transforms.near.search import rows_for
-from transforms.near.sets import Shingles
 
 METRICS = ("allclose", "l2", "cosine", "correlation", "jaccard")
 GROUPINGS = ("representative", "components")
 INDEXES = ("auto", "flat", "ivf", "hnsw")
 DEVICES = ("auto", "cpu", "cuda")
 CELL_BYTES = 64 << 20  # float32 search vectors of one cell, about (wide records)
+
+UNITS = ("word", "char", "token")  # jaccard: what a shingle is made of
+DEFAULT_SIZE = {"word": 5, "char": 24, "token": 5}  # char: shorter n-grams match by chance
+
+
+@dataclass(frozen=True)
+class Shingles:
+    """How a record becomes a set: ``unit`` word (of normalised text), char (n-grams of
+    its characters) or token (of an integer sequence as stored), ``size`` units per
+    shingle (None: 5 for words and tokens, 24 for characters), ``normalize`` (text: NFKC,
+    lower case, punctuation and whitespace collapsed), and the MinHash signature:
+    ``permutations`` and ``bands`` (None: chosen from the threshold, ``lsh_params``)."""
+
+    unit: str = "word"
+    size: int | None = None
+    normalize: bool = True
+    permutations: int | None = None
+    bands: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.unit not in UNITS:
+            raise ValueError(f"shingles.unit must be one of {', '.join(UNITS)}, got "
+                             f"{self.unit!r}")
+        if self.size is not None and self.size < 1:
+            raise ValueError(f"shingles.size must be at least 1, got {self.size}")
+
+    @property
+    def n(self) -> int:
+        """Units per shingle."""
+        return self.size if self.size is not None else DEFAULT_SIZE[self.unit]
 
 
 @dataclass(frozen=True)
