@@ -1,5 +1,6 @@
-"""The GPU paths on a real GPU: CUDA fingerprints and the near kernel's products on CUDA,
-checked against the CPU paths and the float64 oracles, and timed beside them.
+"""The GPU paths on a real GPU: CUDA fingerprints, the near kernel's products and jaccard's
+MinHash signatures on CUDA, checked against the CPU paths and the float64 oracles, and
+timed beside them.
 
 Why a script and not tests: CI has no GPU. A session lent a GPU machine runs this once
 (``python scripts/bench_gpu.py --out DIR``; only numpy, torch, xxhash, ml_dtypes and
@@ -212,6 +213,27 @@ def filter_checks() -> list[dict]:
              "gpu_equals_oracle": bool((masks[DEVICE] == want).all())}]
 
 
+def jaccard_signatures() -> list[dict]:
+    """MinHash signatures (near metric jaccard) through torch on the device = NumPy's, and
+    their speed, on real texts (the installed packages' licences and READMEs, repeated
+    to about 100k documents' worth of shingles)."""
+    from tests.textkit import package_texts
+    from transforms.near.sets import Sets, record_sets, signatures, signatures_torch
+    from transforms.near.spec import Shingles
+
+    one = record_sets(package_texts(300), Shingles())
+    sets = Sets.concat([one] * 40)  # ~12k documents, ~5M shingles
+    out = []
+    for k in (112, 128):
+        want, cpu_s = _timed(signatures, sets, k)
+        got, dev_s = _timed(signatures_torch, sets, k, torch.device(DEVICE))
+        out.append({"case": f"{len(sets):,} documents, {len(sets.hashes):,} shingles, "
+                            f"{k} permutations", "equal": bool(np.array_equal(got, want)),
+                    "cpu_s": round(cpu_s, 3), "gpu_s": round(dev_s, 3),
+                    "gpu_docs_per_s": round(len(sets) / dev_s)})
+    return out
+
+
 def _profiled(f, *a, **kw):
     """f(*a, **kw) under cProfile: (its result, the 25 functions with the most
     cumulative time as 'seconds  function' lines)."""
@@ -272,6 +294,7 @@ def main() -> None:
     result: dict = {"environment": environment()}
     sections = {"fingerprint_checks": fingerprint_checks, "fingerprint_speed":
                 fingerprint_speed, "near_checks": near_checks, "filter_checks": filter_checks,
+                "jaccard_signatures": jaccard_signatures,
                 "near_speed": lambda: near_speed(args.rows, args.profile)}
     for name, f in sections.items():
         if args.only and name not in args.only:
