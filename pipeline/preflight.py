@@ -214,9 +214,19 @@ def _jaccard_spec(cfg: DedupeConfig, dtype: str | None) -> NearSpec:
         print(f"warning: near.threshold {n.threshold:g} for jaccard: records that share "
               "less than half their shingles are rarely copies of each other; 0.7-0.9 is "
               "usual", file=sys.stderr)  # even with --quiet: it may remove what is no copy
-    return n.to_spec(unit="word" if text else "token")
+    spec = n.to_spec(unit="word" if text else "token")
+    sh = spec.shingles
+    if sh.unit == "char" and sh.n < CHAR_WARN:
+        print(f"warning: near.shingles.size {sh.n} for unit char: texts that have nothing "
+              "to do with each other share most short character n-grams; 24 is the default "
+              "(docs/text.md)", file=sys.stderr)
+    if spec.mode == "exact" and (sh.permutations or sh.bands):
+        print("note: near.shingles.permutations and bands set the MinHash signature of "
+              "mode bounded; mode exact does not use them", file=sys.stderr)
+    return spec
 
 
+CHAR_WARN = 10  # char shingles shorter than this: warned of (unrelated texts share them)
 RUN_ID_FIELD = "{run_id}"
 
 

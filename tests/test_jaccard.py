@@ -414,6 +414,17 @@ def test_a_low_threshold_is_warned_of(tmp_path, corpus, capsys):
     assert "warning: near.threshold 0.3 for jaccard" in capsys.readouterr().err
 
 
+def test_short_char_shingles_and_unused_signature_settings_are_said(tmp_path, corpus,
+                                                                    capsys):
+    _job(tmp_path / "a", "parquet", corpus[:50], {"metric": "jaccard", "threshold": 0.8,
+                                                  "shingles": {"unit": "char", "size": 3}})
+    assert "warning: near.shingles.size 3 for unit char" in capsys.readouterr().err
+    _job(tmp_path / "b", "parquet", corpus[:50], {
+        "metric": "jaccard", "threshold": 0.8, "mode": "exact",
+        "shingles": {"permutations": 64, "bands": 8}})
+    assert "mode exact does not use them" in capsys.readouterr().err
+
+
 def test_jaccard_on_floats_is_refused(tmp_path, capsys):
     path = tmp_path / "in" / "a.parquet"
     path.parent.mkdir(parents=True)
