@@ -156,7 +156,7 @@ class OnlineDedup:
         if self._sets is not None:
             batch = stream_values(batch, self._sets.shingles.unit)
         if digests is None:
-            digests = self.digests(batch)
+            digests = self._digests(batch)
         n = len(digests)
         with_ids = ids is not None
         if self._with_ids is None:
@@ -187,9 +187,14 @@ class OnlineDedup:
         """The exact digests this filter compares: ``fingerprint_batch`` of tensors, or
         of texts and token sequences their bytes' (``filters.online_sets``)."""
         if self._sets is not None:
-            return value_digests(stream_values(batch, self._sets.shingles.unit),
-                                 self._sets.shingles.unit)
-        return fingerprint_batch(batch, backend=self.backend)
+            batch = stream_values(batch, self._sets.shingles.unit)
+        return self._digests(batch)
+
+    def _digests(self, values: Any) -> np.ndarray:
+        """``digests`` of a batch already in the form the filter compares."""
+        if self._sets is not None:
+            return value_digests(values, self._sets.shingles.unit)
+        return fingerprint_batch(values, backend=self.backend)
 
     def keep(self, t: Any, id: Any = None) -> bool:
         """One record: ``keep_mask`` of a batch of one."""

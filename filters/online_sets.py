@@ -27,6 +27,8 @@ import xxhash
 from transforms.near.sets import (
     Sets,
     band_keys,
+    jaccards,
+    length_fits,
     lsh_params,
     prefix_tokens,
     record_sets,
@@ -84,16 +86,11 @@ def _any_near(x: np.ndarray, cands: list[np.ndarray], threshold: float) -> bool:
     """Whether any candidate set has Jaccard >= ``threshold`` with the sorted set ``x``:
     the sizes that cannot reach it are skipped, the rest intersected in one vector pass."""
     sizes = np.fromiter((len(c) for c in cands), np.int64, len(cands))
-    fit = (sizes >= threshold * len(x) - 1e-9) & (len(x) >= threshold * sizes - 1e-9)
+    fit = length_fits(sizes, len(x), threshold)
     if not fit.any():
         return False
-    sizes = sizes[fit]
     v = np.concatenate([c for c, f in zip(cands, fit.tolist(), strict=True) if f])
-    pos = np.minimum(np.searchsorted(x, v), len(x) - 1)
-    starts = np.zeros(len(sizes), np.int64)
-    np.cumsum(sizes[:-1], out=starts[1:])
-    inter = np.add.reduceat((x[pos] == v).astype(np.int64), starts)
-    return bool((inter / (len(x) + sizes - inter) >= threshold).any())  # as ``overlaps``
+    return bool((jaccards(x, v, sizes[fit]) >= threshold).any())
 
 
 @dataclass

@@ -12,7 +12,6 @@ the pairs themselves, which a crowd of copies has by the million.
 
 from __future__ import annotations
 
-import itertools
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from pipeline.steps.elements import VecBatch
 from pipeline.steps.near_grid import pair_histogram
 from transforms.exact import is_protected
 from transforms.io import fs, spill
+from transforms.io.streams import read_streams, write_streams
 from transforms.near.find import decide_cell
 from transforms.near.greedy import STATE_KEPT, STATE_OPEN, STATE_REMOVED
 from transforms.near.nearest import nearest_distances
@@ -40,9 +40,8 @@ NN_PER_CELL = 256  # rows of a cell that get a nearest-neighbour distance, at mo
 @dataclass
 class CellSlice:
     """AssignCells -> DecideCells: one chunk's rows of one cell, spilled to a file: an
-    Arrow IPC stream of one record batch at bytes [offset, offset + size) of ``path``.
-    (An IPC file per chunk made every cell parse a footer listing every cell's batch:
-    1,278 cells x 16 chunks x 1,278 entries at 1M rows.)"""
+    Arrow IPC stream of one record batch at bytes [offset, offset + size) of ``path``
+    (``transforms.io.streams``)."""
 
     path: str
     offset: int
@@ -84,14 +83,9 @@ def assign_batch(batch: VecBatch, plan, spec: NearSpec, spill: str
     starts = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]]) if len(cells) else cells
     ends = np.r_[starts[1:], len(cells)]
     path = fs.join(spill, f"{uuid.uuid4().hex}.arrows")
-    out = []
-    with fs.local_file_for(path) as local, pa.OSFile(local, "wb") as sink:
-        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-            at = sink.tell()
-            with pa.ipc.new_stream(sink, rb.schema) as writer:
-                writer.write_batch(rb.slice(s, e - s))
-            out.append((int(cells[s]), CellSlice(path, at, sink.tell() - at, e - s)))
-    yield from out
+    runs = list(zip(starts.tolist(), ends.tolist(), strict=True))
+    for (lo, hi), (at, size) in zip(runs, write_streams(path, rb, runs), strict=True):
+        yield int(cells[lo]), CellSlice(path, at, size, hi - lo)
     progress.tick("near assign", 0, 0, "chunks")
 
 
@@ -103,13 +97,7 @@ def read_cell(slices: Iterable[CellSlice]) -> tuple[VecBatch, np.ndarray, int, i
     took longer than reading its rows). The values are copied once, into the result
     (16k-value records make a cell big), from the slices or from the chunks' value
     files they name."""
-    batches = []
-    for path, group in itertools.groupby(sorted(slices, key=lambda c: (c.path, c.offset)),
-                                         key=lambda c: c.path):
-        with fs.open_read(path) as f:
-            for c in group:
-                f.seek(c.offset)
-                batches.append(pa.ipc.open_stream(pa.py_buffer(f.read(c.size))).read_next_batch())
+    batches = [rb for _, rb in read_streams(slices)]
     kinds: list[list[pa.RecordBatch]] = []  # file-backed or carrying values; stored runs
     for rb in batches:
         same = next((k for k in kinds if k[0].schema.equals(rb.schema)), None)

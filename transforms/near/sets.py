@@ -423,9 +423,11 @@ def jaccard(a: np.ndarray, b: np.ndarray) -> float:
     return inter / (len(a) + len(b) - inter)
 
 
-def length_fits(na: int, nb: int, threshold: float) -> bool:
-    """The length filter: J(a, b) <= min(|a|, |b|) / max(|a|, |b|)."""
-    return min(na, nb) >= threshold * max(na, nb) - 1e-9
+def length_fits(na: int | np.ndarray, nb: int | np.ndarray, threshold: float
+                ) -> bool | np.ndarray:
+    """The length filter: J(a, b) <= min(|a|, |b|) / max(|a|, |b|) (sizes, or arrays of
+    them elementwise)."""
+    return np.minimum(na, nb) >= threshold * np.maximum(na, nb) - 1e-9
 
 
 # ---------------------------------------------------------------- groups and decisions
@@ -496,9 +498,16 @@ def overlaps(sets: Sets, x: np.ndarray, cands: np.ndarray) -> np.ndarray:
     starts = np.zeros(len(cands), np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])
     flat = np.repeat(sets.offsets[cands] - starts, sizes) + np.arange(int(sizes.sum()))
-    v = sets.hashes[flat]
-    pos = np.minimum(np.searchsorted(x, v), len(x) - 1)
-    inter = np.add.reduceat((x[pos] == v).astype(np.int64), starts)
+    return jaccards(x, sets.hashes[flat], sizes)
+
+
+def jaccards(x: np.ndarray, flat: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Exact Jaccard of the sorted set ``x`` with each of the non-empty sets laid end to
+    end in ``flat`` (``sizes`` hashes each)."""
+    starts = np.zeros(len(sizes), np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    pos = np.minimum(np.searchsorted(x, flat), len(x) - 1)
+    inter = np.add.reduceat((x[pos] == flat).astype(np.int64), starts)
     return inter / (len(x) + sizes - inter)
 
 
