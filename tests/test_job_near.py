@@ -115,15 +115,20 @@ def test_job_near_matches_oracle(tmp_path, fmt, metric, grouping):
     assert summary["near"]["removed"] == len(want_near)
 
 
+@pytest.mark.parametrize("levels", [1, 2])
 @pytest.mark.parametrize("grouping", ["representative", "components"])
-def test_partitioned_search_equals_the_oracle(tmp_path, grouping):
-    """Many small k-means partitions searched separately: the same removals as all pairs."""
+def test_partitioned_search_equals_the_oracle(tmp_path, grouping, levels):
+    """Many small k-means partitions searched separately, in one level or two (coarse
+    cells cut into fine ones, forced by ``near.levels``): the same removals as all pairs."""
     parts, spec = dataset(2, "l2")
     spec = NearSpec(**{**spec.__dict__, "grouping": grouping})
     assert run(tmp_path, "parquet", parts, spec, "tuning.chunk_rows=50",
-               near={"single_index_rows": 50, "partition_rows": 40, "mode": "exact"}) == 0
+               near={"single_index_rows": 50, "partition_rows": 40, "mode": "exact",
+                     "levels": levels}) == 0
     summary = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
     assert summary["near"]["partitions"] >= 8 and summary["near"]["mode"] == "exact"
+    assert summary["near"]["levels"] == levels
+    assert (summary["near"]["coarse_cells"] or 0) >= (3 if levels == 2 else 0)
     assert summary["near"]["recall"]["recall"] == 1.0
     dups, _ = report(tmp_path)
     want_exact, want_near = expected(parts, spec)

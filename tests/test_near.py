@@ -391,6 +391,51 @@ def test_assign_puts_every_neighbour_of_a_home_row_in_its_cell():
     assert not a.capped.any() and (np.bincount(a.rows, minlength=len(x)) == a.wanted).all()
 
 
+def test_two_levels_put_every_neighbour_of_a_home_row_in_its_cell():
+    """Coarse cells cut into fine ones (``levels=2``): the join rule, applied at each
+    level, still brings every neighbour within the radius into a row's home cell, with
+    the home the nearest fine centroid of the nearest coarse one."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((3000, 6)) + rng.integers(0, 5, (3000, 1)) * 3).astype(np.float32)
+    spec = NearSpec("l2", threshold=0.8)
+    parts = near_plan.plan(x, len(x), 0.8, "exact", 3, 60, levels=2)
+    assert parts.levels == 2 and len(parts.coarse) >= 6 and len(parts) >= 40
+    z = near.search_vectors(x, spec, 0.8, parts.mean, np.float32)
+    a = near_plan.assign(z, parts)
+    coarse = np.linalg.norm(z.v[:, None] - parts.coarse[None], axis=2).argmin(axis=1)
+    fine = np.linalg.norm(z.v[:, None] - parts.centroids[None], axis=2)
+    own = np.arange(len(parts)) >= parts.start[coarse][:, None]
+    own &= np.arange(len(parts)) < parts.start[coarse + 1][:, None]
+    assert (a.home == np.where(own, fine, np.inf).argmin(axis=1)).all()
+    members = {p: set(a.rows[a.cells == p].tolist()) for p in np.unique(a.cells).tolist()}
+    d = np.linalg.norm(x[:, None].astype(np.float64) - x[None], axis=2)
+    for i, j in zip(*np.nonzero(d <= 0.8), strict=True):
+        assert j in members[a.home[i]]
+    joins = np.bincount(a.rows, minlength=len(x))
+    assert not a.capped.any() and (joins == a.wanted).all() and joins.mean() > 1.5
+    b = near_plan.assign(z, parts, probes=2)  # bounded: the nearest coarse cells' fine ones
+    capped = np.bincount(b.rows, minlength=len(x))
+    assert capped.max() == 2 and b.capped.any()
+    assert b.cells[b.cells == b.home[b.rows]].size == len(x)  # the home cell, always
+    nearer = fine[np.arange(len(x)), b.home] <= fine[np.arange(len(x)), a.home] + 1e-6
+    assert nearer.all()  # the nearest centroid of its candidates, the home coarse's among them
+
+
+@pytest.mark.parametrize("grouping", ["representative", "components"])
+def test_two_level_search_equals_the_oracle(grouping):
+    """Exact mode over two levels of cells, where a record joins several (clustered
+    embeddings, planted copies, a crowd): the all-pairs oracle's removals."""
+    x = with_near_copies(embeddings(6000, dim=32, clusters=60, seed=2), copies=0.1, seed=3)
+    x = np.concatenate([x, np.repeat(x[:1], 300, axis=0) + np.random.default_rng(4)
+                        .standard_normal((300, 32)).astype(np.float32) * 1e-3])
+    spec = NearSpec("cosine", threshold=0.02, mode="exact", recall_sample=0, levels=2,
+                    single_index_rows=500, partition_rows=150, grouping=grouping)
+    r = find_near(x, np.arange(len(x)), spec)
+    assert r.partitions.levels == 2 and len(r.partitions) >= 30
+    assert r.partitions.prediction.joins_exact > 1.2
+    assert dict(zip(r.removed.tolist(), r.kept.tolist(), strict=True)) == oracle(x, spec)
+
+
 def test_bisector_rule_is_far_tighter_than_the_triangle_rule_in_high_dimensions():
     x = embeddings(20_000, clusters=200)
     spec = NearSpec("cosine", threshold=0.01)

@@ -103,11 +103,13 @@ def units(w: Workload, out_bytes: float | None = None) -> dict[str, dict[str, fl
          "framework": {"run": 1, "record": n, "byte": tensor}}
     if w.near is not None:
         p = w.near.cells
+        scored = w.near.scored or p  # two levels: coarse + joined coarse x fine per coarse
         sample = training_rows(w) if p > 1 else 0
         u["sample"] = {"byte": tensor}  # every record's search vector, on every worker
-        u["plan"] = {"madd": sample * p * d * KMEANS_ITERATIONS}  # k-means, one worker
-        # one matrix product (n x p x d), then passes over the n x p scores
-        u["assign"] = {"madd": n * p * d, "score": n * p} if p > 1 else {}
+        # k-means, one worker (two levels: each sample row meets coarse + its coarse's fine)
+        u["plan"] = {"madd": sample * min(p, scored) * d * KMEANS_ITERATIONS}
+        # one matrix product per level (n x scored x d), then passes over the scores
+        u["assign"] = {"madd": n * scored * d, "score": n * scored} if p > 1 else {}
         u["search"] = {"madd": w.near.work * d, "record": n * w.near.joins}
         s = min(w.recall_sample, n)  # sampled x every record, through a projection when wide
         u["recall"] = {"madd": s * n * recall_width(d, s), "score": s * n, "record": n}

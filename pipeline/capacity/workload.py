@@ -22,7 +22,7 @@ from pipeline.capacity.jaccard import SAMPLE, SetsCost, sets_cost
 from pipeline.job import Job
 from transforms.io.formats import get_format
 from transforms.io.formats.base import Chunking
-from transforms.near.plan import TRAIN_PER_CELL, plan
+from transforms.near.plan import TRAIN_PER_CELL, assign_width, coarse_count, plan
 from transforms.near.space import search_radius, search_space, value_scale
 from transforms.near.spec import NearSpec
 
@@ -42,6 +42,7 @@ class NearCost:
     largest: int  # rows in the largest cell
     mode: str
     source: str  # how it was found, in words
+    scored: float = 0.0  # centroids a record is scored against when assigned (0: cells)
 
 
 @dataclass(frozen=True)
@@ -154,16 +155,19 @@ def near_cost(job: Job, n: int, dim: int) -> NearCost:
         if len(x) >= 2:
             z = search_space(x, spec).astype(np.float32)
             radius = search_radius(spec, dim, value_scale(x, spec))
-            parts = plan(z, n, radius, spec.mode, spec.probes, cells)
+            parts = plan(z, n, radius, spec.mode, spec.probes, cells,
+                         levels=spec.levels)
             p = parts.prediction
             if p is None:  # one cell: every record against every other
                 return NearCost(1, 1.0, float(n) ** 2, n, parts.mode,
                                 "one cell (all pairs)")
             exact = parts.mode == "exact"
-            return NearCost(len(parts), p.joins_exact if exact else p.joins_bounded,
-                            p.work_exact if exact else p.work_bounded,
+            joins = p.joins_exact if exact else p.joins_bounded
+            return NearCost(len(parts), joins, p.work_exact if exact else p.work_bounded,
                             p.largest_exact if exact else p.largest_bounded, parts.mode,
-                            f"the job's planner on {len(x):,} sampled records")
+                            f"the job's planner on {len(x):,} sampled records",
+                            assign_width(len(parts), None if parts.coarse is None
+                                         else len(parts.coarse), joins))
     return closed_form(spec, n, dim)
 
 
@@ -172,9 +176,12 @@ def closed_form(spec: NearSpec, n: int, dim: int) -> NearCost:
     ``probes`` of them (bounded mode's cap), the largest cell twice the mean."""
     cells = spec.cells(n, dim)
     rows = n / cells
+    coarse = coarse_count(cells) if spec.levels == 2 and cells > 1 else None
+    two = f" (two levels, {coarse:,} coarse)" if coarse else ""
     return NearCost(cells, float(spec.probes), n * spec.probes * rows, math.ceil(2 * rows),
-                    "bounded", f"closed form: {cells:,} cells of about {rows:,.0f} records, "
-                    f"each record in {spec.probes} (probes), largest cell twice the mean")
+                    "bounded", f"closed form: {cells:,} cells{two} of about {rows:,.0f} "
+                    f"records, each record in {spec.probes} (probes), largest cell twice the "
+                    "mean", assign_width(cells, coarse, spec.probes))
 
 
 def workload(job: Job, records: int | None = None) -> Workload:

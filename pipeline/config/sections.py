@@ -167,7 +167,7 @@ class ShinglesConfig(Strict):
 
 
 VECTOR_ONLY = ("probes", "index", "nlist", "nprobe", "M", "atol", "rtol", "nonfinite",
-               "single_index_rows", "partition_rows")
+               "single_index_rows", "partition_rows", "levels")
 
 
 class NearConfig(Strict):
@@ -220,6 +220,12 @@ class NearConfig(Strict):
     partition_rows: int = Field(NearSpec.partition_rows, gt=0, description="above that: "
                                 "k-means partitions of about this many records, searched on "
                                 "separate workers")
+    levels: Literal[1, 2] = Field(
+        NearSpec.levels, description="cells in one level (k-means over the sample; above "
+        "partition_rows^2 records they grow as sqrt n) or 2 (about sqrt(cells) coarse "
+        "cells, each cut into its own fine cells of partition_rows records: a record is "
+        "assigned in about 2 sqrt(cells) distances; docs/near.md for what it costs in "
+        "recall today)")
     borderline_pairs: int = Field(500, ge=0, description="pairs just inside and just outside "
                                   "the tolerance sampled into borderline_pairs.parquet (each)")
 
@@ -261,7 +267,8 @@ class NearConfig(Strict):
                         rtol=self.rtol, grouping=self.grouping, index=self.index,
                         nlist=self.nlist, nprobe=self.nprobe, hnsw_m=self.M,
                         single_index_rows=self.single_index_rows,
-                        partition_rows=self.partition_rows, mode=self.mode,
+                        partition_rows=self.partition_rows, levels=self.levels,
+                        mode=self.mode,
                         probes=self.probes, recall_sample=self.recall_sample,
                         device=self.device, channels=channels, shingles=shingles)
 

@@ -124,8 +124,8 @@ class SampleForPlan(beam.CombineFn):
                           f"sampled records of {acc.n:,} (k-means, then the cost of each "
                           "mode)")
         with cores.threads(None):  # the rest of the job waits on the plan
-            parts = plan(sample, acc.n, radius, self.spec.mode,
-                         self.spec.probes, cells, progress=_say)
+            parts = plan(sample, acc.n, radius, self.spec.mode, self.spec.probes, cells,
+                         progress=_say, levels=self.spec.levels)
         progress.note(f"near: {parts.mode} search in {len(parts):,} cell(s)"
                       + (f" ({_cost_line(parts)})" if parts.prediction else ""))
         return first_written(self.agree_at, Plan(

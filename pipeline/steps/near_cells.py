@@ -178,6 +178,7 @@ class CellOut:
     members: int
     sampled_cells: int  # cells whose pairs were partly sampled (0 or 1; more once joined)
     nn_sampled_cells: int  # cells whose nearest-neighbour rows were sampled (likewise)
+    compared: int  # (home record, record of the cell) pairs the search compared
 
 
 spill.register(CellOut)  # a cell's output waits in a scratch file (near_gather)
@@ -230,7 +231,8 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: NearSpec,
                    pair_histogram(exact_d, spec.marker),
                    pair_histogram(sampled_d, spec.marker) if d.census.estimated else None,
                    d.census.weight, np.resize(nn, nn_all), border, int(home.sum()), arrived,
-                   capped, len(batch), int(d.census.estimated), int(nn_all > len(nn)))
+                   capped, len(batch), int(d.census.estimated), int(nn_all > len(nn)),
+                   int(home.sum()) * len(batch))
 
 
 def _nn_rows(batch: VecBatch, home: np.ndarray, every: int) -> tuple[np.ndarray, int]:

@@ -195,6 +195,7 @@ def merge_cells(cells: list, plan, spec: NearSpec, per_side: int, truth: Truth
              "partitions": len(plan.parts), **plan.parts.describe(),
              "capped_records": int(sum(c.capped for c in cells)),
              "rows_searched_against": int(sum(c.members for c in cells)),
+             "pairs_compared": int(sum(c.compared for c in cells)),
              "pairs_within_tolerance": n_pairs, "pairs_estimated": estimated,
              "cells_with_sampled_pairs": int(sum(c.sampled_cells for c in cells)),
              "cells_with_sampled_nearest": int(sum(c.nn_sampled_cells for c in cells)),

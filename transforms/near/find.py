@@ -180,7 +180,7 @@ def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int |
     radius = search_radius(spec, dim, value_scale(xs, spec))
     cells = spec.cells(n, dim) if partitions is None else partitions
     parts = plan(search_space(xs[sample_for_plan(n, dim)], spec), n, radius, spec.mode,
-                 spec.probes, cells, progress=progress)
+                 spec.probes, cells, progress=progress, levels=spec.levels)
     homes, rows, joined, capped = [], [], [], np.zeros(len(x), bool)
     for b in _blocks(n, dim):
         a = assign(search_vectors(xs[b], spec, radius, parts.mean, np.float32), parts)

@@ -17,6 +17,16 @@ Bounded mode: a row joins at most ``probes`` cells, those whose bisector is near
 (home first); pairs can be lost only between two rows that had more cells to join
 than that (*capped* rows). Work and shuffle then grow as n x probes, never n^2.
 
+Two levels (``levels=2``): about sqrt(P) coarse cells, each cut into its own fine
+cells. A row joins coarse cells by the rule above, and inside each coarse cell it joined,
+the fine cells by the same rule against its nearest fine centroid there. A pair within
+r still meets in the home fine cell of one of its rows (its home coarse cell's nearest
+fine centroid): the other row joins that coarse cell (first level), and inside it that
+fine cell (the proof again, over that coarse cell's fine centroids). So cells keep
+``partition_rows`` rows at any n, and assigning costs n x (coarse + joined x fine) x d
+instead of n x P x d. Bounded mode ranks a fine cell by the larger of its two bisector
+distances.
+
 ``predict`` measures both on held-out sample rows before any search, and ``plan``
 picks exact when it costs no more joins per row than the bounded mode's cap.
 """
@@ -26,6 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -35,14 +46,19 @@ from transforms.near.search import UNIT_ROUNDOFF, Vectors, centred, gamma, rows_
 MODES = ("auto", "exact", "bounded")
 KMEANS_ITERATIONS = 15
 TRAIN_PER_CELL = 64  # k-means sample rows per cell (FAISS warns below 39)
+COARSE_PROBES = 4  # bounded, two levels: coarse cells whose fine cells a row considers, x probes
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 
-def partition_count(n: int, single_index_rows: int, partition_rows: int) -> int:
-    """One cell up to ``single_index_rows``; above, cells of ``partition_rows`` rows, but
-    at least sqrt(n) rows each, so assigning (n x cells x d) never outgrows the search."""
+def partition_count(n: int, single_index_rows: int, partition_rows: int, levels: int = 1
+                    ) -> int:
+    """One cell up to ``single_index_rows``; above, cells of ``partition_rows`` rows. One
+    level: at least sqrt(n) rows each, so assigning (n x cells x d) never outgrows the
+    search; two levels assign in about 2 sqrt(cells) x d per row, so cells keep their size."""
     if n <= single_index_rows:
         return 1
+    if levels == 2:
+        return math.ceil(n / partition_rows)
     return math.ceil(n / max(partition_rows, math.isqrt(n)))
 
 
@@ -126,6 +142,47 @@ def _merge_close(z: np.ndarray, centroids: np.ndarray, within: float) -> np.ndar
     return centroids[np.sort(kept)]
 
 
+def assign_width(cells: int, coarse: int | None, joins: float) -> float:
+    """Centroids one record is scored against when assigned: every cell's (one level), or
+    the coarse cells' and the fine cells of about ``joins`` coarse cells (two levels)."""
+    return float(cells) if not coarse else coarse + joins * cells / coarse
+
+
+def coarse_count(cells: int) -> int:
+    """Two levels: about sqrt(cells) coarse cells (the two scoring passes then weigh alike)."""
+    return max(2, round(math.sqrt(cells)))
+
+
+def train_levels(sample: np.ndarray, partitions: int, seed: int = 0,
+                 progress: Progress | None = None, merge_within: float = 0.0
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Two levels from the sample rows: (mean, fine centroids relative to it grouped by
+    coarse cell, coarse centroids relative to it, each coarse cell's first fine cell and
+    the end). About sqrt(partitions) coarse cells; each coarse cell's sample rows train
+    its share of the fine cells (``train``, so oversized cells split and crowds merge
+    inside it)."""
+    import faiss
+
+    k1 = coarse_count(partitions)
+    mean, coarse = train(sample, k1, seed, progress, merge_within)
+    z = centred(sample, mean, np.float32).v
+    home = faiss.knn(z, np.ascontiguousarray(coarse, np.float32), 1)[1][:, 0]
+    fine, start = [], [0]
+    for c in range(len(coarse)):
+        rows = sample[home == c]
+        k = max(1, round(partitions * len(rows) / max(len(sample), 1)))
+        if len(rows) < 2:
+            cents = coarse[c:c + 1]
+        else:
+            m, rel = train(rows, k, seed + 1 + c, None, merge_within)
+            cents = rel + (m - mean)
+        fine.append(cents)
+        start.append(start[-1] + len(cents))
+        if progress is not None:
+            progress("k-means (fine cells)", c + 1, len(coarse))
+    return mean, np.concatenate(fine), coarse, np.asarray(start, np.int64)
+
+
 @dataclass
 class Prediction:
     """What a search would cost, measured on held-out sample rows and scaled to n rows.
@@ -162,21 +219,41 @@ class Partitions:
     reason: str = ""
     prediction: Prediction | None = None
     projection: Projection | None = None  # the cells' prefilter (``near.project``)
-    gap: np.ndarray = field(init=False, repr=False)  # (cells, cells) |c_p - c_q|
+    coarse: np.ndarray | None = None  # two levels: (k, d) coarse centroids, relative to mean
+    start: np.ndarray | None = None  # ... coarse cell c's fine cells: start[c]:start[c + 1]
+    gap: np.ndarray = field(init=False, repr=False)  # one level: (cells, cells) |c_p - c_q|
 
     def __post_init__(self) -> None:
-        c = self.centroids
-        sq = np.einsum("ij,ij->i", c, c)
-        self.gap = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2 * c @ c.T, 0))
-        np.fill_diagonal(self.gap, 0)
+        self.gap = _gaps(self.centroids) if self.coarse is None else np.zeros((0, 0))
 
     def __len__(self) -> int:
         return len(self.centroids)
 
+    @property
+    def levels(self) -> int:
+        return 1 if self.coarse is None else 2
+
+    @cached_property
+    def level_gaps(self) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Two levels: the coarse cells' gaps, and each coarse cell's fine cells' gaps."""
+        cuts = self.start.tolist()
+        return _gaps(self.coarse), [_gaps(self.centroids[a:b]) for a, b in
+                                    zip(cuts[:-1], cuts[1:], strict=True)]
+
     def describe(self) -> dict:
         return {"mode": self.mode, "reason": self.reason, "cells": len(self),
+                "levels": self.levels,
+                "coarse_cells": None if self.coarse is None else len(self.coarse),
                 "probes": self.probes,
                 "prediction": None if self.prediction is None else self.prediction.as_dict()}
+
+
+def _gaps(c: np.ndarray) -> np.ndarray:
+    """|c_p - c_q| for every two centroids."""
+    sq = np.einsum("ij,ij->i", c, c)
+    gap = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2 * c @ c.T, 0))
+    np.fill_diagonal(gap, 0)
+    return gap
 
 
 @dataclass
@@ -195,27 +272,205 @@ def assign(z: Vectors, parts: Partitions, probes: int | None = -1,
            progress: Progress | None = None) -> Assignment:
     """Cells each row (``z``: centred on ``parts.mean``) joins; ``probes``: the cap (-1:
     the plan's, None: exact); ``progress("assign", rows done, rows)`` after each block.
-
-    One matrix product gives f_p = |c_p|^2 - 2 z.c_p (|z - c_p|^2 less |z|^2) for every
-    cell; the rule is then f_p - 2 r' |c_p - c_home| <= f_home + e, one pass. The
-    slack r' - r covers where storing moved the vectors, e the rounding of the product
-    and of those passes, for this row and for any neighbour's own choice of home (see
-    the module docstring). Bounded mode ranks only the cells that passed, by their
-    distance to the bisector."""
+    Two levels: the coarse cells first, then the fine cells inside each coarse cell
+    joined (``_joins`` at each level; see the module docstring)."""
     probes = parts.probes if probes == -1 else probes
     n, k = len(z.v), len(parts)
     if k == 1 or n == 0:  # one cell; or nothing to assign (a sample of two distinct rows)
         ones = np.ones(n, np.int64)
         return Assignment(np.zeros(n, np.int64), np.arange(n, dtype=np.int64),
                           np.zeros(n, np.int64), ones, np.zeros(n, bool))
-    c, dim, dt = parts.centroids, parts.centroids.shape[1], z.v.dtype
+    if parts.coarse is None:
+        home, rows, cells, _, want = _joins(z, parts.centroids, parts.gap, parts.radius,
+                                            probes, progress)
+        joined = np.bincount(rows, minlength=n)
+        return Assignment(home, rows, cells, want, joined < want)
+    if probes is not None:
+        return _bounded_two(z, parts, probes, progress)
+    coarse_gap, fine_gaps = parts.level_gaps
+    h1, r1, c1, m1, _ = _joins(z, parts.coarse, coarse_gap, parts.radius, None, progress)
+    home = np.zeros(n, np.int64)
+    want = np.zeros(n, np.int64)
+    rows, cells = [], []
+    o = np.argsort(c1, kind="stable")
+    cuts = np.searchsorted(c1[o], np.arange(len(parts.coarse) + 1))
+    for c in range(len(parts.coarse)):
+        at = o[cuts[c]:cuts[c + 1]]
+        if not len(at):
+            continue
+        r, first = r1[at], int(parts.start[c])
+        sub, radius = _projected(z.take(r), h1[r], m1[at], c, parts.coarse, coarse_gap,
+                                 parts.radius)
+        h, rr, pp, _, ww = _joins(sub, parts.centroids[first:parts.start[c + 1]],
+                                  fine_gaps[c], radius, None)
+        mine = h1[r] == c
+        home[r[mine]] = first + h[mine]
+        want[r] += ww
+        rows.append(r[rr])
+        cells.append(first + pp)
+    return Assignment(home, np.concatenate(rows), np.concatenate(cells), want,
+                      np.zeros(n, bool))
+
+
+def _bounded_two(z: Vectors, parts: Partitions, probes: int,
+                 progress: Progress | None = None) -> Assignment:
+    """Bounded mode over two levels: the fine cells of a row's COARSE_PROBES x ``probes``
+    nearest coarse cells (home first, then by bisector) are its candidates, and among
+    them the one-level rule and ranking apply as if they were all the cells: home the
+    nearest candidate centroid, at most ``probes`` cells that pass the rule, nearest
+    bisectors first. Cells whose coarse cell was not a candidate are not met (recall is
+    measured); in high
+    dimensions the exact two-level rule joins many coarse cells (their bisectors pass
+    near most records), so bounded mode does not use it."""
+    n = len(z.v)
+    coarse_gap, _ = parts.level_gaps
+    h1, r1, c1, _, w1 = _joins(z, parts.coarse, coarse_gap, parts.radius,
+                               COARSE_PROBES * probes, progress)
+    widest = int(np.diff(parts.start).max())
+    block = max(256, (1 << 21) // (probes * widest))
+    starts = np.searchsorted(r1, np.arange(0, n + block, block))  # r1 is sorted by row
+    starts = starts[:-1] if starts[-2] == len(r1) else starts
+    gaps = _CrossGaps(parts)
+    homes, rows, cells, wanted = [], [], [], []
+    for i in range(len(starts) - 1):
+        k = slice(starts[i], starts[i + 1])
+        h, rr, pp, ww = _bounded_block(z, parts, gaps, r1[k], c1[k], probes)
+        homes.append(h)
+        rows.append(rr)
+        cells.append(pp)
+        wanted.append(ww)
+    home = np.zeros(n, np.int64)
+    rows_a, cells_a = np.concatenate(rows), np.concatenate(cells)
+    for h, rr in zip(homes, rows, strict=True):
+        home[np.unique(rr)] = h
+    want = np.zeros(n, np.int64)
+    for ww in wanted:
+        want += ww
+    joined1 = np.bincount(r1, minlength=n)
+    joined = np.bincount(rows_a, minlength=n)
+    return Assignment(home, rows_a, cells_a, want, (joined < want) | (joined1 < w1))
+
+
+class _CrossGaps:
+    """|c_p - c_q| between the fine cells of two coarse cells, made when first asked."""
+
+    def __init__(self, parts: Partitions):
+        self.parts, self.made = parts, {}
+        self.sq = np.einsum("ij,ij->i", parts.centroids, parts.centroids)
+        self.owner = np.repeat(np.arange(len(parts.start) - 1), np.diff(parts.start))
+
+    def __call__(self, a: int, b: int) -> np.ndarray:
+        if (a, b) not in self.made:
+            s, c = self.parts.start, self.parts.centroids
+            x, y = slice(s[a], s[a + 1]), slice(s[b], s[b + 1])
+            self.made[a, b] = np.sqrt(np.maximum(
+                self.sq[x, None] + self.sq[None, y] - 2 * c[x] @ c[y].T, 0))
+        return self.made[a, b]
+
+
+def _bounded_block(z: Vectors, parts: Partitions, gaps: _CrossGaps, r1: np.ndarray,
+                   c1: np.ndarray, probes: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``_bounded_two`` for the rows of one block (``r1`` joined coarse cell ``c1``):
+    (home of each row in np.unique(r1) order, row, cell, cells wanted per row of z). One
+    pass finds each row's nearest candidate centroid, a second applies the rule, both on
+    each coarse cell's dense (rows x fine cells) scores."""
+    cent, start, dt = parts.centroids, parts.start, z.v.dtype
+    csq, owner = gaps.sq, gaps.owner
+    ids = np.unique(r1)
+    local = np.full(len(z.v), -1, np.int64)
+    local[ids] = np.arange(len(ids))
+    best, home = np.full(len(ids), np.inf), np.zeros(len(ids), np.int64)
+    scored = []
+    for c in np.unique(c1).tolist():
+        r = r1[c1 == c]
+        a, b = int(start[c]), int(start[c + 1])
+        f = (z.v[r] @ (-2 * cent[a:b].T).astype(dt) + csq[a:b].astype(dt)).astype(np.float64)
+        j = f.argmin(axis=1)
+        fm = f[np.arange(len(r)), j]
+        li = local[r]
+        better = fm < best[li]
+        best[li[better]], home[li[better]] = fm[better], a + j[better]
+        scored.append((c, r, li, f))
+    u, g = z.u, gamma(cent.shape[1] + 1, dt)
+    cmax = math.sqrt(csq.max())
+    rows, cells, margins = [], [], []
+    for c, r, li, f in scored:
+        a = int(start[c])
+        h, fh = home[li], best[li][:, None]
+        oh = owner[h]
+        gap = np.empty_like(f)
+        for o in np.unique(oh).tolist():
+            m = oh == o
+            gap[m] = gaps(o, c)[h[m] - start[o]]
+        nz = z.norm[r]
+        r2 = 2 * (parts.radius + 1.01 * u * (2 * nz + parts.radius))
+        err = 1.02 * (2 * g + 8 * u) * (2 * nz * cmax + cmax * cmax + r2 * 2 * cmax)
+        own = (a + np.arange(f.shape[1]))[None, :] == h[:, None]
+        rr, pp = np.nonzero((f - r2[:, None] * gap <= fh + err[:, None]) | own)
+        rows.append(r[rr])
+        cells.append(a + pp)
+        margins.append(np.where(own[rr, pp], -1.0, (f[rr, pp] - fh[rr, 0])
+                                / np.maximum(2 * gap[rr, pp], 1e-300)))
+    rows, cells, margin = (np.concatenate(x) for x in (rows, cells, margins))
+    want = np.bincount(rows, minlength=len(z.v))
+    o = np.lexsort((margin, rows))
+    rows, cells = rows[o], cells[o]
+    keep = np.arange(len(rows)) - np.searchsorted(rows, rows) < probes
+    return home, rows[keep], cells[keep], want
+
+
+def _projected(z: Vectors, home: np.ndarray, low: np.ndarray, c: int, coarse: np.ndarray,
+               gap: np.ndarray, radius: float) -> tuple[Vectors, np.ndarray]:
+    """Rows joining coarse cell ``c`` from another home: where their neighbours in ``c``
+    can be. A neighbour x of y (|x - y| <= r') on c's side of the bisector H between
+    c and y's home, at distance >= delta from y, lies within sqrt(r'^2 - delta^2) of
+    y + delta n (n: H's unit normal towards c): with x - y = a n + w, a >= delta,
+    |x - (y + delta n)|^2 = a^2 + |w|^2 - 2 a delta + delta^2 <= r'^2 - delta^2. So
+    those rows join c's fine cells from that point with that radius, far fewer than
+    from their own place; ``low`` is a lower bound of delta (any smaller delta keeps
+    the bound), -1 for home rows, which keep their place and radius."""
+    far = low > 0
+    rad = np.full(len(z.v), radius)
+    if not far.any():
+        return z, rad
+    v, norm = z.v.copy(), z.norm.copy()
+    hc, d = home[far], low[far]
+    n = (coarse[c] - coarse[hc]) / gap[hc, c][:, None]
+    moved = z.v[far].astype(np.float64) + d[:, None] * n
+    v[far] = moved
+    norm[far] = np.linalg.norm(moved, axis=1)
+    r_ = radius + 1.01 * z.u * (2 * z.norm[far] + radius)  # where storing moved y, too
+    rad[far] = np.sqrt(np.maximum(r_ * r_ - d * d, 0.0)) + 4 * z.u * norm[far]  # the cast
+    return Vectors(v, norm), rad
+
+
+def _joins(z: Vectors, c: np.ndarray, gap: np.ndarray, radius: float | np.ndarray,
+           probes: int | None, progress: Progress | None = None
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One level's rule: (home, row, cell, a lower bound of the row's distance to the
+    bisector, cells wanted per row) for the rows of ``z`` and the centroids ``c``
+    (relative to z's centre), ``gap`` their distances, ``radius`` one or per row; at
+    most ``probes`` cells per row (None: all the rule passes).
+
+    One matrix product gives f_p = |c_p|^2 - 2 z.c_p (|z - c_p|^2 less |z|^2) for every
+    cell; the rule is then f_p - 2 r' |c_p - c_home| <= f_home + e, one pass. The
+    slack r' - r covers where storing moved the vectors, e the rounding of the product
+    and of those passes, for this row and for any neighbour's own choice of home (see
+    the module docstring). Bounded mode ranks only the cells that passed, by their
+    distance to the bisector (the home: -1)."""
+    n, k = len(z.v), len(c)
+    if k == 1:
+        zero = np.zeros(n, np.int64)
+        return zero, np.arange(n, dtype=np.int64), zero, np.full(n, -1.0), np.ones(n, np.int64)
+    dim, dt = c.shape[1], z.v.dtype
     csq = np.einsum("ij,ij->i", c, c)
     u, g = UNIT_ROUNDOFF[dt], gamma(dim + 1, dt)
-    cmax, gmax = math.sqrt(csq.max()), float(parts.gap.max())
+    cmax, gmax = math.sqrt(csq.max()), float(gap.max())
     ca = np.empty((dim + 1, k), dt)
     ca[:dim], ca[dim] = -2 * c.T, csq
-    widest = parts.gap.max(axis=1)  # per home: its largest gap, for a first cut
-    homes, rows, cells, wanted = [], [], [], []
+    widest = gap.max(axis=1)  # per home: its largest gap, for a first cut
+    homes, rows, cells, margins, wanted = [], [], [], [], []
     block = rows_for(z.v.itemsize * (dim + 1), 64 << 20, max(256, (1 << 22) // k), 1)
     for a in range(0, n, block):
         za = np.empty((min(block, n - a), dim + 1), dt)
@@ -224,33 +479,34 @@ def assign(z: Vectors, parts: Partitions, probes: int | None = -1,
         h = f.argmin(axis=1)
         fh = f[np.arange(len(f)), h].astype(np.float64)
         nz = z.norm[a:a + block]
-        r2 = 2 * (parts.radius + 1.01 * u * (2 * nz + parts.radius))
+        ra = radius if np.isscalar(radius) else radius[a:a + block]
+        r2 = 2 * (ra + 1.01 * u * (2 * nz + ra))
         err = 1.02 * (2 * g + 8 * u) * (2 * nz * cmax + cmax * cmax + r2 * gmax)
         # first cut with each home's widest gap (one pass), then the rule on what is left
         cut = (fh + r2 * widest[h] + err) * (1 + 4 * u) + 1e-30
         rr, pp = np.divmod(np.flatnonzero(f <= cut.astype(dt)[:, None]), k)
-        ok = f[rr, pp] - r2[rr] * parts.gap[h[rr], pp] <= fh[rr] + err[rr]
+        ok = f[rr, pp] - r2[rr] * gap[h[rr], pp] <= fh[rr] + err[rr]
         rr, pp = rr[ok], pp[ok]  # the home cell passes (gap 0)
         want = np.bincount(rr, minlength=len(f))
+        # twice the rounding: this row's scores, and a neighbour's own choice of home
+        margin = np.maximum(f[rr, pp] - fh[rr] - 2 * err[rr], 0) / np.maximum(
+            2 * gap[h[rr], pp], 1e-300)
+        margin[pp == h[rr]] = -1.0
         if probes is not None and probes < k:
-            margin = (f[rr, pp] - fh[rr]) / np.maximum(2 * parts.gap[h[rr], pp], 1e-300)
-            margin[pp == h[rr]] = -1.0
             o = np.lexsort((margin, rr))
-            rr, pp = rr[o], pp[o]
-            first = np.searchsorted(rr, rr)
-            keep = np.arange(len(rr)) - first < probes
-            rr, pp = rr[keep], pp[keep]
+            rr, pp, margin = rr[o], pp[o], margin[o]
+            keep = np.arange(len(rr)) - np.searchsorted(rr, rr) < probes
+            rr, pp, margin = rr[keep], pp[keep], margin[keep]
         homes.append(h)
         rows.append(a + rr)
         cells.append(pp)
+        margins.append(margin)
         wanted.append(want)
         if progress is not None:
             progress("assign", a + len(f), n)
-    rows_a, cells_a = np.concatenate(rows).astype(np.int64), np.concatenate(cells)
-    want_a = np.concatenate(wanted)
-    joined = np.bincount(rows_a, minlength=n)
-    return Assignment(np.concatenate(homes).astype(np.int64), rows_a,
-                      cells_a.astype(np.int64), want_a, joined < want_a)
+    return (np.concatenate(homes).astype(np.int64), np.concatenate(rows).astype(np.int64),
+            np.concatenate(cells).astype(np.int64), np.concatenate(margins),
+            np.concatenate(wanted))
 
 
 def predict(held: Vectors, parts: Partitions, rows: int, probes: int,
@@ -273,9 +529,10 @@ def predict(held: Vectors, parts: Partitions, rows: int, probes: int,
 
 
 def plan(sample: np.ndarray, rows: int, radius: float, mode: str, probes: int, cells: int,
-         seed: int = 0, progress: Progress | None = None) -> Partitions:
-    """Centroids from the sample rows (search space, float32 or float64) and the mode: ``auto``
-    takes exact when its predicted joins per row are within ``probes``."""
+         seed: int = 0, progress: Progress | None = None, levels: int = 1) -> Partitions:
+    """Centroids from the sample rows (search space, float32 or float64) in one level or
+    two (``levels``) and the mode: ``auto`` takes exact when its predicted joins per row
+    are within ``probes``."""
     if mode not in MODES:
         raise ValueError(f"near.mode must be one of {', '.join(MODES)}, got {mode!r}")
     if cells <= 1 or len(sample) < 2:
@@ -283,11 +540,18 @@ def plan(sample: np.ndarray, rows: int, radius: float, mode: str, probes: int, c
         return Partitions(mean, centroids, radius, None, "exact",
                           "one cell: every row is compared with every other")
     held = np.arange(len(sample)) % 5 == 4  # one row in five predicts, the others train
-    mean, centroids = train(sample[~held], cells, seed, progress, merge_within=radius)
-    parts = Partitions(mean, centroids, radius)
+    if levels == 2:
+        mean, fine, coarse, start = train_levels(sample[~held], cells, seed, progress,
+                                                 merge_within=radius)
+        parts = Partitions(mean, fine, radius, coarse=coarse, start=start)
+    else:
+        mean, centroids = train(sample[~held], cells, seed, progress, merge_within=radius)
+        parts = Partitions(mean, centroids, radius)
     p = predict(centred(sample[held], mean, np.float32), parts, rows, probes, progress)
     exact = mode == "exact" or (mode == "auto" and p.joins_exact <= probes)
-    why = (f"exact cells would join each record to {p.joins_exact:.1f} of {len(parts)} cells; "
+    cut = "" if parts.coarse is None else f" (two levels: {len(parts.coarse)} coarse)"
+    why = (f"exact cells would join each record to {p.joins_exact:.1f} of {len(parts)} "
+           f"cells{cut}; "
            f"bounded to {p.joins_bounded:.1f} ({probes} probes, {p.capped:.0%} of records "
            "capped)")
     if mode == "auto":

@@ -17,6 +17,7 @@ METRICS = ("allclose", "l2", "cosine", "correlation", "jaccard")
 GROUPINGS = ("representative", "components")
 INDEXES = ("auto", "flat", "ivf", "hnsw")
 DEVICES = ("auto", "cpu", "cuda")
+LEVELS = (1, 2)  # cells: one level of k-means, or coarse cells cut into fine ones
 CELL_BYTES = 64 << 20  # float32 search vectors of one cell, about (wide records)
 
 UNITS = ("word", "char", "token")  # jaccard: what a shingle is made of
@@ -64,6 +65,7 @@ class NearSpec:
     hnsw_m: int = 32  # hnsw: links per node
     single_index_rows: int = 20_000  # up to here: one cell (n^2 d flops stay ~2 s)
     partition_rows: int = 1_000  # above: k-means cells of about this many rows (or sqrt n)
+    levels: int = 1  # cells in one level of k-means, or two (coarse cells cut into fine ones)
     mode: str = "auto"  # exact | bounded | auto (chosen from a sample before the search)
     probes: int = 3  # bounded: cells per row at most (home included)
     recall_sample: int = 2_000  # records checked by brute force for the recall estimate
@@ -79,6 +81,8 @@ class NearSpec:
                                      ("device", self.device, DEVICES)):
             if value not in allowed:
                 raise ValueError(f"near.{name} must be one of {', '.join(allowed)}, got {value!r}")
+        if self.levels not in LEVELS:
+            raise ValueError(f"near.levels must be 1 or 2, got {self.levels!r}")
         if self.probes < 1:
             raise ValueError(f"near.probes must be at least 1, got {self.probes}")
         if self.channels < 1:
@@ -110,4 +114,4 @@ class NearSpec:
         cell's search vectors stay near CELL_BYTES (16k-value records: 1,024 rows)."""
         cap = rows_for(4 * dim, CELL_BYTES, max(self.single_index_rows, self.partition_rows), 2)
         return partition_count(n, min(self.single_index_rows, cap),
-                               min(self.partition_rows, cap))
+                               min(self.partition_rows, cap), self.levels)
