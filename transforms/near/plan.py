@@ -327,14 +327,14 @@ def _bounded_two(z: Vectors, parts: Partitions, probes: int,
     h1, r1, c1, _, w1 = _joins(z, parts.coarse, coarse_gap, parts.radius,
                                COARSE_PROBES * probes, progress)
     widest = int(np.diff(parts.start).max())
-    block = max(256, (1 << 21) // (probes * widest))
+    block = max(1024, (1 << 24) // (COARSE_PROBES * probes * widest))  # few, large products
     starts = np.searchsorted(r1, np.arange(0, n + block, block))  # r1 is sorted by row
     starts = starts[:-1] if starts[-2] == len(r1) else starts
-    gaps = _CrossGaps(parts)
+    csq = np.einsum("ij,ij->i", parts.centroids, parts.centroids)
     homes, rows, cells, wanted = [], [], [], []
     for i in range(len(starts) - 1):
         k = slice(starts[i], starts[i + 1])
-        h, rr, pp, ww = _bounded_block(z, parts, gaps, r1[k], c1[k], probes)
+        h, rr, pp, ww = _bounded_block(z, parts, csq, r1[k], c1[k], probes)
         homes.append(h)
         rows.append(rr)
         cells.append(pp)
@@ -351,24 +351,7 @@ def _bounded_two(z: Vectors, parts: Partitions, probes: int,
     return Assignment(home, rows_a, cells_a, want, (joined < want) | (joined1 < w1))
 
 
-class _CrossGaps:
-    """|c_p - c_q| between the fine cells of two coarse cells, made when first asked."""
-
-    def __init__(self, parts: Partitions):
-        self.parts, self.made = parts, {}
-        self.sq = np.einsum("ij,ij->i", parts.centroids, parts.centroids)
-        self.owner = np.repeat(np.arange(len(parts.start) - 1), np.diff(parts.start))
-
-    def __call__(self, a: int, b: int) -> np.ndarray:
-        if (a, b) not in self.made:
-            s, c = self.parts.start, self.parts.centroids
-            x, y = slice(s[a], s[a + 1]), slice(s[b], s[b + 1])
-            self.made[a, b] = np.sqrt(np.maximum(
-                self.sq[x, None] + self.sq[None, y] - 2 * c[x] @ c[y].T, 0))
-        return self.made[a, b]
-
-
-def _bounded_block(z: Vectors, parts: Partitions, gaps: _CrossGaps, r1: np.ndarray,
+def _bounded_block(z: Vectors, parts: Partitions, csq: np.ndarray, r1: np.ndarray,
                    c1: np.ndarray, probes: int
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``_bounded_two`` for the rows of one block (``r1`` joined coarse cell ``c1``):
@@ -376,7 +359,6 @@ def _bounded_block(z: Vectors, parts: Partitions, gaps: _CrossGaps, r1: np.ndarr
     pass finds each row's nearest candidate centroid, a second applies the rule, both on
     each coarse cell's dense (rows x fine cells) scores."""
     cent, start, dt = parts.centroids, parts.start, z.v.dtype
-    csq, owner = gaps.sq, gaps.owner
     ids = np.unique(r1)
     local = np.full(len(z.v), -1, np.int64)
     local[ids] = np.arange(len(ids))
@@ -398,11 +380,9 @@ def _bounded_block(z: Vectors, parts: Partitions, gaps: _CrossGaps, r1: np.ndarr
     for c, r, li, f in scored:
         a = int(start[c])
         h, fh = home[li], best[li][:, None]
-        oh = owner[h]
-        gap = np.empty_like(f)
-        for o in np.unique(oh).tolist():
-            m = oh == o
-            gap[m] = gaps(o, c)[h[m] - start[o]]
+        b = int(start[c + 1])
+        gap = np.sqrt(np.maximum(csq[h][:, None] + csq[None, a:b] - 2 * (cent[h] @ cent[a:b].T),
+                                 0))
         nz = z.norm[r]
         r2 = 2 * (parts.radius + 1.01 * u * (2 * nz + parts.radius))
         err = 1.02 * (2 * g + 8 * u) * (2 * nz * cmax + cmax * cmax + r2 * 2 * cmax)
