@@ -25,6 +25,7 @@ import numpy as np
 import xxhash
 
 from transforms.near.sets import (
+    POOL_CAP,
     Sets,
     band_keys,
     jaccards,
@@ -169,8 +170,10 @@ class SetIndex:
         block = self.blocks[-1]
         pos = len(block.sets)
         block.sets.append(x)
-        for k in ks:
-            block.index.setdefault(k, []).append(pos)
+        for k in ks:  # bounded: a key offers its first POOL_CAP records (as the job's groups)
+            at = block.index.setdefault(k, [])
+            if self.exact or len(at) < POOL_CAP:
+                at.append(pos)
 
     def forget_beyond(self, max_items: int) -> None:
         """Drop the oldest blocks while more than ``max_items`` records are kept."""

@@ -433,6 +433,7 @@ def length_fits(na: int | np.ndarray, nb: int | np.ndarray, threshold: float
 # ---------------------------------------------------------------- groups and decisions
 
 
+POOL_CAP = 64  # bounded mode: kept records a group offers later ones, at most
 SIGNATURE_MARGIN = 0.25  # bounded mode: a candidate whose MinHash estimate of J is more
 # than this below the threshold is not verified (6.6 standard deviations at 112
 # permutations and J = 0.8: a pair at the threshold is lost with chance ~1e-11)
@@ -565,7 +566,11 @@ def decide(gid: np.ndarray, member: np.ndarray, sets: Sets, rank: np.ndarray,
     duplicate of its component's first record, with their own Jaccard (below the
     threshold where the component chains). ``protected`` (bool per record): never
     removed. ``sig`` (bounded mode): MinHash signatures; a candidate whose estimate is
-    more than SIGNATURE_MARGIN below the threshold is not verified."""
+    more than SIGNATURE_MARGIN below the threshold is not verified, and a group offers
+    its first POOL_CAP kept records only: a crowd whose copies differ among themselves
+    by about 1 - threshold keeps thousands, and each later copy met all of them (a
+    100,000-copy crowd ran for hours); past the cap a copy near only later kept ones is
+    kept (recall, measured, not precision)."""
     n = len(sets)
     protected = np.zeros(n, bool) if protected is None else protected
     if not len(gid):
@@ -586,6 +591,7 @@ def decide(gid: np.ndarray, member: np.ndarray, sets: Sets, rank: np.ndarray,
     verified = np.zeros(J_BINS, np.int64)
     missed: list[tuple[int, int, float]] = []
     lo, hi = threshold - 1e-9, 1.0 / max(threshold, 1e-12) + 1e-9
+    cap = POOL_CAP if sig is not None else None
 
     def near(d: int, cands: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """The candidates at J >= threshold, with their J (filters first)."""
@@ -621,7 +627,8 @@ def decide(gid: np.ndarray, member: np.ndarray, sets: Sets, rank: np.ndarray,
             removed.append((d, int(c[best]), float(j[best])))
         else:
             for g in mine:
-                pools[g].append(d)
+                if cap is None or len(pools[g]) < cap:
+                    pools[g].append(d)
     if grouping == "components":
         out = [(d, union.root(d)) for d in order if union.root(d) != d and not protected[d]]
         removed = [(d, f, jaccard(sets.row(d), sets.row(f))) for d, f in out]
