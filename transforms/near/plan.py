@@ -319,33 +319,26 @@ def _bounded_two(z: Vectors, parts: Partitions, probes: int,
     them the one-level rule and ranking apply as if they were all the cells: home the
     nearest candidate centroid, at most ``probes`` cells that pass the rule, nearest
     bisectors first. Cells whose coarse cell was not a candidate are not met (recall is
-    measured); in high
-    dimensions the exact two-level rule joins many coarse cells (their bisectors pass
-    near most records), so bounded mode does not use it."""
+    measured); in high dimensions the exact two-level rule joins many coarse cells
+    (their bisectors pass near most records), so bounded mode does not use it."""
     n = len(z.v)
     coarse_gap, _ = parts.level_gaps
     h1, r1, c1, _, w1 = _joins(z, parts.coarse, coarse_gap, parts.radius,
                                COARSE_PROBES * probes, progress)
     widest = int(np.diff(parts.start).max())
     block = max(1024, (1 << 24) // (COARSE_PROBES * probes * widest))  # few, large products
-    starts = np.searchsorted(r1, np.arange(0, n + block, block))  # r1 is sorted by row
-    starts = starts[:-1] if starts[-2] == len(r1) else starts
     csq = np.einsum("ij,ij->i", parts.centroids, parts.centroids)
-    homes, rows, cells, wanted = [], [], [], []
-    for i in range(len(starts) - 1):
-        k = slice(starts[i], starts[i + 1])
-        h, rr, pp, ww = _bounded_block(z, parts, csq, r1[k], c1[k], probes)
-        homes.append(h)
+    home = np.zeros(n, np.int64)
+    rows, cells, passed = [], [], []
+    for a in range(0, n, block):  # r1 is sorted by row and holds every row (its home)
+        k = slice(*np.searchsorted(r1, [a, a + block]).tolist())
+        h, rr, pp, ok = _bounded_block(z, parts, csq, r1[k], c1[k], probes)
+        home[a:a + len(h)] = h
         rows.append(rr)
         cells.append(pp)
-        wanted.append(ww)
-    home = np.zeros(n, np.int64)
+        passed.append(ok)
     rows_a, cells_a = np.concatenate(rows), np.concatenate(cells)
-    for h, rr in zip(homes, rows, strict=True):
-        home[np.unique(rr)] = h
-    want = np.zeros(n, np.int64)
-    for ww in wanted:
-        want += ww
+    want = np.bincount(np.concatenate(passed), minlength=n)
     joined1 = np.bincount(r1, minlength=n)
     joined = np.bincount(rows_a, minlength=n)
     return Assignment(home, rows_a, cells_a, want, (joined < want) | (joined1 < w1))
@@ -355,7 +348,8 @@ def _bounded_block(z: Vectors, parts: Partitions, csq: np.ndarray, r1: np.ndarra
                    c1: np.ndarray, probes: int
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``_bounded_two`` for the rows of one block (``r1`` joined coarse cell ``c1``):
-    (home of each row in np.unique(r1) order, row, cell, cells wanted per row of z). One
+    (home of each row in np.unique(r1) order, row, cell, the row of each cell that
+    passed the rule before the cap). One
     pass finds each row's nearest candidate centroid, a second applies the rule, both on
     each coarse cell's dense (rows x fine cells) scores."""
     cent, start, dt = parts.centroids, parts.start, z.v.dtype
@@ -393,11 +387,10 @@ def _bounded_block(z: Vectors, parts: Partitions, csq: np.ndarray, r1: np.ndarra
         margins.append(np.where(own[rr, pp], -1.0, (f[rr, pp] - fh[rr, 0])
                                 / np.maximum(2 * gap[rr, pp], 1e-300)))
     rows, cells, margin = (np.concatenate(x) for x in (rows, cells, margins))
-    want = np.bincount(rows, minlength=len(z.v))
     o = np.lexsort((margin, rows))
     rows, cells = rows[o], cells[o]
     keep = np.arange(len(rows)) - np.searchsorted(rows, rows) < probes
-    return home, rows[keep], cells[keep], want
+    return home, rows[keep], cells[keep], rows
 
 
 def _projected(z: Vectors, home: np.ndarray, low: np.ndarray, c: int, coarse: np.ndarray,
