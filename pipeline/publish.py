@@ -202,11 +202,13 @@ def _hold_for_tests() -> None:
     hold = os.environ.get(HOLD_ENV)
     if not hold:
         return
-    Path(hold + ".reached").touch()
     wake = threading.Event()
     deadline = time.monotonic() + 600
-    while not os.path.exists(hold) and time.monotonic() < deadline:
-        try:
+    Path(hold + ".reached").touch()  # the last line before the loop that catches
+    while True:
+        try:  # the whole step, test included: the signal may land between any two lines
+            if os.path.exists(hold) or time.monotonic() >= deadline:
+                return
             wake.wait(0.02)
         except KeyboardInterrupt:  # deaf: as a library that swallows Ctrl-C would be
             if not os.environ.get(DEAF_ENV):
