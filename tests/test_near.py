@@ -599,6 +599,25 @@ def test_recall_judges_each_sampled_decision():
     assert recall.judge(many, {(0, 5)}, {}).truncated == 1
 
 
+
+def test_recall_sees_a_kept_early_partner_beyond_the_nearest():
+    """A crowd member kept although the crowd's first copy, kept, is near it: its 40
+    nearest partners are later copies, all removed, and the first copy is the 41st. Judged
+    on the nearest alone, keeping it looked right (the printed recall of a crowd was 0.9995
+    where the brute force's was 0.911); the truth also lists the first in keep order."""
+    def keys(*k):
+        return np.array([[0, i] for i in k], np.uint64).reshape(-1, 2)
+
+    n = 41  # partners 100..140: 140 is the crowd's first copy (keep order 0), the farthest
+    truth = recall.Truth(keys(*[5] * n), keys(*range(100, 100 + n)), np.linspace(0.01, 0.1, n),
+                         np.zeros(n), np.r_[np.arange(1, n), 0], {(0, 5): n}).cut()
+    assert (0, 140) in set(map(tuple, truth.partner.tolist()))
+    removed = {(0, i): ((0, 140), 0.05) for i in range(100, 140)}
+    r = recall.judge(truth, {(0, 5)}, removed)
+    assert (r.with_partners, r.recalled, r.truncated) == (1, 0, 1)
+    picked = recall.listed(np.linspace(0.01, 0.1, n), np.zeros(n), np.r_[np.arange(1, n), 0])
+    assert n - 1 in picked.tolist() and len(picked) == recall.PARTNERS + 1
+
 # --- real embeddings ----------------------------------------------------------------------
 
 def sentence_embeddings() -> np.ndarray:
