@@ -28,7 +28,9 @@ Why this way:
   (components: joined by verified pairs only, so no false edge chains unrelated
   records). A crowd (one boilerplate copied 100,000 times) that keeps one record costs
   about one comparison per member, not m^2 / 2. Bounded mode also skips candidates whose
-  MinHash estimate is far below the threshold (``SIGNATURE_MARGIN``).
+  MinHash estimate is far below the threshold (``SIGNATURE_MARGIN``) and verifies the
+  others best estimate first, until one is near: a copy in a crowd that keeps a few
+  records costs about one pair.
 """
 
 from __future__ import annotations
