@@ -113,22 +113,10 @@ def test_a_crowd_that_differs_among_itself_costs_linear_work_in_bounded_mode():
     every later copy had met all of them (m x kept: a 100,000-copy crowd ran for hours).
     Bounded mode offers each copy at most POOL_CAP kept records per group: linear work,
     every removal still verified, and most of the brute force's removals found."""
-    rng = np.random.default_rng(11)
-    text = package_texts(1, min_bytes=2000)[0][:3000]
-    vocab = sorted(set(text.split()))
-    docs = list(dict.fromkeys(edited(text, rng.uniform(0.02, 0.06), rng, vocab)
-                              for _ in range(2000)))
-    sh = Shingles("word")
-    sets = record_sets(docs, sh)
-    rank = np.arange(len(docs))
-    want = brute_force_sets(sets, rank, 0.8)
-    assert len(docs) - len(want.removed) > 2 * POOL_CAP  # the crowd keeps many
-    got = near_sets(sets, rank, 0.8, sh, mode="bounded")
-    bands = got.bands
-    assert got.compared <= len(docs) * bands * POOL_CAP // 4, got.compared
-    assert (got.j >= 0.8).all() and all(
-        jaccard(sets.row(r), sets.row(k)) >= 0.8
-        for r, k in zip(got.removed.tolist(), got.kept.tolist(), strict=True))
+    sets, want, got = _licence_crowd(11, (0.02, 0.06), 2000, 0.8)
+    assert len(sets) - len(want.removed) > 2 * POOL_CAP  # the crowd keeps many
+    assert got.compared <= len(sets) * got.bands * POOL_CAP // 4, got.compared
+    assert (got.j >= 0.8).all()
     assert len(np.intersect1d(got.removed, want.removed)) >= 0.95 * len(want.removed)
 
 
@@ -138,21 +126,28 @@ def test_a_crowd_that_keeps_few_records_costs_at_most_two_pairs_per_copy():
     soon as one verifies (candidates in order of MinHash estimate): at most 2 pairs
     verified per copy (before, every kept candidate was verified: about m x kept), and
     the same removals as the brute force."""
-    rng = np.random.default_rng(12)
+    sets, want, got = _licence_crowd(12, (0.005, 0.04), 3000, 0.6)
+    assert 3 <= len(sets) - len(want.removed) <= 50  # a crowd that keeps a few
+    assert got.compared <= 2 * len(sets), got.compared
+    assert np.array_equal(np.sort(got.removed), np.sort(want.removed))
+
+
+def _licence_crowd(seed: int, rates: tuple[float, float], m: int, threshold: float):
+    """m copies of one real licence at edit rates drawn from ``rates`` (the distinct
+    ones), and the brute force's and bounded mode's decisions at ``threshold``: (sets,
+    want, got), every removal of ``got`` checked to be verified at J >= threshold."""
+    rng = np.random.default_rng(seed)
     text = package_texts(1, min_bytes=2000)[0][:3000]
     vocab = sorted(set(text.split()))
-    docs = list(dict.fromkeys(edited(text, rng.uniform(0.005, 0.04), rng, vocab)
-                              for _ in range(3000)))
+    docs = list(dict.fromkeys(edited(text, rng.uniform(*rates), rng, vocab)
+                              for _ in range(m)))
     sh = Shingles("word")
     sets = record_sets(docs, sh)
     rank = np.arange(len(docs))
-    want = brute_force_sets(sets, rank, 0.6)
-    assert 3 <= len(docs) - len(want.removed) <= 50  # a crowd that keeps a few
-    got = near_sets(sets, rank, 0.6, sh, mode="bounded")
-    assert got.compared <= 2 * len(docs), got.compared
-    assert np.array_equal(np.sort(got.removed), np.sort(want.removed))
-    assert all(jaccard(sets.row(r), sets.row(k)) >= 0.6
+    got = near_sets(sets, rank, threshold, sh, mode="bounded")
+    assert all(jaccard(sets.row(r), sets.row(k)) >= threshold
                for r, k in zip(got.removed.tolist(), got.kept.tolist(), strict=True))
+    return sets, brute_force_sets(sets, rank, threshold), got
 
 
 def test_blank_short_and_normalised_records():

@@ -115,7 +115,7 @@ class Truth:
         if not len(self.dist):
             return self
         keep = np.zeros(len(self.dist), bool)
-        for keys in ((self.order, self.prio, self.dist), (self.dist, self.order, self.prio)):
+        for keys in _listings(self.dist, self.prio, self.order):
             o = np.lexsort((*keys, self.sample[:, 1], self.sample[:, 0]))
             s = self.sample[o]
             start = np.r_[True, (s[1:] != s[:-1]).any(axis=1)]
@@ -131,9 +131,14 @@ def listed(dist: np.ndarray, prio: np.ndarray, order: np.ndarray) -> np.ndarray:
     (whether it was removed in favour of the nearest kept one) and its PARTNERS first in
     keep order (a crowd member kept although an early partner, likely kept, was near it:
     the nearest alone are mostly removed copies, and would call that keep right)."""
-    near = np.lexsort((order, prio, dist))[:PARTNERS]
-    early = np.lexsort((dist, order, prio))[:PARTNERS]
+    near, early = (np.lexsort(keys)[:PARTNERS] for keys in _listings(dist, prio, order))
     return np.union1d(near, early)
+
+
+def _listings(dist: np.ndarray, prio: np.ndarray, order: np.ndarray) -> tuple:
+    """``np.lexsort`` keys (the last first) of the two listings: nearest (then keep
+    order) and first in keep order (then nearest)."""
+    return (order, prio, dist), (dist, order, prio)
 
 
 def judge(truth: Truth, sampled: set, removed: dict, components: bool = False) -> Recall:

@@ -595,7 +595,6 @@ def decide(gid: np.ndarray, member: np.ndarray, sets: Sets, rank: np.ndarray,
     compared = 0
     verified = np.zeros(J_BINS, np.int64)
     missed: list[tuple[int, int, float]] = []
-    lo, hi = threshold - 1e-9, 1.0 / max(threshold, 1e-12) + 1e-9
     cap = POOL_CAP if sig is not None else None
 
     def verify(d: int, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -618,8 +617,7 @@ def decide(gid: np.ndarray, member: np.ndarray, sets: Sets, rank: np.ndarray,
         (bounded mode): verified in order of MinHash estimate, in blocks of 1, 2, 4...,
         up to the first block that holds one: the same decision as verifying all."""
         c = np.asarray(cands, np.int64)
-        ratio = sizes[c] / sizes[d]
-        c = c[(ratio >= lo) & (ratio <= hi)]  # the length filter
+        c = c[length_fits(sizes[c], sizes[d], threshold)]
         if sig is None or not len(c):
             return verify(d, c)
         est = (sig[c] == sig[d]).mean(axis=1)
