@@ -378,8 +378,7 @@ def _bounded_block(z: Vectors, parts: Partitions, csq: np.ndarray, r1: np.ndarra
         gap = np.sqrt(np.maximum(csq[h][:, None] + csq[None, a:b] - 2 * (cent[h] @ cent[a:b].T),
                                  0))
         nz = z.norm[r]
-        r2 = 2 * (parts.radius + 1.01 * u * (2 * nz + parts.radius))
-        err = 1.02 * (2 * g + 8 * u) * (2 * nz * cmax + cmax * cmax + r2 * 2 * cmax)
+        r2, err = _rule_terms(parts.radius, nz, u, g, cmax, 2 * cmax)
         own = (a + np.arange(f.shape[1]))[None, :] == h[:, None]
         rr, pp = np.nonzero((f - r2[:, None] * gap <= fh + err[:, None]) | own)
         rows.append(r[rr])
@@ -413,9 +412,23 @@ def _projected(z: Vectors, home: np.ndarray, low: np.ndarray, c: int, coarse: np
     moved = z.v[far].astype(np.float64) + d[:, None] * n
     v[far] = moved
     norm[far] = np.linalg.norm(moved, axis=1)
-    r_ = radius + 1.01 * z.u * (2 * z.norm[far] + radius)  # where storing moved y, too
+    r_ = _stored_radius(radius, z.norm[far], z.u)  # where storing moved y, too
     rad[far] = np.sqrt(np.maximum(r_ * r_ - d * d, 0.0)) + 4 * z.u * norm[far]  # the cast
     return Vectors(v, norm), rad
+
+
+def _stored_radius(radius, nz: np.ndarray, u: float):
+    """r': the radius widened by where storing moved rows of norms ``nz``."""
+    return radius + 1.01 * u * (2 * nz + radius)
+
+
+def _rule_terms(radius, nz: np.ndarray, u: float, g: float, cmax: float, gap_max: float
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(2 r', e) of the rule f_p - 2 r' |c_p - c_home| <= f_home + e for rows of norms
+    ``nz``: e bounds the rounding of the scores (centroid norms up to ``cmax``, gaps up
+    to ``gap_max``), for this row and for any neighbour's own choice of home."""
+    r2 = 2 * _stored_radius(radius, nz, u)
+    return r2, 1.02 * (2 * g + 8 * u) * (2 * nz * cmax + cmax * cmax + r2 * gap_max)
 
 
 def _joins(z: Vectors, c: np.ndarray, gap: np.ndarray, radius: float | np.ndarray,
@@ -453,8 +466,7 @@ def _joins(z: Vectors, c: np.ndarray, gap: np.ndarray, radius: float | np.ndarra
         fh = f[np.arange(len(f)), h].astype(np.float64)
         nz = z.norm[a:a + block]
         ra = radius if np.isscalar(radius) else radius[a:a + block]
-        r2 = 2 * (ra + 1.01 * u * (2 * nz + ra))
-        err = 1.02 * (2 * g + 8 * u) * (2 * nz * cmax + cmax * cmax + r2 * gmax)
+        r2, err = _rule_terms(ra, nz, u, g, cmax, gmax)
         # first cut with each home's widest gap (one pass), then the rule on what is left
         cut = (fh + r2 * widest[h] + err) * (1 + 4 * u) + 1e-30
         rr, pp = np.divmod(np.flatnonzero(f <= cut.astype(dt)[:, None]), k)
