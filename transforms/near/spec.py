@@ -78,11 +78,11 @@ class NearSpec:
                                      ("grouping", self.grouping, GROUPINGS),
                                      ("index", self.index, INDEXES),
                                      ("mode", self.mode, MODES),
-                                     ("device", self.device, DEVICES)):
+                                     ("device", self.device, DEVICES),
+                                     ("levels", self.levels, LEVELS)):
             if value not in allowed:
-                raise ValueError(f"near.{name} must be one of {', '.join(allowed)}, got {value!r}")
-        if self.levels not in LEVELS:
-            raise ValueError(f"near.levels must be 1 or 2, got {self.levels!r}")
+                raise ValueError(f"near.{name} must be one of {', '.join(map(str, allowed))}, "
+                                 f"got {value!r}")
         if self.probes < 1:
             raise ValueError(f"near.probes must be at least 1, got {self.probes}")
         if self.channels < 1:
