@@ -120,18 +120,6 @@ def test_a_crowd_that_differs_among_itself_costs_linear_work_in_bounded_mode():
     assert len(np.intersect1d(got.removed, want.removed)) >= 0.95 * len(want.removed)
 
 
-def test_a_crowd_that_keeps_few_records_costs_at_most_two_pairs_per_copy():
-    """3,000 copies of one licence at edit rates 0.5-4%, decided at 0.6: the crowd keeps
-    a handful, each later copy meets all of them in its bands, and a copy is removed as
-    soon as one verifies (candidates in order of MinHash estimate): at most 2 pairs
-    verified per copy (before, every kept candidate was verified: about m x kept), and
-    the same removals as the brute force."""
-    sets, want, got = _licence_crowd(12, (0.005, 0.04), 3000, 0.6)
-    assert 3 <= len(sets) - len(want.removed) <= 50  # a crowd that keeps a few
-    assert got.compared <= 2 * len(sets), got.compared
-    assert np.array_equal(np.sort(got.removed), np.sort(want.removed))
-
-
 def _licence_crowd(seed: int, rates: tuple[float, float], m: int, threshold: float):
     """m copies of one real licence at edit rates drawn from ``rates`` (the distinct
     ones), and the brute force's and bounded mode's decisions at ``threshold``: (sets,

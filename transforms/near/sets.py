@@ -28,9 +28,7 @@ Why this way:
   (components: joined by verified pairs only, so no false edge chains unrelated
   records). A crowd (one boilerplate copied 100,000 times) that keeps one record costs
   about one comparison per member, not m^2 / 2. Bounded mode also skips candidates whose
-  MinHash estimate is far below the threshold (``SIGNATURE_MARGIN``) and verifies the
-  others best estimate first, until one is near: a copy in a crowd that keeps a few
-  records costs about one pair.
+  MinHash estimate is far below the threshold (``SIGNATURE_MARGIN``).
 """
 
 from __future__ import annotations
@@ -568,10 +566,7 @@ def decide(gid: np.ndarray, member: np.ndarray, sets: Sets, rank: np.ndarray,
     duplicate of its component's first record, with their own Jaccard (below the
     threshold where the component chains). ``protected`` (bool per record): never
     removed. ``sig`` (bounded mode): MinHash signatures; a candidate whose estimate is
-    more than SIGNATURE_MARGIN below the threshold is not verified, the others are
-    verified best estimate first until one is near (representative: a copy in a crowd
-    that keeps few records costs about one pair, and is removed as the duplicate of the
-    nearest of the first block that held one), and a group offers
+    more than SIGNATURE_MARGIN below the threshold is not verified, and a group offers
     its first POOL_CAP kept records only: a crowd whose copies differ among themselves
     by about 1 - threshold keeps thousands, and each later copy met all of them (a
     100,000-copy crowd ran for hours); past the cap a copy near only later kept ones is
@@ -597,9 +592,13 @@ def decide(gid: np.ndarray, member: np.ndarray, sets: Sets, rank: np.ndarray,
     missed: list[tuple[int, int, float]] = []
     cap = POOL_CAP if sig is not None else None
 
-    def verify(d: int, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The candidates ``c`` at J >= threshold, with their J."""
+    def near(d: int, cands: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The candidates at J >= threshold, with their J (filters first)."""
         nonlocal compared
+        c = np.asarray(cands, np.int64)
+        c = c[length_fits(sizes[c], sizes[d], threshold)]
+        if sig is not None and len(c):
+            c = c[(sig[c] == sig[d]).mean(axis=1) >= threshold - SIGNATURE_MARGIN]
         if not len(c):
             return c, np.zeros(0)
         compared += len(c)
@@ -612,28 +611,6 @@ def decide(gid: np.ndarray, member: np.ndarray, sets: Sets, rank: np.ndarray,
             missed.append((d, int(c[b]), float(j[b])))
         return c[ok], j[ok]
 
-    def near(d: int, cands: list[int], first: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """The candidates at J >= threshold, with their J (filters first). ``first``
-        (bounded mode): verified in order of MinHash estimate, in blocks of 1, 2, 4...,
-        up to the first block that holds one: the same decision as verifying all."""
-        c = np.asarray(cands, np.int64)
-        c = c[length_fits(sizes[c], sizes[d], threshold)]
-        if sig is None or not len(c):
-            return verify(d, c)
-        est = (sig[c] == sig[d]).mean(axis=1)
-        keep = est >= threshold - SIGNATURE_MARGIN
-        c, est = c[keep], est[keep]
-        if not first:
-            return verify(d, c)
-        c = c[np.lexsort((rank[c], -est))]
-        a, step = 0, 1
-        while a < len(c):
-            found = verify(d, c[a:a + step])
-            if len(found[0]):
-                return found
-            a, step = a + step, step * 2
-        return c[:0], np.zeros(0)
-
     for d in order:
         i = at[d]
         mine = g_sorted[bounds[i]:bounds[i + 1]].tolist()
@@ -642,7 +619,7 @@ def decide(gid: np.ndarray, member: np.ndarray, sets: Sets, rank: np.ndarray,
                 _join_pool(pools[g], d, union, near)
             continue
         cands = list({e for g in mine for e in pools[g]})
-        c, j = near(d, cands, True) if cands else (np.zeros(0, np.int64), np.zeros(0))
+        c, j = near(d, cands) if cands else (np.zeros(0, np.int64), np.zeros(0))
         if len(c) and not protected[d]:
             best = np.lexsort((rank[c], -j))[0]
             removed.append((d, int(c[best]), float(j[best])))
