@@ -48,7 +48,7 @@ from pipeline.steps.tagged import SplitOutputs
 from transforms.exact import is_protected, tier_of
 from transforms.io.streams import read_streams, write_streams
 from transforms.near.components import component_labels
-from transforms.near.recall import PARTNERS, Truth, judge, listed, splitmix64
+from transforms.near.recall import PARTNERS, Truth, judge, splitmix64
 from transforms.near.sets import (
     J_BINS,
     auto_choice,
@@ -398,19 +398,19 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
     """The recall sample against one chunk: each sampled record's earlier partners (in
     keep order) at J >= threshold, through the chunk's prefix index (complete). Sampled
     records go in batches of at most TRUTH_PAIRS candidate pairs, and each keeps its
-    listed partners (``listed``: nearest and first) with the count of all: a sampled
-    member of a 100,000-copy crowd meets the whole crowd (1.6 billion candidate pairs
-    held at once took 12 GB). A prefix token listing more than TRUTH_CANDIDATES records
-    of the chunk offers its first TRUTH_CANDIDATES in keep order, and a sampled record
-    verifies at most that many (those sharing the most prefix tokens with it); such a
-    record counts as truncated (``Recall.truncated``) and is judged on the partners
-    found, as inside vector crowds."""
+    PARTNERS nearest partners with the count of all: a sampled member of a 100,000-copy
+    crowd meets the whole crowd (1.6 billion candidate pairs held at once took 12 GB).
+    A prefix token listing more than TRUTH_CANDIDATES records of the chunk offers its
+    first TRUTH_CANDIDATES, and a sampled record verifies at most that many (those
+    sharing the most prefix tokens with it); such a record counts as truncated
+    (``Recall.truncated``) and is judged on the partners found, as inside vector
+    crowds."""
     s = plan.sample
     if s is None or not len(s):
         return
     b = _best_per_digest(batch.loaded())
     rec, keys = prefix_tokens(b.sets, spec.threshold, plan.frequent)
-    o = np.lexsort((b.order[rec], b.prio[rec], keys))  # a token's records in keep order
+    o = np.argsort(keys, kind="stable")
     skeys, srec = keys[o], rec[o]
     srec_s, stok = prefix_tokens(s.sets, spec.threshold, plan.frequent)
     lo, hi = np.searchsorted(skeys, stok), np.searchsorted(skeys, stok, side="right")
@@ -452,7 +452,7 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
             if not len(keep):
                 continue
             counts[tuple(s.words[i].tolist())] = len(keep) + crowd * (PARTNERS + 1)
-            keep = keep[listed(-j[keep], b.prio[c[keep]], b.order[c[keep]])]
+            keep = keep[np.lexsort((b.order[c[keep]], b.prio[c[keep]], -j[keep]))[:PARTNERS]]
             out_s.append(np.full(len(keep), i))
             out_p.append(c[keep])
             out_j.append(j[keep])

@@ -16,9 +16,8 @@ other question a user asks: of the sampled records within tolerance of some earl
 record, kept or not, the share that was removed (with its own interval); keep order
 decides how far the two differ. The search never lists its pairs (a crowd of
 copies has millions), so records are judged, not pairs; inside a crowd a sampled
-record keeps only its ``PARTNERS`` nearest earlier partners (and, for sets, its
-``PARTNERS`` first in keep order), and the judgement looks at those (``truncated``
-counts the records where more existed).
+record keeps only its ``PARTNERS`` nearest earlier partners, and the judgement looks
+at those (``truncated`` counts the records where more existed).
 """
 
 from __future__ import annotations
@@ -85,8 +84,7 @@ class Recall:
 class Truth:
     """Brute-force partners of sampled records: for each, its nearest earlier partners
     within tolerance (the sampled record within tolerance of the partner as the
-    reference), cut to PARTNERS nearest and PARTNERS first (``listed``; vector searches
-    give the nearest only), and how many there are in all. Records are (n, 2)
+    reference), cut to PARTNERS, and how many there are in all. Records are (n, 2)
     uint64 keys; (``prio``, ``order``) orders partners as keep order does."""
 
     sample: np.ndarray  # (m, 2) uint64
@@ -110,35 +108,16 @@ class Truth:
         return cat.cut()
 
     def cut(self) -> Truth:
-        """Each sampled record's PARTNERS nearest partners (distance, then keep order)
-        and its PARTNERS first in keep order (``listed``)."""
+        """Each sampled record's PARTNERS nearest partners (distance, then keep order)."""
         if not len(self.dist):
             return self
-        keep = np.zeros(len(self.dist), bool)
-        for keys in _listings(self.dist, self.prio, self.order):
-            o = np.lexsort((*keys, self.sample[:, 1], self.sample[:, 0]))
-            s = self.sample[o]
-            start = np.r_[True, (s[1:] != s[:-1]).any(axis=1)]
-            first = np.maximum.accumulate(np.where(start, np.arange(len(o)), 0))
-            keep[o[np.arange(len(o)) - first < PARTNERS]] = True
-        keep = np.flatnonzero(keep)
+        o = np.lexsort((self.order, self.prio, self.dist, self.sample[:, 1], self.sample[:, 0]))
+        s = self.sample[o]
+        start = np.r_[True, (s[1:] != s[:-1]).any(axis=1)]
+        first = np.maximum.accumulate(np.where(start, np.arange(len(o)), 0))
+        keep = o[np.arange(len(o)) - first < PARTNERS]
         return Truth(self.sample[keep], self.partner[keep], self.dist[keep], self.prio[keep],
                      self.order[keep], self.counts)
-
-
-def listed(dist: np.ndarray, prio: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """Which of one record's earlier partners the truth lists: its PARTNERS nearest
-    (whether it was removed in favour of the nearest kept one) and its PARTNERS first in
-    keep order (a crowd member kept although an early partner, likely kept, was near it:
-    the nearest alone are mostly removed copies, and would call that keep right)."""
-    near, early = (np.lexsort(keys)[:PARTNERS] for keys in _listings(dist, prio, order))
-    return np.union1d(near, early)
-
-
-def _listings(dist: np.ndarray, prio: np.ndarray, order: np.ndarray) -> tuple:
-    """``np.lexsort`` keys (the last first) of the two listings: nearest (then keep
-    order) and first in keep order (then nearest)."""
-    return (order, prio, dist), (dist, order, prio)
 
 
 def judge(truth: Truth, sampled: set, removed: dict, components: bool = False) -> Recall:
