@@ -20,14 +20,23 @@ import yaml
 
 from pipeline.run import main
 from tests.textkit import CROWD, edited, oracle, package_texts
+from transforms.near.components import component_labels
 from transforms.near.sets import (
+    PAIR_GROUP,
     POOL_CAP,
+    Sets,
     Shingles,
     blank_rows,
     brute_force_sets,
     find_near_sets,
+    first_shared,
+    frequent_tokens,
+    group_pairs,
     jaccard,
+    linked_members,
     near_sets,
+    pair_jaccards,
+    prefix_tokens,
     record_sets,
 )
 
@@ -284,6 +293,102 @@ def test_components_grouping_in_the_job(tmp_path, corpus):
     near = {"metric": "jaccard", "threshold": 0.8, "mode": "exact", "grouping": "components"}
     _job(tmp_path, "parquet", corpus, near)
     _same(_removals(tmp_path), _expected(corpus, 0.8, "word", "components"))
+
+
+def _mosaics(n: int, rng: np.random.Generator) -> list[str]:
+    """Texts made of three real paragraphs each, drawn from one pool: no two are near
+    (sharing one paragraph of three is J ~ 0.2), but every shingle occurs in several
+    texts, so each text's prefix tokens are shared and the prefix groups link them all."""
+    paras = sorted({q.strip() for t in package_texts(120) for q in t.split("\n\n")
+                    if len(q.split()) >= 30})[:60]
+    return [" ".join(paras[int(k)] for k in rng.choice(len(paras), 3, replace=False)) + f" {i}"
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("grouping", ["representative", "components"])
+def test_exact_join_links_only_verified_pairs(tmp_path, grouping):
+    """Exact mode: the records the prefix groups put together (here every text) are not
+    decided as one component: a group of at most PAIR_GROUP records has its pairs
+    verified where it is found, and only pairs at J >= threshold (and crowd groups)
+    link records. The decisions equal the oracle's; the records decided are those with
+    a near partner, and the components are the near clusters."""
+    rng = np.random.default_rng(5)
+    docs = _mosaics(400, rng)
+    vocab = sorted({w for t in docs for w in t.split()})
+    sources = rng.choice(len(docs), 40, replace=False)
+    docs += [edited(docs[int(i)], 0.02, rng, vocab) for i in sources]
+    rng.shuffle(docs)
+    near = {"metric": "jaccard", "threshold": 0.8, "mode": "exact", "grouping": grouping}
+    s = _job(tmp_path, "parquet", docs, near)
+    want = _expected(docs, 0.8, "word", grouping)
+    _same(_removals(tmp_path), want)
+    keep = _survivors(docs)  # exact copies never reach the near stage
+    sets = record_sets([docs[i] for i in keep], Shingles("word"))
+    near_pairs = np.array([(a, b) for a in range(len(keep)) for b in range(a) if
+                           jaccard(sets.row(a), sets.row(b)) >= 0.8])
+    linked = np.unique(near_pairs)
+    assert s["near"]["largest_group"] <= PAIR_GROUP < len(docs)  # pairs verified in groups
+    assert s["near"]["candidate_groups"] > len(docs)  # the groups link every text ...
+    assert s["near"]["records_searched"] == len(linked) < len(docs) // 4  # ... decided: not
+    labels = component_labels(len(keep), near_pairs[:, 0], near_pairs[:, 1])
+    assert s["near"]["components"] == len(np.unique(labels[linked]))
+
+
+def test_pairs_of_groups_and_their_jaccards_are_exact(corpus):
+    """``group_pairs`` lists each pair of co-members once, whatever groups repeat it;
+    ``pair_jaccards`` equals the set Jaccard, also where two hashes share the 40 bits
+    its lookup keys hold (hashes that differ in their last bits only)."""
+    rng = np.random.default_rng(2)
+    gid, member = rng.integers(0, 30, 600), rng.integers(0, 200, 600)
+    want = {(min(a, b), max(a, b)) for g in range(30) for a in member[gid == g].tolist()
+            for b in member[gid == g].tolist() if a != b}
+    a, b = group_pairs(gid, member)
+    assert list(zip(a.tolist(), b.tolist(), strict=True)) == sorted(want)
+    sets = record_sets(corpus, Shingles("word"))
+    n = len(sets)
+    both = Sets.concat([sets, Sets(sets.offsets, np.concatenate(
+        [np.sort(sets.row(i) ^ np.uint64(1)) for i in range(n)]))])
+    a = np.r_[rng.integers(0, 2 * n, 5000), np.arange(n)]  # with each record's twin
+    b = np.r_[rng.integers(0, 2 * n, 5000), np.arange(n) + n]
+    got = pair_jaccards(both, a, b)
+    assert np.array_equal(got, [jaccard(both.row(int(x)), both.row(int(y)))
+                                for x, y in zip(a, b, strict=True)])
+    assert (got >= 0.8).sum() > 100
+    rec, tok = prefix_tokens(sets, 0.8, frequent_tokens(sets))  # each prefix in its order
+    ordered = Sets(np.r_[0, np.cumsum(np.bincount(rec, minlength=n))], tok)
+    a, b = rng.integers(0, n, 3000), rng.integers(0, n, 3000)
+    first = first_shared(ordered, a, b)
+    want = [next((t for t in ordered.row(x).tolist() if t in set(ordered.row(y).tolist())), 0)
+            for x, y in zip(a.tolist(), b.tolist(), strict=True)]
+    assert first.tolist() == want and np.array_equal(first_shared(ordered, b, a), first)
+    assert (first != 0).sum() > 100
+
+
+def test_a_groups_linked_members_are_those_with_a_near_partner(corpus):
+    """``linked_members`` on groups of unrelated texts with near pairs and a few edited
+    copies, in several orders: exactly the members with a partner at J >= t in the group
+    (brute force over every pair). A group that is mostly a crowd of copies goes on
+    whole, for a few comparisons per member."""
+    rng = np.random.default_rng(4)
+    vocab = sorted({w for t in corpus for w in t.split()})
+    docs = corpus[:150] + [edited(corpus[0], rng.uniform(0, 0.01), rng, vocab)
+                           for _ in range(250)]
+    sets = record_sets(docs, Shingles("word"))
+    n = len(docs)
+    j = np.array([[jaccard(sets.row(a), sets.row(b)) for b in range(n)] for a in range(n)])
+    np.fill_diagonal(j, 0)
+    alone = np.flatnonzero((j[:150, :150] < 0.8).all(axis=1))  # near none of the texts
+    paired = np.flatnonzero(~(j[:150, :150] < 0.8).all(axis=1))
+    group = np.r_[alone[:80], paired[:20], np.arange(150, 170)]  # and 20 of the copies
+    assert len(alone) >= 80 and len(paired) >= 20
+    for seed in range(3):
+        members = np.random.default_rng(seed).permutation(group)
+        linked, compared = linked_members(members, sets, 0.8)
+        assert np.array_equal(linked, (j[np.ix_(members, members)] >= 0.8).any(axis=1))
+        assert 0 < linked.sum() < len(members) // 2
+    crowd = np.random.default_rng(0).permutation(n)
+    linked, compared = linked_members(crowd, sets, 0.8)
+    assert linked.all() and len(compared) < 50 * PAIR_GROUP
 
 
 def test_bounded_job_blank_records_and_the_report(tmp_path, corpus):

@@ -29,12 +29,17 @@ import numpy as np
 from pipeline.steps.near_sets import KEY_SHARDS, PLAN_SAMPLE
 from transforms.near.components import component_labels
 from transforms.near.sets import (
+    PAIR_GROUP,
+    Sets,
     auto_choice,
     band_keys,
     decide,
+    first_shared,
     frequent_tokens,
+    group_links,
     groups,
     join_work,
+    linked_members,
     lsh_params,
     prefix_tokens,
     record_sets,
@@ -65,7 +70,8 @@ class SetsCost:
     distinct: float  # share of records that are the first of their digest
     grouped: float  # share of records in a candidate group (decided by comparison)
     members: float  # grouped key lines per record (what the components' worker holds)
-    compared: float  # pairs verified per record
+    paired: float  # exact: pairs verified per record where the groups are found
+    compared: float  # pairs verified per record (those too)
     removed: float  # share of records removed as near duplicates
     groups: float  # candidate groups per record
     largest_group: int  # records
@@ -80,22 +86,54 @@ class SetsCost:
 
 def _stats(sets, rank: np.ndarray, rec: np.ndarray, keys: np.ndarray, sig, take: np.ndarray,
            spec: NearSpec) -> dict[str, float]:
-    """The job's groups and decisions over the records ``take`` of the sample."""
+    """The job's groups and decisions over the records ``take`` of the sample: in exact
+    mode (no ``sig``) the groups of at most PAIR_GROUP records verified pair by pair and
+    only their near pairs going on, as the job's Groups step does."""
     mine = np.isin(rec, take)
     gid, member = groups(keys[mine], rec[mine])
     if not len(gid):
-        return dict.fromkeys(("grouped", "members", "compared", "removed", "groups",
+        return dict.fromkeys(("grouped", "members", "paired", "compared", "removed", "groups",
                               "largest_group", "largest_component"), 0.0)
-    dec = decide(gid, member, sets, rank, spec.threshold, spec.grouping, None, sig)
     sizes = np.bincount(gid)
+    paired = 0
+    if sig is None:  # as the job's Groups step (``near_sets._checked_groups``)
+        small = sizes[gid] <= PAIR_GROUP
+        ordered = Sets(np.r_[0, np.cumsum(np.bincount(rec, minlength=len(sets)))], keys)
+        k, m = keys[mine], rec[mine]
+        o = np.lexsort((m, k))
+        k, m = k[o], m[o]
+        k = k[np.r_[True, (k[1:] != k[:-1]) | (m[1:] != m[:-1])]]  # a (key, record) once
+        uk, n_k = np.unique(k, return_counts=True)
+        small_keys = uk[n_k > 1][sizes <= PAIR_GROUP]  # groups() numbers keys in order
+        a, b, j = group_links(gid[small], member[small], sets, spec.threshold,
+                              lambda a, b: np.isin(first_shared(ordered, a, b), small_keys))
+        near = j >= spec.threshold
+        paired = len(j)
+        big = np.flatnonzero(~small)
+        big = big[np.lexsort((rank[member[big]], gid[big]))]
+        cuts = np.flatnonzero(np.r_[True, gid[big][1:] != gid[big][:-1], True]).tolist()
+        keep = [np.stack([a[near], b[near]], 1).reshape(-1)]
+        kept_gid = [len(sizes) + np.repeat(np.arange(int(near.sum())), 2)]
+        for s, e in zip(cuts[:-1], cuts[1:], strict=True):
+            linked, jj = linked_members(member[big[s:e]], sets, spec.threshold)
+            paired += len(jj)
+            keep.append(member[big[s:e]][linked])
+            kept_gid.append(gid[big[s:e]][linked])
+        gid, member = np.concatenate(kept_gid), np.concatenate(keep)
+    if not len(gid):
+        return {"grouped": 0.0, "members": 0.0, "paired": float(paired),
+                "compared": float(paired), "removed": 0.0, "groups": float(len(sizes)),
+                "largest_group": float(sizes.max()), "largest_component": 0.0}
+    dec = decide(gid, member, sets, rank, spec.threshold, spec.grouping, None, sig)
     nodes, node = np.unique(member, return_inverse=True)
     o = np.lexsort((node, gid))  # each group's members linked to its first one
     first = np.r_[True, gid[o][1:] != gid[o][:-1]]
     head = np.maximum.accumulate(np.where(first, np.arange(len(o)), 0))
     label = component_labels(len(nodes), node[o], node[o][head])
     return {"grouped": float(len(nodes)), "members": float(len(member)),
-            "compared": float(dec.compared), "removed": float(len(dec.removed)),
-            "groups": float(len(sizes)), "largest_group": float(sizes.max()),
+            "paired": float(paired), "compared": float(paired + dec.compared),
+            "removed": float(len(dec.removed)), "groups": float(len(sizes)),
+            "largest_group": float(sizes.max()),
             "largest_component": float(np.bincount(label).max())}
 
 
@@ -173,8 +211,8 @@ def sets_cost(spec: NearSpec, values: list, local: int, records: int) -> SetsCos
                                     records * valid * unique))
                for k in ("largest_group", "largest_component")}
     return SetsCost(mode, why, bands, rows, float(sets.sizes.mean()), len(keys) / s, valid,
-                    unique, *(at[k] / local for k in ("grouped", "members", "compared",
-                                                      "removed", "groups")),
+                    unique, *(at[k] / local for k in ("grouped", "members", "paired",
+                                                      "compared", "removed", "groups")),
                     largest["largest_group"], largest["largest_component"], s, how)
 
 
@@ -197,9 +235,9 @@ def set_units(n: int, file_bytes: float, text_bytes: float, c: SetsCost, recall:
                    "probe": chunks * min(recall, v)},
         "keys": {"minhash": sh * c.permutations, "ordered": sh if exact else 0,
                  "line": lines},
-        "groups": {"line": lines},
+        "groups": {"line": lines, "pair": n * c.paired},
         "components": {"member": n * c.members},
-        "decide": {"record": grouped, "pair": n * c.compared,
+        "decide": {"record": grouped, "pair": n * (c.compared - c.paired),
                    "minhash": grouped * c.shingles * c.permutations},
         "merge": {"removed": n * c.removed},
         "write": {"record": n, "byte": file_bytes if out_bytes is None else out_bytes},

@@ -46,18 +46,25 @@ from pipeline.steps.near_merge import NearReport
 from pipeline.steps.removed import removed_by_file
 from pipeline.steps.tagged import SplitOutputs
 from transforms.exact import is_protected, tier_of
+from transforms.io import fs
 from transforms.io.streams import read_streams, write_streams
 from transforms.near.components import component_labels
 from transforms.near.recall import PARTNERS, Truth, judge, splitmix64
 from transforms.near.sets import (
     J_BINS,
+    MISSED,
+    PAIR_GROUP,
+    Sets,
     auto_choice,
     band_keys,
     decide,
     expected_pairs,
+    first_shared,
     frequent_tokens,
+    group_links,
     join_work,
     length_fits,
+    linked_members,
     lsh_params,
     overlaps,
     prefix_tokens,
@@ -72,6 +79,7 @@ PLAN_SAMPLE = 20_000  # records whose prefix hashes estimate the exact join's wo
 KEY_SHARDS = 64  # shards of the group keys' shuffle
 TRUTH_PAIRS = 2_000_000  # recall brute force: candidate pairs listed at once, at most
 TRUTH_CANDIDATES = 4096  # ... and verified per sampled record and chunk (a crowd's member)
+CHECKED = "checked"  # Groups -> Merge: the pairs the groups verified (exact mode)
 
 
 def _rank_hash(words: np.ndarray) -> np.ndarray:
@@ -232,6 +240,7 @@ def chunk_keys(batch: SetBatch, plan: SetPlan, spec: NearSpec, shards: int
         rec, key = np.repeat(np.arange(len(batch)), plan.bands), k.reshape(-1)
     else:
         rec, key = prefix_tokens(sets, spec.threshold, plan.frequent)
+        _write_prefixes(batch.spilled, rec, key, len(batch))
     shard = (splitmix64(key) % np.uint64(shards)).astype(np.int64)
     order = np.argsort(shard, kind="stable")
     bounds = np.searchsorted(shard[order], np.arange(shards + 1)).tolist()
@@ -244,6 +253,41 @@ def chunk_keys(batch: SetBatch, plan: SetPlan, spec: NearSpec, shards: int
     spans = write_streams(path, rb, [(bounds[s], bounds[s + 1]) for s in used])
     for s, (at, size) in zip(used, spans, strict=True):
         yield s, KeySlice(path, at, size, batch.spilled)
+
+
+def _prefix_path(sets_path: str) -> str:
+    return f"{sets_path.removesuffix('.sets')}.prefix"
+
+
+def _write_prefixes(sets_path: str, rec: np.ndarray, key: np.ndarray, n: int) -> None:
+    """Exact mode: each row's prefix hashes in their order, beside its set (Groups reads
+    them by row: recomputing them there took most of its time)."""
+    offsets = np.r_[0, np.cumsum(np.bincount(rec, minlength=n))]
+    col = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pa.array(key, pa.uint64()))
+    rb = pa.RecordBatch.from_arrays([col], names=["prefix"])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, rb.schema) as w:
+        w.write_batch(rb)
+    fs.write_scratch(_prefix_path(sets_path), sink.getvalue())
+
+
+def _prefixes(rows: KeyRows, first: np.ndarray) -> Sets:
+    """The prefix hashes (in order) of the records of lines ``first``, read from the
+    files beside their sets, each file once."""
+    parts, at = [], []
+    f = rows.file[first]
+    for u in np.unique(f).tolist():
+        path = _prefix_path(rows.paths[u])
+        src = pa.memory_map(path) if fs.is_local(path) else pa.py_buffer(fs.read_bytes(path))
+        col = pa.ipc.open_file(src).get_batch(0).column("prefix")
+        whole = Sets(np.asarray(col.offsets, np.int64),
+                     col.values.to_numpy(zero_copy_only=False))
+        mine = np.flatnonzero(f == u)
+        parts.append(whole.take(rows.row[first[mine]]))
+        at.append(mine)
+    order = np.empty(len(first), np.int64)
+    order[np.concatenate(at)] = np.arange(len(first))
+    return Sets.concat(parts).take(order)
 
 
 def read_lines(slices: Iterable[KeySlice]) -> KeyRows:
@@ -269,9 +313,11 @@ class Members:
         return len(self.group)
 
 
-def shard_groups(item: tuple[int, Iterable[KeySlice]]) -> Iterator[Members]:
+def shard_groups(item: tuple[int, Iterable[KeySlice]], plan: SetPlan, spec: NearSpec
+                 ) -> Iterator[Members | beam.pvalue.TaggedOutput]:
     """A shard's keys -> the groups of two digests or more (one row per digest: the best
-    in keep order, as exact dedup kept)."""
+    in keep order, as exact dedup kept). Exact mode: the groups are checked here
+    (``_checked_groups``) and only what links near records goes on."""
     _, slices = item
     rows = read_lines(slices)
     if not len(rows):
@@ -282,10 +328,130 @@ def shard_groups(item: tuple[int, Iterable[KeySlice]]) -> Iterator[Members]:
     o, k = o[first], k[first]
     start = np.r_[True, k[1:] != k[:-1]]
     gid = np.cumsum(start) - 1
-    shared = np.bincount(gid)[gid] > 1
-    if shared.any():
-        keep = o[shared]
-        yield Members(k[shared], _take_rows(rows, keep))
+    size = np.bincount(gid)
+    shared = size[gid] > 1
+    if not shared.any():
+        return
+    if plan.mode != "exact":
+        yield Members(k[shared], _take_rows(rows, o[shared]))
+        return
+    group, lines, checked = _checked_groups(rows, o[shared], gid[shared], k[shared],
+                                            spec.threshold)
+    checked.groups, checked.largest = int(np.count_nonzero(size > 1)), int(size.max())
+    yield beam.pvalue.TaggedOutput(CHECKED, checked)
+    if len(group):
+        yield Members(group, _take_rows(rows, lines))
+
+
+@dataclass
+class Checked:
+    """Groups -> Merge (exact mode): the pairs verified where the groups were found: how
+    many, their J (J_BINS bins), the near misses nearest the threshold (removal side,
+    candidate side, J), the groups (of two records or more) and the largest."""
+
+    compared: int = 0
+    verified: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(J_BINS, np.int64))
+    missed: tuple | None = None
+    groups: int = 0
+    largest: int = 0
+
+    def add(self, other: Checked) -> Checked:
+        missed = [m for m in (self.missed, other.missed) if m is not None]
+        if len(missed) == 2:
+            j = np.concatenate([missed[0][2], missed[1][2]])
+            top = np.argsort(-j, kind="stable")[:MISSED]
+            missed = [tuple(SetBatch.concat([a, b]).take(top) for a, b in zip(
+                missed[0][:2], missed[1][:2], strict=True)) + (j[top],)]
+        return Checked(self.compared + other.compared, self.verified + other.verified,
+                       missed[0] if missed else None, self.groups + other.groups,
+                       max(self.largest, other.largest))
+
+
+class SumChecked(beam.CombineFn):
+    """Every shard's ``Checked``, added up (on one worker: a few numbers and MISSED pairs)."""
+
+    def create_accumulator(self) -> Checked:
+        return Checked()
+
+    def add_input(self, acc: Checked, c: Checked) -> Checked:
+        return acc.add(c)
+
+    def merge_accumulators(self, accs: Iterable[Checked]) -> Checked:
+        out = Checked()
+        for a in accs:
+            out = out.add(a)
+        return out
+
+    def extract_output(self, acc: Checked) -> Checked:
+        return acc
+
+
+def _checked_groups(rows: KeyRows, lines: np.ndarray, gid: np.ndarray, key: np.ndarray,
+                    threshold: float) -> tuple[np.ndarray, np.ndarray, Checked]:
+    """Exact mode: the groups (``lines``: one per record and group; ``gid`` numbers the
+    groups, ``key`` their keys) checked where they are found, over their records' sets
+    read from their files. A group of at most PAIR_GROUP records has its pairs verified
+    and those at J >= threshold go on as groups of two (keyed by both digests); a pair
+    is verified in one group only, that of the first prefix hash the two records share
+    (``first_shared``; when that group is larger, its membership links them): a near
+    pair shares dozens of prefix hashes, in as many shards. A larger one (a crowd, or a phrase
+    common to many records) goes on with only its members near another member
+    (``linked_members``). Returns the groups that go on, as (group key, line) lines,
+    and what was checked. Unchecked, the groups linked every record that shares a rare
+    shingle with another into one component, decided on one worker (at 1M documents,
+    most of them); now records meet in a component only through near pairs."""
+    _, node = np.unique(keys_of(rows.words[lines]), return_inverse=True)
+    line_of = np.zeros(int(node.max(initial=-1)) + 1, np.int64)
+    line_of[node] = lines
+    recs = _records(rows, line_of)
+    small = np.bincount(gid)[gid] <= PAIR_GROUP
+    ordered = _prefixes(rows, line_of)
+    small_keys = np.unique(key[small])
+    a, b, j = group_links(gid[small], node[small], recs.sets, threshold, lambda a, b: np.isin(
+        first_shared(ordered, a, b), small_keys))  # each pair in one group of one shard
+    keys = dataclasses.replace(recs, sets=None)
+    a_first = _before((recs.prio[a], recs.order[a]), (recs.prio[b], recs.order[b]))
+    d, c = np.where(a_first, b, a), np.where(a_first, a, b)  # d: the record decided later
+    missed = None
+    miss = np.flatnonzero(j < threshold)
+    if len(miss):
+        by = miss[np.lexsort((-j[miss], d[miss]))]  # each record's highest J first
+        best = by[np.r_[True, d[by][1:] != d[by][:-1]]]
+        top = best[np.lexsort((d[best], -j[best]))][:MISSED]
+        missed = (keys.take(d[top]), keys.take(c[top]), j[top])
+    near = np.flatnonzero(j >= threshold)
+    out_key = [np.repeat(_edge_key(recs.words[a[near]], recs.words[b[near]]), 2)]
+    out_line = [np.stack([line_of[a[near]], line_of[b[near]]], axis=1).reshape(-1)]
+    found = [j]
+    rank = np.empty(len(recs), np.int64)
+    rank[np.lexsort((recs.order, recs.prio))] = np.arange(len(recs))
+    big = np.flatnonzero(~small)
+    big = big[np.lexsort((rank[node[big]], gid[big]))]  # each group's members in keep order
+    cuts = np.flatnonzero(np.r_[True, gid[big][1:] != gid[big][:-1], True]).tolist()
+    for s, e in zip(cuts[:-1], cuts[1:], strict=True):
+        linked, jj = linked_members(node[big[s:e]], recs.sets, threshold)
+        found.append(jj)
+        out_key.append(key[big[s:e]][linked])
+        out_line.append(lines[big[s:e]][linked])
+    j = np.concatenate(found)
+    return np.concatenate(out_key), np.concatenate(out_line), Checked(
+        len(j), np.bincount(np.minimum((j * J_BINS).astype(np.int64), J_BINS - 1),
+                            minlength=J_BINS), missed)
+
+
+def _before(x: tuple, y: tuple) -> np.ndarray:
+    """(prio, order) ``x`` comes before ``y`` in keep order."""
+    return (x[0] < y[0]) | ((x[0] == y[0]) & (x[1] < y[1]))
+
+
+def _edge_key(wa: np.ndarray, wb: np.ndarray) -> np.ndarray:
+    """A group key for the pair of digests (wa, wb): a hash of both (a collision with
+    another group's key only merges two groups, whose members are verified anyway)."""
+    with np.errstate(over="ignore"):
+        h = splitmix64(wa[:, 0] ^ np.uint64(0x9E3779B97F4A7C15))
+        for col in (wa[:, 1], wb[:, 0], wb[:, 1]):
+            h = splitmix64(h ^ col)
+    return h
 
 
 def _take_rows(rows: KeyRows, idx: np.ndarray) -> KeyRows:
@@ -462,8 +628,10 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
 
 
 def merge_sets(parts: list[Decided], plan: SetPlan, spec: NearSpec, per_side: int,
-               truth: Truth) -> Iterator[tuple[int, object] | beam.pvalue.TaggedOutput]:
-    """Every component's removals -> removals per file (kind near) and the NearReport."""
+               truth: Truth, checked: Checked
+               ) -> Iterator[tuple[int, object] | beam.pvalue.TaggedOutput]:
+    """Every component's removals -> removals per file (kind near) and the NearReport
+    (with the pairs the groups verified themselves: ``checked``)."""
     sh = spec.shingles
     stats = {"metric": "jaccard", "unit": sh.unit, "size": sh.n, "normalize": sh.normalize,
              "threshold_jaccard": spec.threshold, "mode": plan.mode, "mode_reason": plan.why,
@@ -491,7 +659,8 @@ def merge_sets(parts: list[Decided], plan: SetPlan, spec: NearSpec, per_side: in
                                              map(tuple, ref.words.tolist()), dist.tolist(),
                                              strict=True) if a in asked}
         border = _borderline(rec, ref, dist, per_side, True)
-    missed = [p.missed for p in parts if len(p.missed[2])]
+    missed = [p.missed for p in parts if len(p.missed[2])] + (
+        [checked.missed] if checked.missed is not None else [])
     if missed:
         j = np.concatenate([m[2] for m in missed])
         border = pa.concat_tables([border, _borderline(
@@ -501,15 +670,18 @@ def merge_sets(parts: list[Decided], plan: SetPlan, spec: NearSpec, per_side: in
     if spec.recall_sample and plan.sample is not None:
         sampled = set(map(tuple, plan.sample.words.tolist()))
         judged = judge(truth, sampled, gone, spec.grouping == "components").as_dict()
+    exact = plan.mode == "exact"  # its groups were counted where they were found
     stats.update(removed=int(removed), pairs_within_tolerance=int(removed),
-                 compared=int(sum(p.compared for p in parts)),
-                 candidate_groups=int(sum(p.groups for p in parts)),
-                 largest_group=int(max((p.largest for p in parts), default=0)),
+                 compared=int(sum(p.compared for p in parts) + checked.compared),
+                 candidate_groups=int(checked.groups if exact else sum(p.groups for p in parts)),
+                 largest_group=int(checked.largest if exact
+                                   else max((p.largest for p in parts), default=0)),
                  components=int(sum(p.components for p in parts)),
                  records_searched=int(sum(p.records for p in parts)),
                  recall=judged, recall_removed=None if judged is None
                  else judged["recall_removed"])
-    verified = np.sum([p.verified for p in parts], axis=0) if parts else np.zeros(J_BINS)
+    verified = checked.verified + (np.sum([p.verified for p in parts], axis=0) if parts
+                                   else 0)
     yield beam.pvalue.TaggedOutput(NEAR_REPORT, NearReport(
         dist, border, stats, {"verified_j": np.asarray(verified, np.int64).tolist()}))
 
@@ -549,15 +721,19 @@ class DedupNearSets(beam.PTransform):
         truth = beam.pvalue.AsSingleton(
             sets | "RecallBruteForce" >> beam.FlatMap(chunk_truth, plan, self.spec)
             | "GatherTruth" >> beam.CombineGlobally(GatherTruth()))
-        return (sets
-                | "Keys" >> beam.FlatMap(chunk_keys, plan, self.spec, self.shards)
-                | "GroupByKeyShard" >> beam.GroupByKey()
-                | "Groups" >> beam.FlatMap(shard_groups)
+        groups = (sets
+                  | "Keys" >> beam.FlatMap(chunk_keys, plan, self.spec, self.shards)
+                  | "GroupByKeyShard" >> beam.GroupByKey()
+                  | "Groups" >> SplitOutputs(shard_groups, plan, self.spec, main="members",
+                                           tags=(CHECKED,)))
+        checked = beam.pvalue.AsSingleton(groups[CHECKED] | "SumChecked" >> beam.CombineGlobally(
+            SumChecked()))
+        return (groups["members"]
                 | "GatherGroups" >> beam.CombineGlobally(Gather())
                 | "Components" >> beam.FlatMap(components, self.shards)
                 | "GroupByComponent" >> beam.GroupByKey()
                 | "Decide" >> beam.Map(decide_component, plan, self.spec)
                 | "GatherDecisions" >> beam.CombineGlobally(Gather())
                 | "Merge" >> SplitOutputs(merge_sets, plan, self.spec, self.per_side, truth,
-                                          main=REMOVED, tags=(NEAR_REPORT,)))
+                                          checked, main=REMOVED, tags=(NEAR_REPORT,)))
 

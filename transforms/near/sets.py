@@ -34,7 +34,7 @@ Why this way:
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -408,7 +408,9 @@ def prefix_tokens(sets: Sets, threshold: float, frequent: Frequent | None = None
     pos = np.minimum(np.searchsorted(common, h), len(common) - 1)
     weight = np.where(common[pos] == h, counts[pos], 0)
     owner = np.repeat(np.arange(len(sets), dtype=np.int64), sizes)
-    order = np.lexsort((h, weight, owner))  # each record's hashes, rarest first
+    # each record's hashes, rarest first (then by hash: a record's hashes are sorted, and
+    # a stable sort of one int64 key keeps that order; lexsort of three took 3.5x longer)
+    order = np.argsort((owner << 32) | np.minimum(weight, (1 << 32) - 1), kind="stable")
     return rec, h[order[sets.offsets[:-1][rec] + within]]
 
 
@@ -457,6 +459,164 @@ def groups(keys: np.ndarray, members: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return gid.astype(np.int64), m[shared]
 
 
+PAIR_GROUP = 64  # exact join: groups of at most this many records verify every pair
+
+
+def group_pairs(gid: np.ndarray, member: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b), a < b: every pair of members of one group, each pair once however many
+    groups hold it (``gid`` and ``member`` as ``groups`` gives them; a member listed
+    twice in a group counts once)."""
+    o = np.lexsort((member, gid))
+    g, m = gid[o], member[o]
+    keep = np.r_[True, (g[1:] != g[:-1]) | (m[1:] != m[:-1])]
+    g, m = g[keep], m[keep]
+    start = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    size = np.diff(np.r_[start, len(g)])
+    later = np.repeat(size, size) - 1 - (np.arange(len(g)) - np.repeat(start, size))
+    first = np.repeat(np.arange(len(g)), later)
+    second = first + 1 + np.arange(len(first)) - np.repeat(np.cumsum(later) - later, later)
+    a, b = m[first], m[second]  # a < b: members sorted in each group
+    span = np.int64(m.max(initial=0)) + 1
+    pair = np.unique(a * span + b)  # one int64 per pair: 1-d unique (rows: ~10x slower)
+    return pair // span, pair % span
+
+
+def group_links(gid: np.ndarray, member: np.ndarray, sets: Sets, threshold: float,
+                owned=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(a, b, J): every pair of co-members of these groups (``group_pairs``) that passes
+    the length filter (and ``owned(a, b)``, a mask, when given), with its exact Jaccard
+    (``pair_jaccards``)."""
+    a, b = group_pairs(gid, member)
+    fit = length_fits(sets.offsets[a + 1] - sets.offsets[a],
+                      sets.offsets[b + 1] - sets.offsets[b], threshold)
+    a, b = a[fit], b[fit]
+    if owned is not None:
+        mine = owned(a, b)
+        a, b = a[mine], b[mine]
+    return a, b, pair_jaccards(sets, a, b)
+
+
+def linked_members(members: np.ndarray, sets: Sets, threshold: float
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Of one group's ``members`` (records of ``sets``, in keep order), which have a
+    partner at J >= threshold in the group, and the J of every pair compared. Each
+    member is compared with the earlier members near no earlier one (the pool), and one
+    that joins the pool with the other earlier members too: of a near pair, the later
+    end meets the earlier in the pool, or both ends are out of it (each near a pool
+    member), or the later joins the pool and meets the earlier then. A crowd of copies
+    keeps a small pool (each copy costs about the pool), a group of unrelated records
+    costs its pairs; the members near nothing in it need not be decided together. Once
+    most of the first PAIR_GROUP members or more are linked, or the members so far cost
+    more than PAIR_GROUP comparisons each, every member is returned as linked (a crowd's
+    members are in one component anyway, and its copies share dozens of such groups:
+    sorting out each, on 1M documents, cost several times the whole decisions)."""
+    linked = np.zeros(len(members), bool)
+    pooled = np.zeros(len(members), bool)
+    sizes = sets.offsets[members + 1] - sets.offsets[members]
+    found = []
+    spent = 0
+    for i in range(len(members)):
+        x = sets.row(int(members[i]))
+        fits = length_fits(sizes[:i], sizes[i], threshold)
+        for pool in (True, False):  # the pool first; the others if it joins the pool
+            c = np.flatnonzero(fits & (pooled[:i] == pool))
+            j = overlaps(sets, x, members[c]) if len(c) else np.zeros(0)
+            found.append(j)
+            spent += len(c)
+            near = c[j >= threshold]
+            if len(near):
+                linked[near] = linked[i] = True
+            if pool and len(near):
+                break  # near a pool member: out of the pool
+            pooled[i] = True
+        if spent > PAIR_GROUP * (i + 1) or (i + 1 >= PAIR_GROUP and (i + 1) % 16 == 0 and
+                                           2 * np.count_nonzero(linked[:i + 1]) > i + 1):
+            linked[:] = True  # a crowd (or too dear to sort out): all of it goes on
+            break
+    return linked, np.concatenate(found) if found else np.zeros(0)
+
+
+PAIR_HASHES = 1 << 22  # pair_jaccards: hashes looked up at once (32 MB each array)
+
+
+def pair_jaccards(sets: Sets, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The exact Jaccard of records a[k] and b[k] of ``sets``, vectorised over the pairs
+    (``_holds``: every hash of b[k] looked up among a[k]'s), a block of pairs at a time
+    (a Python call per record cost 15 us a pair)."""
+    na, nb = (sets.offsets[r + 1] - sets.offsets[r] for r in (a, b))
+    inter = np.empty(len(a))
+    for blk in _blocks_of(na + nb):
+        pair = np.repeat(np.arange(len(blk)), nb[blk])
+        hit = _holds(sets, a[blk][pair], _flat(sets, b[blk]))
+        inter[blk] = np.bincount(pair, weights=hit, minlength=len(blk))
+    return inter / (na + nb - inter)
+
+
+def first_shared(ordered: Sets, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """For each pair (a[k], b[k]) of records of ``ordered`` (each record's prefix hashes
+    in the global prefix order, ``prefix_tokens``): the first hash of a[k]'s that b[k]'s
+    holds, which is also the first of b[k]'s that a[k]'s holds (one order); 0 where
+    they share none. The exact join verifies a pair in that hash's group only."""
+    owner = np.repeat(np.arange(len(ordered)), np.diff(ordered.offsets))
+    lookup = Sets(ordered.offsets, ordered.hashes[np.lexsort((ordered.hashes, owner))])
+    na, nb = (ordered.offsets[r + 1] - ordered.offsets[r] for r in (a, b))
+    out = np.zeros(len(a), np.uint64)
+    for blk in _blocks_of(na + nb):
+        pair = np.repeat(np.arange(len(blk)), na[blk])
+        q = _flat(ordered, a[blk])
+        hit = np.flatnonzero(_holds(lookup, b[blk][pair], q))
+        first = hit[np.r_[True, pair[hit][1:] != pair[hit][:-1]]] if len(hit) else hit
+        out[blk[pair[first]]] = q[first]
+    return out
+
+
+def _blocks_of(work: np.ndarray) -> Iterator[np.ndarray]:
+    """Indices of the pairs in blocks of about PAIR_HASHES ``work`` each."""
+    done = np.cumsum(work)
+    lo = 0
+    while lo < len(work):
+        hi = max(lo + 1, int(np.searchsorted(done, done[lo] + PAIR_HASHES)))
+        yield np.arange(lo, hi)
+        lo = hi
+
+
+def _holds(sets: Sets, rec: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """Whether record rec[k] of ``sets`` (each sorted) holds the hash h[k], vectorised:
+    one sorted array of keys (the record's place among those asked, 24 bits; the hash's
+    top 40 bits); a key shared by two hashes of one set (rare) is walked until the full
+    hashes agree or the key changes."""
+    if not len(h):
+        return np.zeros(0, bool)
+    ua, seg = np.unique(rec, return_inverse=True)
+    xh = _flat(sets, ua)
+    kx = (np.repeat(np.arange(len(ua), dtype=np.uint64), sets.offsets[ua + 1]
+                    - sets.offsets[ua]) << np.uint64(40)) | (xh >> np.uint64(24))
+    ky = (seg.astype(np.uint64) << np.uint64(40)) | (h >> np.uint64(24))
+    pos = np.minimum(np.searchsorted(kx, ky), max(len(kx) - 1, 0))
+    if not len(kx):
+        return np.zeros(len(h), bool)
+    same = kx[pos] == ky
+    hit = same & (xh[pos] == h)
+    walk = np.flatnonzero(same & ~hit)
+    while len(walk):  # the next entries of a shared key
+        pos[walk] += 1
+        walk = walk[pos[walk] < len(kx)]
+        walk = walk[kx[pos[walk]] == ky[walk]]
+        found = xh[pos[walk]] == h[walk]
+        hit[walk[found]] = True
+        walk = walk[~found]
+    return hit
+
+
+def _flat(sets: Sets, recs: np.ndarray) -> np.ndarray:
+    """The hashes of records ``recs``, laid end to end."""
+    sizes = sets.offsets[recs + 1] - sets.offsets[recs]  # not ``sizes``: O(len(recs))
+    starts = np.zeros(len(recs), np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    return sets.hashes[np.repeat(sets.offsets[recs] - starts, sizes)
+                       + np.arange(int(sizes.sum()))]
+
+
 @dataclass
 class Decided:
     """``decide``'s answer: removed records, each with the kept record it duplicates and
@@ -495,11 +655,7 @@ class _Union:
 def overlaps(sets: Sets, x: np.ndarray, cands: np.ndarray) -> np.ndarray:
     """Exact Jaccard of the sorted set ``x`` with each record of ``cands`` at once: every
     hash of theirs looked up in ``x`` (one vector pass, no Python loop per pair)."""
-    sizes = sets.sizes[cands]
-    starts = np.zeros(len(cands), np.int64)
-    np.cumsum(sizes[:-1], out=starts[1:])
-    flat = np.repeat(sets.offsets[cands] - starts, sizes) + np.arange(int(sizes.sum()))
-    return jaccards(x, sets.hashes[flat], sizes)
+    return jaccards(x, _flat(sets, cands), sets.offsets[cands + 1] - sets.offsets[cands])
 
 
 def jaccards(x: np.ndarray, flat: np.ndarray, sizes: np.ndarray) -> np.ndarray:
