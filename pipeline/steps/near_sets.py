@@ -274,20 +274,30 @@ def _write_prefixes(sets_path: str, rec: np.ndarray, key: np.ndarray, n: int) ->
 def _prefixes(rows: KeyRows, first: np.ndarray) -> Sets:
     """The prefix hashes (in order) of the records of lines ``first``, read from the
     files beside their sets, each file once."""
+
+    def read(sets_path: str, at: np.ndarray) -> Sets:
+        path = _prefix_path(sets_path)
+        src = pa.memory_map(path) if fs.is_local(path) else pa.py_buffer(fs.read_bytes(path))
+        col = pa.ipc.open_file(src).get_batch(0).column("prefix")
+        return Sets(np.asarray(col.offsets, np.int64),
+                    col.values.to_numpy(zero_copy_only=False)).take(at)
+
+    parts, order = _per_file(rows, first, read)
+    return Sets.concat(parts).take(order)
+
+
+def _per_file(rows: KeyRows, first: np.ndarray, read) -> tuple[list, np.ndarray]:
+    """``read(spill path, rows in it)`` for the records of lines ``first``, each file
+    once, and the order that puts the parts' rows back in the order of ``first``."""
     parts, at = [], []
     f = rows.file[first]
     for u in np.unique(f).tolist():
-        path = _prefix_path(rows.paths[u])
-        src = pa.memory_map(path) if fs.is_local(path) else pa.py_buffer(fs.read_bytes(path))
-        col = pa.ipc.open_file(src).get_batch(0).column("prefix")
-        whole = Sets(np.asarray(col.offsets, np.int64),
-                     col.values.to_numpy(zero_copy_only=False))
         mine = np.flatnonzero(f == u)
-        parts.append(whole.take(rows.row[first[mine]]))
+        parts.append(read(rows.paths[u], rows.row[first[mine]]))
         at.append(mine)
     order = np.empty(len(first), np.int64)
     order[np.concatenate(at)] = np.arange(len(first))
-    return Sets.concat(parts).take(order)
+    return parts, order
 
 
 def read_lines(slices: Iterable[KeySlice]) -> KeyRows:
@@ -548,16 +558,8 @@ def decide_component(item: tuple[int, Iterable[Members]], plan: SetPlan, spec: N
 def _records(rows: KeyRows, first: np.ndarray) -> SetBatch:
     """The records of lines ``first`` (one each), keys and sets read from their spill
     files, each file once."""
-    parts, at = [], []
-    f = rows.file[first]
-    for u in np.unique(f).tolist():
-        mine = np.flatnonzero(f == u)
-        parts.append(SetBatch.read(rows.paths[u]).take(rows.row[first[mine]]))
-        at.append(mine)
-    cat = SetBatch.concat(parts)
-    inv = np.empty(len(first), np.int64)
-    inv[np.concatenate(at)] = np.arange(len(first))
-    return cat.take(inv)
+    parts, order = _per_file(rows, first, lambda path, at: SetBatch.read(path).take(at))
+    return SetBatch.concat(parts).take(order)
 
 
 def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Truth]:
