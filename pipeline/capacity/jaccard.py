@@ -29,17 +29,14 @@ import numpy as np
 from pipeline.steps.near_sets import KEY_SHARDS, PLAN_SAMPLE
 from transforms.near.components import component_labels
 from transforms.near.sets import (
-    PAIR_GROUP,
     Sets,
     auto_choice,
     band_keys,
+    check_groups,
     decide,
-    first_shared,
     frequent_tokens,
-    group_links,
     groups,
     join_work,
-    linked_members,
     lsh_params,
     prefix_tokens,
     record_sets,
@@ -97,29 +94,19 @@ def _stats(sets, rank: np.ndarray, rec: np.ndarray, keys: np.ndarray, sig, take:
     sizes = np.bincount(gid)
     paired = 0
     if sig is None:  # as the job's Groups step (``near_sets._checked_groups``)
-        small = sizes[gid] <= PAIR_GROUP
         ordered = Sets(np.r_[0, np.cumsum(np.bincount(rec, minlength=len(sets)))], keys)
         k, m = keys[mine], rec[mine]
         o = np.lexsort((m, k))
         k, m = k[o], m[o]
         k = k[np.r_[True, (k[1:] != k[:-1]) | (m[1:] != m[:-1])]]  # a (key, record) once
         uk, n_k = np.unique(k, return_counts=True)
-        small_keys = uk[n_k > 1][sizes <= PAIR_GROUP]  # groups() numbers keys in order
-        a, b, j = group_links(gid[small], member[small], sets, spec.threshold,
-                              lambda a, b: np.isin(first_shared(ordered, a, b), small_keys))
+        a, b, j, goes, found = check_groups(gid, member, uk[n_k > 1][gid], sets, ordered,
+                                            rank, spec.threshold)  # groups() numbers keys
+        paired = len(found)
         near = j >= spec.threshold
-        paired = len(j)
-        big = np.flatnonzero(~small)
-        big = big[np.lexsort((rank[member[big]], gid[big]))]
-        cuts = np.flatnonzero(np.r_[True, gid[big][1:] != gid[big][:-1], True]).tolist()
-        keep = [np.stack([a[near], b[near]], 1).reshape(-1)]
-        kept_gid = [len(sizes) + np.repeat(np.arange(int(near.sum())), 2)]
-        for s, e in zip(cuts[:-1], cuts[1:], strict=True):
-            linked, jj = linked_members(member[big[s:e]], sets, spec.threshold)
-            paired += len(jj)
-            keep.append(member[big[s:e]][linked])
-            kept_gid.append(gid[big[s:e]][linked])
-        gid, member = np.concatenate(kept_gid), np.concatenate(keep)
+        gid = np.concatenate([len(sizes) + np.repeat(np.arange(int(near.sum())), 2),
+                              gid[goes]])
+        member = np.concatenate([np.stack([a[near], b[near]], 1).reshape(-1), member[goes]])
     if not len(gid):
         return {"grouped": 0.0, "members": 0.0, "paired": float(paired),
                 "compared": float(paired), "removed": 0.0, "groups": float(len(sizes)),

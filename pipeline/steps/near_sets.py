@@ -53,18 +53,15 @@ from transforms.near.recall import PARTNERS, Truth, judge, splitmix64
 from transforms.near.sets import (
     J_BINS,
     MISSED,
-    PAIR_GROUP,
     Sets,
     auto_choice,
     band_keys,
+    check_groups,
     decide,
     expected_pairs,
-    first_shared,
     frequent_tokens,
-    group_links,
     join_work,
     length_fits,
-    linked_members,
     lsh_params,
     overlaps,
     prefix_tokens,
@@ -414,13 +411,12 @@ def _checked_groups(rows: KeyRows, lines: np.ndarray, gid: np.ndarray, key: np.n
     line_of = np.zeros(int(node.max(initial=-1)) + 1, np.int64)
     line_of[node] = lines
     recs = _records(rows, line_of)
-    small = np.bincount(gid)[gid] <= PAIR_GROUP
-    ordered = _prefixes(rows, line_of)
-    small_keys = np.unique(key[small])
-    a, b, j = group_links(gid[small], node[small], recs.sets, threshold, lambda a, b: np.isin(
-        first_shared(ordered, a, b), small_keys))  # each pair in one group of one shard
+    rank = np.empty(len(recs), np.int64)
+    rank[np.lexsort((recs.order, recs.prio))] = np.arange(len(recs))
+    a, b, j, goes, found = check_groups(gid, node, key, recs.sets, _prefixes(rows, line_of),
+                                        rank, threshold)
     keys = dataclasses.replace(recs, sets=None)
-    a_first = _before((recs.prio[a], recs.order[a]), (recs.prio[b], recs.order[b]))
+    a_first = rank[a] < rank[b]
     d, c = np.where(a_first, b, a), np.where(a_first, a, b)  # d: the record decided later
     missed = None
     miss = np.flatnonzero(j < threshold)
@@ -430,28 +426,11 @@ def _checked_groups(rows: KeyRows, lines: np.ndarray, gid: np.ndarray, key: np.n
         top = best[np.lexsort((d[best], -j[best]))][:MISSED]
         missed = (keys.take(d[top]), keys.take(c[top]), j[top])
     near = np.flatnonzero(j >= threshold)
-    out_key = [np.repeat(_edge_key(recs.words[a[near]], recs.words[b[near]]), 2)]
-    out_line = [np.stack([line_of[a[near]], line_of[b[near]]], axis=1).reshape(-1)]
-    found = [j]
-    rank = np.empty(len(recs), np.int64)
-    rank[np.lexsort((recs.order, recs.prio))] = np.arange(len(recs))
-    big = np.flatnonzero(~small)
-    big = big[np.lexsort((rank[node[big]], gid[big]))]  # each group's members in keep order
-    cuts = np.flatnonzero(np.r_[True, gid[big][1:] != gid[big][:-1], True]).tolist()
-    for s, e in zip(cuts[:-1], cuts[1:], strict=True):
-        linked, jj = linked_members(node[big[s:e]], recs.sets, threshold)
-        found.append(jj)
-        out_key.append(key[big[s:e]][linked])
-        out_line.append(lines[big[s:e]][linked])
-    j = np.concatenate(found)
-    return np.concatenate(out_key), np.concatenate(out_line), Checked(
-        len(j), np.bincount(np.minimum((j * J_BINS).astype(np.int64), J_BINS - 1),
-                            minlength=J_BINS), missed)
-
-
-def _before(x: tuple, y: tuple) -> np.ndarray:
-    """(prio, order) ``x`` comes before ``y`` in keep order."""
-    return (x[0] < y[0]) | ((x[0] == y[0]) & (x[1] < y[1]))
+    edge = np.repeat(_edge_key(recs.words[a[near]], recs.words[b[near]]), 2)
+    ends = np.stack([line_of[a[near]], line_of[b[near]]], axis=1).reshape(-1)
+    return np.concatenate([edge, key[goes]]), np.concatenate([ends, lines[goes]]), Checked(
+        len(found), np.bincount(np.minimum((found * J_BINS).astype(np.int64), J_BINS - 1),
+                                minlength=J_BINS), missed)
 
 
 def _edge_key(wa: np.ndarray, wb: np.ndarray) -> np.ndarray:

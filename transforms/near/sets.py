@@ -81,11 +81,9 @@ class Sets:
 
     def take(self, idx: np.ndarray) -> Sets:
         idx = np.asarray(idx, np.int64)
-        sizes = self.sizes[idx]
         offsets = np.zeros(len(idx) + 1, np.int64)
-        np.cumsum(sizes, out=offsets[1:])
-        flat = np.repeat(self.offsets[idx] - offsets[:-1], sizes) + np.arange(offsets[-1])
-        return Sets(offsets, self.hashes[flat], self.empty[idx] if len(self.empty) else
+        np.cumsum(self.offsets[idx + 1] - self.offsets[idx], out=offsets[1:])
+        return Sets(offsets, _flat(self, idx), self.empty[idx] if len(self.empty) else
                     np.zeros(len(idx), bool))
 
     @staticmethod
@@ -534,6 +532,33 @@ def linked_members(members: np.ndarray, sets: Sets, threshold: float
             linked[:] = True  # a crowd (or too dear to sort out): all of it goes on
             break
     return linked, np.concatenate(found) if found else np.zeros(0)
+
+
+def check_groups(gid: np.ndarray, member: np.ndarray, key: np.ndarray, sets: Sets,
+                 ordered: Sets, rank: np.ndarray, threshold: float
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The exact join's groups checked before any decision (one line per group and
+    member; ``key``: each line's group key, a prefix hash; ``ordered``: the records'
+    prefixes in their order; ``rank``: keep order). A group of at most PAIR_GROUP
+    records has its pairs verified, each pair in one group only: that of the first
+    prefix hash the two share (``first_shared``; when that group is larger, its
+    membership links them). A larger group keeps only its ``linked_members``. Returns
+    (a, b, J) of the verified pairs, which lines of larger groups go on, and the J of
+    every pair compared."""
+    small = np.bincount(gid)[gid] <= PAIR_GROUP
+    small_keys = np.unique(key[small])
+    a, b, j = group_links(gid[small], member[small], sets, threshold,
+                          lambda a, b: np.isin(first_shared(ordered, a, b), small_keys))
+    goes = np.zeros(len(gid), bool)
+    found = [j]
+    big = np.flatnonzero(~small)
+    big = big[np.lexsort((rank[member[big]], gid[big]))]  # each group in keep order
+    cuts = np.flatnonzero(np.r_[True, gid[big][1:] != gid[big][:-1], True]).tolist()
+    for s, e in zip(cuts[:-1], cuts[1:], strict=True):
+        linked, jj = linked_members(member[big[s:e]], sets, threshold)
+        found.append(jj)
+        goes[big[s:e][linked]] = True
+    return a, b, j, goes, np.concatenate(found)
 
 
 PAIR_HASHES = 1 << 22  # pair_jaccards: hashes looked up at once (32 MB each array)
