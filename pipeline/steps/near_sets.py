@@ -31,6 +31,7 @@ sampled records' decisions (``transforms.near.recall``).
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -320,13 +321,58 @@ class Members:
         return len(self.group)
 
 
+@dataclass
+class MemberSlice:
+    """Groups -> Components -> Decide: ``Members`` spilled, an Arrow IPC stream at bytes
+    [offset, offset + size) of ``path``, with the spill files its rows name. Only these
+    handles go through the runner: at 1M documents the lines of a crowd's groups (3.4M)
+    passed through the runner's process twice, which held 1 GB of them."""
+
+    path: str
+    offset: int
+    size: int
+    paths: list
+    components: int = 0
+
+
+_MEMBER_COLUMNS = ("group", *_LINE_COLUMNS, "file")
+
+
+def spill_members(folder_of: str, name: str, m: Members) -> MemberSlice:
+    """``m`` written to a new file ``name-<random>.members`` beside the spill file
+    ``folder_of`` (a rerun of the step writes a file of its own)."""
+    r = m.rows
+    rb = pa.RecordBatch.from_arrays(
+        [m.group, r.key, r.words[:, 0], r.words[:, 1], r.prio, r.order, r.row, r.file],
+        names=list(_MEMBER_COLUMNS))
+    path = f"{folder_of.rpartition('/')[0]}/{name}-{secrets.token_hex(4)}.members"
+    ((at, size),) = write_streams(path, rb, [(0, len(rb))])
+    return MemberSlice(path, at, size, r.paths, m.components)
+
+
+def read_members(slices: Iterable[MemberSlice]) -> Members:
+    """The members of ``slices``, read from their files, as one ``Members``."""
+    parts = []
+    for s, rb in read_streams(slices):
+        c = {n: rb.column(n).to_numpy() for n in _MEMBER_COLUMNS}
+        rows = KeyRows(c["key"], np.stack([c["hi"], c["lo"]], axis=1), c["prio"], c["order"],
+                       c["row"], c["file"], list(s.paths))
+        parts.append(Members(c["group"], rows, s.components))
+    if len(parts) == 1:
+        return parts[0]
+    return Members(np.concatenate([p.group for p in parts]),
+                   KeyRows.concat([p.rows for p in parts]), sum(p.components for p in parts))
+
+
 def shard_groups(item: tuple[int, Iterable[KeySlice]], plan: SetPlan, spec: NearSpec
-                 ) -> Iterator[Members | beam.pvalue.TaggedOutput]:
+                 ) -> Iterator[MemberSlice | beam.pvalue.TaggedOutput]:
     """A shard's keys -> the groups of two digests or more (one row per digest: the best
     in keep order, as exact dedup kept). Exact mode: the groups are checked here
     (``_checked_groups``) and only what links near records goes on."""
-    _, slices = item
+    shard, slices = item
+    slices = list(slices)
     rows = read_lines(slices)
+    name = f"groups-{shard:05d}"
     if not len(rows):
         return
     o = np.lexsort((rows.order, rows.prio, rows.words[:, 1], rows.words[:, 0], rows.key))
@@ -340,14 +386,14 @@ def shard_groups(item: tuple[int, Iterable[KeySlice]], plan: SetPlan, spec: Near
     if not shared.any():
         return
     if plan.mode != "exact":
-        yield Members(k[shared], _take_rows(rows, o[shared]))
+        yield spill_members(slices[0].path, name, Members(k[shared], _take_rows(rows, o[shared])))
         return
     group, lines, checked = _checked_groups(rows, o[shared], gid[shared], k[shared],
                                             spec.threshold)
     checked.groups, checked.largest = int(np.count_nonzero(size > 1)), int(size.max())
     yield beam.pvalue.TaggedOutput(CHECKED, checked)
     if len(group):
-        yield Members(group, _take_rows(rows, lines))
+        yield spill_members(slices[0].path, name, Members(group, _take_rows(rows, lines)))
 
 
 @dataclass
@@ -467,14 +513,16 @@ class Gather(beam.CombineFn):
         return acc
 
 
-def components(members: list[Members], shards: int) -> Iterator[tuple[int, Members]]:
+def components(members: list[MemberSlice], shards: int
+               ) -> Iterator[tuple[int, MemberSlice]]:
     """Groups linked through shared records (what one decision can depend on), on one
     worker as integers per grouped record; the components go out in ``shards`` batches
-    (a batch's decisions read each spill file once, not once per component)."""
+    (a batch's decisions read each spill file once, not once per component), each
+    spilled beside the groups' lines."""
     if not members:
         return
-    group = np.concatenate([m.group for m in members])
-    rows = KeyRows.concat([m.rows for m in members])
+    m = read_members(members)
+    group, rows = m.group, m.rows
     _, node = np.unique(keys_of(rows.words), return_inverse=True)
     _, g = np.unique(group, return_inverse=True)
     o = np.lexsort((node, g))  # link each group's members to its first one
@@ -486,8 +534,9 @@ def components(members: list[Members], shards: int) -> Iterator[tuple[int, Membe
     by = np.argsort(shard, kind="stable")
     cuts = np.flatnonzero(np.diff(shard[by])) + 1
     for part in np.split(by, cuts):
-        yield int(shard[part[0]]), Members(group[part], _take_rows(rows, part),
-                                           len(np.unique(comp[part])))
+        s = int(shard[part[0]])
+        yield s, spill_members(members[0].path, f"decide-{s:05d}", Members(
+            group[part], _take_rows(rows, part), len(np.unique(comp[part]))))
 
 
 @dataclass
@@ -506,15 +555,12 @@ class Decided:
     missed: tuple  # (record, candidate, J): near misses below the threshold (keys only)
 
 
-def decide_component(item: tuple[int, Iterable[Members]], plan: SetPlan, spec: NearSpec
+def decide_component(item: tuple[int, Iterable[MemberSlice]], plan: SetPlan, spec: NearSpec
                      ) -> Decided:
     """A batch of components decided in keep order over their members' sets (read from
     their files, each file once): independent components decide alike together."""
-    _, parts = item
-    m = list(parts)
-    n_components = sum(p.components for p in m)
-    group = np.concatenate([p.group for p in m])
-    rows = KeyRows.concat([p.rows for p in m])
+    m = read_members(item[1])
+    n_components, group, rows = m.components, m.group, m.rows
     uk, node = np.unique(keys_of(rows.words), return_inverse=True)
     first = np.zeros(len(uk), np.int64)
     first[node[::-1]] = np.arange(len(node))[::-1]  # one line per record
