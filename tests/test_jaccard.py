@@ -38,6 +38,7 @@ from transforms.near.sets import (
     pair_jaccards,
     prefix_tokens,
     record_sets,
+    text_sets,
 )
 
 
@@ -332,6 +333,22 @@ def test_exact_join_links_only_verified_pairs(tmp_path, grouping):
     assert s["near"]["records_searched"] == len(linked) < len(docs) // 4  # ... decided: not
     labels = component_labels(len(keep), near_pairs[:, 0], near_pairs[:, 1])
     assert s["near"]["components"] == len(np.unique(labels[linked]))
+
+
+def test_sets_gathered_from_parts_equal_their_concatenation_taken(corpus):
+    """The Groups and Decide steps assemble records' sets read file by file with
+    ``Sets.gather``: the same as concatenating the parts and taking the order."""
+    texts = [*corpus, "", " ,;"]  # two records without a word
+    sets = text_sets(texts, Shingles())
+    n = len(texts)
+    cuts = [0, 0, 1, n // 2, n - 1, n]  # an empty part, parts of one record, large ones
+    parts = [sets.take(np.arange(a, b)) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    order = np.random.default_rng(5).permutation(len(texts))
+    got, want = Sets.gather(parts, order), Sets.concat(parts).take(order)
+    assert np.array_equal(got.offsets, want.offsets)
+    assert np.array_equal(got.hashes, want.hashes)
+    assert np.array_equal(got.empty, want.empty)
+    assert got.empty.any() and np.array_equal(got.hashes, sets.take(order).hashes)
 
 
 def test_pairs_of_groups_and_their_jaccards_are_exact(corpus):

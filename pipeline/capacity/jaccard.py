@@ -47,7 +47,7 @@ from transforms.near.spec import NearSpec
 SAMPLE = PLAN_SAMPLE  # records the dry run shingles, keys and decides (the job's plan's)
 PARTS = (4, 2, 1)  # the nested parts of the sample the group counts are fitted over
 LINE_BYTES = 52  # a key line through the shuffle: key, digest, keep order, spill row, file
-MEMBER_BYTES = LINE_BYTES + 8  # a grouped line with its group, to the components' worker
+MEMBER_BYTES = LINE_BYTES + 8  # a grouped line with its group, spilled for the components' worker
 SET_ROW_BYTES = 64  # a spilled row's keys beside its set: digest, order keys, offsets
 REMOVAL_BYTES = 100  # a removal's line to the merge (as for vectors)
 SHUFFLE_RECORD_BYTES = 33  # the digest group-by: digest, file, position, tier (plus its id)
@@ -246,8 +246,10 @@ def set_shuffled(n: int, id_bytes: int, c: SetsCost) -> dict[str, float]:
 
 
 def set_spilled(n: int, id_bytes: int, c: SetsCost) -> float:
-    """Bytes of the sets' spill files: each record's set and its keys, once."""
-    return n * c.valid * (c.shingles * 8 + SET_ROW_BYTES + id_bytes)
+    """Bytes of the spill files: each record's set and its keys, once; the candidate
+    groups' lines twice (by Groups for Components, by Components for Decide)."""
+    return n * c.valid * (c.shingles * 8 + SET_ROW_BYTES + id_bytes) + 2 * n * c.members * (
+        MEMBER_BYTES)
 
 
 def working_sets(n: int, text_bytes: float, c: SetsCost, chunk_rows: int, recall: int,

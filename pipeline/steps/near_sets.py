@@ -15,7 +15,8 @@ Plan -> Keys -> GroupByKey(key shard) -> Groups -> Components -> GroupByKey(comp
   dedup kept; keys shared by two digests or more are candidate groups.
 - **Components** (one worker): which grouped records can affect each other's decisions
   (connected through shared groups): the group memberships of grouped records only, as
-  integers (a record in no group is kept without a comparison).
+  integers (a record in no group is kept without a comparison). Memberships travel
+  between Groups, Components and Decide as spilled files (``MemberSlice``).
 - **Decide** (every worker, per component): the component's sets, read from their
   files, decided in keep order by the kernel (``decide``: each record against the kept
   records of its groups, verified by its true Jaccard). A crowd is one component on one
@@ -281,7 +282,7 @@ def _prefixes(rows: KeyRows, first: np.ndarray) -> Sets:
                     col.values.to_numpy(zero_copy_only=False)).take(at)
 
     parts, order = _per_file(rows, first, read)
-    return Sets.concat(parts).take(order)
+    return Sets.gather(parts, order)
 
 
 def _per_file(rows: KeyRows, first: np.ndarray, read) -> tuple[list, np.ndarray]:
@@ -584,7 +585,9 @@ def _records(rows: KeyRows, first: np.ndarray) -> SetBatch:
     """The records of lines ``first`` (one each), keys and sets read from their spill
     files, each file once."""
     parts, order = _per_file(rows, first, lambda path, at: SetBatch.read(path).take(at))
-    return SetBatch.concat(parts).take(order)
+    sets = Sets.gather([p.sets for p in parts], order)
+    keys = SetBatch.concat([dataclasses.replace(p, sets=None) for p in parts]).take(order)
+    return dataclasses.replace(keys, sets=sets)
 
 
 def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Truth]:

@@ -87,6 +87,29 @@ class Sets:
                     np.zeros(len(idx), bool))
 
     @staticmethod
+    def gather(parts: Sequence[Sets], order: np.ndarray) -> Sets:
+        """``Sets.concat(parts).take(order)`` (``order``: a permutation of the parts' rows
+        laid end to end) built once: each part's hashes go straight to their places. The
+        concatenated copy beside the parts and the result was a key shard's peak (at 1M
+        documents, 220k records' sets: 3 x 330 MB)."""
+        where = np.empty(len(order), np.int64)
+        where[order] = np.arange(len(order))
+        sizes = np.concatenate([p.sizes for p in parts]) if parts else np.zeros(0, np.int64)
+        offsets = np.zeros(len(order) + 1, np.int64)
+        np.cumsum(sizes[order], out=offsets[1:])
+        hashes = np.empty(int(offsets[-1]), np.uint64)
+        empty = np.zeros(len(order), bool)
+        base = 0
+        for p in parts:
+            at, lo = where[base:base + len(p)], int(p.offsets[0])
+            hashes[np.repeat(offsets[at] - (p.offsets[:-1] - lo), p.sizes)
+                   + np.arange(int(p.offsets[-1]) - lo)] = p.hashes[lo:p.offsets[-1]]
+            if len(p.empty):
+                empty[at] = p.empty
+            base += len(p)
+        return Sets(offsets, hashes, empty)
+
+    @staticmethod
     def concat(parts: Sequence[Sets]) -> Sets:
         starts = np.cumsum([0] + [p.offsets[-1] for p in parts[:-1]])
         offsets = np.concatenate([np.zeros(1, np.int64)] + [
