@@ -6,8 +6,15 @@ Why a script and not tests: CI has no GPU. A session lent a GPU machine runs thi
 (``python scripts/bench_gpu.py --out DIR``; only numpy, torch, xxhash, ml_dtypes and
 faiss-cpu are needed, no Beam) and quotes the table. Every check compares the GPU's
 answer with the CPU's on the same machine; the near checks also with the oracles the
-tests use. Each section is timed out on its own and written to DIR/bench-gpu.json as it
-ends, so a cut-off run still reports what it finished.
+tests use. Each section is timed out on its own (``--section-s``) and written to
+DIR/bench-gpu.json as it ends, so a cut-off run still reports what it finished.
+
+The record's keys that issue 45's checks read: ``machine``; ``near_kernel_speedup``
+(find_near, 1M x 384, cosine 0.01, bounded mode, cuda against cpu), ``job_speedup``
+(the job's kernel steps in sequence: fingerprints, then find_near) and
+``fingerprint_speedup`` (``1KB``, ``64KB``, ``4MB`` rows), each ``{"gpu_s", "cpu_s",
+"ratio"}``; ``near_kernel_10m`` (10M x 384 made on the device, bounded: ``{"gpu_s",
+"recall", "peak_gpu_bytes"}``).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import sys
 import time
 import traceback
@@ -63,6 +71,107 @@ def environment() -> dict:
             "gpu": dev.name if dev else None,
             "gpu_memory_gb": round(dev.total_memory / 2**30, 1) if dev else None,
             "near_device_auto_uses_cuda": use_cuda("auto")}
+
+
+def machine() -> dict:
+    """The record's ``machine``: GPU, CPU cores, torch and CUDA versions."""
+    dev = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
+    return {"gpu": dev.name if dev else None, "cpu_cores": os.cpu_count(),
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "gpu_memory_bytes": dev.total_memory if dev else None}
+
+
+def _speedup(gpu_s: float, cpu_s: float, **more) -> dict:
+    return {"gpu_s": round(gpu_s, 3), "cpu_s": round(cpu_s, 3),
+            "ratio": round(cpu_s / gpu_s, 2) if gpu_s > 0 else None, **more}
+
+
+FINGERPRINT_ROWS = {"1KB": 1 << 10, "64KB": 1 << 16, "4MB": 1 << 22}
+FINGERPRINT_BYTES = 1 << 30  # per row size: about 1 GiB of rows
+
+
+def fingerprint_speedup(total: int = FINGERPRINT_BYTES) -> dict:
+    """Digests of uint8 rows of 1 KB, 64 KB and 4 MB already on the device against the
+    numpy path on the host, same bytes; equal digests required."""
+    out = {}
+    for name, width in FINGERPRINT_ROWS.items():
+        rows = max(total // width, 4)
+        host = torch.randint(0, 256, (rows, width), dtype=torch.uint8)
+        dev = host.to(DEVICE)
+        fingerprint_batch(dev[:2], backend="torch")  # warm-up
+        gpu, tg = _timed(fingerprint_batch, dev, backend="torch")
+        cpu, tc = _timed(fingerprint_batch, host.numpy())
+        gb = rows * width / 1e9
+        out[name] = _speedup(tg, tc, rows=rows, gpu_gb_s=round(gb / tg, 2),
+                             cpu_gb_s=round(gb / tc, 2), equal=bool((gpu == cpu).all()))
+        print(name, json.dumps(out[name]), flush=True)
+        del dev
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return out
+
+
+def _kernel(x: np.ndarray, device: str, mode: str = "bounded"):
+    spec = NearSpec("cosine", threshold=0.01, mode=mode, device=device)
+    return _timed(find_near, x, np.arange(len(x)), spec)
+
+
+def near_kernel_speedup(rows: int) -> dict:
+    """find_near at ``rows`` x 384 (embedding-like, planted copies), cosine 0.01, bounded
+    mode, cuda against cpu; the same removals required."""
+    x, _ = planted_copies(embeddings(round(rows / 1.07)))
+    (g, tg), (c, tc) = _kernel(x, DEVICE), _kernel(x, "cpu")
+    same = np.array_equal(g.removed, c.removed) and np.array_equal(g.kept, c.kept)
+    return _speedup(tg, tc, rows=len(x), removed=int(len(g.removed)), same_removals=bool(same),
+                    cells=len(g.partitions))
+
+
+def job_speedup(rows: int) -> dict:
+    """The job's kernel steps in sequence, as its workers run them (the lent machine has
+    no Beam): fingerprints of the rows, then find_near; the GPU side takes the rows to
+    the device once, fingerprints them there and searches with ``near.device: cuda``."""
+    x, _ = planted_copies(embeddings(round(rows / 1.07)))
+
+    def steps(device: str):
+        t = time.perf_counter()
+        if device == "cpu":
+            digests = fingerprint_batch(x)
+        else:
+            digests = fingerprint_batch(torch.from_numpy(x).to(device), backend="torch")
+        _sync()
+        r, _ = _kernel(x, device)
+        return (digests, r), time.perf_counter() - t
+
+    (dg, g), tg = steps(DEVICE)
+    (dc, c), tc = steps("cpu")
+    same = (bool((dg == dc).all()) and np.array_equal(g.removed, c.removed)
+            and np.array_equal(g.kept, c.kept))
+    return _speedup(tg, tc, rows=len(x), same_results=same)
+
+
+def near_kernel_10m(rows: int) -> dict:
+    """``rows`` x 384 made on the device (clustered unit vectors with near copies), then
+    find_near bounded on it with ``near.device: cuda``: seconds, the recall printed (its
+    brute-force sample) and the device's peak memory."""
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    centres = torch.randn(rows // 500, 384, device=DEVICE, generator=g)
+    pick = torch.randint(0, len(centres), (rows,), device=DEVICE, generator=g)
+    x = centres[pick] + 0.6 * torch.randn(rows, 384, device=DEVICE, generator=g)
+    copies = rows // 20
+    x[-copies:] = x[:copies] + 0.02 * torch.randn(copies, 384, device=DEVICE, generator=g)
+    x = torch.nn.functional.normalize(x, dim=1)
+    host = x.cpu().numpy()
+    del x, centres, pick
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    r, t = _kernel(host, DEVICE)
+    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+    return {"rows": rows, "gpu_s": round(t, 1), "removed": int(len(r.removed)),
+            "recall": r.recall.recall if r.recall else None,
+            "recall_interval": [r.recall.low, r.recall.high] if r.recall else None,
+            "recall_sampled_with_partners": r.recall.with_partners if r.recall else None,
+            "peak_gpu_bytes": peak}
 
 
 def fingerprint_checks() -> dict:
@@ -285,25 +394,40 @@ def main() -> None:
                     "the functions with the most cumulative time, per device, in the JSON")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: a dry run of this script's own code, comparing CPU with CPU")
+    ap.add_argument("--rows-10m", type=int, default=10_000_000, help="near_kernel_10m's rows")
+    ap.add_argument("--fingerprint-bytes", type=int, default=FINGERPRINT_BYTES)
+    ap.add_argument("--section-s", type=int, default=150, help="each section's time limit")
     args = ap.parse_args()
     global DEVICE
     DEVICE = args.device
     if DEVICE == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_gpu: torch sees no CUDA device")
     path = Path(args.out) / "bench-gpu.json"
-    result: dict = {"environment": environment()}
-    sections = {"fingerprint_checks": fingerprint_checks, "fingerprint_speed":
-                fingerprint_speed, "near_checks": near_checks, "filter_checks": filter_checks,
-                "jaccard_signatures": jaccard_signatures,
+    result: dict = {"machine": machine(), "environment": environment()}
+    sections = {"near_checks": near_checks,
+                "near_kernel_speedup": lambda: near_kernel_speedup(args.rows),
+                "fingerprint_speedup": lambda: fingerprint_speedup(args.fingerprint_bytes),
+                "job_speedup": lambda: job_speedup(args.rows),
+                "near_kernel_10m": lambda: near_kernel_10m(args.rows_10m),
+                "fingerprint_checks": fingerprint_checks, "filter_checks": filter_checks,
+                "jaccard_signatures": jaccard_signatures, "fingerprint_speed": fingerprint_speed,
                 "near_speed": lambda: near_speed(args.rows, args.profile)}
+
+    def overtime(*_):
+        raise TimeoutError(f"over --section-s {args.section_s}")
+
+    signal.signal(signal.SIGALRM, overtime)
     for name, f in sections.items():
         if args.only and name not in args.only:
             continue
         t = time.perf_counter()
+        signal.alarm(args.section_s)
         try:
             result[name] = f()
         except Exception:  # report and go on: the other sections still tell something
             result[name] = {"error": traceback.format_exc(limit=6)}
+        finally:
+            signal.alarm(0)
         result[name + "_s"] = round(time.perf_counter() - t, 1)
         print(f"== {name}: {result[name + '_s']} s", flush=True)
         path.write_text(json.dumps(result, indent=2, default=str))

@@ -49,6 +49,8 @@ def one_error_line(capsys) -> str:
     (("near.metric=cosine", "near.threshold=.nan"), {}, "'near.threshold': nan is not a finite"),
     (("near.metric=l2", "near.threshold=1.0e+300"), {}, "'near.threshold': 1e+300 is out of range"),
     (("near.metric=cosine", "near.threshold=3"), {}, "cosine distance is at most 2"),
+    (("near.metric=cosine", "near.threshold=0.1", "near.index=hnsw", "near.device=cuda"), {},
+     "near.index hnsw searches each cell with a FAISS index on the CPU"),
     (("near.metric=allclose", "near.atol=-1"), {}, "'near.atol': -1 is out of range"),
     (("max_invalid_fraction=1.5",), {}, "'max_invalid_fraction': 1.5 is out of range"),
     (("tuning.remote_timeout_s=0",), {}, "'tuning.remote_timeout_s': 0 is out of range"),

@@ -251,6 +251,10 @@ class NearConfig(Strict):
             raise ValueError(f"near.threshold {self.threshold:g}: correlation distance 1 - r "
                              "is at most 2, so every pair with any contrast would be a "
                              "duplicate: use a value in (0, 2)")
+        if self.device == "cuda" and self.index in ("ivf", "hnsw"):
+            raise ValueError(f"near.index {self.index} searches each cell with a FAISS index "
+                             "on the CPU (docs/gpu.md); near.device: cuda applies to index "
+                             "flat: set near.device: auto or cpu, or near.index: flat")
         if self.metric == "cosine" and self.threshold is not None and self.threshold > 2:
             raise ValueError(f"near.threshold {self.threshold:g}: cosine distance is at most 2, "
                              "so every pair would be a duplicate: use a value in (0, 2]")
