@@ -592,11 +592,31 @@ def test_recall_judges_each_sampled_decision():
     assert recall.judge(truth, three, removed).recalled == 2  # 1 now right
     comp = recall.judge(truth, three, removed, components=True)
     assert comp.recalled == 1  # components: removed is right; 2 and 3 were kept
-    # only the PARTNERS nearest partners are kept per record, and counted as cut
+    # only the PARTNERS nearest partners are kept per record (here also the latest in
+    # keep order), and counted as cut
     many = recall.Truth(keys(*[5] * 40), keys(*range(100, 140)), np.arange(40.0),
-                        np.zeros(40), np.arange(40), {(0, 5): 40}).cut()
+                        np.zeros(40), np.arange(40)[::-1].copy(), {(0, 5): 40}).cut()
     assert len(many.dist) == recall.PARTNERS and many.dist.max() == recall.PARTNERS - 1
     assert recall.judge(many, {(0, 5)}, {}).truncated == 1
+    # kept, every listed partner removed, more partners unlisted: unsure (a kept one may
+    # be among them): right in the point estimate, a miss at the interval's lower end
+    gone = {(0, p): ((0, 1), 0.0) for p in range(100, 100 + recall.PARTNERS)}
+    r = recall.judge(many, {(0, 5)}, gone)
+    assert (r.recalled, r.unsure, r.recall) == (1, 1, 1.0)
+    assert r.low == recall.wilson(0, 1)[0] and r.high == 1.0
+    listed_all = recall.Truth(many.sample, many.partner, many.dist, many.prio, many.order,
+                              {(0, 5): recall.PARTNERS})  # no partner left unlisted
+    r = recall.judge(listed_all, {(0, 5)}, gone)
+    assert (r.recalled, r.unsure) == (1, 0) and r.low == recall.wilson(1, 1)[0]
+    # the PARTNERS latest in keep order are listed too (a kept partner bounded mode can
+    # miss was kept late): here the farthest are the latest, so all 40 stay, and a kept
+    # far one makes the decision wrong
+    late = recall.Truth(keys(*[5] * 40), keys(*range(100, 140)), np.arange(40.0),
+                        np.zeros(40), np.arange(40), {(0, 5): 100}).cut()
+    assert len(late.dist) == 40
+    gone = {(0, p): ((0, 1), 0.0) for p in range(100, 139)}  # 139 (the latest) kept
+    r = recall.judge(late, {(0, 5)}, gone)
+    assert (r.recalled, r.unsure, r.truncated) == (0, 0, 1)
 
 
 # --- real embeddings ----------------------------------------------------------------------

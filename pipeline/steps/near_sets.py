@@ -594,8 +594,9 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
     """The recall sample against one chunk: each sampled record's earlier partners (in
     keep order) at J >= threshold, through the chunk's prefix index (complete). Sampled
     records go in batches of at most TRUTH_PAIRS candidate pairs, and each keeps its
-    PARTNERS nearest partners with the count of all: a sampled member of a 100,000-copy
-    crowd meets the whole crowd (1.6 billion candidate pairs held at once took 12 GB).
+    PARTNERS nearest and PARTNERS latest partners with the count of all: a sampled
+    member of a 100,000-copy crowd meets the whole crowd (1.6 billion candidate pairs
+    held at once took 12 GB).
     A prefix token listing more than TRUTH_CANDIDATES records of the chunk offers its
     first TRUTH_CANDIDATES, and a sampled record verifies at most that many (those
     sharing the most prefix tokens with it); such a record counts as truncated
@@ -648,7 +649,9 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
             if not len(keep):
                 continue
             counts[tuple(s.words[i].tolist())] = len(keep) + crowd * (PARTNERS + 1)
-            keep = keep[np.lexsort((b.order[c[keep]], b.prio[c[keep]], -j[keep]))[:PARTNERS]]
+            ck = c[keep]  # the PARTNERS nearest and the PARTNERS latest (``Truth.cut``)
+            keep = keep[np.union1d(np.lexsort((b.order[ck], b.prio[ck], -j[keep]))[:PARTNERS],
+                                   np.lexsort((-j[keep], -b.order[ck], -b.prio[ck]))[:PARTNERS])]
             out_s.append(np.full(len(keep), i))
             out_p.append(c[keep])
             out_j.append(j[keep])
