@@ -615,7 +615,7 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
     long[srec_s[hi - lo > TRUTH_CANDIDATES]] = True
     hi = np.minimum(hi, lo + TRUTH_CANDIDATES)  # the chunk's first records of such a token
     per = np.bincount(srec_s, weights=hi - lo, minlength=len(s))  # candidates per record
-    out_s, out_p, out_j, counts = [], [], [], {}
+    cut, counts = [], {}
     first = 0
     while first < len(s):
         last = first + max(1, int(np.searchsorted(np.cumsum(per[first:]), TRUTH_PAIRS)))
@@ -630,6 +630,7 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
         first = last
         if not len(pair_s):
             continue
+        out_s, out_p, out_j = [], [], []
         for a, z in zip(cuts[:-1], cuts[1:], strict=True):  # a sampled record: its candidates
             i = int(pair_s[a])
             c, shared = np.unique(pair_c[a:z], return_counts=True)
@@ -649,15 +650,15 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
             if not len(keep):
                 continue
             counts[tuple(s.words[i].tolist())] = len(keep) + crowd * (PARTNERS + 1)
-            ck = c[keep]  # the PARTNERS nearest and the PARTNERS latest (``Truth.cut``)
-            keep = keep[np.union1d(np.lexsort((b.order[ck], b.prio[ck], -j[keep]))[:PARTNERS],
-                                   np.lexsort((-j[keep], -b.order[ck], -b.prio[ck]))[:PARTNERS])]
             out_s.append(np.full(len(keep), i))
             out_p.append(c[keep])
             out_j.append(j[keep])
-    if out_s:
-        si, pi, jj = np.concatenate(out_s), np.concatenate(out_p), np.concatenate(out_j)
-        yield Truth(s.words[si], b.words[pi], 1.0 - jj, b.prio[pi], b.order[pi], counts).cut()
+        if out_s:  # each batch's records cut to the partners they keep (``Truth.cut``)
+            si, pi, jj = np.concatenate(out_s), np.concatenate(out_p), np.concatenate(out_j)
+            cut.append(Truth(s.words[si], b.words[pi], 1.0 - jj, b.prio[pi], b.order[pi],
+                             {}).cut())
+    if cut:  # the batches hold distinct sampled records: their cuts are the whole's
+        yield Truth.concat(cut, counts)
 
 
 def merge_sets(parts: list[Decided], plan: SetPlan, spec: NearSpec, per_side: int,

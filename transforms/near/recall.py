@@ -115,9 +115,13 @@ class Truth:
         counts = dict(self.counts)
         for k, c in other.counts.items():
             counts[k] = counts.get(k, 0) + c
-        cat = Truth(*(np.concatenate([getattr(self, f), getattr(other, f)])
-                      for f in ("sample", "partner", "dist", "prio", "order")), counts)
-        return cat.cut()
+        return Truth.concat([self, other], counts).cut()
+
+    @classmethod
+    def concat(cls, parts: list[Truth], counts: dict) -> Truth:
+        """The parts' partners end to end, uncut, with ``counts``."""
+        return cls(*(np.concatenate([getattr(t, f) for t in parts])
+                     for f in ("sample", "partner", "dist", "prio", "order")), counts)
 
     def cut(self) -> Truth:
         """Each sampled record's PARTNERS nearest partners (distance, then keep order) and
