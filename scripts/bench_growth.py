@@ -110,7 +110,8 @@ def make(n: int, folder: Path, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return np.load(folder / "x.npy", mmap_mode="r"), np.concatenate(pairs)
 
 
-def run_job(data: Path, out: Path, code: str, sets: list[str]) -> dict:
+def write_config(data: Path, out: Path) -> Path:
+    """The job's config over ``data``'s files, outputs under ``out``: its path."""
     cfg = {"input": {"format": "parquet", "path": str(data / "*.parquet"), "tensor": "emb",
                      "id": "id"},
            "output": {"path": str(out / "clean"), "overwrite": True},
@@ -118,7 +119,11 @@ def run_job(data: Path, out: Path, code: str, sets: list[str]) -> dict:
            "near": {"metric": "cosine", "threshold": THRESHOLD}}
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.json").write_text(json.dumps(cfg))
-    cmd = [sys.executable, "-m", "pipeline.run", "--config", str(out / "job.json")]
+    return out / "job.json"
+
+
+def run_job(data: Path, out: Path, code: str, sets: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "pipeline.run", "--config", str(write_config(data, out))]
     for s in sets:
         cmd += ["--set", s]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -103,7 +103,9 @@ def test_the_planning_sample_names_spilled_rows_and_reads_the_same_values(tmp_pa
         merged = fn.merge_accumulators([fn.compact(a) for a in accs[spilled]])
         assert all((r is None) != spilled for r in merged.ref)
         got[spilled] = merged.rows(spec)
-        recall[spilled] = merged.recall.sample(16, str(tmp_path / "recall")).loaded()
+        recall[spilled] = merged.recall.sample(  # the pool holds every row drawn
+            16, str(tmp_path / "recall"),
+            lambda rows: (in_sample(rows.words, 6 * 700, 300), None))[0].loaded()
     # the recall sample: every row in_sample at the final count, one per digest (the
     # first in keep order), whichever worker and chunk it came in
     every = VecBatch.concat(seen)

@@ -257,6 +257,13 @@ def test_job_on_embeddings_takes_bounded_mode_and_reports_recall(tmp_path, capsy
     r = s["recall"]
     assert 1500 < r["sampled"] < 2500 and r["with_partners"] > 30
     assert r["recall"] >= 0.97 and r["low"] <= r["recall"] <= r["high"]
+    # drawn in strata: most of the sample among the capped records, the only ones the
+    # cap can cost a pair; the job's own count of them weights the stratum
+    c = r["strata"]["capped"]
+    assert r["drawn"] == "stratified" and c["records"] == s["capped_records"] > 1000
+    assert c["sampled"] + r["strata"]["others"]["sampled"] == r["sampled"]
+    assert c["sampled"] > 0.6 * r["sampled"]
+    assert "drawn among the" in last
     dups, _ = report(tmp_path)
     row = {i: k for k, i in enumerate(ids)}
     removed = np.array([row[i] for i in dups.column("record_id").to_pylist()])

@@ -499,6 +499,72 @@ def test_auto_on_clustered_embeddings_is_bounded_with_measured_recall():
     assert rec.low - 0.01 <= full.recall <= rec.high + 0.01, (rec, full)
 
 
+def test_bounded_mode_misses_only_capped_records():
+    """What stratified recall rests on: in bounded mode over one level of flat cells, a
+    record that joined every cell exact mode would have given it (not capped) meets all
+    its partners, so its decision is right against the records kept; every miss is a
+    capped record. Every row judged by brute force; probes 1 and 2 so that misses
+    exist."""
+    missed = 0
+    for seed, (t, probes, dim) in enumerate([(0.02, 1, 64), (0.01, 2, 128)]):
+        x = with_near_copies(embeddings(30_000, dim, clusters=300, seed=seed))
+        rank = np.random.default_rng(seed).permutation(len(x))
+        spec = NearSpec("cosine", t, mode="bounded", probes=probes, recall_sample=0)
+        r = find_near(x, rank, spec, partitions=173)
+        full = near.measure_recall(x, rank, spec, r.removed, r.kept, r.distance,
+                                   sample=len(x), capped=r.capped)
+        c, o = full.strata["capped"], full.strata["others"]
+        assert (c["sampled"], c["records"], o["sampled"]) == (
+            r.capped.sum(), r.capped.sum(), len(x) - r.capped.sum())
+        missed += c["with_partners"] - c["recalled"]
+        assert o["with_partners"] > 300 and o["recalled"] == o["with_partners"], o
+    assert missed > 10  # the cap loses pairs, and only there
+
+
+def test_stratified_recall_holds_the_true_share_in_a_narrower_interval():
+    """Bounded mode with 11% of the records capped: the sample draws 70% of its records
+    among them, weights each stratum by its size, and its interval holds the share of
+    right decisions over every record, with a lower end far above the uniform sample's
+    for the same brute-force work."""
+    x = with_near_copies(embeddings(60_000, 128, clusters=300, seed=2))
+    rank = np.random.default_rng(2).permutation(len(x))
+    spec = NearSpec("cosine", 0.01, mode="bounded", probes=3, recall_sample=2000)
+    r = find_near(x, rank, spec, partitions=245)
+    assert 0.05 < r.capped.mean() < 0.3
+    strat = r.recall
+    full = near.measure_recall(x, rank, spec, r.removed, r.kept, r.distance, sample=len(x))
+    uniform = near.measure_recall(x, rank, spec, r.removed, r.kept, r.distance)
+    assert (strat.drawn, full.drawn, uniform.drawn) == ("stratified", "uniform", "uniform")
+    assert abs(strat.sampled - 2000) < 200 and abs(uniform.sampled - 2000) < 200
+    assert abs(strat.strata["capped"]["sampled"] - recall.CAPPED_SHARE * 2000) < 150
+    assert strat.strata["capped"]["records"] == r.capped.sum()
+    assert strat.low <= full.recall <= strat.high, (strat, full)
+    assert strat.low > uniform.low + 0.03, (strat.low, uniform.low)
+
+
+def test_stratified_judgement_weights_each_stratum_by_its_size():
+    """Capped records 1 (wrong: kept beside a kept earlier partner) and 2 (removed, right),
+    others 3 (removed, right) and 4 (no partner); 10 of 30 records capped. Positives
+    10/2 x 2 + 20/2 x 1 = 20, misses 10/2 x 1 = 5: recall 0.75; with 40 removals known
+    (the floor of the positives), 1 - 5/40."""
+    def keys(*k):
+        return np.array([[0, i] for i in k], np.uint64).reshape(-1, 2)
+
+    truth = recall.Truth(keys(1, 2, 3), keys(11, 12, 13), np.array([0.1, 0.1, 0.1]),
+                         np.zeros(3), np.array([11, 12, 13]), {(0, 1): 1, (0, 2): 1, (0, 3): 1})
+    removed = {(0, 2): ((0, 12), 0.1), (0, 3): ((0, 13), 0.1)}
+    sampled = {(0, i) for i in (1, 2, 3, 4)}
+    r = recall.judge(truth, sampled, removed, strata=recall.Strata({(0, 1), (0, 2)}, 30, 10))
+    assert r.drawn == "stratified" and r.recall == pytest.approx(0.75)
+    assert r.low < 0.75 < r.high and r.recall_removed == pytest.approx(0.75)
+    assert (r.strata["capped"]["sampled"], r.strata["others"]["records"]) == (2, 20)
+    floored = recall.judge(truth, sampled, removed,
+                           strata=recall.Strata({(0, 1), (0, 2)}, 30, 10, floor=40))
+    assert floored.recall == pytest.approx(1 - 5 / 40) and floored.low > r.low
+    line = recall.recall_line(floored.as_dict())
+    assert "2 of the sample drawn among the 10 capped records" in line
+
+
 # --- the search itself ------------------------------------------------------------------
 
 def test_pairs_within_is_a_superset_at_large_offsets():
@@ -537,6 +603,35 @@ def test_torch_backend_finds_the_same_pairs():
         assert sorted(zip(i, j, strict=True)) == sorted(zip(ti, tj, strict=True))
         assert len(i) >= 3000 + 200
         assert (top == ttop).mean() > 0.99  # exact ties may break differently
+
+
+def test_a_full_gpu_falls_back_to_the_cpu_with_one_line(monkeypatch, capsys):
+    """No GPU here, so its out-of-memory error is raised where the GPU's products run
+    (the one fault a CPU cannot produce): the search goes on on the CPU with the same
+    pairs and nearest rows, says so once, and does not ask the GPU again."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((3000, 48))
+    x[1000:1100] = x[:100] + 1e-3
+    v = search.centred(x, x.mean(axis=0), np.float32)
+    own = np.full(3000, search.NO_NEAREST)
+    own[::3] = np.arange(0, 3000, 3)
+    want = search.pairs_within(v, v, 1e-2, own=own)
+    asked = []
+
+    def full(*args, **kwargs):
+        asked.append(1)
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(search, "use_cuda", lambda device: device == "cuda")
+    monkeypatch.setattr(search, "_signs_torch", full)
+    monkeypatch.setattr(search, "_OUT_OF_MEMORY", set())
+    for _ in range(2):
+        got = search.pairs_within(v, v, 1e-2, device="cuda", own=own)
+        assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+    assert len(asked) == 1 and len(want[0]) >= 3000 + 200
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "GPU ran out of memory" in err[0] and "the same answers" in err[0]
 
 
 def test_nearest_neighbours_come_with_the_pairs():

@@ -1,7 +1,8 @@
 """The cells' outputs joined on their way to the merge (``near_gather``) decide and
 report exactly what the merge decides from the cells one by one: removals, the record
 each duplicates, distances, pair counts (exact and sampled), the histogram sample, the
-borderline pairs and recall. Real cells: the step functions the job runs (plan, assign,
+borderline pairs and recall. The cells send their removals on themselves; the merge
+gets the few it asks about. Real cells: the step functions the job runs (plan, assign,
 decide, recall brute force), on data with a crowd large enough that a cell counts its
 pairs on a sample, in both groupings."""
 
@@ -19,9 +20,15 @@ import pytest
 
 from pipeline.steps.elements import NEAR_REPORT, VecBatch
 from pipeline.steps.near import GatherTruth, SampleForPlan, chunk_partners
-from pipeline.steps.near_cells import assign_batch, decide_one
+from pipeline.steps.near_cells import SURE, assign_batch, decide_split
 from pipeline.steps.near_gather import GatherCells, Spilled, loaded
-from pipeline.steps.near_merge import merge_cells
+from pipeline.steps.near_merge import (
+    GatherKnown,
+    asked_keys,
+    known_removals,
+    lines_by_file,
+    merge_cells,
+)
 from tests import shapes
 from transforms.near.spec import NearSpec
 
@@ -81,13 +88,17 @@ def test_joined_cells_merge_as_the_cells_one_by_one(tmp_path, grouping, mode):
     for b in batches:
         for cell, s in assign_batch(b, plan, spec, str(tmp_path / "cells")):
             slices[cell].append(s)
-    cells = [decide_one((c, slices[c]), plan, spec, PER_SIDE, str(tmp_path / "links"))
-             for c in sorted(slices)]
+    outs = [list(decide_split((c, slices[c]), plan, spec, PER_SIDE, str(tmp_path / "links")))
+            for c in sorted(slices)]
+    cells = [o for out in outs for o in out if getattr(o, "tag", None) != SURE]
+    sure = [o.value[1] for out in outs for o in out if getattr(o, "tag", None) == SURE]
     assert len(cells) > 3 and sum(c.sampled_cells for c in cells) >= 1  # a sampled census
+    assert all(len(c.gone) == len(c.dup) == len(c.dist) == 0 for c in cells)  # sent on
     if grouping == "representative":
-        assert sum(len(c.gone) > 0 for c in cells) > len(cells) // 2
+        assert len(sure) > len(cells) // 2 and sum(c.sent for c in cells) == sum(
+            len(s[0]) for s in sure)
     else:  # the merge removes by the links alone: no line per removal besides them
-        assert all(len(c.gone) == len(c.dup) == len(c.dist) == 0 for c in cells)
+        assert not sure
     if mode == "exact" and grouping == "representative":
         assert sum(len(c.unsure) for c in cells) > 0  # records the merge settles
 
@@ -108,9 +119,25 @@ def test_joined_cells_merge_as_the_cells_one_by_one(tmp_path, grouping, mode):
         assert linked > 2500 and sum(len(v) for v in joined[0].values) >= linked
         assert all(v.spilled and v.x.size == 0 for v in joined[0].values)
 
-    want_removed, want = _outputs(merge_cells(cells, plan, spec, PER_SIDE, truth))
-    got_removed, got = _outputs(merge_cells(out, plan, spec, PER_SIDE, truth))
+    # the merge learns of the cells' removals it asks about only: the records it settles
+    # and those they depend on, and the recall's
+    asked = asked_keys(out, truth)
+    assert np.array_equal(asked, asked_keys(cells, truth))
+    gk = GatherKnown()
+    acc = gk.create_accumulator()
+    for lines in sure:
+        for k in known_removals((0, lines), asked):
+            acc = gk.add_input(acc, k)
+    known = gk.extract_output(acc)
+    sent = [r for lines in sure for r in lines_by_file(lines)]
+    if grouping == "representative":
+        assert 0 < len(known[0]) < sum(len(s[0]) for s in sure)
+    want_removed, want = _outputs(merge_cells(cells, plan, spec, PER_SIDE, truth, known))
+    got_removed, got = _outputs(merge_cells(out, plan, spec, PER_SIDE, truth, known))
     assert want.stats["removed"] > 3000 and want.stats["pairs_estimated"]
+    assert want.stats["removed"] == sum(len(r) for _, r in sent + want_removed)
+    lines = sorted((f, p) for f, r in sent + want_removed for p in r.position.tolist())
+    assert len(set(lines)) == len(lines)  # each removal once, from a cell or the merge
     assert got.stats == want.stats
     assert got.pairs.keys() == want.pairs.keys()
     assert all(np.array_equal(got.pairs[k], want.pairs[k]) for k in want.pairs)

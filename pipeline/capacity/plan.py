@@ -52,7 +52,12 @@ DATAFLOW_STARTUP_S = 240.0
 DATAFLOW_DEFAULT_MACHINE = "n1-standard-1"
 DATAFLOW_DEFAULT_WORKERS = 10
 GB_PER_VCPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
-REMOVED_SHARE, REMOVAL_BYTES = 0.2, 100  # the merge's lines: a fifth of the records removed
+REMOVED_SHARE, REMOVAL_BYTES = 0.2, 100  # removal lines: a fifth of the records removed
+# The near merge's records: those cells leave open or in doubt (with their values), 788
+# of 960,000 searched at 1M x 128 with default settings; the cells send their removals
+# to their files themselves (pipeline/steps/near.py), 16 cells' lines at a time.
+OPEN_SHARE = 0.001
+SURE_CELLS = 16
 SHUFFLE_RECORD_BYTES = 33  # a digest, file, position, tier per record (plus its id)
 CELL_REF_BYTES = 32  # a row's reference in a cell's batch: digest, order keys, row number
 
@@ -243,9 +248,11 @@ def peak_memory(w: Workload, c: Cluster, rates: Rates) -> float:
     alone = 0.0  # the one-worker steps' working set, while the worker's other cores idle
     if w.near is not None:
         sets += [chunk + (64 << 20),  # assignment: a chunk and its score blocks
-                 3 * w.near.largest * d * 4 + 512 * 8192 * 8]  # a cell's search
+                 3 * w.near.largest * d * 4 + 512 * 8192 * 8,  # a cell's search
+                 SURE_CELLS * w.near.largest * REMOVED_SHARE * REMOVAL_BYTES]  # lines
         alone = max(3 * min(sample_cap(d), w.records) * d * 4 + w.near.cells * d * 16,
-                    w.records * REMOVED_SHARE * REMOVAL_BYTES)  # the plan; the merge
+                    w.records * OPEN_SHARE * (b + REMOVAL_BYTES)  # the plan; the merge
+                    + w.recall_sample * 64 * REMOVAL_BYTES)
     held = rates.held_fixed + rates.held_per_byte * w.records * b
     if c.threads or c.runner == "local":
         return rates.baseline_rss + max(c.workers * max(sets), alone) + held

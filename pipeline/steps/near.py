@@ -29,20 +29,28 @@ import numpy as np
 
 from pipeline import progress
 from pipeline.steps.elements import NEAR_REPORT, REMOVED, VecBatch
-from pipeline.steps.near_cells import assign_batch, decide_one
+from pipeline.steps.near_cells import SURE, assign_batch, decide_split
 from pipeline.steps.near_gather import GatherCells
-from pipeline.steps.near_merge import NearReport, merge_cells
+from pipeline.steps.near_merge import (
+    GatherKnown,
+    NearReport,
+    asked_keys,
+    known_removals,
+    lines_by_file,
+    merge_cells,
+)
 from pipeline.steps.near_sample import RecallRows, Sample
 from pipeline.steps.tagged import SplitOutputs
 from transforms import cores
+from transforms.exact import is_protected
 from transforms.io import fs, layout, spill
 from transforms.io.agreed import first_written
-from transforms.near.find import true_partners
-from transforms.near.plan import Partitions, Prediction, plan
+from transforms.near.find import may_stratify, stratified, true_partners
+from transforms.near.plan import Partitions, Prediction, assign, plan
 from transforms.near.project import Projection
-from transforms.near.recall import PARTNERS, Truth
+from transforms.near.recall import PARTNERS, POOL, Truth, draw, in_sample
 from transforms.near.search import rows_for
-from transforms.near.space import search_radius, value_scale
+from transforms.near.space import search_radius, search_vectors, value_scale
 from transforms.near.spec import NearSpec
 
 __all__ = ["DedupNear", "NearReport"]
@@ -57,6 +65,7 @@ class Plan:
     n: int  # rows (before exact copies are collapsed)
     nn_mod: int  # rows whose digest % nn_mod == 0 get a nearest-neighbour distance
     sample: VecBatch | None = None  # the recall sample (values spilled), or none
+    sample_capped: np.ndarray | None = None  # drawn in strata: each sampled row's flag
 
     @property
     def radius(self) -> float:
@@ -92,7 +101,8 @@ class SampleForPlan(beam.CombineFn):
         self.spec, self.agree_at, self.recall_folder = spec, agree_at, recall_folder
 
     def create_accumulator(self) -> Sample:
-        return Sample([], [], [], RecallRows(self.spec.recall_sample))
+        pool = POOL if may_stratify(self.spec) else 1  # candidates for a stratified draw
+        return Sample([], [], [], RecallRows(self.spec.recall_sample * pool))
 
     def add_input(self, acc: Sample, batch: VecBatch) -> Sample:
         acc.widths = _one_size(acc.widths | {batch.width})
@@ -128,9 +138,24 @@ class SampleForPlan(beam.CombineFn):
                          progress=_say, levels=self.spec.levels)
         progress.note(f"near: {parts.mode} search in {len(parts):,} cell(s)"
                       + (f" ({_cost_line(parts)})" if parts.prediction else ""))
+        rows, capped = acc.recall.sample(sample.shape[1], self.recall_folder,
+                                         lambda c: self._draw(c, parts, acc.n))
         return first_written(self.agree_at, Plan(
-            parts, acc.n, max(1, acc.n // HISTOGRAM_ROWS),
-            acc.recall.sample(sample.shape[1], self.recall_folder)))
+            parts, acc.n, max(1, acc.n // HISTOGRAM_ROWS), rows, capped))
+
+    def _draw(self, rows: VecBatch, parts: Partitions, n: int
+              ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The recall sample among its candidates: in strata by their capped flags
+        (assigned as the search will assign them) where only capped records can be
+        missed (``near.recall``), else uniform."""
+        size = self.spec.recall_sample
+        if not stratified(self.spec, parts):
+            return in_sample(rows.words, n, size), None
+        capped = assign(search_vectors(rows.x, self.spec, parts.radius, parts.mean,
+                                       np.float32), parts).capped
+        mine = ~is_protected(rows.prio)
+        share = float(capped[mine].mean()) if mine.any() else 0.0
+        return draw(rows.words, n, size, capped, share), capped
 
 
 def _cost_line(parts: Partitions) -> str:
@@ -231,17 +256,30 @@ class DedupNear(beam.PTransform):
         truth = beam.pvalue.AsSingleton(
             vecs | "RecallBruteForce" >> beam.FlatMap(chunk_partners, plan, self.spec)
             | "GatherTruth" >> beam.CombineGlobally(GatherTruth()))
-        out = (vecs
-               | "AssignCells" >> beam.FlatMap(assign_batch, plan, self.spec, self.spill)
-               | "GroupByCell" >> beam.GroupByKey()
-               | "DecideCells" >> beam.Map(decide_one, plan, self.spec, self.per_side,
-                                           fs.join(self.plan_spill, "links"))
-               | "GatherCells" >> beam.CombineGlobally(
-                   GatherCells(self.per_side, fs.join(self.plan_spill, "cells")))
-               | "DropSpill" >> beam.Map(_drop_spill, self._drops(self.spill))
-               | "MergeCells" >> SplitOutputs(merge_cells, plan, self.spec, self.per_side,
-                                              truth, main=REMOVED,
-                                              tags=(NEAR_REPORT,)))
+        decided = (vecs
+                   | "AssignCells" >> beam.FlatMap(assign_batch, plan, self.spec, self.spill)
+                   | "GroupByCell" >> beam.GroupByKey()
+                   | "DecideCells" >> SplitOutputs(decide_split, plan, self.spec,
+                                                   self.per_side,
+                                                   fs.join(self.plan_spill, "links"),
+                                                   main="cells", tags=(SURE,)))
+        cells = (decided["cells"]
+                 | "GatherCells" >> beam.CombineGlobally(
+                     GatherCells(self.per_side, fs.join(self.plan_spill, "cells")))
+                 | "DropSpill" >> beam.Map(_drop_spill, self._drops(self.spill)))
+        # the cells' removals go to their files from where the cells ran; the merge gets
+        # those it asks about (records it settles or depends on, the recall's)
+        asked = beam.pvalue.AsSingleton(cells | "AskedKeys" >> beam.Map(asked_keys, truth))
+        known = beam.pvalue.AsSingleton(
+            decided[SURE] | "KnownRemovals" >> beam.FlatMap(known_removals, asked)
+            | "GatherKnown" >> beam.CombineGlobally(GatherKnown()))
+        out = cells | "MergeCells" >> SplitOutputs(
+            merge_cells, plan, self.spec, self.per_side, truth, known, main=REMOVED,
+            tags=(NEAR_REPORT,))
+        sent = (decided[SURE]  # a shard of cells at once: lines per file, not per cell
+                | "GatherSure" >> beam.CombinePerKey(GatherKnown())
+                | "SureByFile" >> beam.FlatMap(lambda kv: lines_by_file(kv[1])))
+        out[REMOVED] = (out[REMOVED], sent) | "NearRemovals" >> beam.Flatten()
         out[NEAR_REPORT] = out[NEAR_REPORT] | "DropRecallSample" >> beam.Map(
             _drop_spill, self._drops(self.recall_spill, self.plan_spill))  # sample judged
         return out

@@ -12,10 +12,12 @@ the pairs themselves, which a crowd of copies has by the million.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
@@ -35,6 +37,8 @@ from transforms.near.spec import NearSpec
 from transforms.store.segment import keys_of
 
 NN_PER_CELL = 256  # rows of a cell that get a nearest-neighbour distance, at most
+SURE = "sure"  # DecideCells' output of the removals its cells settled
+CELLS_PER_SHARD = 16  # cells whose removals become lines per file together
 
 
 @dataclass
@@ -92,7 +96,7 @@ def assign_batch(batch: VecBatch, plan, spec: NearSpec, spill: str
 def read_cell(slices: Iterable[CellSlice]) -> tuple[VecBatch, np.ndarray, int, int]:
     """A cell's spilled rows, exact copies collapsed (``collapse``), in keep order (ties by
     digest and place: one order whatever the files' names and the shuffle's order, so
-    reports are reproducible): (rows, home flags, home rows that arrived, capped ones).
+    reports are reproducible): (rows, home flags, home rows that arrived, capped flags).
     Slices of one schema become one Arrow batch before any NumPy (converting each slice
     took longer than reading its rows). The values are copied once, into the result
     (16k-value records make a cell big), from the slices or from the chunks' value
@@ -117,7 +121,7 @@ def read_cell(slices: Iterable[CellSlice]) -> tuple[VecBatch, np.ndarray, int, i
     meta = parts[0][0] if len(parts) == 1 else VecBatch.concat(
         [b.take(np.arange(len(b)), values=False) for b, _ in parts])
     home = np.concatenate([f["home"] for _, f in parts])
-    capped = int(sum(f["capped"].sum() for _, f in parts))
+    capped = np.concatenate([f["capped"] for _, f in parts])
     rows = np.lexsort((meta.position, meta.file_index, meta.words[:, 1], meta.words[:, 0],
                        meta.order, meta.prio))
     rows = rows[collapse(meta.take(rows, values=False))]
@@ -134,7 +138,7 @@ def read_cell(slices: Iterable[CellSlice]) -> tuple[VecBatch, np.ndarray, int, i
             out.x[mine] = b.x[local]
         else:  # the rows it names in its chunk's value file
             fs.read_rows_into(values.decode(), flags["row"][local], out.x, mine)
-    return out, home[rows], int(home.sum()), capped
+    return out, home[rows], int(home.sum()), capped[rows]
 
 
 def collapse(batch: VecBatch) -> np.ndarray:
@@ -174,11 +178,13 @@ class CellOut:
     borderline: pa.Table
     searched: int
     arrived: int
-    capped: int
+    capped: int  # home records (not protected) that met fewer cells than exact mode would
     members: int
     sampled_cells: int  # cells whose pairs were partly sampled (0 or 1; more once joined)
     nn_sampled_cells: int  # cells whose nearest-neighbour rows were sampled (likewise)
     compared: int  # (home record, record of the cell) pairs the search compared
+    protected: int = 0  # home records of a reference set or store (never sampled)
+    sent: int = 0  # removals sent on by the cell itself (``decide_split``; ``gone`` empty)
 
 
 spill.register(CellOut)  # a cell's output waits in a scratch file (near_gather)
@@ -193,10 +199,11 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: NearSpec,
     progress.tick("near search", len(plan.parts), 0, "cells", units=0)  # starts its clock
     cell = kv[0]
     batch, home, arrived, capped = read_cell(kv[1])
+    kept = is_protected(batch.prio)
     z = search_vectors(batch.x, spec, plan.radius,
                             plan.parts.mean + plan.parts.centroids[cell])
     d = decide_cell(batch.x, home, spec, plan.radius, None, z=z,
-                         exact=plan.parts.mode == "exact", kept=is_protected(batch.prio),
+                         exact=plan.parts.mode == "exact", kept=kept,
                          keys=batch.words, projection=plan.parts.projection)
     nn_rows, nn_all = _nn_rows(batch, home, plan.nn_mod)
     nb, nn, nn_within = nearest_distances(batch.x, z, nn_rows, spec, plan.radius)
@@ -231,8 +238,28 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: NearSpec,
                    pair_histogram(exact_d, spec.marker),
                    pair_histogram(sampled_d, spec.marker) if d.census.estimated else None,
                    d.census.weight, np.resize(nn, nn_all), border, int(home.sum()), arrived,
-                   capped, len(batch), int(d.census.estimated), int(nn_all > len(nn)),
-                   int(home.sum()) * len(batch))
+                   int((capped & ~kept).sum()), len(batch), int(d.census.estimated),
+                   int(nn_all > len(nn)), int(home.sum()) * len(batch),
+                   int((home & kept).sum()))
+
+
+def decide_split(kv: tuple[int, Iterable[CellSlice]], plan, spec: NearSpec, per_side: int,
+                 links_folder: str) -> Iterator:
+    """``decide_one``, its sure removals sent on by themselves (``SURE``: (shard of
+    cells, (removed, the kept record each duplicates, distance))), which become lines
+    per file a shard of CELLS_PER_SHARD cells at a time (per cell, a job of 1,174 cells
+    and 8 files made 9k small elements: 1.5 s more at 1M), and the rest to the
+    one-worker merge, which then holds the few removals it asks about
+    (``near_merge.known_removals``), not one line per removal (at 1B records, a fifth
+    removed: 200M lines on one worker)."""
+    out = decide_one(kv, plan, spec, per_side, links_folder)
+    if len(out.gone):
+        yield beam.pvalue.TaggedOutput(SURE, (kv[0] // CELLS_PER_SHARD,
+                                              (out.gone, out.dup, out.dist)))
+    none = np.empty(0, np.int64)
+    yield dataclasses.replace(out, gone=out.gone.take(none, values=False),
+                              dup=out.dup.take(none, values=False), dist=out.dist[:0],
+                              sent=len(out.gone))
 
 
 def _nn_rows(batch: VecBatch, home: np.ndarray, every: int) -> tuple[np.ndarray, int]:

@@ -86,7 +86,7 @@ def join_cells(cells: list[CellOut], per_side: int) -> CellOut:
         merge_borderline([c.borderline for c in cells], per_side),
         *(sum(getattr(c, f) for c in cells)
           for f in ("searched", "arrived", "capped", "members", "sampled_cells",
-                    "nn_sampled_cells", "compared")))
+                    "nn_sampled_cells", "compared", "protected", "sent")))
 
 
 class GatherCells(beam.CombineFn):

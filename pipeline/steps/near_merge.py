@@ -1,11 +1,13 @@
 """Near, merged: every cell's decisions -> removals per file and the NearReport.
 
-Cells decide almost every record themselves (``near_cells``). What reaches this one
-worker is a line per removed record, the few records whose fate hung on another cell
-(with their values, settled here in keep order by the same kernel:
-``transforms.near.find.resolve_open``), counts on a fixed grid and small samples: nothing
-that grows with the pairs within tolerance. Components grouping joins each cell's
-components (a link per linked record) by digest.
+Cells decide almost every record themselves (``near_cells``) and send their removals to
+their files themselves. What reaches this one worker is the few records whose fate hung
+on another cell (with their values, settled here in keep order by the same kernel:
+``transforms.near.find.resolve_open``), the cells' removals of those records and of the
+recall's sampled ones (``known_removals``, filtered where the cells ran), counts on a
+fixed grid and small samples: nothing that grows with the pairs within tolerance, nor
+with the removals. Components grouping joins each cell's components (a link per linked
+record) by digest.
 
 Recall is judged here too: each sampled record's decision against its brute-force
 partners (``transforms.near.recall``).
@@ -30,7 +32,7 @@ from transforms.exact import is_protected, tier_of
 from transforms.near.components import component_labels
 from transforms.near.find import resolve_open
 from transforms.near.greedy import STATE_KEPT
-from transforms.near.recall import Truth, judge
+from transforms.near.recall import Strata, Truth, judge
 from transforms.near.search import rows_for
 from transforms.near.spec import NearSpec
 from transforms.near.verify import exact_distance
@@ -55,11 +57,12 @@ class NearReport:
     pairs: dict | None = None
 
 
-def settle_unsure(cells: list, spec: NearSpec, radius: float
-                  ) -> tuple[VecBatch, VecBatch, np.ndarray] | None:
+def settle_unsure(cells: list, spec: NearSpec, radius: float, known: Lines | None
+                  ) -> Lines | None:
     """The records cells left open or in doubt, settled together in keep order with the
-    kept records they depend on. Returns (removed, the record each duplicates, distance)
-    or None when every cell decided all its records."""
+    kept records they depend on (``known``: the cells' removals among them). Returns
+    (removed, the record each duplicates, distance) or None when every cell decided all
+    its records."""
     live = [c for c in cells if len(c.unsure)]
     if not live:
         return None
@@ -68,7 +71,7 @@ def settle_unsure(cells: list, spec: NearSpec, radius: float
     best = VecBatch.concat([c.best for c in live])
     best_dist = np.concatenate([c.best_dist for c in live])
     key = keys_of(unsure.words)
-    gone = keys_of(np.concatenate([c.gone.words for c in cells]))
+    gone = keys_of(np.empty((0, 2), np.uint64) if known is None else known[0].words)
     home = role != STATE_KEPT  # decided by this cell: open, or removed with a doubt
     ref_ok = ~home & ~np.isin(key, gone) & ~np.isin(key, key[home])
     refs = np.flatnonzero(ref_ok)
@@ -151,9 +154,69 @@ def _linked_values(parts: list[VecBatch]) -> tuple[np.ndarray, np.ndarray]:
     return words, x
 
 
-def merge_cells(cells: list, plan, spec: NearSpec, per_side: int, truth: Truth
-                ) -> Iterator[tuple[int, object] | beam.pvalue.TaggedOutput]:
-    """All cells' decisions -> removals per file (kind near) and the NearReport.
+Lines = tuple[VecBatch, VecBatch, np.ndarray]  # removed, the kept record each duplicates, distance
+
+
+def lines_by_file(lines: Lines) -> Iterator[tuple[int, object]]:
+    """Removals -> (file_index, Removed) per file, kind near (or reference/store near)."""
+    rec, ref, dist = lines
+    ends = VecBatch.concat([rec, ref])
+    m = len(rec)
+    by_input = np.lexsort((rec.position, rec.file_index))
+    yield from removed_by_file(ends, by_input, m + by_input, "near", dist[by_input],
+                               tier_of(ref.prio[by_input], ref.order[by_input]))
+
+
+def asked_keys(cells: list, truth: Truth) -> np.ndarray:
+    """The records whose removal the merge must know of, sorted: those the cells left to
+    it (settled here beside the kept ones they depend on, which their own cells may have
+    removed) and the recall's sampled records and their partners."""
+    unsure = [loaded(c).unsure.words for c in cells]
+    return np.unique(keys_of(np.concatenate([*unsure, truth.sample, truth.partner])))
+
+
+def known_removals(sent: tuple[int, Lines], asked: np.ndarray) -> Iterator[Lines]:
+    """A cell's removals (``decide_split``: (its shard, lines)) of the records the merge
+    asks about (``asked_keys``)."""
+    rec, ref, dist = sent[1]
+    key = keys_of(rec.words)
+    at = np.minimum(np.searchsorted(asked, key), max(len(asked) - 1, 0))
+    mine = np.flatnonzero(asked[at] == key) if len(asked) else np.empty(0, np.int64)
+    if len(mine):
+        yield rec.take(mine, values=False), ref.take(mine, values=False), dist[mine]
+
+
+class GatherKnown(beam.CombineFn):
+    """Lines of several cells -> one Lines (or None): the merge's ``known_removals``, and
+    a shard of cells' removals on their way to their files."""
+
+    def create_accumulator(self) -> list:
+        return []
+
+    def add_input(self, acc: list, lines: Lines) -> list:
+        acc.append(lines)
+        return acc
+
+    def merge_accumulators(self, accs) -> list:
+        return [p for a in accs for p in a]
+
+    def extract_output(self, acc: list) -> Lines | None:
+        return joined(acc)
+
+
+def joined(parts: list[Lines]) -> Lines | None:
+    parts = [p for p in parts if p is not None and len(p[0])]
+    if not parts:
+        return None
+    return (VecBatch.concat([p[0] for p in parts]), VecBatch.concat([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]))
+
+
+def merge_cells(cells: list, plan, spec: NearSpec, per_side: int, truth: Truth,
+                known: Lines | None) -> Iterator[tuple[int, object] | beam.pvalue.TaggedOutput]:
+    """All cells' decisions -> the removals settled here, per file (kind near), and the
+    NearReport. The cells sent their sure removals on themselves (``decide_split``);
+    ``known``: those of them the merge asks about (``asked_keys``).
 
     Refuses to go on unless every record that entered the stage reached a cell (as
     Decide does for the exact stage): a record lost in the shuffle would be kept
@@ -163,29 +226,24 @@ def merge_cells(cells: list, plan, spec: NearSpec, per_side: int, truth: Truth
     if arrived != plan.n:
         raise RuntimeError(f"near: {plan.n} records entered the near stage but {arrived} "
                            "reached a partition search: refusing to publish unchecked output")
-    parts = []
+    sent = sum(c.sent for c in cells)
     if spec.grouping == "representative":
-        parts = [(c.gone, c.dup, c.dist) for c in cells if len(c.gone)]
-        late = settle_unsure(cells, spec, plan.radius)
+        late = settle_unsure(cells, spec, plan.radius, known)
         unsure = 0 if late is None else len(late[0])
     else:
         late, unsure = component_removals(cells, spec), 0
+    removed = sent
     if late is not None and len(late[0]):
-        parts.append(late)
-    removed = 0
-    if parts:
-        rec = VecBatch.concat([p[0] for p in parts])
-        ref = VecBatch.concat([p[1] for p in parts])
-        dist = np.concatenate([p[2] for p in parts])
-        ends = VecBatch.concat([rec, ref])
-        m = len(rec)
-        by_input = np.lexsort((rec.position, rec.file_index))
-        removed = m
-        yield from removed_by_file(ends, by_input, m + by_input, "near", dist[by_input],
-                                   tier_of(ref.prio[by_input], ref.order[by_input]))
-        judged = _judge(plan.sample, truth, rec, ref, dist, spec)
-    else:
-        judged = _judge(plan.sample, truth, None, None, np.empty(0), spec)
+        removed += len(late[0])
+        yield from lines_by_file(late)
+    rec, ref, dist = joined([known, late]) or (None, None, np.empty(0))
+    strata = None
+    if plan.sample_capped is not None:
+        strata = Strata(set(map(tuple, plan.sample.words[plan.sample_capped].tolist())),
+                        int(sum(c.searched - c.protected for c in cells)),
+                        int(sum(c.capped for c in cells)),
+                        removed if spec.grouping == "representative" else 0)
+    judged = _judge(plan.sample, truth, rec, ref, dist, spec, strata)
     pairs = weighted_sum([(c.pairs, 1.0) for c in cells]
                          + [(c.pairs_sampled, c.weight) for c in cells
                             if c.pairs_sampled is not None], spec.marker)
@@ -210,8 +268,9 @@ def merge_cells(cells: list, plan, spec: NearSpec, per_side: int, truth: Truth
 
 
 def _judge(sample: VecBatch | None, truth: Truth, rec: VecBatch | None, ref: VecBatch | None,
-           dist: np.ndarray, spec: NearSpec) -> dict | None:
-    """Recall: each sampled record's decision against its brute-force partners."""
+           dist: np.ndarray, spec: NearSpec, strata: Strata | None) -> dict | None:
+    """Recall: each sampled record's decision against its brute-force partners (weighted
+    by stratum when ``strata`` says how the sample was drawn)."""
     if not spec.recall_sample:
         return None
     sampled = set() if sample is None else {
@@ -225,4 +284,4 @@ def _judge(sample: VecBatch | None, truth: Truth, rec: VecBatch | None, ref: Vec
         gone = {tuple(a): (tuple(b), d) for a, b, d in zip(
             rec.words[mine].tolist(), ref.words[mine].tolist(), dist[mine].tolist(),
             strict=True)}
-    return judge(truth, sampled, gone, spec.grouping == "components").as_dict()
+    return judge(truth, sampled, gone, spec.grouping == "components", strata).as_dict()

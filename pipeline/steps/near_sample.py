@@ -1,17 +1,19 @@
 """Near, while planning: the two samples one pass over the records collects.
 
 ``Sample`` is the planning sample (bottom-k by digest: it trains the cells);
-``RecallRows`` is the recall sample (a seeded hash of the digest below a rate, so the
-same records whatever the chunking), which the recall brute force compares with every
-chunk. Both are gathered by ``SampleAndPlan``'s one combine, so no pass over the chunks
-exists only to pick the recall sample (it read every chunk's values back: 1.5 s of
-the 1M x 384 job). Rows whose values wait in a local spill file travel as (file, rows)
-and are read back on the worker that makes the plan.
+``RecallRows`` is the recall sample's candidates (a seeded hash of the digest below a
+rate, so the same records whatever the chunking; POOL times the sample where it may be
+drawn in strata, which the plan's cells decide), whose drawn rows the recall brute
+force compares with every chunk. Both are gathered by ``SampleAndPlan``'s one combine,
+so no pass over the chunks exists only to pick the recall sample (it read every chunk's
+values back: 1.5 s of the 1M x 384 job). Rows whose values wait in a local spill file
+travel as (file, rows) and are read back on the worker that makes the plan.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +27,7 @@ from transforms.near.space import search_space
 from transforms.near.spec import NearSpec
 
 Ref = tuple[str, np.ndarray, np.dtype]  # (value file, rows in it, their dtype)
+Pick = Callable[[VecBatch], tuple[np.ndarray, np.ndarray | None]]  # (drawn, capped flags)
 
 
 def _ref_of(batch: VecBatch, pick: np.ndarray) -> Ref | None:
@@ -161,15 +164,21 @@ class RecallRows:
         return RecallRows(all_rows[0].size, [b for r in all_rows for b in r.parts],
                           [f for r in all_rows for f in r.refs])
 
-    def sample(self, dim: int, folder: str) -> VecBatch | None:
+    def sample(self, dim: int, folder: str, pick: Pick) -> tuple[VecBatch | None,
+                                                                np.ndarray | None]:
         """The sample, once: in keep order, a digest's best row standing for it (every
         chunk's brute force reads this one batch), its values in a file in ``folder``
         (as a side input, 2,000 wide records (128 MB) were held by the runner and each
-        worker's cache several times over)."""
+        worker's cache several times over). ``pick``: which of the candidates are drawn
+        (``near.recall.draw``), with their capped flags if drawn in strata (returned
+        for the rows drawn)."""
         if not self.parts:
-            return None
+            return None, None
         parts = [b if ref is None else dataclasses.replace(b, x=_read(ref, dim))
                  for b, ref in zip(self.parts, self.refs, strict=True)]
         rows = VecBatch.concat(parts)
         rows = rows.take(np.lexsort((rows.order, rows.prio)))
-        return rows.take(collapse(rows)).spill(folder)
+        rows = rows.take(collapse(rows))
+        drawn, capped = pick(rows)
+        drawn = np.flatnonzero(drawn)
+        return rows.take(drawn).spill(folder), None if capped is None else capped[drawn]

@@ -35,7 +35,7 @@ from transforms.near.project import (
     projection,
     sample_step,
 )
-from transforms.near.recall import PARTNERS, Recall, Truth, in_sample, judge
+from transforms.near.recall import PARTNERS, Recall, Strata, Truth, draw, judge
 from transforms.near.search import (
     Vectors,
     earlier_candidates,
@@ -237,7 +237,8 @@ def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int |
     removed, kept, dist_r = removed[by_rank], kept[by_rank], dist_r[by_rank]
     recall = None
     if spec.recall_sample > 0 and n:
-        recall = measure_recall(xs, pos, spec, removed, kept, dist_r)
+        recall = measure_recall(xs, pos, spec, removed, kept, dist_r,
+                                capped=capped[ok] if stratified(spec, parts) else None)
     return NearResult(ok[removed], ok[kept], dist_r, parts, pairs, estimated, recall, capped)
 
 
@@ -255,18 +256,35 @@ def _component_keepers(n: int, links: list[tuple[np.ndarray, np.ndarray]], pos: 
     return removed, kept[removed]
 
 
+def may_stratify(spec: NearSpec) -> bool:
+    """Whether these settings can give a search whose recall sample is drawn in strata
+    (``stratified``), before the plan says which mode it takes."""
+    return spec.levels == 1 and spec.index not in ("ivf", "hnsw") and spec.mode != "exact"
+
+
+def stratified(spec: NearSpec, parts: Partitions) -> bool:
+    """Whether the recall sample is drawn in strata (``near.recall``): bounded mode over one
+    level of cells searched flat, where only capped records can be missed."""
+    return (may_stratify(spec) and parts.mode == "bounded" and parts.coarse is None
+            and len(parts) > 1)
+
+
 def measure_recall(xs: np.ndarray, rank: np.ndarray, spec: NearSpec, removed: np.ndarray,
-                   kept: np.ndarray, dist: np.ndarray, sample: int | None = None) -> Recall:
+                   kept: np.ndarray, dist: np.ndarray, sample: int | None = None,
+                   capped: np.ndarray | None = None) -> Recall:
     """Judge the decisions (rows ``removed`` in favour of ``kept``) on a seeded sample of
     about ``sample`` rows (default ``spec.recall_sample``; ``len(xs)``: every row) by
-    brute force (``near.recall``). Rows must be finite."""
+    brute force (``near.recall``). Rows must be finite. ``capped``: each row's flag from
+    a search where only capped rows can be missed (``stratified``): the sample is drawn
+    in strata."""
     xs = xs.reshape(len(xs), -1)
     n, pos = len(xs), np.asarray(rank)
     radius = search_radius(spec, xs.shape[1], value_scale(xs, spec))
     center = np.mean([z.mean(axis=0) for _, z in space_blocks(xs, spec, None)], axis=0)
     keys = np.stack([np.zeros(n, np.uint64), np.arange(n, dtype=np.uint64)], axis=1)
     size = spec.recall_sample if sample is None else sample
-    sample = np.flatnonzero(in_sample(keys, n, size))
+    sample = np.flatnonzero(draw(keys, n, size, capped,
+                                 0.0 if capped is None else float(capped.mean())))
     basis = projection(search_vectors(xs[::sample_step(n, xs.shape[1])], spec, radius,
                                       center, np.float32).v)  # one for every block
     truth = Truth.empty()
@@ -281,8 +299,11 @@ def measure_recall(xs: np.ndarray, rank: np.ndarray, spec: NearSpec, removed: np
                                  zip(sample.tolist(), count.tolist(), strict=True) if c}))
     gone = {(0, int(r)): ((0, int(k)), float(d)) for r, k, d in
             zip(removed.tolist(), kept.tolist(), dist.tolist(), strict=True)}
+    strata = None if capped is None else Strata(
+        {(0, int(r)) for r in sample[capped[sample]].tolist()}, n, int(capped.sum()),
+        len(removed) if spec.grouping == "representative" else 0)
     return judge(truth, {(0, int(r)) for r in sample.tolist()}, gone,
-                 spec.grouping == "components")
+                 spec.grouping == "components", strata)
 
 
 def near_duplicates(x: np.ndarray, rank: np.ndarray, spec: NearSpec,

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -30,6 +32,7 @@ UNIT_ROUNDOFF = {np.dtype(np.float32): 2.0 ** -24, np.dtype(np.float64): 2.0 ** 
 BLOCK_ELEMENTS = 1 << 24  # query x data distances computed at once (64 MB in float32)
 BLOCK_BYTES = 64 << 20  # query or data rows copied at once (16k-value rows: 1,024 of them)
 SUBSET = 8  # a crowd block's top partners: every SUBSET-th column bounds the rest
+T = TypeVar("T")
 
 
 def rows_for(row_bytes: int, budget: int, most: int, least: int = 16) -> int:
@@ -117,6 +120,27 @@ def use_cuda(device: str) -> bool:
     return False
 
 
+_OUT_OF_MEMORY: set[str] = set()  # the work that fell back to the CPU in this process
+
+
+def on_device(gpu: Callable[[], T], cpu: Callable[[], T], what: str) -> T:
+    """``gpu()``, or ``cpu()`` once the GPU ran out of memory for ``what`` in this
+    process (said once, in one line): the two paths give the same answers (the tests
+    hold both to one float64 oracle), so a worker whose GPU is full goes on, slower,
+    instead of failing the run with a traceback."""
+    import torch
+
+    if what not in _OUT_OF_MEMORY:
+        try:
+            return gpu()
+        except torch.cuda.OutOfMemoryError:
+            _OUT_OF_MEMORY.add(what)
+            torch.cuda.empty_cache()
+            print(f"near: the GPU ran out of memory for {what}; this worker goes on with "
+                  "them on the CPU (the same answers)", file=sys.stderr, flush=True)
+    return cpu()
+
+
 def augmented(q: Vectors, y: Vectors, radius: float
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(q', y', T) with q'_i . y'_j = (T_i - D_ij) / 2 + rounding, where D_ij = |q_i|^2 +
@@ -171,11 +195,14 @@ def pairs_within(q: Vectors, y: Vectors, radius: float, device: str = "cpu",
     best_d = np.full(nq, np.inf)
     cols = rows_for(row_bytes, BLOCK_BYTES, min(len(y.v), BLOCK_ELEMENTS // 256), 1)
     rows = max(1, BLOCK_ELEMENTS // cols)
-    signs = _signs_torch if use_cuda(device) else _signs
+    gpu = use_cuda(device)
     qs, ys = [], []
     for c in range(0, len(y.v), cols):
         qa, ya, limit = augmented(q, y.take(np.arange(c, min(c + cols, len(y.v)))), radius)
-        i, j, w, top, score = signs(qa, ya, rows, want, own[want] - c, pairs)
+        args = (qa, ya, rows, want, own[want] - c, pairs)
+        i, j, w, top, score = (on_device(lambda a=args: _signs_torch(*a),
+                                         lambda a=args: _signs(*a), "the cells' products")
+                               if gpu else _signs(*args))
         qs.append(i)
         ys.append(j + c)
         d = limit[w] - 2 * score  # the computed squared distance of each one's best

@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from transforms.near.recall import splitmix64
-from transforms.near.search import use_cuda
+from transforms.near.search import on_device, use_cuda
 from transforms.near.spec import NearSpec, Shingles
 
 WORDS = Shingles()  # the default: word 5-grams of normalised text
@@ -346,7 +346,8 @@ def signatures(sets: Sets, permutations: int, device: str = "cpu") -> np.ndarray
     if use_cuda(device):
         import torch
 
-        return signatures_torch(sets, permutations, torch.device("cuda"))
+        return on_device(lambda: signatures_torch(sets, permutations, torch.device("cuda")),
+                         lambda: signatures(sets, permutations, "cpu"), "MinHash signatures")
     a, b = _perm_coefficients(permutations)
     n = len(sets)
     out = np.empty((n, permutations), np.uint32)
