@@ -94,11 +94,23 @@ class _Report:
         return self.filesystem.open_input_file(f"{self.root}/{file}")
 
     def read_table(self, file: str, columns: list[str]) -> pa.Table:
-        """A Parquet file of the report, from a file Arrow owns (``fs.read_parquet``)."""
+        """A Parquet table of the report, from files Arrow owns (``fs.read_parquet``): one
+        file, or a directory of ``part-*.parquet`` files (a large run's), in name order."""
         if self.beam:
-            return fs.read_parquet(fs.join(self.shown, file), columns)
-        with self.open(file) as f:
-            return pq.read_table(f, columns=columns)
+            return fs.read_parquet_parts(fs.join(self.shown, file), columns)
+        info = self.filesystem.get_file_info(f"{self.root}/{file}")
+        if info.type != pafs.FileType.Directory:
+            with self.open(file) as f:
+                return pq.read_table(f, columns=columns)
+        names = sorted(i.path for i in self.filesystem.get_file_info(pafs.FileSelector(info.path))
+                       if i.base_name.startswith("part-") and i.base_name.endswith(".parquet"))
+        tables = []
+        for name in names:
+            with self.filesystem.open_input_file(name) as f:
+                tables.append(pq.read_table(f, columns=columns))
+        if not tables:
+            raise ManifestError(f"{self.name(file)}: a directory without part-*.parquet files")
+        return pa.concat_tables(tables)
 
 
 @dataclass(frozen=True)

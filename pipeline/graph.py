@@ -13,6 +13,7 @@ import apache_beam as beam
 
 from pipeline.job import Job
 from pipeline.publish import Publication, publish_run
+from pipeline.report.parts import ReportParts
 from pipeline.report.tables import TensorSource, rows_to_show, write_report
 from pipeline.runners.common import copies_at_once, recomputes_finished_steps
 from pipeline.steps import (
@@ -81,10 +82,13 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
         store_parts = update | "StoreUpdate" >> StoreUpdate(pub.store)
     near_report = (beam.pvalue.AsSingleton(dedup[NEAR_REPORT]) if NEAR_REPORT in dedup
                    else None)
+    # each file's rows of the report's tables, written by the workers; what the page shows
+    parts = dedup[DECISIONS] | "ReportParts" >> ReportParts(
+        job.staging(job.report), total_files=len(job.files), shards=cfg.tuning.shards)
+    pick = beam.pvalue.AsSingleton(parts["pick"])
     # the records the report's page shows, taken by the clean copy from its own pass
-    show = beam.pvalue.AsSingleton(
-        dedup[DECISIONS] | "AllDecisions" >> beam.combiners.ToList()
-        | "RowsToShow" >> beam.Map(rows_to_show, near_report))
+    show = beam.pvalue.AsSingleton(parts["pick"] | "RowsToShow" >> beam.Map(rows_to_show,
+                                                                          near_report))
     (dedup[DECISIONS]
      | "Write" >> WriteClean(job.staging(job.output), format=cfg.input.format, spec=job.spec,
                              root=job.root, total_files=len(job.files),
@@ -95,6 +99,8 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
                             beam.pvalue.AsList(ref[FACTS]) if ref else None,
                             max_invalid_fraction=cfg.max_invalid_fraction,
                             inputs=TensorSource(cfg.input.format, job.spec),
-                            reference=TensorSource(refs.format, refs.spec) if refs else None)
+                            reference=TensorSource(refs.format, refs.spec) if refs else None,
+                            parts=beam.pvalue.AsList(parts["parts"]), pick=pick,
+                            file_rows=cfg.tuning.report_file_rows)
      | "Publish" >> beam.Map(publish_run, beam.pvalue.AsList(store_parts), pub,
                                **long_records))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import zlib
 
 import matplotlib.image
@@ -376,3 +377,56 @@ def test_the_page_takes_parquet_tensors_from_the_clean_copy(tmp_path, monkeypatc
     assert cards > 20 and pages["copied"].count('<svg class="spark"') == cards
     assert "not read back" not in pages["copied"]
     assert pages["withheld"].count("not read back") == cards
+
+
+def test_report_tables_as_parts_hold_the_same_rows(tmp_path):
+    """``tuning.report_file_rows: 0`` (what a run past the limit does): duplicates.parquet
+    and invalid.parquet are directories of part-NNNNN.parquet files, one per input file
+    with rows, written by the workers; together they hold the same rows, row for row
+    (groups followed across files), as the one file a run under the limit writes, and
+    pq.read_table, Manifest, RunSummary and the page read them alike."""
+    from filters.manifest import Manifest
+    from pipeline.report.parts import part_name
+    from pipeline.report.summary import RunSummary
+
+    write_set(tmp_path, "in", "parquet", planted(2), files=4)
+    for f, row in ((0, 5), (1, 40), (2, None), (3, 7)):  # lists: one short in three files
+        path = tmp_path / "in" / f"part-{f}.parquet"
+        t = pq.read_table(path)
+        emb = t.column("emb").to_pylist()
+        if row is not None:
+            emb[row] = emb[row][:3]  # an invalid record: 3 x 4 values, not 4 x 4
+        pq.write_table(t.set_column(1, "emb", pa.array(emb, pa.list_(pa.list_(pa.float32())))),
+                       path)
+    reports = {}
+    for name, limit in (("one", 1_000_000), ("parts", 0)):
+        (tmp_path / name).mkdir()
+        assert run_job(tmp_path / name, "parquet", str(tmp_path / "in" / "*.parquet"),
+                       input={"shape": list(SHAPE), "dtype": "float32"},
+                       near={"metric": "l2", "threshold": T},
+                       tuning={"report_file_rows": limit}) == 0
+        reports[name] = tmp_path / name / "out" / "report"
+    one, parts = reports["one"], reports["parts"]
+    for table in ("duplicates.parquet", "invalid.parquet"):
+        assert (one / table).is_file() and (parts / table).is_dir()
+        whole = pq.read_table(one / table)
+        assert whole.num_rows and pq.read_table(parts / table).equals(whole)
+        index = {r["path"]: r["file"] for r in pq.read_table(one / "files.parquet").to_pylist()}
+        files = sorted(set(whole.column("file").to_pylist())) if "file" in whole.schema.names \
+            else sorted({index[s] for s in whole.column("source").to_pylist()})
+        assert sorted(p.name for p in (parts / table).iterdir()) == [part_name(f, 4) for f in files]
+        for f in files:  # each part: its file's rows, in input order
+            part = pq.read_table(parts / table / part_name(f, 4))
+            if "file" in part.schema.names:
+                assert set(part.column("file").to_pylist()) == {f}
+                assert part.column("row").to_pylist() == sorted(part.column("row").to_pylist())
+    rows = pq.read_table(one / "duplicates.parquet").to_pylist()
+    removed = {r["record_id"]: r for r in rows}
+    assert any(r["kind"] == "exact" and r["duplicate_of"] in removed
+               and r["file"] != r["duplicate_of_file"] for r in rows)  # a chain across files
+    assert Manifest.load(parts).removed_ids.equals(Manifest.load(one).removed_ids)
+    assert RunSummary.load(parts).removals().equals(RunSummary.load(one).removals())
+    assert RunSummary.load(parts).invalid().equals(RunSummary.load(one).invalid())
+    codes = [re.findall(r"<code>([0-9a-f]{12})</code>", (r / "index.html").read_text())
+             for r in (one, parts)]
+    assert codes[0] and codes[0] == codes[1]

@@ -199,6 +199,37 @@ def test_largest_groups_are_the_biggest_with_ties_by_group_id():
     first = dict(zip(groups, starts, strict=True))
     assert all(g.kept.row == first[g.group] and len(g.members) == 3 for g in got)
 
+    # the job's way (pipeline.report.parts): sizes summed over pieces of the table (each
+    # a file's rows), the top groups' rows trimmed per piece and merged in any order
+    from pipeline.report.parts import DUPLICATES_SCHEMA, _PickRows, top_groups, trim
+
+    table = table.cast(DUPLICATES_SCHEMA)
+
+    removed = set(zip(rows["file"], rows["row"], strict=True))
+    names_root = np.array([w not in removed for w in zip(
+        rows["duplicate_of_file"], rows["duplicate_of_row"], strict=True)])
+    cuts = [0, *np.sort(rng.choice(table.num_rows, 7, replace=False)).tolist(), table.num_rows]
+    pieces = [(table.slice(a, b - a), names_root[a:b])
+              for a, b in zip(cuts, cuts[1:], strict=False)]
+    top = top_groups(np.unique(p.column("group").to_numpy(zero_copy_only=False).astype("S32"),
+                               return_counts=True) for p, _ in pieces)
+    fn = _PickRows()
+    accs = []
+    for piece, roots in pieces:
+        mask = np.isin(piece.column("group").to_numpy(zero_copy_only=False), list(top))
+        accs.append(fn.add_input(fn.create_accumulator(),
+                                 trim(piece.filter(pa.array(mask)), roots[mask])))
+    while len(accs) > 1:  # merged pairwise in a random order
+        i, j = sorted(rng.choice(len(accs), 2, replace=False).tolist())
+        accs.append(fn.merge_accumulators([accs.pop(j), accs.pop(i)]))
+    picked = report_pick.largest_groups(report_pick.Pick(*fn.extract_output(accs[0]), top),
+                                        k=10, members=4)
+
+    def seen(groups):
+        return [(g.group, g.size, g.kept, [m.id for m in g.members], [m.id for m in g.listed])
+                for g in groups]
+    assert seen(picked) == seen(got)
+
 
 # ---------------------------------------------------------------------------- text records
 

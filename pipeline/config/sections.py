@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from transforms.canonical import DTYPE_CODES
+from transforms.io import layout
 from transforms.io.formats.base import Chunking, Decode, TensorSpec
 from transforms.near.sets import PERMUTATIONS, TARGET_AT_THRESHOLD
 from transforms.near.spec import DEFAULT_SIZE, NearSpec, Shingles
@@ -123,6 +124,11 @@ class TuningConfig(Strict):
     decoded_chunk_bytes: int = Field(Decode.chunk_bytes, gt=0, description="input.decode: a chunk "
                                      "holds at most this many decoded (and encoded) bytes, "
                                      "whatever its rows")
+    report_file_rows: int = Field(
+        layout.FILE_ROWS, ge=0, description="report/duplicates.parquet and invalid.parquet are one "
+        "file each while they hold at most this many rows (the report's worker joins the "
+        "workers' parts); above, directories of part-NNNNN.parquet files, one per input "
+        "file (pq.read_table reads both alike); 0: directories whenever there are rows")
     remote_timeout_s: float = Field(10.0, gt=0, le=3600, allow_inf_nan=False,
                                     description="checks before the run: seconds to wait for "
                                     "one answer from a remote filesystem (gs://, s3://) before "

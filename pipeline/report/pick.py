@@ -50,6 +50,38 @@ class Group:
 
 
 @dataclass
+class Pick:
+    """The rows of duplicates.parquet the page can show: the largest groups' (``sizes``:
+    group id -> removed records, at most ``MAX_GROUPS``), trimmed to what a group shows,
+    and for each row whether it names the record its group keeps."""
+
+    rows: pa.Table
+    names_root: np.ndarray  # (rows,) bool
+    sizes: dict[str, int]
+
+    @staticmethod
+    def of(dups: pa.Table, k: int = MAX_GROUPS) -> Pick:
+        """From a whole duplicates table: a row names the kept record when the record it
+        names is no member of the table."""
+        if dups.num_rows == 0 or k <= 0:
+            return Pick(dups, np.zeros(dups.num_rows, bool), {})
+        vc = pc.value_counts(dups.column("group"))
+        top = pc.select_k_unstable(pa.table({"id": vc.field("values"),
+                                             "n": vc.field("counts")}), k,
+                                   sort_keys=[("n", "descending"), ("id", "ascending")])
+        ids = vc.field("values").take(top).to_pylist()  # C++ top-k: a run can have 1e6+ groups
+        sizes = dict(zip(ids, vc.field("counts").take(top).to_pylist(), strict=True))
+        mine = dups.filter(pc.is_in(dups.column("group"), pa.array(ids, pa.string())))
+        at, dup_at = (_where(mine, f"{p}file", f"{p}row") for p in ("", "duplicate_of_"))
+        group = mine.column("group").to_numpy(zero_copy_only=False)
+        names_root = np.zeros(len(at), bool)
+        for gid in ids:  # a crowd's group has 1e5+ members: none becomes a dict
+            rows = np.flatnonzero(group == gid)
+            names_root[rows] = ~np.isin(dup_at[rows], at[rows])
+        return Pick(mine, names_root, sizes)
+
+
+@dataclass
 class Pair:
     record: Rec  # the later record in keep order
     neighbour: Rec
@@ -60,28 +92,27 @@ class Pair:
 # ---------------------------------------------------------------------------- selection
 
 
-def largest_groups(dups: pa.Table, k: int = MAX_GROUPS, members: int = MAX_MEMBERS,
+def largest_groups(pick: Pick | pa.Table, k: int = MAX_GROUPS, members: int = MAX_MEMBERS,
                    listed: int = MAX_LISTED) -> list[Group]:
     """The ``k`` largest groups (ties by group id); per group the kept record, up to
     ``members - 1`` removed ones, the farthest from their survivor first, and the next
-    ``listed`` in that order (a group's "+N more": by id, where and kind on the page)."""
-    if dups.num_rows == 0 or k <= 0:
+    ``listed`` in that order (a group's "+N more": by id, where and kind on the page).
+    ``pick``: the job's (``pipeline.report.parts``), or a whole duplicates table."""
+    if isinstance(pick, pa.Table):
+        pick = Pick.of(pick, k)
+    ids = sorted(pick.sizes, key=lambda g: (-pick.sizes[g], g))[:max(k, 0)]
+    if not ids:
         return []
-    vc = pc.value_counts(dups.column("group"))
-    top = pc.select_k_unstable(pa.table({"id": vc.field("values"), "n": vc.field("counts")}), k,
-                               sort_keys=[("n", "descending"), ("id", "ascending")])
-    ids = vc.field("values").take(top).to_pylist()  # C++ top-k: a run can have 1e6+ groups
-    group = dups.column("group")
-    members_of = dups.filter(pc.is_in(group, pa.array(ids, group.type)))
-    which = pc.index_in(members_of.column("group"), pa.array(ids, group.type)).to_numpy()
-    at, dup_at = (_where(members_of, f"{p}file", f"{p}row") for p in ("", "duplicate_of_"))
-    dist = members_of.column("distance").to_numpy(zero_copy_only=False)
+    dups = pick.rows
+    which = pc.index_in(dups.column("group"), pa.array(ids, pa.string())).to_numpy(
+        zero_copy_only=False)
+    at = _where(dups, "file", "row")
+    dist = dups.column("distance").to_numpy(zero_copy_only=False)
     out = []
-    for g, gid in enumerate(ids):  # a crowd's group has 1e5+ members: none becomes a dict
+    for g, gid in enumerate(ids):
         rows = np.flatnonzero(which == g)
         # the record the group keeps: the one a member names that is not a member itself
-        root = members_of.slice(int(rows[np.argmax(~np.isin(dup_at[rows], at[rows]))]),
-                                1).to_pylist()[0]
+        root = dups.slice(int(rows[np.argmax(pick.names_root[rows])]), 1).to_pylist()[0]
         note = ("kept" if root["duplicate_of_run"] is None
                 else f"kept by earlier run {root['duplicate_of_run']}")
         kept = Rec(root["duplicate_of"], root["duplicate_of_file"], root["duplicate_of_row"],
@@ -91,9 +122,9 @@ def largest_groups(dups: pa.Table, k: int = MAX_GROUPS, members: int = MAX_MEMBE
         shown, more = (
             [Rec(r["record_id"], r["file"], r["row"], _removal_note(r),
                  duplicate_of=r["duplicate_of"])
-             for r in members_of.take(rows[part]).to_pylist()]
+             for r in dups.take(rows[part]).to_pylist()]
             for part in (order[:cards], order[cards:cards + max(listed, 0)]))
-        out.append(Group(gid, len(rows) + 1, kept, shown, more))
+        out.append(Group(gid, pick.sizes[gid] + 1, kept, shown, more))
     return out
 
 
@@ -134,7 +165,7 @@ def nearest_pairs(table: pa.Table | None, k: int = MAX_PAIRS) -> tuple[list[Pair
     return [pair(r) for r in inside], [pair(r) for r in outside]
 
 
-def page_records(duplicates: pa.Table, borderline: pa.Table | None
+def page_records(duplicates: Pick | pa.Table, borderline: pa.Table | None
                  ) -> tuple[list[Group], list[Pair], list[Pair], list[Rec]]:
     """What the page shows: the largest groups, the pairs nearest the threshold on each
     side, and every record they name (in the order the page fetches them)."""

@@ -10,7 +10,7 @@ import json
 import os
 
 from transforms.io import layout
-from transforms.io.fs import exists, join, read_bytes, read_parquet
+from transforms.io.fs import exists, join, read_bytes, read_parquet_parts
 from transforms.near.recall import recall_line
 
 
@@ -76,7 +76,7 @@ class RunSummary:
                     else "the run is not complete")
             raise FileNotFoundError(f"{path}: no such report ({what}: {self.report}/summary.json "
                                     "marks a complete run)")
-        return read_parquet(path)
+        return read_parquet_parts(path)
 
     def removals(self):
         """report/duplicates.parquet as a ``pyarrow.Table``: record_id, duplicate_of,

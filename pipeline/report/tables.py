@@ -25,16 +25,9 @@ from pipeline.report import html as report_html
 from pipeline.report import pick as report_pick
 from pipeline.report.jaccard import write_jaccard_report
 from pipeline.report.near import write_near_report
-from pipeline.steps.elements import (
-    KINDS,
-    REFERENCE_FILES,
-    FileDecision,
-    FileResult,
-    ReadFacts,
-    digest_hex,
-    group_roots,
-    where_key,
-)
+from pipeline.report.parts import DUPLICATES_SCHEMA, INVALID_SCHEMA, FileParts, invalid_rows
+from pipeline.report.pick import Pick
+from pipeline.steps.elements import KINDS, REFERENCE_FILES, FileResult, ReadFacts
 from pipeline.steps.near_cells import NN_PER_CELL
 from transforms.io import fs, layout
 from transforms.io.formats.base import (
@@ -49,15 +42,7 @@ if TYPE_CHECKING:
     from pipeline.steps.near import NearReport
     from transforms.near.spec import NearSpec
 
-DUPLICATES_SCHEMA = pa.schema([("record_id", pa.string()), ("duplicate_of", pa.string()),
-                               ("kind", pa.string()), ("distance", pa.float64()),
-                               ("duplicate_of_run", pa.string()),
-                               ("file", pa.int32()), ("row", pa.int64()),
-                               ("duplicate_of_file", pa.int32()),
-                               ("duplicate_of_row", pa.int64()), ("group", pa.string())])
 FILES_SCHEMA = pa.schema([("file", pa.int32()), ("path", pa.string()), ("role", pa.string())])
-INVALID_SCHEMA = pa.schema([("record_id", pa.string()), ("source", pa.string()),
-                            ("reason", pa.string())])
 
 
 @dataclass(frozen=True)
@@ -68,51 +53,18 @@ class TensorSource:
     spec: TensorSpec
 
 
-def rows_to_show(decisions: list[FileDecision], near_report: NearReport | None
-                 ) -> dict[int, list[int]]:
+def rows_to_show(pick: Pick, near_report: NearReport | None) -> dict[int, list[int]]:
     """{input file index: positions} of the records the report's page will show (the
     same selection: ``report_pick.page_records``), for the clean copy to take from its
     pass over the inputs (``WriteClean``'s ``show``); rows of reference files are read
     back by the report itself."""
-    decisions = sorted(decisions, key=lambda d: d.file_index)
     borderline = None if near_report is None else near_report.borderline
-    recs = report_pick.page_records(_duplicates_table(decisions), borderline)[3]
+    recs = report_pick.page_records(pick, borderline)[3]
     out: dict[int, list[int]] = {}
     for f, row in report_pick.wanted_rows(recs):
         if f < REFERENCE_FILES:
             out.setdefault(f, []).append(row)
     return out
-
-
-def _duplicates_table(decisions: list[FileDecision]) -> pa.Table:
-    """One row per removed record, by input order (file, then position), with where it
-    and its survivor live and its group: the fingerprint of the record the whole group
-    keeps (``group_roots``: an exact copy of a near-removed record joins the near
-    survivor's group)."""
-    parts = [(d.file_index, r) for d in decisions for r in d.removed if len(r)]
-    if not parts:
-        return DUPLICATES_SCHEMA.empty_table()
-    file = np.concatenate([np.full(len(r), f, np.int32) for f, r in parts])
-    row = np.concatenate([r.position for _, r in parts]).astype(np.int64)
-    s_file = np.concatenate([r.survivor_file() for _, r in parts]).astype(np.int32)
-    s_row = np.concatenate([r.survivor_position() for _, r in parts]).astype(np.int64)
-    at = where_key(file, row)
-    group = group_roots(at, where_key(s_file, s_row),
-                        np.concatenate([r.survivor_digest() for _, r in parts]))
-    order = pa.array(np.argsort(at, kind="stable"))
-    stored = s_file < 0  # a record of an earlier run (store kinds): no file or row here
-    cols = {"record_id": pa.concat_arrays([r.record_id for _, r in parts]),
-            "duplicate_of": pa.concat_arrays([r.duplicate_of for _, r in parts]),
-            "kind": pa.array([r.kind for _, r in parts for _ in range(len(r))], pa.string()),
-            "distance": pa.array(np.concatenate([r.distance for _, r in parts]), pa.float64()),
-            "duplicate_of_run": pa.concat_arrays([
-                pa.nulls(len(r), pa.string()) if r.duplicate_of_run is None
-                else r.duplicate_of_run.cast(pa.string()) for _, r in parts]),
-            "file": pa.array(file), "row": pa.array(row),
-            "duplicate_of_file": pa.array(s_file, mask=stored),
-            "duplicate_of_row": pa.array(s_row, mask=stored),
-            "group": digest_hex(group)}
-    return pa.table(cols, schema=DUPLICATES_SCHEMA).take(order)
 
 
 def _files_table(results: list[FileResult], reference_files: list[str] | None) -> pa.Table:
@@ -124,14 +76,6 @@ def _files_table(results: list[FileResult], reference_files: list[str] | None) -
     return pa.table({"file": pa.array([r[0] for r in rows], pa.int32()),
                      "path": pa.array([r[1] for r in rows], pa.string()),
                      "role": pa.array([r[2] for r in rows], pa.string())}, schema=FILES_SCHEMA)
-
-
-def _invalid_table(per_file: list[tuple[str, list[InvalidRecord]]]) -> pa.Table:
-    """The invalid records (an unreadable file is no record: summary.json names it)."""
-    rows = [(r.record_id, path, r.reason) for path, invalid in per_file
-            for r in records_of(invalid)]
-    return pa.table({name: [row[i] for row in rows] for i, name in
-                     enumerate(INVALID_SCHEMA.names)}, schema=INVALID_SCHEMA)
 
 
 def _unreadable(invalid: list[InvalidRecord]) -> str | None:
@@ -212,11 +156,16 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
                  near_report: NearReport | None = None, reference_files: list[str] | None = None,
                  reference_facts: list[tuple[int, ReadFacts]] | None = None,
                  max_invalid_fraction: float = 1.0, inputs: TensorSource | None = None,
-                 reference: TensorSource | None = None) -> dict:
+                 reference: TensorSource | None = None, *, parts: list[FileParts],
+                 pick: Pick, file_rows: int) -> dict:
     """The Report step: the Parquet reports, the near stage's histogram and borderline
     pairs, and index.html; returns the per-file counts and the stages' figures for
     summary.json. Raises TooManyInvalidError first when more than
     ``max_invalid_fraction`` of the input records are invalid (Publish then never runs).
+
+    ``parts``, ``pick``: what the workers wrote of duplicates.parquet and invalid.parquet
+    into ``staging`` and what the page shows of it (``ReportParts``); each table becomes
+    one file while it holds at most ``file_rows`` rows.
 
     ``reference_*``: the reference files and what was read from them (reference records
     are never removed; unreadable ones go to reference_invalid.parquet). ``inputs`` /
@@ -224,13 +173,13 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
     the page shows ids only)."""
     results = sorted(results, key=lambda r: r.decision.file_index)
     check_invalid_fraction(results, max_invalid_fraction)
-    duplicates = _duplicates_table([r.decision for r in results])
     files = _files_table(results, reference_files)
     with fs.local_dir_for(staging) as folder:  # a temporary directory for gs:// & co.
-        pq.write_table(duplicates, os.path.join(folder, layout.DUPLICATES))
+        for name, schema, rows in ((layout.DUPLICATES, DUPLICATES_SCHEMA,
+                                    sum(p.duplicates for p in parts)),
+                                   (layout.INVALID, INVALID_SCHEMA, sum(p.invalid for p in parts))):
+            join_parts(staging, folder, name, schema, rows, file_rows)
         pq.write_table(files, os.path.join(folder, layout.FILES))
-        pq.write_table(_invalid_table([(r.decision.path, r.decision.invalid) for r in results]),
-                       os.path.join(folder, layout.INVALID))
         near_stats = hist = None
         drawing: list = []  # the histogram's plot, drawn while the page reads rows back
         if near is not None and near_report is not None and near.is_sets:
@@ -254,7 +203,7 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
             rows = sorted(((i, r.position, r) for i, f in facts for r in f.invalid),
                           key=lambda t: t[:2])
             bad = [(ref_files[i - first], [r]) for i, _, r in rows]
-            pq.write_table(_invalid_table(bad),
+            pq.write_table(invalid_rows(bad),
                            os.path.join(folder, layout.REFERENCE_INVALID))
             lost: dict[str, str] = {}  # reference files that could not be opened at all
             for i, _, r in rows:
@@ -272,7 +221,7 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
             strict=True))
         try:
             report_html.write_page(
-                folder, counts=_counts(per_file), duplicates=duplicates, files=files,
+                folder, counts=_counts(per_file), duplicates=pick, files=files,
                 near=None if near is None else {"metric": near.metric,
                                                 "threshold": near.threshold if near.is_sets
                                                 else near.marker,
@@ -287,6 +236,24 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
             for plot in drawing:
                 plot.result()
     return {"files": per_file, "near": near_stats, "reference": ref_stats}
+
+
+def join_parts(staging: str, folder: str, name: str, schema: pa.Schema, rows: int,
+               limit: int) -> None:
+    """``name`` (a directory of the workers' part files in ``staging``) as one file in
+    ``folder`` (the staging directory, or where its files are made) while it holds at
+    most ``limit`` rows; above, the directory stays as it is."""
+    if rows and rows > limit:
+        return
+    parts = fs.join(staging, name)
+    tables = [fs.read_parquet(p) for p in sorted(fs.match(fs.join(parts, "part-*.parquet")))]
+    table = pa.concat_tables([schema.empty_table(), *tables])
+    if table.num_rows != rows:
+        raise RuntimeError(f"{parts}: the parts hold {table.num_rows} rows, the files "
+                           f"wrote {rows}")
+    if tables:
+        fs.delete_tree(parts)
+    pq.write_table(table, os.path.join(folder, name))
 
 
 def _counts(files: list[dict]) -> dict:

@@ -331,6 +331,17 @@ class ReadFacts:
     long: int = 0  # texts longer than the embedding model takes (embed.long)
 
 
+@dataclass(frozen=True)
+class Tally:
+    """How many records of one file a kind removed (a ``Removed`` without its rows)."""
+
+    kind: str
+    rows: int
+
+    def __len__(self) -> int:
+        return self.rows
+
+
 @dataclass
 class FileDecision:
     """Decide -> Write: everything known about one input file before it is rewritten."""
@@ -338,8 +349,14 @@ class FileDecision:
     file_index: int
     path: str
     n_read: int
-    removed: list[Removed]  # one entry per kind, sorted by position
+    removed: list[Removed | Tally]  # one entry per kind, sorted by position
     invalid: list[InvalidRecord]  # sorted by position
+
+    def counted(self) -> FileDecision:
+        """This decision with each kind's removals as a count (``Tally``): what the
+        report's one worker needs once the file's rows are written."""
+        return FileDecision(self.file_index, self.path, self.n_read,
+                            [Tally(r.kind, len(r)) for r in self.removed], self.invalid)
 
     def drop(self) -> np.ndarray:
         """Sorted positions the clean copy leaves out: duplicates and invalid records (an
@@ -353,7 +370,7 @@ class FileDecision:
 class FileResult:
     """Write -> Report: the outcome for one input file."""
 
-    decision: FileDecision
+    decision: FileDecision  # counted (``FileDecision.counted``): no removal rows
     output: str | None  # written file, relative to output.path; None if nothing was readable
     kept: int
     notes: list[str] = field(default_factory=list)  # what the copy could not keep as it was

@@ -93,7 +93,7 @@ class WriteFile(beam.DoFn):
                                "the job ran?")
         readable = fs.exists(dst)
         notes = getattr(self.fmt, "write_notes", lambda _: [])(decision.path) if readable else []
-        return FileResult(decision, name if readable else None, kept, notes, shown)
+        return FileResult(decision.counted(), name if readable else None, kept, notes, shown)
 
 
 class WriteClean(beam.PTransform):

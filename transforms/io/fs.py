@@ -205,6 +205,19 @@ def read_parquet(path: str, columns: list[str] | None = None):
         return pq.read_table(source, columns=columns)
 
 
+def read_parquet_parts(path: str, columns: list[str] | None = None):
+    """A report table: one Parquet file, or a directory of ``part-*.parquet`` files (the
+    parts in name order, which is input order), as one ``pyarrow.Table``."""
+    import pyarrow as pa
+
+    if is_local(path) and not os.path.isdir(path) or not is_local(path) and exists(path):
+        return read_parquet(path, columns)
+    parts = match(join(path, "part-*.parquet"))
+    if not parts:
+        raise FileNotFoundError(f"{path}: no such file, nor a directory of part-*.parquet files")
+    return pa.concat_tables([read_parquet(p, columns) for p in parts])
+
+
 def arrow_source(path: str):
     """A file for Arrow's readers that Arrow owns (see ``read_parquet``): a local file
     through Arrow's own file, anything else read into an Arrow buffer first."""

@@ -10,6 +10,8 @@ URLs), and ``<attempt>`` unique per attempt (``Job.attempt``)::
 
     <out>/<input path below the inputs' common directory>   clean shards (output_shard)
     <report>/duplicates.parquet, files.parquet, invalid.parquet, reference_invalid.parquet
+    <report>/duplicates.parquet/part-NNNNN.parquet          above FILE_ROWS rows (the same
+    <report>/invalid.parquet/part-NNNNN.parquet             for invalid): one per input file
     <report>/index.html, near_distances.png|json|csv, borderline_pairs.parquet
     <report>/embeddings/                                    embed.write: the model's vectors
     <report>/summary.json                                   written last: marks a complete run
@@ -52,6 +54,7 @@ INDEX = "index.html"
 NEAR_DISTANCES = "near_distances"  # .png, .json, .csv
 BORDERLINE = "borderline_pairs.parquet"
 EMBEDDINGS = "embeddings"
+FILE_ROWS = 1_000_000  # tuning.report_file_rows: a report table is one file up to this many rows
 # report files a later run's input glob must not match (checked before any work)
 REPORT_TABLES = (DUPLICATES, INVALID, SUMMARY)
 
