@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from pipeline.report.pick import MAX_GROUPS, MAX_LISTED, MAX_MEMBERS, Pick
 from pipeline.steps.elements import REFERENCE_FILES, FileDecision, digest_hex, where_key
+from pipeline.steps.tagged import SplitOutputs
 from transforms.io import fs, layout
 from transforms.io.formats.base import records_of
 
@@ -318,9 +319,9 @@ class ReportParts(beam.PTransform):
                    | "AskSurvivors" >> beam.CoGroupByKey() | "Answer" >> beam.FlatMap(_answer))
         rooted = ({"decision": keyed, "roots": answers} | "Answers" >> beam.CoGroupByKey()
                   | "Roots" >> beam.FlatMap(_rooted))
-        written = rooted | "WriteParts" >> beam.ParDo(
-            _WriteParts(self.staging, self.total_files, self.shards)).with_outputs(
-            COUNTS, main="parts")
+        written = rooted | "WriteParts" >> SplitOutputs(
+            _WriteParts(self.staging, self.total_files, self.shards), main="parts",
+            tags=(COUNTS,))
         top = beam.pvalue.AsSingleton(
             written[COUNTS] | "SumSizes" >> beam.CombinePerKey(_SumCounts())
             | "TopOfShard" >> beam.Map(_top_of_shard)
@@ -328,4 +329,4 @@ class ReportParts(beam.PTransform):
         pick = (rooted | "RowsOfTop" >> beam.Map(_rows_of_top, top)
                 | "Trim" >> beam.CombineGlobally(_PickRows())
                 | "Pick" >> beam.Map(_pick, top))
-        return {"parts": written.parts, "pick": pick}
+        return {"parts": written["parts"], "pick": pick}
