@@ -82,8 +82,9 @@ STEPS = (("Read/", "read"), ("Dedup/Fingerprint/", "fingerprint"),
          ("Dedup/DedupNear/SureByFile", "search"), ("Dedup/DedupNear/KnownRemovals", "search"),
          ("Dedup/DedupNear/Recall", "recall"),
          ("Dedup/DedupNear/GatherTruth", "recall"),
-         ("Dedup/DedupNear/", "merge"), ("Write/", "write"), ("Report", "report"),
-         ("CollectResults", "report"), ("Publish", "report"))
+         ("Dedup/DedupNear/", "merge"), ("Write/", "write"), ("ReportParts/", "parts"),
+         ("RowsToShow", "parts"), ("Report", "report"), ("CollectResults", "report"),
+         ("Publish", "report"))
 
 
 # A jaccard job's transforms (pipeline/steps/near_sets.py): its group-bys are the
@@ -99,8 +100,8 @@ JACCARD_STEPS = (("Read/", "read"), ("Dedup/Fingerprint/", "fingerprint"),
                  ("Dedup/DedupNear/Decide", "decide"),
                  ("Dedup/DedupNear/GatherDecisions", "decide"), ("Dedup/DedupNear/", "merge"),
                  ("Dedup/SpillNearRemovals", "merge"), ("Dedup/DropSpill", "merge"),
-                 ("Write/", "write"), ("Report", "report"), ("CollectResults", "report"),
-                 ("Publish", "report"))
+                 ("Write/", "write"), ("ReportParts/", "parts"), ("RowsToShow", "parts"),
+                 ("Report", "report"), ("CollectResults", "report"), ("Publish", "report"))
 
 
 def step_of(transform: str, table: tuple = STEPS) -> str:

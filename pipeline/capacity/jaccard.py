@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.steps.near_sets import KEY_SHARDS, PLAN_SAMPLE
+from transforms.io.layout import FILE_ROWS
 from transforms.near.components import component_labels
 from transforms.near.sets import (
     Sets,
@@ -228,7 +229,8 @@ def set_units(n: int, file_bytes: float, text_bytes: float, c: SetsCost, recall:
                    "minhash": grouped * c.shingles * c.permutations},
         "merge": {"removed": n * c.removed},
         "write": {"record": n, "byte": file_bytes if out_bytes is None else out_bytes},
-        "report": {"run": 1, "record": n},
+        "parts": {"record": n},
+        "report": {"run": 1, "record": min(n, FILE_ROWS / max(c.removed, 1e-9))},
         "framework": {"run": 1, "record": n, "byte": n * text_bytes,
                       "line": lines + n * c.members},
     }

@@ -34,6 +34,7 @@ from pipeline.capacity.workload import Workload, workload
 from pipeline.config import DedupeConfig
 from pipeline.config.runner import RunnerConfig
 from pipeline.job import Job
+from transforms.io.layout import FILE_ROWS
 from transforms.near.plan import KMEANS_ITERATIONS, TRAIN_PER_CELL
 
 RATES_ENV = "TENSORDEDUP_RATES"
@@ -103,8 +104,11 @@ def units(w: Workload, out_bytes: float | None = None) -> dict[str, dict[str, fl
          "fingerprint": {"record": n, "byte": tensor},
          "exact": {"record": n},
          "write": {"record": n, "byte": w.file_bytes if out_bytes is None else out_bytes},
-         # the page and the histogram read a fixed number of records back: d, not n x d
-         "report": {"run": 1, "record": n, "value": d},
+         # the page and the histogram read a fixed number of records back: d, not n x d;
+         # the report's tables are written per file ("parts", on every worker) and joined
+         # into one file on the report's worker while they hold at most FILE_ROWS rows
+         "parts": {"record": n},
+         "report": {"run": 1, "record": min(n, FILE_ROWS / REMOVED_SHARE), "value": d},
          "framework": {"run": 1, "record": n, "byte": tensor}}
     if w.near is not None:
         p = w.near.cells
@@ -118,7 +122,7 @@ def units(w: Workload, out_bytes: float | None = None) -> dict[str, dict[str, fl
         u["search"] = {"madd": w.near.work * d, "record": n * w.near.joins}
         s = min(w.recall_sample, n)  # sampled x every record, through a projection when wide
         u["recall"] = {"madd": s * n * recall_width(d, s), "score": s * n, "record": n}
-        u["merge"] = {"record": n}
+        u["merge"] = {"run": 1, "record": n}  # a fixed part, and the open records (~n)
     return u
 
 
@@ -378,6 +382,7 @@ SET_STAGES = (("read, digests, exact dedup", ("read", "exact")),
               ("components (one worker)", ("components",)),
               ("verification and decisions", ("decide",)),
               ("merge, report (one worker)", ("merge", "report")),
+              ("report's tables, per file", ("parts",)),
               ("plan sample, recall", ("plan", "recall")),
               ("write", ("write",)),
               ("framework", ("framework", "processes")))
@@ -411,7 +416,9 @@ def set_lines(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> list
                                    f"{s.largest_component:,} records",
         "verification and decisions": f"{n * s.compared:,.0f} pairs verified, "
                                       f"{n * s.removed:,.0f} removed",
-        "merge, report (one worker)": f"{n * s.removed:,.0f} removal lines",
+        "merge, report (one worker)": f"{n * s.removed:,.0f} removal lines merged, "
+                                      f"{min(n * s.removed, FILE_ROWS):,.0f} joined",
+        "report's tables, per file": f"{n * s.removed:,.0f} rows written",
         "plan sample, recall": f"{min(w.recall_sample, n):,} sampled records x "
                                f"{w.chunks:,} chunks",
         "write": f"{_size(w.file_bytes)} written (at most)",
