@@ -107,6 +107,7 @@ def publish_run(taken: dict, store_parts: list[dict], pub: Publication,
     summary = {**pub.header, **totals, "wall_time_s": round(time.time() - pub.started, 3),
                "output": pub.output, "report": pub.report, "files": files,
                "reference": taken["reference"], "store": store, "embed": embed,
+               "report_parts": taken.get("report_parts", []),
                "near": None if taken["near"] is None else {
                    "settings": pub.near_settings, **taken["near"]}}
     report.write_summary(pub.report, summary)

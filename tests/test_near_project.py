@@ -79,9 +79,10 @@ def test_wide_rows_get_their_directions_from_a_bounded_sample():
 
 @pytest.mark.parametrize("case", ["embeddings", "crowd", "large norms"])
 def test_the_brute_force_finds_the_same_with_the_projection(case):
-    """true_partners with the prefilter (1,500 sampled rows of 27,500 x 384) equals it
-    without, pair for pair and count for count, and every pair it returns is within
-    tolerance by the float64 oracle."""
+    """true_partners with the prefilter (1,500 sampled rows of 27,500 x 384; its blocks
+    paired by the first projected coordinate) equals it without, pair for pair (in a
+    crowd, where rows are cut to their nearest per block, a superset) and count for
+    count, and every pair it returns is within tolerance by the float64 oracle."""
     rng = np.random.default_rng(3)
     x, _ = planted_copies(embeddings(25_000, seed=5), copies=0.1, decoys=0.1)
     spec = NearSpec("cosine", threshold=0.01)
@@ -104,7 +105,11 @@ def test_the_brute_force_finds_the_same_with_the_projection(case):
                                         (zero, rank), spec, radius, center, 32, with_basis)
     a, b = out["projected"], out["full"]
     assert np.array_equal(a[3], b[3])  # candidates per sampled row
-    assert _pairs(a) == _pairs(b)
+    if case == "crowd":  # rows cut to the 32 nearest per block of data rows: the projected
+        # search pairs its blocks by a coordinate (smaller blocks), so it verifies more
+        assert _pairs(b) <= _pairs(a)
+    else:
+        assert _pairs(a) == _pairs(b)
     assert len(a[0]) > 30 and (a[3] > 32).any() == (case == "crowd")
     _, ab, _ = near.verify_rows(x[sample], a[0], x, a[1], spec)
     assert ab.all()

@@ -126,9 +126,13 @@ def test_rerun_with_overwrite_replaces_the_remote_output(tmp_path, gcs):
     for stale in (".clean.staging-1-2/part-0.parquet", ".report.old-3/summary.json"):
         (bucket_dir / "out" / stale).parent.mkdir(parents=True, exist_ok=True)
         (bucket_dir / "out" / stale).write_bytes(b"stale")
+    # this run's report tables as the workers' part files (what a run past
+    # tuning.report_file_rows writes): objects under a prefix, replacing single files
     assert run(tmp_path, "parquet", f"{url}/in/*.parquet", f"{url}/out", "output.overwrite=true",
-               "keep=last") == 0
+               "keep=last", "tuning.report_file_rows=0") == 0
     assert leftovers(bucket_dir) == []
+    assert sorted(p.name for p in (bucket_dir / "out" / "report" / "duplicates.parquet").iterdir()
+                  ) == ["part-00000.parquet", "part-00001.parquet"]
     assert files_below(bucket_dir / "out" / "clean") == ["part-0.parquet", "part-1.parquet"]
     local_out = tmp_path / "local" / "out"
     assert run(tmp_path, "parquet", str(tmp_path / "local" / "in" / "*.parquet"), str(local_out),
@@ -136,6 +140,8 @@ def test_rerun_with_overwrite_replaces_the_remote_output(tmp_path, gcs):
     for table in ("duplicates.parquet", "invalid.parquet"):
         assert pq.read_table(bucket_dir / "out" / "report" / table).equals(
             pq.read_table(local_out / "report" / table))
+    assert Manifest.load(f"{url}/out/report").removed_ids.equals(
+        Manifest.load(local_out / "report").removed_ids)
     summary = json.loads((bucket_dir / "out" / "report" / "summary.json").read_text())
     assert summary["config"]["keep"] == "last" and len(summary["files"]) == 2
 

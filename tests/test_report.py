@@ -427,6 +427,8 @@ def test_report_tables_as_parts_hold_the_same_rows(tmp_path):
     assert Manifest.load(parts).removed_ids.equals(Manifest.load(one).removed_ids)
     assert RunSummary.load(parts).removals().equals(RunSummary.load(one).removals())
     assert RunSummary.load(parts).invalid().equals(RunSummary.load(one).invalid())
+    assert [json.loads((r / "summary.json").read_text())["report_parts"] for r in (one, parts)
+            ] == [[], ["duplicates.parquet", "invalid.parquet"]]
     codes = [re.findall(r"<code>([0-9a-f]{12})</code>", (r / "index.html").read_text())
              for r in (one, parts)]
     assert codes[0] and codes[0] == codes[1]

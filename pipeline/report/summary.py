@@ -146,6 +146,12 @@ def _to_pandas(table, method: str):
     return table.to_pandas()
 
 
+def _table(s: dict, name: str) -> str:
+    """A report table's name, as a directory of part files where the run wrote one."""
+    return f"{name}/ (a part file per input file)" if name in s.get("report_parts", ()) \
+        else name
+
+
 def _long_texts(embed: dict | None) -> str:
     """The first line's clause on texts longer than the embedding model takes, if any."""
     if not embed or not embed.get("long_records"):
@@ -164,8 +170,8 @@ def human_summary(s: dict) -> str:
              f"{s['wall_time_s']:.1f} s" + _long_texts(s.get("embed")),
              f"clean shards: {s['output']}/ "
              f"({sum(f['output'] is not None for f in s['files'])} files)",
-             f"report: {s['report']}/ (index.html, duplicates.parquet, files.parquet, "
-             "invalid.parquet, summary.json"
+             f"report: {s['report']}/ (index.html, {_table(s, 'duplicates.parquet')}, "
+             f"files.parquet, {_table(s, 'invalid.parquet')}, summary.json"
              + (", near_distances.png/.json/.csv, borderline_pairs.parquet" if s.get("near")
                 else "") + (", reference_invalid.parquet" if s.get("reference") else "") + ")"]
     if s.get("unreadable_files"):

@@ -175,10 +175,10 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
     check_invalid_fraction(results, max_invalid_fraction)
     files = _files_table(results, reference_files)
     with fs.local_dir_for(staging) as folder:  # a temporary directory for gs:// & co.
-        for name, schema, rows in ((layout.DUPLICATES, DUPLICATES_SCHEMA,
-                                    sum(p.duplicates for p in parts)),
-                                   (layout.INVALID, INVALID_SCHEMA, sum(p.invalid for p in parts))):
-            join_parts(staging, folder, name, schema, rows, file_rows)
+        in_parts = [name for name, schema, rows in (
+            (layout.DUPLICATES, DUPLICATES_SCHEMA, sum(p.duplicates for p in parts)),
+            (layout.INVALID, INVALID_SCHEMA, sum(p.invalid for p in parts)))
+            if not join_parts(staging, folder, name, schema, rows, file_rows)]
         pq.write_table(files, os.path.join(folder, layout.FILES))
         near_stats = hist = None
         drawing: list = []  # the histogram's plot, drawn while the page reads rows back
@@ -235,16 +235,17 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
         finally:  # the plot is part of the report whatever became of the page
             for plot in drawing:
                 plot.result()
-    return {"files": per_file, "near": near_stats, "reference": ref_stats}
+    return {"files": per_file, "near": near_stats, "reference": ref_stats,
+            "report_parts": in_parts}
 
 
 def join_parts(staging: str, folder: str, name: str, schema: pa.Schema, rows: int,
-               limit: int) -> None:
+               limit: int) -> bool:
     """``name`` (a directory of the workers' part files in ``staging``) as one file in
     ``folder`` (the staging directory, or where its files are made) while it holds at
-    most ``limit`` rows; above, the directory stays as it is."""
+    most ``limit`` rows (True); above, the directory stays as it is (False)."""
     if rows and rows > limit:
-        return
+        return False
     parts = fs.join(staging, name)
     tables = [fs.read_parquet(p) for p in sorted(fs.match(fs.join(parts, "part-*.parquet")))]
     table = pa.concat_tables([schema.empty_table(), *tables])
@@ -254,6 +255,7 @@ def join_parts(staging: str, folder: str, name: str, schema: pa.Schema, rows: in
     if tables:
         fs.delete_tree(parts)
     pq.write_table(table, os.path.join(folder, name))
+    return True
 
 
 def _counts(files: list[dict]) -> dict:

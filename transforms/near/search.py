@@ -31,6 +31,7 @@ import numpy as np
 UNIT_ROUNDOFF = {np.dtype(np.float32): 2.0 ** -24, np.dtype(np.float64): 2.0 ** -53}
 BLOCK_ELEMENTS = 1 << 24  # query x data distances computed at once (64 MB in float32)
 BLOCK_BYTES = 64 << 20  # query or data rows copied at once (16k-value rows: 1,024 of them)
+WINDOW_COLS = 2048  # data rows per block when blocks are paired by a projected coordinate
 SUBSET = 8  # a crowd block's top partners: every SUBSET-th column bounds the rest
 T = TypeVar("T")
 
@@ -320,25 +321,81 @@ def earlier_candidates(q: Vectors, y: Vectors, radius: float, q_rank: tuple, y_r
                 np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]))
     qi, yj = [], []
     cols = rows_for(row_bytes, BLOCK_BYTES, min(len(y.v), BLOCK_ELEMENTS // 256), 1)
+    window = None
+    if projected is not None and len(y.v) > WINDOW_COLS:
+        q, y, projected, q_rank, y_rank, window = _by_first_coordinate(q, y, projected,
+                                                                       q_rank, y_rank)
+        cols = min(cols, WINDOW_COLS)
     rows = max(1, BLOCK_ELEMENTS // cols)
     for c in range(0, len(y.v), cols):
         sl = slice(c, min(c + cols, len(y.v)))
+        lo, hi = (0, nq) if window is None else window(sl)
+        if lo >= hi:
+            continue
         block = np.arange(sl.start, sl.stop)
         qa, ya, _ = augmented(q, y.take(block), radius)
         pa = None if projected is None else augmented(projected[0], projected[1].take(block),
                                                       projected[2])
-        for r in range(0, nq, rows):
-            qr = (q_rank[0][r:r + rows], q_rank[1][r:r + rows])
+        for r in range(lo, hi, rows):
+            e = min(r + rows, hi)
+            qr = (q_rank[0][r:e], q_rank[1][r:e])
             yr = (y_rank[0][sl], y_rank[1][sl])
             if pa is None:
-                i, j, n = _earlier_top(qa[r:r + rows] @ ya.T, qr, yr, k)
+                i, j, n = _earlier_top(qa[r:e] @ ya.T, qr, yr, k)
             else:
-                i, j, n = _earlier_split(pa[0][r:r + rows] @ pa[1].T, qa[r:r + rows], ya,
-                                         qr, yr, k)
-            count[r:r + rows] += n
+                i, j, n = _earlier_split(pa[0][r:e] @ pa[1].T, qa[r:e], ya, qr, yr, k)
+            count[r:e] += n
             qi.append(i + r)
             yj.append(j + c)
-    return np.concatenate(qi), np.concatenate(yj), count
+    qi, yj = np.concatenate(qi or [np.empty(0, np.int64)]), np.concatenate(
+        yj or [np.empty(0, np.int64)])
+    if window is not None:  # back to the callers' rows, by query row as before
+        qi, yj, count = window.q[qi], window.y[yj], count[np.argsort(window.q)]
+        by = np.argsort(qi, kind="stable")
+        qi, yj = qi[by], yj[by]
+    return qi, yj, count
+
+
+@dataclass
+class _Window:
+    """Rows sorted by their first projected coordinate (``s`` queries', ``t`` data's):
+    a data block meets only the queries whose coordinate is within ``reach`` of its
+    range, since |s - t| <= the projected distance (``near.project``); ``q``, ``y``:
+    the sorted rows' places in the callers' order."""
+
+    s: np.ndarray
+    t: np.ndarray
+    reach: float
+    q: np.ndarray
+    y: np.ndarray
+
+    def __call__(self, sl: slice) -> tuple[int, int]:
+        lo = np.searchsorted(self.s, self.t[sl.start] - self.reach, "left")
+        hi = np.searchsorted(self.s, self.t[sl.stop - 1] + self.reach, "right")
+        return int(lo), int(hi)
+
+
+def _by_first_coordinate(q: Vectors, y: Vectors, projected: tuple, q_rank: tuple,
+                         y_rank: tuple) -> tuple:
+    """``earlier_candidates``' rows sorted by the top principal coordinate, and the
+    window that pairs their blocks. ``reach`` bounds the stored projected distance of
+    every pair the projected sign test can pass (its threshold ``augmented`` widens, plus
+    the product's rounding), so the blocks it skips hold no pair the test would pass:
+    the same pairs and counts as the whole product. The coordinates' differences are
+    taken in float64: exact for float32 values, within 2 ulps of |s| + |t| otherwise."""
+    qp, yp, radius = projected
+    s = qp.v[:, 0].astype(np.float64)
+    t = yp.v[:, 0].astype(np.float64)
+    oq, oy = np.argsort(s, kind="stable"), np.argsort(t, kind="stable")
+    g = gamma(qp.v.shape[1] + 2, qp.v.dtype) + UNIT_ROUNDOFF[qp.v.dtype]
+    qmax, ymax = float(qp.norm.max(initial=0)), float(yp.norm.max(initial=0))
+    limit = float(thresholds(qp, ymax, radius, qp.v.shape[1]).max(initial=0)) * (1 + 2 * g)
+    big = float(max(np.abs(s).max(initial=0), np.abs(t).max(initial=0)))
+    reach = (math.sqrt(limit * (1 + 2 * g) + 4 * g * (qmax ** 2 + ymax ** 2)) * (1 + 1e-6)
+             + 4 * UNIT_ROUNDOFF[np.dtype(np.float64)] * big)
+    return (q.take(oq), y.take(oy), (qp.take(oq), yp.take(oy), radius),
+            (q_rank[0][oq], q_rank[1][oq]), (y_rank[0][oy], y_rank[1][oy]),
+            _Window(s[oq], t[oy], reach, oq, oy))
 
 
 def _earlier_split(mp: np.ndarray, qa: np.ndarray, ya: np.ndarray, q_rank: tuple,
