@@ -286,7 +286,8 @@ def show(rates: dict) -> None:
            "shingle": ("M shingles/s", 1e6), "ordered": ("M shingles ordered/s", 1e6),
            "minhash": ("M MinHash values/s", 1e6), "line": ("M key lines/s", 1e6),
            "member": ("M grouped lines/s", 1e6), "pair": ("k pairs verified/s", 1e3),
-           "probe": ("k sampled records x chunks/s", 1e3), "removed": ("k removals/s", 1e3)}
+           "probe": ("k sampled records x chunks/s", 1e3), "removed": ("k removals/s", 1e3),
+           "join": ("M cells joined/s", 1e6)}
     for step, r in rates["steps"].items():
         parts = [f"{v:.3g} s per run" if k == "run" else
                  f"{1 / (v * per[k][1]):.3g} {per[k][0]}" for k, v in r.items() if v > 0]

@@ -87,7 +87,7 @@ def file_summary(res: FileResult) -> dict:
     removed = {f"removed_{kind}": sum(len(r) for r in res.decision.removed if r.kind == kind)
                for kind in KINDS}
     return {"input": res.decision.path, "output": res.output, "read": res.decision.n_read,
-            "kept": res.kept, **removed, "invalid": len(records_of(res.decision.invalid)),
+            "kept": res.kept, **removed, "invalid": res.decision.invalid_count(),
             "unreadable": _unreadable(res.decision.invalid), "notes": res.notes}
 
 
@@ -140,7 +140,7 @@ def check_invalid_fraction(results: list[FileResult], limit: float) -> None:
             f"nothing was published. First: {lost[0][0]}: {lost[0][1]}. Fix or remove the "
             "files, or raise max_invalid_fraction (1.0: never fail)")
     read = sum(r.decision.n_read for r in results)
-    n_bad = sum(len(records_of(r.decision.invalid)) for r in results)
+    n_bad = sum(r.decision.invalid_count() for r in results)
     if limit >= 1 or not read or n_bad <= limit * read:
         return
     path, first = next((r.decision.path, records_of(r.decision.invalid)[0]) for r in results

@@ -350,13 +350,22 @@ class FileDecision:
     path: str
     n_read: int
     removed: list[Removed | Tally]  # one entry per kind, sorted by position
-    invalid: list[InvalidRecord]  # sorted by position
+    invalid: list[InvalidRecord]  # sorted by position (counted: the first and whole-file ones)
+    invalid_records: int | None = None  # counted: how many invalid records ``invalid`` had
 
     def counted(self) -> FileDecision:
-        """This decision with each kind's removals as a count (``Tally``): what the
-        report's one worker needs once the file's rows are written."""
+        """This decision with each kind's removals as a count (``Tally``) and its invalid
+        records as a count, the first one and any whole-file one: what the report's one
+        worker needs once the file's rows are written."""
+        bad = records_of(self.invalid)
         return FileDecision(self.file_index, self.path, self.n_read,
-                            [Tally(r.kind, len(r)) for r in self.removed], self.invalid)
+                            [Tally(r.kind, len(r)) for r in self.removed],
+                            [r for r in self.invalid if r.whole_file] + bad[:1], len(bad))
+
+    def invalid_count(self) -> int:
+        """Invalid records (an unreadable file holds none)."""
+        return (len(records_of(self.invalid)) if self.invalid_records is None
+                else self.invalid_records)
 
     def drop(self) -> np.ndarray:
         """Sorted positions the clean copy leaves out: duplicates and invalid records (an
