@@ -1,6 +1,7 @@
 """A Beam filesystem for ``fakegs://`` paths, backed by a local directory, that behaves like
 an object store: no directories (``exists`` is true for files only, ``mkdirs`` does
-nothing, ``delete`` removes single files), listing is by prefix.
+nothing, ``delete`` removes single files and the backing folders it leaves empty),
+listing is by prefix.
 
 Why: code that must work on gs:// is tested without a cloud account; a wrong assumption
 about directories (an ``exists`` on a folder, a recursive delete) fails here as it would
@@ -121,3 +122,17 @@ class FakeObjectStore(LocalFileSystem):
             raise BeamIOError("Delete operation failed", missing)
         for p in paths:
             os.remove(_local(p))
+            _prune(os.path.dirname(_local(p)))
+
+
+def _prune(folder: str) -> None:
+    """Remove the backing directories a delete left empty, up to the bucket's: an object
+    store has no directories, so once the objects under a prefix are gone, an object can
+    take that name (a folder left on the backing disk would refuse it)."""
+    root = os.environ[ENV]
+    while os.path.dirname(folder) != root and folder.startswith(root + os.sep):
+        try:
+            os.rmdir(folder)
+        except OSError:  # not empty (or being written into): the prefix still holds objects
+            return
+        folder = os.path.dirname(folder)
