@@ -130,16 +130,6 @@ def invalid_rows(per_file: list[tuple[str, list]]) -> pa.Table:
                      enumerate(INVALID_SCHEMA.names)}, schema=INVALID_SCHEMA)
 
 
-def duplicates_table(decisions: list[FileDecision]) -> pa.Table:
-    """Every file's rows, in input order, the roots found in one place (small runs, tests:
-    what the parts of a run hold together)."""
-    removed = [(d.file_index, r) for d in decisions for r in d.removed if len(r)]
-    roots = Roots.of((where_key(np.full(len(r), f), r.position), r.survivor_digest())
-                     for f, r in removed)
-    tables = [file_rows(d, roots)[0] for d in sorted(decisions, key=lambda d: d.file_index)]
-    return pa.concat_tables([DUPLICATES_SCHEMA.empty_table(), *tables])
-
-
 # ---------------------------------------------------------------------------- the roots' join
 
 
@@ -164,10 +154,7 @@ def _answer(joined: tuple[int, dict[str, Iterable]]
     parts = [r for d in have for r in d.removed if len(r)]
     if not asks or not parts:
         return
-    pos = np.concatenate([r.position for r in parts]).astype(np.int64)
-    digest = np.concatenate([r.survivor_digest() for r in parts])
-    order = np.argsort(pos, kind="stable")
-    mine = Roots(pos[order], np.asarray(digest, np.uint64)[order])
+    mine = Roots.of((r.position.astype(np.int64), r.survivor_digest()) for r in parts)
     for asker, rows in asks:
         hit, slot = mine.lookup(rows)
         if hit.any():
