@@ -6,26 +6,41 @@ listing is by prefix.
 Why: code that must work on gs:// is tested without a cloud account; a wrong assumption
 about directories (an ``exists`` on a folder, a recursive delete) fails here as it would
 on GCS. Conditional writes (``create_exclusive``, ``replace_if_unchanged``) behave like
-GCS's generation preconditions, so leases can be raced here. Importing this module
-registers the scheme (Beam finds ``FileSystem`` subclasses when it resolves a path);
-``bucket(monkeypatch, tmp_path)`` points it at a directory (an environment variable, so a
-child process that imports this module sees the same files).
+GCS's generation preconditions, so leases can be raced here. Reads go through Beam's own
+GCS reader (``BeamBlobReader``, 16 MB read-ahead) over the file, and ``FETCHED`` counts
+the bytes they download, so a read pattern that costs gigabytes on GCS shows here.
+Importing this module registers the scheme (Beam finds ``FileSystem`` subclasses when it
+resolves a path); ``bucket(monkeypatch, tmp_path)`` points it at a directory (an
+environment variable, so a child process that imports this module sees the same files).
 """
 
 from __future__ import annotations
 
+import collections
+import io
 import os
 import posixpath
+import time
 from pathlib import Path
 
 import pytest
-from apache_beam.io.filesystem import BeamIOError, CompressionTypes, FileMetadata
+from apache_beam.io.filesystem import (
+    BeamIOError,
+    CompressedFile,
+    CompressionTypes,
+    FileMetadata,
+    FileSystem,
+)
+from apache_beam.io.filesystemio import Downloader, DownloaderStream
+from apache_beam.io.gcp.gcsio import BeamBlobReader
 from apache_beam.io.localfilesystem import LocalFileSystem
+from google.api_core.exceptions import RequestRangeNotSatisfiable
 
 from transforms.io.conditional import local_create_exclusive, local_replace_if_unchanged
 
 SCHEME = "fakegs"
 ENV = "TENSORDEDUP_FAKEGS_ROOT"
+LATENCY_ENV = "TENSORDEDUP_FAKEGS_LATENCY_MS"  # scripts/bench_object_store.py: per request
 
 
 def bucket(monkeypatch: pytest.MonkeyPatch, directory: Path) -> str:
@@ -35,10 +50,11 @@ def bucket(monkeypatch: pytest.MonkeyPatch, directory: Path) -> str:
 
 
 def _local(url: str) -> str:
-    prefix = f"{SCHEME}://"
-    if not url.startswith(prefix):
-        raise ValueError(f"not a {prefix} path: {url}")
-    return os.path.join(os.environ[ENV], url[len(prefix):])
+    """``fakegs://b/k`` (or ``fakes3://b/k``) -> the backing file of object k in bucket b."""
+    scheme, sep, key = url.partition("://")
+    if not sep or scheme not in (SCHEME, "fakes3"):
+        raise ValueError(f"not a {SCHEME}:// or fakes3:// path: {url}")
+    return os.path.join(os.environ[ENV], key)
 
 
 class FakeObjectStore(LocalFileSystem):
@@ -69,7 +85,7 @@ class FakeObjectStore(LocalFileSystem):
         for dirpath, _, files in os.walk(base):
             for name in files:
                 local = os.path.join(dirpath, name)
-                url = f"{SCHEME}://" + os.path.relpath(local, base).replace(os.sep, "/")
+                url = f"{self.scheme()}://" + os.path.relpath(local, base).replace(os.sep, "/")
                 if url.startswith(dir_or_prefix):
                     yield FileMetadata(url, os.path.getsize(local), os.path.getmtime(local))
 
@@ -79,7 +95,13 @@ class FakeObjectStore(LocalFileSystem):
 
     def open(self, path, mime_type="application/octet-stream",
              compression_type=CompressionTypes.AUTO):
-        return super().open(_local(path), mime_type, compression_type)
+        """Beam's GCS reader over the object: google-cloud-storage's ``BlobReader``, which
+        fetches max(asked, 16 MB) per read that misses its buffer (what gs:// costs)."""
+        compression_type = FileSystem._get_compression_type(path, compression_type)
+        raw = BeamBlobReader(_Blob(_local(path)))
+        if compression_type == CompressionTypes.UNCOMPRESSED:
+            return raw
+        return CompressedFile(raw, compression_type=compression_type)
 
     def copy(self, source_file_names, destination_file_names):
         super().copy([_local(p) for p in source_file_names],
@@ -123,6 +145,81 @@ class FakeObjectStore(LocalFileSystem):
         for p in paths:
             os.remove(_local(p))
             _prune(os.path.dirname(_local(p)))
+
+
+class _Blob:
+    """The part of ``google.cloud.storage.Blob`` a ``BlobReader`` uses, over a local file;
+    ``FETCHED`` counts the bytes its downloads returned per backing file (in this
+    process; objects deleted later stay counted)."""
+
+    chunk_size = None
+    content_encoding = content_type = None
+
+    def __init__(self, local: str):
+        if not os.path.isfile(local):
+            raise FileNotFoundError(local)
+        self.local, self.size = local, None
+
+    def reload(self, **_) -> None:
+        _round_trip()  # a metadata request
+        self.size = os.path.getsize(self.local)
+
+    def download_as_bytes(self, start=None, end=None, **_) -> bytes:
+        """Bytes ``start`` to ``end`` inclusive (GCS's range header); 416 past the end."""
+        _round_trip()
+        size = os.path.getsize(self.local)
+        start = start or 0
+        if start >= size:
+            raise RequestRangeNotSatisfiable(f"{self.local}: range from {start} of {size}")
+        with open(self.local, "rb") as f:
+            f.seek(start)
+            data = f.read(-1 if end is None else end + 1 - start)
+        FETCHED[self.local] += len(data)
+        SIZES[self.local] = size
+        return data
+
+
+def _round_trip() -> None:
+    """Benchmarks (``LATENCY_ENV``): the wait of one request to an object store."""
+    if LATENCY_ENV in os.environ:
+        time.sleep(float(os.environ[LATENCY_ENV]) / 1000)
+
+
+FETCHED: collections.Counter[str] = collections.Counter()  # downloaded bytes per object
+SIZES: dict[str, int] = {}  # each downloaded object's size (in this process)
+
+
+class FakeS3(FakeObjectStore):
+    """``fakes3://``: the same objects read the way Beam's S3 and Azure filesystems read
+    them, a 16 MB ``io.BufferedReader`` over a ``DownloaderStream`` of ranged gets."""
+
+    @classmethod
+    def scheme(cls) -> str:
+        return "fakes3"
+
+    def open(self, path, mime_type="application/octet-stream",
+             compression_type=CompressionTypes.AUTO):
+        raw = io.BufferedReader(DownloaderStream(_Download(_local(path))),
+                                buffer_size=16 << 20)
+        if FileSystem._get_compression_type(path, compression_type) == \
+                CompressionTypes.UNCOMPRESSED:
+            return raw
+        return CompressedFile(raw, compression_type=compression_type)
+
+
+class _Download(Downloader):
+    """Beam's ``Downloader`` over a local file, counted in ``FETCHED`` like ``_Blob``."""
+
+    def __init__(self, local: str):
+        self.blob = _Blob(local)
+        self.blob.reload()
+
+    @property
+    def size(self) -> int:
+        return self.blob.size
+
+    def get_range(self, start: int, end: int) -> bytes:
+        return self.blob.download_as_bytes(start, end - 1)
 
 
 def _prune(folder: str) -> None:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -21,11 +23,18 @@ from pipeline.run import main
 from tests import fakefs
 from tests.jobkit import EXT, read_output, write_input
 from transforms.io import fs
+from transforms.io.streams import read_streams, write_streams
 
 FORMATS = ["parquet", "tfrecord", "hdf5"]
 SHAPE = (2, 3)
 # input files at two depths: names below the output keep the inputs' layout
 NAMES = ["part-0", "part-1", "sub/part-2"]
+
+
+class Span(NamedTuple):
+    path: str
+    offset: int
+    size: int
 
 
 @pytest.fixture
@@ -199,6 +208,56 @@ def test_remote_reference_set_and_near_report(tmp_path, gcs):
         assert (outs["remote"] / "report" / name).stat().st_size > 0
     assert (outs["remote"] / "report" / "near_distances.csv").read_bytes() == (
         outs["local"] / "report" / "near_distances.csv").read_bytes()
+    assert leftovers(bucket_dir) == []
+
+
+@pytest.mark.parametrize("scheme", [fakefs.SCHEME, "fakes3"])
+def test_a_slice_read_alone_fetches_its_bytes(gcs, scheme):
+    """Spill streams read one slice per open (as a cell reads its slice of each chunk's
+    file), through Beam's GCS reader (``fakegs``) and its S3 / Azure reader (``fakes3``,
+    a 16 MB buffer over ranged gets): the rows of that slice, and those bytes fetched."""
+    url = gcs[0].replace(fakefs.SCHEME, scheme, 1)
+    rb = pa.record_batch({"x": pa.array(np.arange(400_000, dtype=np.int64))})
+    runs = [(a, a + 2_000) for a in range(0, 400_000, 2_000)]
+    path = f"{url}/spill/chunk.arrows"
+    spans = [Span(path, at, size) for at, size in write_streams(path, rb, runs)]
+    local = str(gcs[1] / "spill" / "chunk.arrows")
+    for (lo, hi), span in reversed(list(zip(runs, spans, strict=True))):
+        ((_, got),) = read_streams([span])
+        assert got.equals(rb.slice(lo, hi - lo))
+    assert fakefs.FETCHED[local] <= fakefs.SIZES[local] + len(spans)
+    # many files at once (read by threads): every span, in (path, offset) order
+    other = f"{url}/spill/another.arrows"
+    more = [Span(other, at, size) for at, size in write_streams(other, rb, runs[:7])]
+    got = read_streams((spans + more)[::-1])
+    assert [s for s, _ in got] == sorted(spans + more, key=lambda s: (s.path, s.offset))
+    want = {**{s: lo for s, (lo, _) in zip(spans, runs, strict=True)},
+            **{s: lo for s, (lo, _) in zip(more, runs, strict=False)}}
+    for s, batch in got:
+        assert batch.equals(rb.slice(want[s], 2_000))
+
+
+def test_near_cells_on_an_object_store_download_their_slices_once(tmp_path, gcs):
+    """A cell reads its slice of each chunk's spill file, a few kilobytes: on an object store
+    that is one ranged download of those bytes. Beam's GCS reader fetched 16 MB (or the
+    rest of the file) for each: 400 MB for these 40,000 records of 32 values."""
+    url, bucket_dir = gcs
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((40_000, 32)).astype(np.float32)
+    x[-2_000:] = x[:2_000] + np.float32(0.001)  # near copies, in another file
+    for f, rows in enumerate(np.array_split(np.arange(len(x)), 3)):
+        write_input("parquet", bucket_dir / "in" / f"p{f}.parquet", [f"r{i}" for i in rows],
+                    x[rows], rows % 7, row_group_size=10_000)
+    near = {"metric": "l2", "threshold": 0.05, "single_index_rows": 2_000,
+            "partition_rows": 500}
+    assert run(tmp_path, "parquet", f"{url}/in/*.parquet", f"{url}/out", near=near) == 0
+    summary = json.loads((bucket_dir / "out" / "report" / "summary.json").read_text())
+    assert summary["near"]["cells"] >= 50 and summary["removed_near"] == 2_000
+    spill = {p: got for p, got in fakefs.FETCHED.items()
+             if p.startswith(str(bucket_dir)) and p.endswith(".arrows")}
+    assert len(spill) >= 3  # a file per chunk, each read by every cell it holds rows of
+    for path, got in spill.items():  # every slice once, one extra byte per ranged read
+        assert got <= fakefs.SIZES[path] + 4096, (path, got, fakefs.SIZES[path])
     assert leftovers(bucket_dir) == []
 
 

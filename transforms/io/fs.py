@@ -17,6 +17,7 @@ compare-and-swap: what leases need) are in ``transforms.io.conditional``.
 from __future__ import annotations
 
 import glob as _glob
+import io
 import os
 import re
 import secrets
@@ -168,6 +169,57 @@ def open_read(path: str) -> BinaryIO:
     if is_local(path):
         return open(path, "rb")
     return beam_filesystems().open(path, compression_type=RAW)
+
+
+def open_ranged(path: str) -> BinaryIO:
+    """A reader of a few byte ranges (``seek`` then ``read``): on an object store each read
+    fetches the bytes asked for and no more. Beam's readers read ahead: its GCS reader
+    (google-cloud-storage's ``BlobReader``) fetches at least 16 MB per read that misses
+    its buffer, its S3 and Azure readers fill a 16 MB buffer, so a cell's slice of one
+    chunk's spill file (kilobytes) or a store lookup's bucket cost up to 16 MB each.
+    ``FileSystems.open`` takes no buffer size, so the reader's own is set to nothing."""
+    f = open_read(path)
+    if is_local(path):
+        return f
+    if isinstance(getattr(f, "raw", None), io.RawIOBase):  # a buffer over ranged reads
+        return _Unbuffered(f)
+    if hasattr(f, "_chunk_size"):  # BlobReader: a read fetches max(asked, _chunk_size)
+        f._chunk_size = 1
+    return f
+
+
+class _Unbuffered(io.RawIOBase):
+    """A ``BufferedReader``'s raw stream, read whole: ``read(n)`` returns n bytes (fewer
+    only at the end of the file), one ranged request each on an object store."""
+
+    def __init__(self, buffered: io.BufferedReader):
+        super().__init__()
+        self._f, self._raw = buffered, buffered.raw
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        return self._raw.seek(pos, whence)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def readinto(self, b) -> int:
+        view, got = memoryview(b).cast("B"), 0
+        while got < len(view):
+            n = self._raw.readinto(view[got:])
+            if not n:
+                break
+            got += n
+        return got
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
 
 
 def read_bytes(path: str) -> bytes:

@@ -128,7 +128,7 @@ def search(path: str, queries: np.ndarray, stats: dict[str, int] | None = None) 
     reading only the directory entries, buckets, runs and ids that can matter."""
     stats = {} if stats is None else stats
     gap = _GAP_LOCAL if fs.is_local(path) else _GAP_REMOTE
-    with fs.open_read(path) as f:
+    with fs.open_ranged(path) as f:
         lay = layout(f)
         stats["bytes_read"] = stats.get("bytes_read", 0) + lay.dir
         if not lay.rows or not len(queries):
