@@ -70,7 +70,7 @@ def sniff(head: bytes) -> Sniffed | None:
 def _hdf5_further(path: str) -> bool:
     """Whether the HDF5 signature lies past HEAD_BYTES, after a user block of 4 KiB to
     HDF5_BLOCKS (powers of 2): an h5py file made with a large ``userblock_size``."""
-    with fs.open_read(path) as f:
+    with fs.open_ranged(path) as f:
         at = HEAD_BYTES
         while at <= HDF5_BLOCKS:
             f.seek(at)
@@ -118,7 +118,7 @@ def _shows_format(path: str, head: bytes, fmt: str) -> bool:
 
 
 def _head(path: str) -> bytes:
-    with fs.open_read(path) as f:
+    with fs.open_ranged(path) as f:  # on gs:// a plain read would fetch 16 MB per file
         return f.read(HEAD_BYTES)
 
 

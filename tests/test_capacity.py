@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from pipeline.api import to_config
-from pipeline.capacity.plan import Rates, cluster, plan_lines, predict
+from pipeline.capacity.plan import Rates, cluster, lines, plan_lines, predict, slice_reads
 from pipeline.capacity.workload import workload
 from pipeline.preflight import prepare
 from pipeline.run import main
@@ -102,6 +102,25 @@ def test_plan_follows_records_workers_and_the_near_stage(tmp_path, vectors):
     exact = prepare(to_config(config(tmp_path, vectors, near=False)))
     plain = predict(workload(exact), cluster(exact.cfg.runner, rates), rates, False)
     assert plain.spilled == 0 and plain.wall_s < one.wall_s
+
+
+def test_plan_counts_the_spill_reads_on_an_object_store(tmp_path, vectors):
+    """With the spill on an object store the plan names the cells' ranged reads, one per
+    (chunk, cell) pair that holds rows: checked by dealing each chunk's joins to cells at
+    random; locally there is no such line."""
+    rates = Rates.load()
+    job = prepare(to_config(config(tmp_path, vectors)))
+    c = cluster(job.cfg.runner, rates)
+    w = workload(job, 20_000_000)
+    assert not [ln for ln in lines(w, c, rates, remote_spill=False) if "object store" in ln]
+    (line,) = [ln for ln in lines(w, c, rates, remote_spill=True) if "object store" in ln]
+    assert f"about {slice_reads(w):.3g} ranged reads" in line
+    rows = min(w.chunking.chunk_rows, w.chunking.chunk_bytes // w.record_bytes)
+    rng = np.random.default_rng(0)
+    dealt = [len(np.unique(rng.integers(0, w.near.cells, round(rows * w.near.joins))))
+             for _ in range(20)]
+    by_hand = np.mean(dealt) * np.ceil(w.records / rows)
+    assert w.near.cells > 1_000 and abs(slice_reads(w) / by_hand - 1) < 0.02
 
 
 def test_plan_records_scales_a_sample_to_the_full_set(tmp_path, vectors, capsys):

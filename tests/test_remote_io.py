@@ -18,6 +18,8 @@ import yaml
 
 from filters.manifest import Manifest
 from pipeline import graph
+from pipeline.config import DedupeConfig
+from pipeline.preflight import prepare
 from pipeline.report import tables as report_step
 from pipeline.run import main
 from tests import fakefs
@@ -209,6 +211,28 @@ def test_remote_reference_set_and_near_report(tmp_path, gcs):
     assert (outs["remote"] / "report" / "near_distances.csv").read_bytes() == (
         outs["local"] / "report" / "near_distances.csv").read_bytes()
     assert leftovers(bucket_dir) == []
+
+
+def test_checks_before_work_read_heads_and_schemas_not_whole_files(tmp_path, gcs):
+    """The checks before any work read each input file's first bytes and its schema: on an
+    object store those bytes, not the 16 MB (or the whole file) that Beam's GCS reader
+    fetches for a read of 4 KiB."""
+    url, bucket_dir = gcs
+    rng = np.random.default_rng(5)
+    for f in range(3):
+        write_input("parquet", bucket_dir / "in" / f"p{f}.parquet",
+                    [f"f{f}-{i}" for i in range(20_000)],
+                    rng.standard_normal((20_000, 32)).astype(np.float32),
+                    np.zeros(20_000, np.int64), row_group_size=20_000)
+    job = prepare(DedupeConfig.model_validate({
+        "input": {"format": "parquet", "path": f"{url}/in/*.parquet", "tensor": "emb",
+                  "id": "id"},
+        "output": {"path": f"{url}/out/clean"}, "report": f"{url}/out/report"}))
+    assert len(job.files) == 3
+    for f in range(3):
+        local = str(bucket_dir / "in" / f"p{f}.parquet")
+        assert fakefs.SIZES[local] > 2 << 20
+        assert fakefs.FETCHED[local] <= 256 << 10, fakefs.FETCHED[local]  # 4 KiB, 2 footers
 
 
 @pytest.mark.parametrize("scheme", [fakefs.SCHEME, "fakes3"])

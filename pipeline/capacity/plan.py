@@ -35,6 +35,7 @@ from pipeline.config import DedupeConfig
 from pipeline.config.runner import RunnerConfig
 from pipeline.job import Job
 from transforms.io.layout import FILE_ROWS
+from transforms.io.streams import REMOTE_READS
 from transforms.near.plan import KMEANS_ITERATIONS, TRAIN_PER_CELL
 
 RATES_ENV = "TENSORDEDUP_RATES"
@@ -50,6 +51,7 @@ ONE_WORKER = ("plan", "merge", "report")
 # as on 16 CPU cores (1M x 384: 33.1 s against 33.7 s, docs/near.md), since each cell's
 # products are too small for it; the plan counts the worker's vCPUs only.
 DATAFLOW_STARTUP_S = 240.0
+REQUEST_S = 0.02  # an object store's round trip per request (GCS: about 10-50 ms)
 DATAFLOW_DEFAULT_MACHINE = "n1-standard-1"
 DATAFLOW_DEFAULT_WORKERS = 10
 GB_PER_VCPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
@@ -323,7 +325,25 @@ def lines(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> list[str
     if c.memory and cap.peak_memory > c.memory:
         out.append("  warning: the peak exceeds the worker's memory: choose a machine type "
                    "with more (runner.machine_type)")
+    if near is not None and near.cells > 1 and remote_spill:
+        slices = slice_reads(w)
+        wait = 2 * slices * REQUEST_S / REMOTE_READS / (c.workers * c.cores)
+        out.append(f"  object store: each cell reads its slice of every chunk's spill file it "
+                   f"has rows in: about {slices:.3g} ranged reads ({slices / near.cells:,.0f} "
+                   f"per cell, {REMOTE_READS} at a time), about {_time(wait)} of waiting per "
+                   f"core at {REQUEST_S * 1000:.0f} ms a request, not in the wall time "
+                   "(docs/scale.md, the spill on Cloud Storage)")
     return out + [f"  assumed: {a}" for a in c.assumed]
+
+
+def slice_reads(w: Workload) -> float:
+    """(chunk, cell) slices of the near spill: a chunk of r records, each joining j of the
+    P cells, holds rows of about P (1 - e^(-r j / P)) cells (records spread over cells
+    independently of the chunk they arrive in)."""
+    rows = max(1, min(w.chunking.chunk_rows, w.chunking.chunk_bytes // max(w.record_bytes, 1),
+                      w.records))
+    cells = w.near.cells
+    return math.ceil(w.records / rows) * cells * -math.expm1(-rows * w.near.joins / cells)
 
 
 def _spread(c: Cluster) -> int:
