@@ -95,13 +95,17 @@ class FakeObjectStore(LocalFileSystem):
 
     def open(self, path, mime_type="application/octet-stream",
              compression_type=CompressionTypes.AUTO):
-        """Beam's GCS reader over the object: google-cloud-storage's ``BlobReader``, which
-        fetches max(asked, 16 MB) per read that misses its buffer (what gs:// costs)."""
         compression_type = FileSystem._get_compression_type(path, compression_type)
-        raw = BeamBlobReader(_Blob(_local(path)))
+        raw = self._reader(_local(path))
         if compression_type == CompressionTypes.UNCOMPRESSED:
             return raw
         return CompressedFile(raw, compression_type=compression_type)
+
+    @staticmethod
+    def _reader(local: str):
+        """Beam's GCS reader over the object: google-cloud-storage's ``BlobReader``, which
+        fetches max(asked, 16 MB) per read that misses its buffer (what gs:// costs)."""
+        return BeamBlobReader(_Blob(local))
 
     def copy(self, source_file_names, destination_file_names):
         super().copy([_local(p) for p in source_file_names],
@@ -197,14 +201,9 @@ class FakeS3(FakeObjectStore):
     def scheme(cls) -> str:
         return "fakes3"
 
-    def open(self, path, mime_type="application/octet-stream",
-             compression_type=CompressionTypes.AUTO):
-        raw = io.BufferedReader(DownloaderStream(_Download(_local(path))),
-                                buffer_size=16 << 20)
-        if FileSystem._get_compression_type(path, compression_type) == \
-                CompressionTypes.UNCOMPRESSED:
-            return raw
-        return CompressedFile(raw, compression_type=compression_type)
+    @staticmethod
+    def _reader(local: str):
+        return io.BufferedReader(DownloaderStream(_Download(local)), buffer_size=16 << 20)
 
 
 class _Download(Downloader):

@@ -34,6 +34,7 @@ from pipeline.capacity.workload import Workload, workload
 from pipeline.config import DedupeConfig
 from pipeline.config.runner import RunnerConfig
 from pipeline.job import Job
+from transforms.io.formats.base import rows_within
 from transforms.io.layout import FILE_ROWS
 from transforms.io.streams import REMOTE_READS
 from transforms.near.plan import KMEANS_ITERATIONS, TRAIN_PER_CELL
@@ -327,6 +328,7 @@ def lines(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> list[str
                    "with more (runner.machine_type)")
     if near is not None and near.cells > 1 and remote_spill:
         slices = slice_reads(w)
+        # two requests per slice: the object's metadata (the reader's open), then its range
         wait = 2 * slices * REQUEST_S / REMOTE_READS / (c.workers * c.cores)
         out.append(f"  object store: each cell reads its slice of every chunk's spill file it "
                    f"has rows in: about {slices:.3g} ranged reads ({slices / near.cells:,.0f} "
@@ -340,8 +342,8 @@ def slice_reads(w: Workload) -> float:
     """(chunk, cell) slices of the near spill: a chunk of r records, each joining j of the
     P cells, holds rows of about P (1 - e^(-r j / P)) cells (records spread over cells
     independently of the chunk they arrive in)."""
-    rows = max(1, min(w.chunking.chunk_rows, w.chunking.chunk_bytes // max(w.record_bytes, 1),
-                      w.records))
+    rows = min(rows_within(w.chunking.chunk_rows, w.chunking.chunk_bytes, w.record_bytes),
+               max(w.records, 1))
     cells = w.near.cells
     return math.ceil(w.records / rows) * cells * -math.expm1(-rows * w.near.joins / cells)
 
