@@ -22,6 +22,7 @@ from pipeline.config import DedupeConfig
 from pipeline.preflight import prepare
 from pipeline.report import tables as report_step
 from pipeline.run import main
+from pipeline.steps.elements import VecBatch
 from tests import fakefs
 from tests.jobkit import EXT, read_output, write_input
 from transforms.io import fs
@@ -261,6 +262,31 @@ def test_a_slice_read_alone_fetches_its_bytes(gcs, scheme):
         assert batch.equals(rb.slice(want[s], 2_000))
 
 
+@pytest.mark.parametrize("scheme", [fakefs.SCHEME, "fakes3"])
+def test_picked_rows_of_a_spilled_chunk_download_those_rows(gcs, scheme):
+    """The planning and recall samples take a few rows of each chunk (at a billion
+    records, under one per 21,845-row chunk of 768 values): read from a value file on an
+    object store, those rows' bytes are downloaded, one request per run of rows less
+    than RANGE_GAP apart, not the file (each sample downloaded every chunk whole)."""
+    url = gcs[0].replace(fakefs.SCHEME, scheme, 1)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3_000, 768)).astype(np.float32)  # 9.2 MB, 3 KB rows
+    n = len(x)
+    batch = VecBatch(np.zeros((n, 2), np.uint64), np.zeros(n), np.arange(n),
+                     np.zeros(n, np.int32), np.arange(n), pa.array([f"r{i}" for i in range(n)]),
+                     x).spill(f"{url}/values")
+    local = str(gcs[1] / batch.spilled[0].removeprefix(f"{url}/"))
+    width = 768 * 4
+    far = np.arange(2_990, 0, -(fs.RANGE_GAP // width + 50))  # each its own request
+    got = batch.picked(far)
+    assert np.array_equal(got.x, x[far]) and got.ids.equals(batch.ids.take(pa.array(far)))
+    assert fakefs.FETCHED[local] <= len(far) * (width + 1), (fakefs.FETCHED[local], len(far))
+    fakefs.FETCHED.clear()
+    near = np.array([7, 5, 9, 400, 401, 1_200])  # close rows: one ranged read of their span
+    assert np.array_equal(batch.picked(near).x, x[near])
+    assert fakefs.FETCHED[local] <= (1_200 - 5 + 1) * width + 1, fakefs.FETCHED[local]
+
+
 def test_near_cells_on_an_object_store_download_their_slices_once(tmp_path, gcs):
     """A cell reads its slice of each chunk's spill file, a few kilobytes: on an object store
     that is one ranged download of those bytes. Beam's GCS reader fetched 16 MB (or the
@@ -282,6 +308,15 @@ def test_near_cells_on_an_object_store_download_their_slices_once(tmp_path, gcs)
     assert len(spill) >= 3  # a file per chunk, each read by every cell it holds rows of
     for path, got in spill.items():  # every slice once, one extra byte per ranged read
         assert got <= fakefs.SIZES[path] + 4096, (path, got, fakefs.SIZES[path])
+    # a chunk's values: read whole by the search's assignment alone (the recall's brute
+    # force runs in the same step); at this size each sample's rows span the whole file
+    # (picked rows: the test above). The recall sample's once by the step, once by the merge
+    values = {p: got for p, got in fakefs.FETCHED.items() if "/values/" in p}
+    assert len(values) >= 3
+    for path, got in values.items():
+        assert got <= 3 * fakefs.SIZES[path] + 4096, (path, got, fakefs.SIZES[path])
+    (recall,) = [p for p in fakefs.FETCHED if "-recall/" in p]
+    assert fakefs.FETCHED[recall] <= 2 * fakefs.SIZES[recall] + 4096
     assert leftovers(bucket_dir) == []
 
 

@@ -136,6 +136,17 @@ class VecBatch:
         x = np.frombuffer(fs.read_bytes(path), self.x.dtype).reshape(len(self), dim)
         return dataclasses.replace(self, x=x, spilled=None)
 
+    def picked(self, idx: np.ndarray) -> VecBatch:
+        """``take(idx)`` with values, reading only those rows from a spill file: the
+        samples' few rows of a chunk on an object store, not its whole file (which the
+        two samples downloaded twice over)."""
+        if self.spilled is None:
+            return self.take(idx)
+        path, dim = self.spilled
+        x = np.empty((len(idx), dim), self.x.dtype)
+        fs.read_rows_into(path, np.asarray(idx, np.int64), x, np.arange(len(idx)))
+        return dataclasses.replace(self.take(idx, values=False), x=x)
+
     @property
     def width(self) -> int:
         """Values per record (also of a spilled batch)."""

@@ -32,7 +32,8 @@ Pick = Callable[[VecBatch], tuple[np.ndarray, np.ndarray | None]]  # (drawn, cap
 
 def _ref_of(batch: VecBatch, pick: np.ndarray) -> Ref | None:
     """Where ``pick``'s values can be read back later: the chunk's local spill file, or
-    None (values in memory, or in a remote file: the caller carries them)."""
+    None (values in memory, or in a remote file: the caller carries them, read here by
+    ranged requests for those rows only, on the worker that has the chunk)."""
     if batch.spilled is not None and fs.is_local(batch.spilled[0]):
         return batch.spilled[0], pick.astype(np.int64), batch.x.dtype
     return None
@@ -77,7 +78,7 @@ class Sample:
             self.lo.append(lo[pick])
             self.ref.append(ref)
             self.v.append(None if ref is not None else search_space(
-                batch.loaded().x[pick], spec).astype(np.float32))
+                batch.picked(pick).x, spec).astype(np.float32))
         self.recall.add(batch, self.n)
         if sum(len(p) for p in self.lo) > self.cap() * 5 // 4:
             self.compact()
@@ -146,7 +147,7 @@ class RecallRows:
             ref = _ref_of(batch, pick)
             self.refs.append(ref)
             self.parts.append(batch.take(pick, values=False) if ref is not None
-                              else batch.loaded().take(pick))
+                              else batch.picked(pick))
             if sum(len(b) for b in self.parts) > 2 * self.size:
                 self.cut(n)
 
