@@ -15,7 +15,11 @@ from pipeline.job import Job
 from pipeline.publish import Publication, publish_run
 from pipeline.report.parts import ReportParts
 from pipeline.report.tables import TensorSource, rows_to_show, write_report
-from pipeline.runners.common import copies_at_once, recomputes_finished_steps
+from pipeline.runners.common import (
+    copies_at_once,
+    recomputes_finished_steps,
+    shuffle_carries_rows,
+)
 from pipeline.steps import (
     DECISIONS,
     FACTS,
@@ -75,7 +79,8 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
         reference=None if ref is None else ref["chunks"], store=job.store, survivors=updates,
         spill=job.spill, shards=cfg.tuning.shards,
         borderline_pairs=cfg.near.borderline_pairs if cfg.near else 0,
-        keep_spill=recomputes_finished_steps(cfg.runner), embed=embed, removals=job.removals)
+        keep_spill=recomputes_finished_steps(cfg.runner),
+        carry_rows=shuffle_carries_rows(cfg.runner.name), embed=embed, removals=job.removals)
     store_parts = p | "NoStoreUpdate" >> beam.Create([])
     if updates:
         update = {k: dedup[k] for k in (SURVIVORS, DECISIONS, VECTORS) if k in dedup}

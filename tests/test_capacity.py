@@ -5,6 +5,7 @@ against real runs)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -121,6 +122,17 @@ def test_plan_counts_the_spill_reads_on_an_object_store(tmp_path, vectors):
              for _ in range(20)]
     by_hand = np.mean(dealt) * np.ceil(w.records / rows)
     assert w.near.cells > 1_000 and abs(slice_reads(w) / by_hand - 1) < 0.02
+    # Dataflow carries the cells' rows in its shuffle: no ranged reads, the copies of the
+    # values shuffled and not spilled
+    flow = dataclasses.replace(c, runner="dataflow")
+    said = lines(w, flow, rates, remote_spill=True)
+    assert not [ln for ln in said if "object store" in ln]
+    (line,) = [ln for ln in said if ln.startswith("  shuffle: ")]
+    assert f"{w.near.joins:.2f} copies of each record" in line
+    spilled, carried = predict(w, c, rates, True), predict(w, flow, rates, True)
+    moved = w.records * w.near.joins * w.record_bytes
+    assert carried.spilled < spilled.spilled - 0.9 * moved
+    assert carried.shuffled == pytest.approx(spilled.shuffled)
 
 
 def test_plan_records_scales_a_sample_to_the_full_set(tmp_path, vectors, capsys):

@@ -34,6 +34,7 @@ from pipeline.capacity.workload import Workload, workload
 from pipeline.config import DedupeConfig
 from pipeline.config.runner import RunnerConfig
 from pipeline.job import Job
+from pipeline.runners.common import shuffle_carries_rows
 from transforms.io.formats.base import rows_within
 from transforms.io.layout import FILE_ROWS
 from transforms.io.streams import REMOTE_READS
@@ -225,7 +226,8 @@ class Capacity:
 
 def predict(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> Capacity:
     """The plan for workload ``w`` on cluster ``c``; ``remote_spill``: the spill is on an
-    object store (cells carry copies of the vectors, not row numbers)."""
+    object store (cells carry copies of the vectors, not row numbers: in the shuffle
+    itself where the runner carries them, ``shuffle_carries_rows``, else in spill files)."""
     u = units(w)
     steps = {}
     for step, amounts in u.items():
@@ -241,9 +243,10 @@ def predict(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> Capaci
     shuffled = n * (SHUFFLE_RECORD_BYTES + w.id_bytes)
     spilled = 0.0
     if w.near is not None:
-        copy = b if remote_spill else 0
-        shuffled += n * w.near.joins * (CELL_REF_BYTES + copy)
-        spilled = n * b + n * w.near.joins * (CELL_REF_BYTES + copy) \
+        copy = b if remote_spill or shuffle_carries_rows(c.runner) else 0
+        cells = n * w.near.joins * (CELL_REF_BYTES + copy)
+        shuffled += cells
+        spilled = n * b + (0 if shuffle_carries_rows(c.runner) else cells) \
             + min(w.recall_sample, n) * b
     return Capacity(wall, steps, shuffled, spilled, peak_memory(w, c, rates),
                     wall * c.workers / 3600, c)
@@ -326,7 +329,12 @@ def lines(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> list[str
     if c.memory and cap.peak_memory > c.memory:
         out.append("  warning: the peak exceeds the worker's memory: choose a machine type "
                    "with more (runner.machine_type)")
-    if near is not None and near.cells > 1 and remote_spill:
+    if near is not None and near.cells > 1 and shuffle_carries_rows(c.runner):
+        out.append(f"  shuffle: the cells' rows travel in the runner's shuffle, values "
+                   f"included ({near.joins:.2f} copies of each record), none through spill "
+                   "files: no request per cell and chunk (docs/scale.md, the spill on "
+                   "Cloud Storage)")
+    elif near is not None and near.cells > 1 and remote_spill:
         slices = slice_reads(w)
         # two requests per slice: the object's metadata (the reader's open), then its range
         wait = 2 * slices * REQUEST_S / REMOTE_READS / (c.workers * c.cores)

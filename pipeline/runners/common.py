@@ -192,6 +192,15 @@ def recomputes_finished_steps(cfg: RunnerConfig) -> bool:
     return cfg.name == "dask"
 
 
+def shuffle_carries_rows(runner: str) -> bool:
+    """Whether the near cells' rows travel through the runner's shuffle: on Dataflow,
+    whose shuffle is a service and whose spill is on an object store, where a cell would
+    read its slice of every chunk's spill file by a request each (docs/scale.md). The
+    local runner and Dask hold a shuffle in memory, so they move references instead.
+    ``runner``: ``runner.name``."""
+    return runner == "dataflow"
+
+
 def copies_at_once(cfg: RunnerConfig) -> int:
     """Files each worker's clean-copy step writes at once: two on the local runner's one
     worker (the copies' encoding releases the GIL, so the second uses the other core),

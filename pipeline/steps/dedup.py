@@ -62,7 +62,8 @@ class Dedup(beam.PTransform):
         new folder under the local temp directory, fine for local runners); deleted
         after the search unless ``survivors`` (a store update still reads them) or
         ``keep_spill`` (left to the job's Publish: Dask recomputes a lost worker's
-        finished steps, which read them again).
+        finished steps, which read them again). ``carry_rows``: the near cells' rows
+        travel through the runner's shuffle instead (``DedupNear``; for Dataflow).
       shards, borderline_pairs, chunk_rows: tuning (digest shards, report pairs, records
         per element over records).
       removals: a folder every worker can reach where large removal lists wait for the
@@ -80,7 +81,8 @@ class Dedup(beam.PTransform):
                  reference: beam.PCollection | None = None, store: StoreView | None = None,
                  survivors: bool = False, spill: str | None = None, shards: int = 16,
                  borderline_pairs: int = 500, chunk_rows: int = 4096, keep_spill: bool = False,
-                 embed: beam.PTransform | None = None, removals: str | None = None):
+                 carry_rows: bool = False, embed: beam.PTransform | None = None,
+                 removals: str | None = None):
         super().__init__()
         self.key, self.id, self.keep, self.near = key, id, Keep.of(keep), near
         self.exact, self.reference, self.store = exact, reference, store
@@ -88,6 +90,7 @@ class Dedup(beam.PTransform):
         self.spill = spill or layout.library_spill()
         self.shards, self.borderline_pairs, self.chunk_rows = shards, borderline_pairs, chunk_rows
         self.keep_spill, self.embed, self.removals = keep_spill, embed, removals
+        self.carry_rows = carry_rows
 
     def expand(self, pvalue):
         if isinstance(pvalue, dict):
@@ -151,7 +154,8 @@ class Dedup(beam.PTransform):
             near = vectors | "DedupNear" >> (DedupNearSets(
                 self.near, borderline_pairs=self.borderline_pairs) if sets else DedupNear(
                 self.near, spill=layout.spill_cells(self.spill),
-                borderline_pairs=self.borderline_pairs, keep_spill=self.keep_spill))
+                borderline_pairs=self.borderline_pairs, keep_spill=self.keep_spill,
+                carry_rows=self.carry_rows))
             streams["near"] = self._spilled(near[REMOVED], "Near")
             out[NEAR_REPORT] = near[NEAR_REPORT]
             if not (self.survivors or self.keep_spill):  # no reader after the search

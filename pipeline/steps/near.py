@@ -208,10 +208,11 @@ class AssignAndCheck(beam.DoFn):
     once (as two steps each read the chunk's file: on an object store its values were
     downloaded twice), and the recall sample's values once per worker, not per chunk
     (2,000 x 768 floats: 6 MB for each of 45,000 chunks at a billion records). The
-    recall's seconds are counted apart (RECALL_MSECS) for the capacity plan's rates."""
+    recall's seconds are counted apart (RECALL_MSECS) for the capacity plan's rates.
+    ``carry``: the cells' rows travel in the elements (``assign_batch``)."""
 
-    def __init__(self, spec: NearSpec, spill: str):
-        self.spec, self.spill = spec, spill
+    def __init__(self, spec: NearSpec, spill: str, carry: bool = False):
+        self.spec, self.spill, self.carry = spec, spill, carry
         self._sample: tuple[object, VecBatch] | None = None
 
     def setup(self) -> None:
@@ -223,7 +224,7 @@ class AssignAndCheck(beam.DoFn):
         for t in chunk_partners(loaded, plan, self.spec, self._recall_sample(plan)):
             yield beam.pvalue.TaggedOutput(TRUTH, t)
         RECALL_MSECS.inc(round((time.perf_counter() - start) * 1000))
-        yield from assign_batch(batch, plan, self.spec, self.spill, loaded)
+        yield from assign_batch(batch, plan, self.spec, self.spill, loaded, self.carry)
 
     def _recall_sample(self, plan: Plan) -> VecBatch | None:
         if plan.sample is None:
@@ -276,22 +277,28 @@ class DedupNear(beam.PTransform):
       keep_spill: leave all three to whoever deletes ``spill``'s parent (the job's
         Publish): a runner that recomputes a lost worker's finished steps (Dask) may
         read them again after the search.
+      carry_rows: the cells' rows travel through the runner's shuffle, not as
+        references into ``spill`` files: for a runner whose shuffle is a service or
+        disk (Dataflow), where the spill is on an object store and each reference
+        would cost a cell a ranged request (40,000 per cell at a billion records).
+        The local runner's and Dask's shuffles hold what they move in memory.
     """
 
     def __init__(self, spec: NearSpec, *, spill: str, borderline_pairs: int = 500,
-                 keep_spill: bool = False):
+                 keep_spill: bool = False, carry_rows: bool = False):
         super().__init__()
         self.spec, self.per_side, self.spill = spec, borderline_pairs, spill.rstrip("/")
         self.recall_spill = layout.recall_spill(self.spill)
         self.plan_spill = layout.plan_spill(self.spill)
-        self.keep_spill = keep_spill
+        self.keep_spill, self.carry_rows = keep_spill, carry_rows
 
     def expand(self, vecs):
         plan = beam.pvalue.AsSingleton(vecs | "SampleAndPlan" >> beam.CombineGlobally(
             SampleForPlan(self.spec, fs.join(self.plan_spill, "plan.spill"),
                           self.recall_spill)))
         assigned = vecs | "AssignCells" >> SplitOutputs(
-            AssignAndCheck(self.spec, self.spill), plan, main="cells", tags=(TRUTH,))
+            AssignAndCheck(self.spec, self.spill, self.carry_rows), plan, main="cells",
+            tags=(TRUTH,))
         truth = beam.pvalue.AsSingleton(
             assigned[TRUTH] | "GatherTruth" >> beam.CombineGlobally(GatherTruth()))
         decided = (assigned["cells"]

@@ -27,7 +27,7 @@ from pipeline.steps.elements import VecBatch
 from pipeline.steps.near_grid import pair_histogram
 from transforms.exact import is_protected
 from transforms.io import fs, spill
-from transforms.io.streams import read_streams, write_streams
+from transforms.io.streams import read_stream_bytes, read_streams, stream_bytes, write_streams
 from transforms.near.find import decide_cell
 from transforms.near.greedy import STATE_KEPT, STATE_OPEN, STATE_REMOVED
 from transforms.near.nearest import nearest_distances
@@ -45,24 +45,31 @@ CELLS_PER_SHARD = 16  # cells whose removals become lines per file together
 class CellSlice:
     """AssignCells -> DecideCells: one chunk's rows of one cell, spilled to a file: an
     Arrow IPC stream of one record batch at bytes [offset, offset + size) of ``path``
-    (``transforms.io.streams``)."""
+    (``transforms.io.streams``), or carried: ``data``, the stream itself, through the
+    runner's shuffle (``carry``)."""
 
     path: str
     offset: int
     size: int
     rows: int
+    data: bytes | None = None
 
 
 def assign_batch(batch: VecBatch, plan, spec: NearSpec, spill: str,
-                 loaded: VecBatch | None = None) -> Iterator[tuple[int, CellSlice]]:
+                 loaded: VecBatch | None = None, carry: bool = False
+                 ) -> Iterator[tuple[int, CellSlice]]:
     """A chunk's rows -> the cells they join, written as one spill file (a one-batch IPC
     stream per cell, ``CellSlice``; flags: ``home`` there, and ``capped``: had more
     cells to meet than the bounded mode lets it). Where the chunk's values already lie
     in a local file, the cells name their rows in it (``row``) instead of copying them:
     a row joins two or three cells, and copying them wrote and read 3.5 GB more for 1M
-    x 384. ``loaded``: the batch's values, where the caller has read them already."""
+    x 384. ``carry``: each cell's rows travel in the element itself, through the
+    runner's shuffle, and nothing is written (Dataflow: a cell would otherwise read a
+    slice of every chunk's file, 40,000 ranged requests per cell at a billion records).
+    ``loaded``: the batch's values, where the caller has read them already."""
     progress.tick("near assign", 0, 0, "chunks", units=0, total_records=plan.n)
-    values = batch.spilled if batch.spilled and fs.is_local(batch.spilled[0]) else None
+    local = batch.spilled and fs.is_local(batch.spilled[0]) and not carry
+    values = batch.spilled if local else None
     batch = batch.loaded() if loaded is None else loaded
     said = [0]
 
@@ -86,10 +93,14 @@ def assign_batch(batch: VecBatch, plan, spec: NearSpec, spill: str,
                                          b"values_dim": str(values[1])})
     starts = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]]) if len(cells) else cells
     ends = np.r_[starts[1:], len(cells)]
-    path = fs.join(spill, f"{uuid.uuid4().hex}.arrows")
     runs = list(zip(starts.tolist(), ends.tolist(), strict=True))
-    for (lo, hi), (at, size) in zip(runs, write_streams(path, rb, runs), strict=True):
-        yield int(cells[lo]), CellSlice(path, at, size, hi - lo)
+    if carry:
+        for (lo, hi), data in zip(runs, stream_bytes(rb, runs), strict=True):
+            yield int(cells[lo]), CellSlice("", 0, len(data), hi - lo, data)
+    else:
+        path = fs.join(spill, f"{uuid.uuid4().hex}.arrows")
+        for (lo, hi), (at, size) in zip(runs, write_streams(path, rb, runs), strict=True):
+            yield int(cells[lo]), CellSlice(path, at, size, hi - lo)
     progress.tick("near assign", 0, 0, "chunks")
 
 
@@ -101,7 +112,9 @@ def read_cell(slices: Iterable[CellSlice]) -> tuple[VecBatch, np.ndarray, int, i
     took longer than reading its rows). The values are copied once, into the result
     (16k-value records make a cell big), from the slices or from the chunks' value
     files they name."""
-    batches = [rb for _, rb in read_streams(slices)]
+    slices = list(slices)
+    batches = [rb for _, rb in read_streams([s for s in slices if s.data is None])]
+    batches += [read_stream_bytes(s.data) for s in slices if s.data is not None]
     kinds: list[list[pa.RecordBatch]] = []  # file-backed or carrying values; stored runs
     for rb in batches:
         same = next((k for k in kinds if k[0].schema.equals(rb.schema)), None)

@@ -32,8 +32,8 @@ Pick = Callable[[VecBatch], tuple[np.ndarray, np.ndarray | None]]  # (drawn, cap
 
 def _ref_of(batch: VecBatch, pick: np.ndarray) -> Ref | None:
     """Where ``pick``'s values can be read back later: the chunk's local spill file, or
-    None (values in memory, or in a remote file: the caller carries them, read here by
-    ranged requests for those rows only, on the worker that has the chunk)."""
+    None (values in memory, or in a remote file: the caller carries them, reading only
+    those rows, ``VecBatch.picked``, on the worker that has the chunk)."""
     if batch.spilled is not None and fs.is_local(batch.spilled[0]):
         return batch.spilled[0], pick.astype(np.int64), batch.x.dtype
     return None

@@ -40,6 +40,23 @@ def write_streams(path: str, rb: pa.RecordBatch, runs: Sequence[tuple[int, int]]
     return out
 
 
+def stream_bytes(rb: pa.RecordBatch, runs: Sequence[tuple[int, int]]) -> list[bytes]:
+    """Rows ``[lo, hi)`` of ``rb`` for each run as the bytes of a stream of its own (what
+    ``write_streams`` writes, kept in memory: rows that travel in a runner's shuffle)."""
+    out = []
+    for lo, hi in runs:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, rb.schema) as writer:
+            writer.write_batch(rb.slice(lo, hi - lo))
+        out.append(sink.getvalue().to_pybytes())
+    return out
+
+
+def read_stream_bytes(data: bytes) -> pa.RecordBatch:
+    """The record batch of one stream's bytes (``stream_bytes``)."""
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_next_batch()
+
+
 def read_streams(spans: Iterable[Span]) -> list[tuple[Span, pa.RecordBatch]]:
     """Each span's rows, in (path, offset) order, each file opened once. On an object store
     each span is one ranged read of its bytes, and the files are read by REMOTE_READS
@@ -59,5 +76,5 @@ def _read_file(spans: list[Span]) -> list[tuple[Span, pa.RecordBatch]]:
         out = []
         for c in spans:
             f.seek(c.offset)
-            out.append((c, pa.ipc.open_stream(pa.py_buffer(f.read(c.size))).read_next_batch()))
+            out.append((c, read_stream_bytes(f.read(c.size))))
         return out
