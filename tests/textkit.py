@@ -16,12 +16,17 @@ import numpy as np
 
 from transforms.near.sets import Sets
 
+# the test runner's own parallel plugin (pyproject's addopts): not part of the corpus, so
+# the texts are those of the packages the project installs, whatever runs the tests
+RUNNER_PACKAGES = ("pytest_xdist-", "execnet-")
+
 
 def package_texts(limit: int, min_bytes: int = 400, max_bytes: int = 20_000) -> list[str]:
     """Distinct licence / METADATA texts of the installed packages, sorted by path."""
     site = Path(np.__file__).resolve().parents[1]
     names = ("LICENSE*", "LICENCE*", "COPYING*", "METADATA")
-    paths = sorted({p for n in names for p in site.glob(f"*.dist-info/**/{n}") if p.is_file()})
+    paths = sorted({p for n in names for p in site.glob(f"*.dist-info/**/{n}") if p.is_file()
+                    and not p.relative_to(site).parts[0].startswith(RUNNER_PACKAGES)})
     out, seen = [], set()
     for p in paths:
         text = p.read_text(errors="replace")[:max_bytes]
