@@ -232,22 +232,37 @@ RANGE_GAP = 1 << 20  # object stores: rows this many bytes apart or less come in
 
 def read_rows_into(path: str, rows: np.ndarray, out: np.ndarray, at: np.ndarray) -> None:
     """``out[at[i]] = rows[i]``-th fixed-width row of a file of rows like ``out``'s (C
-    order), reading only those rows: runs of adjacent rows are one read each, and on an
-    object store rows up to RANGE_GAP bytes apart one ranged request (a round trip costs
-    more than a megabyte). A local file is read by positioned reads, not mapped: a map
-    would fault in the neighbouring pages too, so a few scattered rows cost the whole
-    file's RSS. A sample's few rows of a chunk on an object store: not its whole file."""
+    order), reading only those rows. A local file: one positioned read per row straight
+    into ``out`` (0.9 us a row; a memory map would fault in the neighbouring pages too, so
+    a few scattered rows cost the whole file's RSS). An object store: one ranged request
+    per run of rows up to RANGE_GAP bytes apart (a round trip costs more than a megabyte):
+    a sample's few rows of a chunk, not its whole file."""
     width = out.shape[1] * out.itemsize
     if not len(rows) or not width:
         return
+    if not is_local(path):
+        _read_runs_into(path, rows, out, at, width)
+        return
+    buf = memoryview(out.reshape(len(out), -1).view(np.uint8)).cast("B")  # C order
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for r, a in zip(rows.tolist(), at.tolist(), strict=True):
+            if os.preadv(fd, [buf[a * width:(a + 1) * width]], r * width) != width:
+                raise OSError(f"{path}: row {r} is past the end of the file")
+    finally:
+        os.close(fd)
+
+
+def _read_runs_into(path: str, rows: np.ndarray, out: np.ndarray, at: np.ndarray,
+                    width: int) -> None:
+    """``read_rows_into`` on an object store: rows sorted, cut into runs where they lie
+    more than RANGE_GAP bytes apart, each run's span one ranged request."""
     order = np.argsort(rows, kind="stable")
     r, a = np.asarray(rows, np.int64)[order], np.asarray(at, np.int64)[order]
-    local = is_local(path)
-    gap = 1 if local else max(1, RANGE_GAP // width)
-    starts = np.r_[0, np.flatnonzero(np.diff(r) > gap) + 1]
+    starts = np.r_[0, np.flatnonzero(np.diff(r) > max(1, RANGE_GAP // width)) + 1]
     ends = np.r_[starts[1:], len(r)]
     dest = out.reshape(len(out), -1).view(np.uint8)
-    with open(path, "rb", buffering=0) if local else open_ranged(path) as f:
+    with open_ranged(path) as f:
         for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
             first, last = int(r[lo]), int(r[hi - 1])
             f.seek(first * width)
