@@ -30,25 +30,27 @@ def write_streams(path: str, rb: pa.RecordBatch, runs: Sequence[tuple[int, int]]
                   ) -> list[tuple[int, int]]:
     """Write rows ``[lo, hi)`` of ``rb`` for each run as a stream of its own, one after
     another in ``path``; returns each run's (offset, size) in the file."""
-    out = []
     with fs.local_file_for(path) as local, pa.OSFile(local, "wb") as sink:
-        for lo, hi in runs:
-            at = sink.tell()
-            with pa.ipc.new_stream(sink, rb.schema) as writer:
-                writer.write_batch(rb.slice(lo, hi - lo))
-            out.append((at, sink.tell() - at))
-    return out
+        return _write_runs(sink, rb, runs)
 
 
 def stream_bytes(rb: pa.RecordBatch, runs: Sequence[tuple[int, int]]) -> list[bytes]:
     """Rows ``[lo, hi)`` of ``rb`` for each run as the bytes of a stream of its own (what
     ``write_streams`` writes, kept in memory: rows that travel in a runner's shuffle)."""
+    sink = pa.BufferOutputStream()
+    spans = _write_runs(sink, rb, runs)
+    whole = sink.getvalue()
+    return [whole.slice(at, size).to_pybytes() for at, size in spans]
+
+
+def _write_runs(sink: pa.NativeFile, rb: pa.RecordBatch, runs: Sequence[tuple[int, int]]
+                ) -> list[tuple[int, int]]:
     out = []
     for lo, hi in runs:
-        sink = pa.BufferOutputStream()
+        at = sink.tell()
         with pa.ipc.new_stream(sink, rb.schema) as writer:
             writer.write_batch(rb.slice(lo, hi - lo))
-        out.append(sink.getvalue().to_pybytes())
+        out.append((at, sink.tell() - at))
     return out
 
 
