@@ -243,10 +243,10 @@ def predict(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> Capaci
     shuffled = n * (SHUFFLE_RECORD_BYTES + w.id_bytes)
     spilled = 0.0
     if w.near is not None:
-        copy = b if remote_spill or shuffle_carries_rows(c.runner) else 0
-        cells = n * w.near.joins * (CELL_REF_BYTES + copy)
+        carried = shuffle_carries_rows(c.runner)
+        cells = n * w.near.joins * (CELL_REF_BYTES + (b if remote_spill or carried else 0))
         shuffled += cells
-        spilled = n * b + (0 if shuffle_carries_rows(c.runner) else cells) \
+        spilled = n * b + (0 if carried else cells) \
             + min(w.recall_sample, n) * b
     return Capacity(wall, steps, shuffled, spilled, peak_memory(w, c, rates),
                     wall * c.workers / 3600, c)
