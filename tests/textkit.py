@@ -8,13 +8,14 @@ Edits of the kinds crawls have: words replaced, dropped or inserted at random pl
 
 from __future__ import annotations
 
+import math
 import sys
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 
-from transforms.near.sets import Sets
+from transforms.near.sets import Sets, candidate_chance
 
 # the test runner's own parallel plugin (pyproject's addopts): not part of the corpus, so
 # the texts are those of the packages the project installs, whatever runs the tests
@@ -132,3 +133,14 @@ def oracle(sets: Sets, threshold: float, grouping: str = "representative"
         if root(d) != d:
             out[d] = (root(d), jac(d, root(d)))
     return out
+
+
+def lsh_misses_allowed(similarities, bands: int, rows: int) -> float:
+    """Records bounded mode may miss among records whose best earlier partner has these
+    Jaccard similarities: each is missed when that partner shares no band (its other
+    partners only add chances), so the S-curve's expected misses, plus three standard
+    deviations and one. A fixed recall floor fails when a corpus (the installed packages'
+    texts) shifts towards pairs at the threshold, where LSH finds a pair with 1 - (1 -
+    t^rows)^bands, not 1."""
+    p = np.array([1.0 - candidate_chance(float(j), bands, rows) for j in similarities])
+    return float(p.sum() + 3 * math.sqrt(float((p * (1 - p)).sum())) + 1)
