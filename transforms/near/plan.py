@@ -70,8 +70,6 @@ def train(sample: np.ndarray, partitions: int, seed: int = 0,
     Recall in exact mode never depends on the centroids, only the cost does.
     ``merge_within``: centroids closer than this to a larger cell's are dropped
     (``_merge_close``)."""
-    import faiss
-
     d = sample.shape[1]
     mean = sample.mean(axis=0, dtype=np.float64) if len(sample) else np.zeros(d)
     k = max(1, min(partitions, len(sample)))
@@ -81,15 +79,9 @@ def train(sample: np.ndarray, partitions: int, seed: int = 0,
     if len(sample) > TRAIN_PER_CELL * k:  # taken here so every iteration sees one set
         sample = sample[np.sort(rng.choice(len(sample), TRAIN_PER_CELL * k, replace=False))]
     z = centred(sample, mean, np.float32).v
-    centroids = None
     steps = KMEANS_ITERATIONS + 1  # the iterations, then splitting oversized cells
-    for it in range(KMEANS_ITERATIONS):
-        km = faiss.Kmeans(d, k, niter=1, seed=seed + it, max_points_per_centroid=len(z),
-                          min_points_per_centroid=1)  # a small sample is on purpose
-        km.train(z, init_centroids=centroids)
-        centroids = km.centroids
-        if progress is not None:
-            progress("k-means", it + 1, steps)
+    centroids = kmeans(z, k, seed, None if progress is None else
+                       lambda it: progress("k-means", it, steps))
     centroids = _merge_close(z, _split_large(z, centroids, seed), merge_within)
     centroids = centroids.astype(np.float64)
     if progress is not None:
@@ -97,15 +89,58 @@ def train(sample: np.ndarray, partitions: int, seed: int = 0,
     return mean, centroids
 
 
+def kmeans(z: np.ndarray, k: int, seed: int, done: Callable[[int], None] | None = None
+           ) -> np.ndarray:
+    """(k, d) float32 centroids of the float32 rows ``z``: KMEANS_ITERATIONS of Lloyd's
+    iterations from k distinct rows drawn at random, an empty cell taking half of a
+    cell drawn by its size (FAISS's rule). Not FAISS's own k-means: its products run
+    through the BLAS FAISS ships, half the speed of numpy's on this machine (160,000 x
+    3,153 x 128: 4.9 against 2.6 CPU s an iteration), and at 8M records the plan's
+    k-means was a sixth of the job's CPU. ``done(i)`` after each iteration."""
+    rng = np.random.default_rng(seed)
+    n, d = z.shape
+    c = z[np.sort(rng.choice(n, k, replace=False))].astype(np.float32)
+    sign = np.where(np.arange(d) % 2 == 0, 1.0, -1.0).astype(np.float32) / 1024
+    for it in range(KMEANS_ITERATIONS):
+        home = nearest_centroid(z, c)
+        o = np.argsort(home, kind="stable")
+        counts = np.bincount(home, minlength=k)
+        filled = np.flatnonzero(counts)
+        starts = np.concatenate([[0], np.cumsum(counts[filled])[:-1]])
+        c[filled] = (np.add.reduceat(z[o], starts, axis=0, dtype=np.float64)
+                     / counts[filled, None]).astype(np.float32)
+        for e in np.flatnonzero(counts == 0).tolist():  # rare: split a cell drawn by size
+            big = np.maximum(counts - 1, 0)
+            j = int(rng.choice(k, p=big / big.sum()))
+            c[e], c[j] = c[j] * (1 + sign), c[j] * (1 - sign)
+            counts[e] = counts[j] // 2
+            counts[j] -= counts[e]
+        if done is not None:
+            done(it + 1)
+    return c
+
+
+def nearest_centroid(z: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Each row's nearest centroid by float32 products (|c|^2 - 2 z.c), a block of rows
+    at a time."""
+    c = np.ascontiguousarray(c, np.float32)
+    ct, csq = -2 * c.T, np.einsum("ij,ij->i", c, c)
+    out = np.empty(len(z), np.int64)
+    block = max(256, (64 << 20) // (4 * len(c)))
+    for a in range(0, len(z), block):
+        f = np.asarray(z[a:a + block], np.float32) @ ct
+        f += csq
+        out[a:a + block] = f.argmin(axis=1)
+    return out
+
+
 def _split_large(z: np.ndarray, centroids: np.ndarray, seed: int) -> np.ndarray:
     """Cells of skewed data (a few big topics) can hold many times the mean: searching one
     costs its size squared. A cell with more than twice the mean share of the sample is
     replaced by a k-means of its own rows into cells of about the mean size (still one
     flat set of centroids, so the join rule holds unchanged)."""
-    import faiss
-
     k = len(centroids)
-    home = faiss.knn(z, centroids, 1)[1][:, 0]
+    home = nearest_centroid(z, centroids)
     sizes = np.bincount(home, minlength=k)
     mean_size = len(z) / k
     out = [centroids[sizes <= 2 * mean_size]]
@@ -115,10 +150,7 @@ def _split_large(z: np.ndarray, centroids: np.ndarray, seed: int) -> np.ndarray:
         if parts < 2:
             out.append(centroids[c:c + 1])
             continue
-        km = faiss.Kmeans(z.shape[1], parts, niter=KMEANS_ITERATIONS, seed=seed + c,
-                          max_points_per_centroid=len(rows), min_points_per_centroid=1)
-        km.train(rows)
-        out.append(km.centroids)
+        out.append(kmeans(rows, parts, seed + c))
     return np.concatenate(out)
 
 
@@ -129,12 +161,10 @@ def _merge_close(z: np.ndarray, centroids: np.ndarray, within: float) -> np.ndar
     the radius), and each cell would hold the crowd again. Centroids within ``within``
     of a larger cell's centroid are dropped, largest cells first, so a crowd lives in
     one cell (any set of centroids keeps the join rule exact)."""
-    import faiss
-
     if within <= 0 or len(centroids) < 2:
         return centroids
     c = np.ascontiguousarray(centroids, np.float32)
-    sizes = np.bincount(faiss.knn(z, c, 1)[1][:, 0], minlength=len(c))
+    sizes = np.bincount(nearest_centroid(z, c), minlength=len(c))
     kept: list[int] = []
     for i in np.argsort(-sizes, kind="stable").tolist():
         if not kept or np.min(np.linalg.norm(c[kept] - c[i], axis=1)) > within:
@@ -161,12 +191,10 @@ def train_levels(sample: np.ndarray, partitions: int, seed: int = 0,
     the end). About sqrt(partitions) coarse cells; each coarse cell's sample rows train
     its share of the fine cells (``train``, so oversized cells split and crowds merge
     inside it)."""
-    import faiss
-
     k1 = coarse_count(partitions)
     mean, coarse = train(sample, k1, seed, progress, merge_within)
     z = centred(sample, mean, np.float32).v
-    home = faiss.knn(z, np.ascontiguousarray(coarse, np.float32), 1)[1][:, 0]
+    home = nearest_centroid(z, coarse)
     fine, start = [], [0]
     for c in range(len(coarse)):
         rows = sample[home == c]
