@@ -246,6 +246,22 @@ def test_approximate_indexes_keep_precision_one(index):
     assert recall >= 0.9, recall
 
 
+def test_an_ivf_cell_smaller_than_its_lists_is_searched():
+    """``index: ivf`` with ``nlist`` set for the whole data: a k-means cell of a few rows
+    (an outlier's) gets at most one list per row (FAISS refuses to train more lists than
+    points: the job failed), and its pairs are still found."""
+    from transforms.near.search import Vectors
+    from transforms.near.space import approximate_index
+
+    x = np.array([[0, 0], [0, 0.01], [5, 5]], np.float32)
+    index = approximate_index(Vectors(x, np.linalg.norm(x, axis=1)),
+                              NearSpec("l2", threshold=0.1, index="ivf", nlist=16))
+    assert index.nlist == 3
+    index.add(x)
+    _, idx = index.search(x[:1] + 0.001, 2)
+    assert sorted(idx[0].tolist()) == [0, 1]
+
+
 # --- tight tolerances: float32 rounding must never lose a pair ---------------------------
 
 def moved(rng, base, dist, how="ball"):

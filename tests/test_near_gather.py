@@ -67,7 +67,8 @@ def test_joined_cells_merge_as_the_cells_one_by_one(tmp_path, grouping, mode):
     bg = shapes.background(6000, dim=32, seed=4)
     t = 0.05
     rng = np.random.default_rng(7)
-    near = bg[:800] + rng.standard_normal((800, 32)) * (t / 8 / np.sqrt(32))  # in every cell
+    # in every cell, about t / 2 from their sources: some pairs straddle two cells (open)
+    near = bg[:800] + rng.standard_normal((800, 32)) * (t / 2 / np.sqrt(32))
     x = np.concatenate([bg, near, shapes.crowd(bg[3], 2500, t, "l2", seed=5),
                         shapes.crowd(bg[9], 200, t, "l2", seed=6)])
     x = x[rng.permutation(len(x))].astype(np.float32)

@@ -109,7 +109,7 @@ def approximate_index(z: Vectors, spec: NearSpec):
     n, d = v.shape
     if spec.index == "hnsw":
         return faiss.IndexHNSWFlat(d, spec.hnsw_m)
-    nlist = spec.nlist or max(1, min(n // 39, int(4 * math.sqrt(n))))
+    nlist = min(spec.nlist or max(1, min(n // 39, int(4 * math.sqrt(n)))), n)  # a small cell
     index = faiss.IndexIVFFlat(faiss.IndexFlatL2(d), d, nlist)
     index.train(v[np.random.default_rng(0).choice(n, min(n, 256 * nlist), replace=False)])
     index.nprobe = min(spec.nprobe, nlist)
