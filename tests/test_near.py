@@ -17,6 +17,7 @@ from transforms.near import plan as near_plan
 from transforms.near import recall, search
 from transforms.near.find import find_near, near_duplicates
 from transforms.near.nearest import nearest_distances
+from transforms.near.space import approximate_index
 from transforms.near.spec import NearSpec
 from transforms.near.verify import exact_distance
 
@@ -250,11 +251,8 @@ def test_an_ivf_cell_smaller_than_its_lists_is_searched():
     """``index: ivf`` with ``nlist`` set for the whole data: a k-means cell of a few rows
     (an outlier's) gets at most one list per row (FAISS refuses to train more lists than
     points: the job failed), and its pairs are still found."""
-    from transforms.near.search import Vectors
-    from transforms.near.space import approximate_index
-
     x = np.array([[0, 0], [0, 0.01], [5, 5]], np.float32)
-    index = approximate_index(Vectors(x, np.linalg.norm(x, axis=1)),
+    index = approximate_index(search.Vectors(x, np.linalg.norm(x, axis=1)),
                               NearSpec("l2", threshold=0.1, index="ivf", nlist=16))
     assert index.nlist == 3
     index.add(x)

@@ -126,7 +126,7 @@ def nearest_centroid(z: np.ndarray, c: np.ndarray) -> np.ndarray:
     c = np.ascontiguousarray(c, np.float32)
     ct, csq = -2 * c.T, np.einsum("ij,ij->i", c, c)
     out = np.empty(len(z), np.int64)
-    block = max(256, (64 << 20) // (4 * len(c)))
+    block = rows_for(4 * len(c), 64 << 20, len(z), 256)  # a block's scores: 64 MB
     for a in range(0, len(z), block):
         f = np.asarray(z[a:a + block], np.float32) @ ct
         f += csq
