@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from transforms.near.batched import Known, cell_candidates, device_vectors
 from transforms.near.components import component_labels
 from transforms.near.greedy import STATE_KEPT, STATE_OPEN, STATE_REMOVED, Decisions, decide
 from transforms.near.plan import Partitions, Progress, assign, plan
@@ -40,6 +41,7 @@ from transforms.near.search import (
     Vectors,
     earlier_candidates,
     rows_for,
+    use_cuda,
 )
 from transforms.near.space import (
     approximate_index,
@@ -58,6 +60,7 @@ SAMPLE_ROWS = 200_000  # planning sample cap (rows) ...
 SAMPLE_BYTES = 128 << 20  # ... and bytes (one worker holds it)
 BLOCK_ROWS = 65_536  # rows assigned or brute-forced at once in one process
 PROJECT_QUERIES = 256  # fewer sampled rows: the projection costs more than it saves
+CELLS_PER_WINDOW = 512  # cells whose candidates are found together on a torch device
 
 
 @dataclass
@@ -95,21 +98,23 @@ def _blocks(n: int, dim: int = 1) -> Iterator[slice]:
 
 def true_partners(sample_x: np.ndarray, sample_rank: tuple, data_x: np.ndarray,
                   data_rank: tuple, spec: NearSpec, radius: float, center: np.ndarray,
-                  k: int, basis: Projection | None = None) -> tuple[np.ndarray, ...]:
+                  k: int, basis: Projection | None = None, dev=None
+                  ) -> tuple[np.ndarray, ...]:
     """Brute force for the recall check: each sampled row's earlier data rows (by
     ``*_rank``: (prio, order)) within tolerance, it within them as the reference; only
     the ``k`` nearest candidates by the products are verified (inside a crowd a record
     has thousands). With ``basis``, pairs go through a projected product first
     (``near.project``: a proven lower bound of the distance, no pair lost) when the
     sample is big enough to pay for the projection. Returns (sample row, data row,
-    distance, candidates per sample row).
+    distance, candidates per sample row). ``dev``: the products on this torch device
+    (``earlier_candidates``; no projection).
     The sample's search vectors are made a slice at a time (2,000 wide records are
     256 MB in float64)."""
     dim = sample_x.reshape(len(sample_x), -1).shape[1]
     y = search_vectors(data_x, spec, radius, center,
                        norm_at_least=largest_norm(sample_x, spec, center))
     dtype = y.v.dtype
-    pr = basis if len(sample_x) >= PROJECT_QUERIES else None
+    pr = basis if len(sample_x) >= PROJECT_QUERIES and dev is None else None
     yp = None if pr is None else project(y, pr)
     found = []
     step = rows_for(8 * dim, 32 << 20, len(sample_x))
@@ -121,7 +126,7 @@ def true_partners(sample_x: np.ndarray, sample_rank: tuple, data_x: np.ndarray,
             qp = project(q, pr)
             narrow = (qp, yp, projected_radius(pr, radius, q, y))
         si, dj, count = earlier_candidates(q, y, radius, (sample_rank[0][s], sample_rank[1][s]),
-                                           data_rank, k, narrow)
+                                           data_rank, k, narrow, dev)
         found.append((si + a, dj, count))
     si, dj, count = (np.concatenate(c) for c in zip(*found, strict=True))
     d, ab, _ = verify_rows(sample_x, si, data_x, dj, spec)
@@ -130,14 +135,19 @@ def true_partners(sample_x: np.ndarray, sample_rank: tuple, data_x: np.ndarray,
 
 def decide_cell(x: np.ndarray, home: np.ndarray, spec: NearSpec, radius: float,
                 center: np.ndarray | None, *, exact: bool = True,
-                z: Vectors | None = None, **kw) -> Decisions:
+                z: Vectors | None = None, known: Known | None = None, **kw) -> Decisions:
     """``near.greedy.decide`` over rows of ``x`` in keep order (see there), with this
     spec's metric, search space, index and device (``z``: the search vectors when the
-    caller has them)."""
-    z = search_vectors(x, spec, radius, center) if z is None else z
-    return decide(x, z, lambda a, b: verify_rows(x, a, x, b, spec), radius, home=home,
+    caller has them; ``known``: the cell's candidate pairs from ``near.batched``)."""
+    if known is not None:  # the vectors only if a search beyond the candidates needs them
+        vectors = (lambda: search_vectors(x, spec, radius, center)) if z is None else z
+        index = None
+    else:
+        vectors = search_vectors(x, spec, radius, center) if z is None else z
+        index = approximate_index(vectors, spec)
+    return decide(x, vectors, lambda a, b: verify_rows(x, a, x, b, spec), radius, home=home,
                   components=spec.grouping == "components", exact=exact,
-                  device=spec.device, index=approximate_index(z, spec), **kw)
+                  device=spec.device, index=index, known=known, **kw)
 
 
 def resolve_open(x: np.ndarray, pos: np.ndarray, home: np.ndarray, best_dist: np.ndarray,
@@ -162,13 +172,16 @@ def resolve_open(x: np.ndarray, pos: np.ndarray, home: np.ndarray, best_dist: np
 
 
 def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int | None = None,
-              progress: Progress | None = None) -> NearResult:
+              progress: Progress | None = None, torch_device=None) -> NearResult:
     """Near-duplicate removals among the rows of ``x`` (n, ...), in one process.
 
     ``rank``: each row's place in keep order (smaller = preferred, all distinct). Rows
     with NaN/inf never take part (the caller reports or keeps them). ``partitions``:
     cells (None: from ``spec``); in exact mode with a flat index the result does not
     depend on them. ``progress(what, done, total)`` hears about long steps.
+    ``torch_device``: the plan's k-means, the assignment and the cells' candidates (many
+    cells per launch, ``near.batched``) on this torch device (default: the GPU where
+    ``spec.device`` resolves to one and the cells are searched flat).
     """
     x = x.reshape(len(x), -1)
     ok = np.flatnonzero(finite_rows(x))
@@ -179,11 +192,14 @@ def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int |
     pos[np.argsort(rs, kind="stable")] = np.arange(n)
     radius = search_radius(spec, dim, value_scale(xs, spec))
     cells = spec.cells(n, dim) if partitions is None else partitions
+    dev = batch_device(spec) if torch_device is None else torch_device
     parts = plan(search_space(xs[sample_for_plan(n, dim)], spec), n, radius, spec.mode,
-                 spec.probes, cells, progress=progress, levels=spec.levels)
+                 spec.probes, cells, progress=progress, levels=spec.levels, dev=dev)
     homes, rows, joined, capped = [], [], [], np.zeros(len(x), bool)
     for b in _blocks(n, dim):
-        a = assign(search_vectors(xs[b], spec, radius, parts.mean, np.float32), parts)
+        z = (search_vectors(xs[b], spec, radius, parts.mean, np.float32) if dev is None
+             else device_vectors(xs[b], spec, parts.mean, dev))
+        a = assign(z, parts, dev=dev)
         capped[ok[b]] = a.capped
         homes.append(a.home)
         rows.append(a.rows + b.start)
@@ -199,12 +215,18 @@ def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int |
     dup, dist = np.full(n, -1, np.int64), np.full(n, np.nan)
     doubt, refs = np.zeros(n, bool), np.zeros(n, bool)
     links, pairs, estimated = [], 0.0, False
+    known: list[Known | None] = []
     for p in range(len(parts)):
         members = rows_a[order[bounds[p]:bounds[p + 1]]]
         mine = home[members] == p
+        if dev is not None and p % CELLS_PER_WINDOW == 0:  # the next cells' candidates
+            ps = list(range(p, min(p + CELLS_PER_WINDOW, len(parts))))
+            known = cell_candidates(xs, [rows_a[order[bounds[c]:bounds[c + 1]]] for c in ps],
+                                    parts.mean + parts.centroids[ps], spec, radius, dev)
         if len(members):
             d = decide_cell(xs[members], mine, spec, radius, parts.mean + parts.centroids[p],
-                            exact=parts.mode == "exact", projection=parts.projection)
+                            exact=parts.mode == "exact", projection=parts.projection,
+                            known=known[p % CELLS_PER_WINDOW] if dev is not None else None)
             h = members[mine]
             state[h], doubt[h], dist[h] = d.state[mine], d.doubt[mine], d.dist[mine]
             dup[h] = np.where(d.dup[mine] >= 0, members[np.maximum(d.dup[mine], 0)], -1)
@@ -238,8 +260,20 @@ def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int |
     recall = None
     if spec.recall_sample > 0 and n:
         recall = measure_recall(xs, pos, spec, removed, kept, dist_r,
-                                capped=capped[ok] if stratified(spec, parts) else None)
+                                capped=capped[ok] if stratified(spec, parts) else None,
+                                dev=dev)
     return NearResult(ok[removed], ok[kept], dist_r, parts, pairs, estimated, recall, capped)
+
+
+def batch_device(spec: NearSpec):
+    """The torch device whose batched products find the cells' candidates, or None (the
+    cells are searched one by one): the GPU where ``spec.device`` resolves to one and
+    the cells are searched flat."""
+    if spec.index in ("ivf", "hnsw") or not use_cuda(spec.device):
+        return None
+    import torch
+
+    return torch.device("cuda")
 
 
 def _component_keepers(n: int, links: list[tuple[np.ndarray, np.ndarray]], pos: np.ndarray
@@ -271,12 +305,12 @@ def stratified(spec: NearSpec, parts: Partitions) -> bool:
 
 def measure_recall(xs: np.ndarray, rank: np.ndarray, spec: NearSpec, removed: np.ndarray,
                    kept: np.ndarray, dist: np.ndarray, sample: int | None = None,
-                   capped: np.ndarray | None = None) -> Recall:
+                   capped: np.ndarray | None = None, dev=None) -> Recall:
     """Judge the decisions (rows ``removed`` in favour of ``kept``) on a seeded sample of
     about ``sample`` rows (default ``spec.recall_sample``; ``len(xs)``: every row) by
     brute force (``near.recall``). Rows must be finite. ``capped``: each row's flag from
     a search where only capped rows can be missed (``stratified``): the sample is drawn
-    in strata."""
+    in strata. ``dev``: the brute force's products on this torch device."""
     xs = xs.reshape(len(xs), -1)
     n, pos = len(xs), np.asarray(rank)
     radius = search_radius(spec, xs.shape[1], value_scale(xs, spec))
@@ -285,14 +319,14 @@ def measure_recall(xs: np.ndarray, rank: np.ndarray, spec: NearSpec, removed: np
     size = spec.recall_sample if sample is None else sample
     sample = np.flatnonzero(draw(keys, n, size, capped,
                                  0.0 if capped is None else float(capped.mean())))
-    basis = projection(search_vectors(xs[::sample_step(n, xs.shape[1])], spec, radius,
-                                      center, np.float32).v)  # one for every block
+    basis = None if dev is not None else projection(search_vectors(
+        xs[::sample_step(n, xs.shape[1])], spec, radius, center, np.float32).v)  # all blocks
     truth = Truth.empty()
     zero = np.zeros(n)
     for blk in _blocks(n, xs.shape[1]):
         si, dj, d, count = true_partners(xs[sample], (zero[sample], pos[sample]), xs[blk],
                                          (zero[blk], pos[blk]), spec, radius, center,
-                                         PARTNERS, basis)
+                                         PARTNERS, basis, dev)
         s, dj = sample[si], dj + blk.start
         truth = truth.add(Truth(keys[s], keys[dj], d, zero[dj], pos[dj],
                                 {(0, int(r)): int(c) for r, c in

@@ -36,6 +36,7 @@ a budget per cell they are counted for a sample of rows and scaled (``Census``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -100,22 +101,45 @@ class Decisions:
 
 class _Pairs:
     """Verified pairs (query row, data row) within the search radius, both ways; with a
-    projection, candidates pass its narrow product first (``near.project``)."""
+    projection, candidates pass its narrow product first (``near.project``); with
+    ``known`` (the cell's candidate pairs, from ``near.batched``), no product at all."""
 
-    def __init__(self, z: Vectors, verify, radius: float, device: str,
-                 projection: Projection | None = None):
-        self.z, self.verify, self.radius, self.device = z, verify, radius, device
+    def __init__(self, z: Vectors | Callable[[], Vectors], verify, radius: float,
+                 device: str, projection: Projection | None = None,
+                 known: tuple[np.ndarray, np.ndarray] | None = None):
+        self._z, self.verify, self.radius, self.device = z, verify, radius, device
+        self.known = known
         self.zp = self.radius_p = None
-        if projection is not None and len(z.v) and not use_cuda(device):
-            self.zp = project(z, projection)
-            self.radius_p = projected_radius(projection, radius, z, z)
+        if known is None and projection is not None and len(self.z.v) and not use_cuda(
+                device):
+            self.zp = project(self.z, projection)
+            self.radius_p = projected_radius(projection, radius, self.z, self.z)
+
+    @property
+    def z(self) -> Vectors:
+        """The search vectors, made when first needed (with ``known``, only by a
+        components crowd's search at twice the radius)."""
+        if callable(self._z):
+            self._z = self._z()
+        return self._z
 
     def between(self, q: np.ndarray, y: np.ndarray, earlier_only: bool = False
                 ) -> tuple[np.ndarray, ...]:
         """(q row, y row, distance, q within y, y within q) for the candidate pairs of
         query rows ``q`` and data rows ``y`` (verified in float64; rows, not slots)."""
         out = []
-        if len(q) and len(y):
+        if len(q) and len(y) and self.known is not None:
+            a, b = self.known
+            n = max(int(q.max()), int(y.max()), int(a.max(initial=-1)),
+                    int(b.max(initial=-1))) + 1
+            inq, iny = np.zeros(n, bool), np.zeros(n, bool)
+            inq[q], iny[y] = True, True
+            hit = inq[a] & iny[b]
+            a, b = a[hit], b[hit]
+            keep = (a > b) if earlier_only else (a != b)
+            if keep.any():
+                out.append(self.checked(a[keep], b[keep]))
+        elif len(q) and len(y):
             zq = self.z.take(q)
             cols = rows_for(self.z.v.itemsize * self.z.v.shape[1], 64 << 20, COLUMNS, 64)
             for c in range(0, len(y), cols):
@@ -168,7 +192,8 @@ class _Pairs:
         """The query rows within tolerance of at least one data row (earlier data rows
         first; a query stops at its first hit)."""
         hit = []
-        cols = rows_for(self.z.v.itemsize * self.z.v.shape[1], 64 << 20, COLUMNS, 64)
+        cols = max(1, len(y)) if self.known is not None else rows_for(
+            self.z.v.itemsize * self.z.v.shape[1], 64 << 20, COLUMNS, 64)
         for c in range(0, len(y), cols):
             if not len(q):
                 break
@@ -207,11 +232,13 @@ class _Border:
         return later[k], earlier[k], dist[k], within[k]
 
 
-def decide(x: np.ndarray, z: Vectors, verify, radius: float, *, home: np.ndarray,
-           kept: np.ndarray | None = None, components: bool = False, exact: bool = True,
+def decide(x: np.ndarray, z: Vectors | Callable[[], Vectors], verify, radius: float, *,
+           home: np.ndarray, kept: np.ndarray | None = None, components: bool = False,
+           exact: bool = True,
            best_dist: np.ndarray | None = None, best_rank: np.ndarray | None = None,
            keys: np.ndarray | None = None, census: bool = True, device: str = "cpu",
-           index=None, projection: Projection | None = None) -> Decisions:
+           index=None, projection: Projection | None = None,
+           known: tuple[np.ndarray, np.ndarray] | None = None) -> Decisions:
     """Decide the rows of one cell, visited in keep order (row i before row i + 1).
 
     ``x``: the rows' values; ``z``: search vectors; ``verify(a, b)``: for rows a[k],
@@ -225,12 +252,15 @@ def decide(x: np.ndarray, z: Vectors, verify, radius: float, *, home: np.ndarray
     ``index``: an empty approximate FAISS index (IVF/HNSW) that holds the kept rows and
     is asked instead of comparing with each (recall below 1, measured by the caller).
     ``projection``: a prefilter for the flat search's products (no pair lost).
+    ``known``: every candidate pair of the cell, (query row, data row), a superset of
+    what the products would give (``near.batched``); ``z`` may then be a function that
+    makes the vectors, asked only if a search beyond them is needed.
     """
     n = len(x)
     own = np.asarray(home, bool)  # this cell's rows: the census counts their pairs
     all_home = own | components
     fixed = np.zeros(n, bool) if kept is None else np.asarray(kept, bool)
-    pairs = _Pairs(z, verify, radius, device, projection)
+    pairs = _Pairs(z, verify, radius, device, projection, known)
     state = np.zeros(n, np.int8)
     dup = np.full(n, -1, np.int64)
     bd = np.full(n, np.inf) if best_dist is None else np.array(best_dist, np.float64)

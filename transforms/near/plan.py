@@ -63,13 +63,13 @@ def partition_count(n: int, single_index_rows: int, partition_rows: int, levels:
 
 
 def train(sample: np.ndarray, partitions: int, seed: int = 0,
-          progress: Progress | None = None, merge_within: float = 0.0
+          progress: Progress | None = None, merge_within: float = 0.0, dev=None
           ) -> tuple[np.ndarray, np.ndarray]:
     """(mean, centroids relative to it), float64, from sample rows of the search space
     (float32 or float64; centred a block at a time).
     Recall in exact mode never depends on the centroids, only the cost does.
     ``merge_within``: centroids closer than this to a larger cell's are dropped
-    (``_merge_close``)."""
+    (``_merge_close``). ``dev``: a torch device for the products (``kmeans``)."""
     d = sample.shape[1]
     mean = sample.mean(axis=0, dtype=np.float64) if len(sample) else np.zeros(d)
     k = max(1, min(partitions, len(sample)))
@@ -80,35 +80,34 @@ def train(sample: np.ndarray, partitions: int, seed: int = 0,
         sample = sample[np.sort(rng.choice(len(sample), TRAIN_PER_CELL * k, replace=False))]
     z = centred(sample, mean, np.float32).v
     steps = KMEANS_ITERATIONS + 1  # the iterations, then splitting oversized cells
+    zt = None if dev is None else _tensor(z, dev)  # the sample goes up once
     centroids = kmeans(z, k, seed, None if progress is None else
-                       lambda it: progress("k-means", it, steps))
-    centroids = _merge_close(z, _split_large(z, centroids, seed), merge_within)
+                       lambda it: progress("k-means", it, steps), zt)
+    centroids = _merge_close(z, _split_large(z, centroids, seed, zt), merge_within, zt)
     centroids = centroids.astype(np.float64)
     if progress is not None:
         progress("k-means", steps, steps)
     return mean, centroids
 
 
-def kmeans(z: np.ndarray, k: int, seed: int, done: Callable[[int], None] | None = None
-           ) -> np.ndarray:
+def kmeans(z: np.ndarray, k: int, seed: int, done: Callable[[int], None] | None = None,
+           zt=None) -> np.ndarray:
     """(k, d) float32 centroids of the float32 rows ``z``: KMEANS_ITERATIONS of Lloyd's
     iterations from k distinct rows drawn at random, an empty cell taking half of a
     cell drawn by its size (FAISS's rule). Not FAISS's own k-means: its products run
     through the BLAS FAISS ships, half the speed of numpy's on this machine (160,000 x
     3,153 x 128: 4.9 against 2.6 CPU s an iteration), and at 8M records the plan's
-    k-means was a sixth of the job's CPU. ``done(i)`` after each iteration."""
+    k-means was a sixth of the job's CPU. ``done(i)`` after each iteration. ``zt``: the
+    rows as a torch tensor: the products, the assignment and the sums on its device (a
+    GPU: float32 without TF32 as here, float64 sums; the sums' order differs, so the
+    centroids may differ from numpy's in the last bits)."""
     rng = np.random.default_rng(seed)
     n, d = z.shape
     c = z[np.sort(rng.choice(n, k, replace=False))].astype(np.float32)
     sign = np.where(np.arange(d) % 2 == 0, 1.0, -1.0).astype(np.float32) / 1024
     for it in range(KMEANS_ITERATIONS):
-        home = nearest_centroid(z, c)
-        o = np.argsort(home, kind="stable")
-        counts = np.bincount(home, minlength=k)
-        filled = np.flatnonzero(counts)
-        starts = np.concatenate([[0], np.cumsum(counts[filled])[:-1]])
-        c[filled] = (np.add.reduceat(z[o], starts, axis=0, dtype=np.float64)
-                     / counts[filled, None]).astype(np.float32)
+        counts, filled, means = _cell_means(z, c, zt)
+        c[filled] = means
         for e in np.flatnonzero(counts == 0).tolist():  # rare: split a cell drawn by size
             big = np.maximum(counts - 1, 0)
             j = int(rng.choice(k, p=big / big.sum()))
@@ -120,9 +119,65 @@ def kmeans(z: np.ndarray, k: int, seed: int, done: Callable[[int], None] | None 
     return c
 
 
-def nearest_centroid(z: np.ndarray, c: np.ndarray) -> np.ndarray:
+def _cell_means(z: np.ndarray, c: np.ndarray, zt=None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One Lloyd step's assignment and sums: (rows per cell, the filled cells, their
+    rows' means in float32, summed in float64); on ``zt``'s device when given."""
+    k = len(c)
+    if zt is not None:
+        import torch
+
+        home = _nearest_torch(zt, c)
+        counts = torch.bincount(home, minlength=k)
+        sums = torch.zeros((k, zt.shape[1]), dtype=torch.float64, device=zt.device)
+        sums.index_add_(0, home, zt.to(torch.float64))
+        filled = torch.nonzero(counts).reshape(-1)
+        means = (sums[filled] / counts[filled, None]).to(torch.float32)
+        return counts.cpu().numpy(), filled.cpu().numpy(), means.cpu().numpy()
+    home = nearest_centroid(z, c)
+    o = np.argsort(home, kind="stable")
+    counts = np.bincount(home, minlength=k)
+    filled = np.flatnonzero(counts)
+    starts = np.concatenate([[0], np.cumsum(counts[filled])[:-1]])
+    return counts, filled, (np.add.reduceat(z[o], starts, axis=0, dtype=np.float64)
+                            / counts[filled, None]).astype(np.float32)
+
+
+def _tensor_rows(mask: np.ndarray, zt):
+    """The rows where ``mask`` holds, as an index on ``zt``'s device."""
+    import torch
+
+    return torch.from_numpy(np.flatnonzero(mask)).to(zt.device)
+
+
+def _tensor(z: np.ndarray, dev):
+    """float32 rows on a torch device."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(z, np.float32)).to(dev)
+
+
+def _nearest_torch(zt, c: np.ndarray):
+    """``nearest_centroid`` on ``zt``'s device (TF32 off), as a tensor there."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ct = _tensor(c, zt.device)
+    ctm, csq = -2 * ct.T, (ct * ct).sum(dim=1)
+    out = torch.empty(len(zt), dtype=torch.int64, device=zt.device)
+    block = rows_for(4 * len(c), 256 << 20, len(zt), 256)
+    for a in range(0, len(zt), block):
+        f = zt[a:a + block] @ ctm
+        f += csq
+        out[a:a + block] = f.argmin(dim=1)
+    return out
+
+
+def nearest_centroid(z: np.ndarray, c: np.ndarray, zt=None) -> np.ndarray:
     """Each row's nearest centroid by float32 products (|c|^2 - 2 z.c), a block of rows
-    at a time."""
+    at a time (``zt``: the rows on a torch device, where the products then run)."""
+    if zt is not None:
+        return _nearest_torch(zt, c).cpu().numpy()
     c = np.ascontiguousarray(c, np.float32)
     ct, csq = -2 * c.T, np.einsum("ij,ij->i", c, c)
     out = np.empty(len(z), np.int64)
@@ -134,13 +189,13 @@ def nearest_centroid(z: np.ndarray, c: np.ndarray) -> np.ndarray:
     return out
 
 
-def _split_large(z: np.ndarray, centroids: np.ndarray, seed: int) -> np.ndarray:
+def _split_large(z: np.ndarray, centroids: np.ndarray, seed: int, zt=None) -> np.ndarray:
     """Cells of skewed data (a few big topics) can hold many times the mean: searching one
     costs its size squared. A cell with more than twice the mean share of the sample is
     replaced by a k-means of its own rows into cells of about the mean size (still one
     flat set of centroids, so the join rule holds unchanged)."""
     k = len(centroids)
-    home = nearest_centroid(z, centroids)
+    home = nearest_centroid(z, centroids, zt)
     sizes = np.bincount(home, minlength=k)
     mean_size = len(z) / k
     out = [centroids[sizes <= 2 * mean_size]]
@@ -150,11 +205,13 @@ def _split_large(z: np.ndarray, centroids: np.ndarray, seed: int) -> np.ndarray:
         if parts < 2:
             out.append(centroids[c:c + 1])
             continue
-        out.append(kmeans(rows, parts, seed + c))
+        out.append(kmeans(rows, parts, seed + c, None,
+                          None if zt is None else zt[_tensor_rows(home == c, zt)]))
     return np.concatenate(out)
 
 
-def _merge_close(z: np.ndarray, centroids: np.ndarray, within: float) -> np.ndarray:
+def _merge_close(z: np.ndarray, centroids: np.ndarray, within: float, zt=None
+                 ) -> np.ndarray:
     """A crowd (thousands of copies of one record, blank records) draws many k-means
     centroids into a region smaller than the tolerance. Each of its records would then
     join every one of those cells (the bisector rule cannot separate points closer than
@@ -164,7 +221,7 @@ def _merge_close(z: np.ndarray, centroids: np.ndarray, within: float) -> np.ndar
     if within <= 0 or len(centroids) < 2:
         return centroids
     c = np.ascontiguousarray(centroids, np.float32)
-    sizes = np.bincount(nearest_centroid(z, c), minlength=len(c))
+    sizes = np.bincount(nearest_centroid(z, c, zt), minlength=len(c))
     kept: list[int] = []
     for i in np.argsort(-sizes, kind="stable").tolist():
         if not kept or np.min(np.linalg.norm(c[kept] - c[i], axis=1)) > within:
@@ -297,9 +354,10 @@ class Assignment:
 
 
 def assign(z: Vectors, parts: Partitions, probes: int | None = -1,
-           progress: Progress | None = None) -> Assignment:
+           progress: Progress | None = None, dev=None) -> Assignment:
     """Cells each row (``z``: centred on ``parts.mean``) joins; ``probes``: the cap (-1:
-    the plan's, None: exact); ``progress("assign", rows done, rows)`` after each block.
+    the plan's, None: exact); ``progress("assign", rows done, rows)`` after each block;
+    ``dev``: a torch device for one level's products (``_joins``).
     Two levels: the coarse cells first, then the fine cells inside each coarse cell
     joined (``_joins`` at each level; see the module docstring)."""
     probes = parts.probes if probes == -1 else probes
@@ -310,7 +368,7 @@ def assign(z: Vectors, parts: Partitions, probes: int | None = -1,
                           np.zeros(n, np.int64), ones, np.zeros(n, bool))
     if parts.coarse is None:
         home, rows, cells, _, want = _joins(z, parts.centroids, parts.gap, parts.radius,
-                                            probes, progress)
+                                            probes, progress, dev)
         joined = np.bincount(rows, minlength=n)
         return Assignment(home, rows, cells, want, joined < want)
     if probes is not None:
@@ -460,7 +518,7 @@ def _rule_terms(radius, nz: np.ndarray, u: float, g: float, cmax: float, gap_max
 
 
 def _joins(z: Vectors, c: np.ndarray, gap: np.ndarray, radius: float | np.ndarray,
-           probes: int | None, progress: Progress | None = None
+           probes: int | None, progress: Progress | None = None, dev=None
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One level's rule: (home, row, cell, a lower bound of the row's distance to the
     bisector, cells wanted per row) for the rows of ``z`` and the centroids ``c``
@@ -472,7 +530,8 @@ def _joins(z: Vectors, c: np.ndarray, gap: np.ndarray, radius: float | np.ndarra
     slack r' - r covers where storing moved the vectors, e the rounding of the product
     and of those passes, for this row and for any neighbour's own choice of home (see
     the module docstring). Bounded mode ranks only the cells that passed, by their
-    distance to the bisector (the home: -1)."""
+    distance to the bisector (the home: -1). ``dev``: a torch device for the products and
+    the passes over every score (``_scores``)."""
     n, k = len(z.v), len(c)
     if k == 1:
         zero = np.zeros(n, np.int64)
@@ -486,23 +545,24 @@ def _joins(z: Vectors, c: np.ndarray, gap: np.ndarray, radius: float | np.ndarra
     widest = gap.max(axis=1)  # per home: its largest gap, for a first cut
     homes, rows, cells, margins, wanted = [], [], [], [], []
     block = rows_for(z.v.itemsize * (dim + 1), 64 << 20, max(256, (1 << 22) // k), 1)
+    if dev is not None:
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = False
+        ca, widest = torch.from_numpy(ca).to(dev), torch.from_numpy(widest).to(dev)
+        block *= 4  # the scores stay on the device: fewer, larger products
     for a in range(0, n, block):
         za = np.empty((min(block, n - a), dim + 1), dt)
         za[:, :dim], za[:, dim] = z.v[a:a + block], 1
-        f = za @ ca
-        h = f.argmin(axis=1)
-        fh = f[np.arange(len(f)), h].astype(np.float64)
         nz = z.norm[a:a + block]
         ra = radius if np.isscalar(radius) else radius[a:a + block]
         r2, err = _rule_terms(ra, nz, u, g, cmax, gmax)
-        # first cut with each home's widest gap (one pass), then the rule on what is left
-        cut = (fh + r2 * widest[h] + err) * (1 + 4 * u) + 1e-30
-        rr, pp = np.divmod(np.flatnonzero(f <= cut.astype(dt)[:, None]), k)
-        ok = f[rr, pp] - r2[rr] * gap[h[rr], pp] <= fh[rr] + err[rr]
-        rr, pp = rr[ok], pp[ok]  # the home cell passes (gap 0)
-        want = np.bincount(rr, minlength=len(f))
+        h, fh, rr, pp, f = _scores(za, ca, widest, r2, err, u)
+        ok = f - r2[rr] * gap[h[rr], pp] <= fh[rr] + err[rr]
+        rr, pp, f = rr[ok], pp[ok], f[ok]  # the home cell passes (gap 0)
+        want = np.bincount(rr, minlength=len(za))
         # twice the rounding: this row's scores, and a neighbour's own choice of home
-        margin = np.maximum(f[rr, pp] - fh[rr] - 2 * err[rr], 0) / np.maximum(
+        margin = np.maximum(f - fh[rr] - 2 * err[rr], 0) / np.maximum(
             2 * gap[h[rr], pp], 1e-300)
         margin[pp == h[rr]] = -1.0
         if probes is not None and probes < k:
@@ -516,20 +576,46 @@ def _joins(z: Vectors, c: np.ndarray, gap: np.ndarray, radius: float | np.ndarra
         margins.append(margin)
         wanted.append(want)
         if progress is not None:
-            progress("assign", a + len(f), n)
+            progress("assign", a + len(za), n)
     return (np.concatenate(homes).astype(np.int64), np.concatenate(rows).astype(np.int64),
             np.concatenate(cells).astype(np.int64), np.concatenate(margins),
             np.concatenate(wanted))
 
 
+def _scores(za: np.ndarray, ca, widest, r2: np.ndarray, err: np.ndarray, u: float
+            ) -> tuple[np.ndarray, ...]:
+    """``_joins``' pass over every score of a block: f = za @ ca, each row's home (the
+    smallest f) and its f (float64), and the (row, cell, f) whose f passes the first cut
+    with the home's widest gap. ``ca`` (and ``widest``) a torch tensor: on its device,
+    where only what passes is copied back."""
+    if isinstance(ca, np.ndarray):
+        f = za @ ca
+        h = f.argmin(axis=1)
+        fh = f[np.arange(len(f)), h].astype(np.float64)
+        cut = (fh + r2 * widest[h] + err) * (1 + 4 * u) + 1e-30
+        rr, pp = np.divmod(np.flatnonzero(f <= cut.astype(f.dtype)[:, None]), f.shape[1])
+        return h, fh, rr, pp, f[rr, pp]
+    import torch
+
+    dev = ca.device
+    f = torch.from_numpy(za).to(dev) @ ca
+    h = f.argmin(dim=1)
+    fh = f.gather(1, h[:, None])[:, 0].to(torch.float64)
+    cut = (fh + torch.from_numpy(r2).to(dev) * widest[h] + torch.from_numpy(err).to(dev)) * (
+        1 + 4 * u) + 1e-30
+    rr, pp = torch.nonzero(f <= cut.to(f.dtype)[:, None], as_tuple=True)
+    return (h.cpu().numpy(), fh.cpu().numpy(), rr.cpu().numpy(), pp.cpu().numpy(),
+            f[rr, pp].cpu().numpy())
+
+
 def predict(held: Vectors, parts: Partitions, rows: int, probes: int,
-            progress: Progress | None = None) -> Prediction:
+            progress: Progress | None = None, dev=None) -> Prediction:
     """Both modes' joins, capped share, work and largest cell on held-out rows."""
     k, s = len(parts), max(len(held.v), 1)
     scale = rows / s
     figures = []
     for step, cap in enumerate((None, probes), 1):
-        a = assign(held, parts, cap)
+        a = assign(held, parts, cap, dev=dev)
         if progress is not None:
             progress("cost prediction", step, 2)
         home = np.bincount(a.home, minlength=k) * scale
@@ -542,10 +628,12 @@ def predict(held: Vectors, parts: Partitions, rows: int, probes: int,
 
 
 def plan(sample: np.ndarray, rows: int, radius: float, mode: str, probes: int, cells: int,
-         seed: int = 0, progress: Progress | None = None, levels: int = 1) -> Partitions:
+         seed: int = 0, progress: Progress | None = None, levels: int = 1,
+         dev=None) -> Partitions:
     """Centroids from the sample rows (search space, float32 or float64) in one level or
     two (``levels``) and the mode: ``auto`` takes exact when its predicted joins per row
-    are within ``probes``."""
+    are within ``probes``. ``dev``: a torch device for one level's k-means and
+    prediction."""
     if mode not in MODES:
         raise ValueError(f"near.mode must be one of {', '.join(MODES)}, got {mode!r}")
     if cells <= 1 or len(sample) < 2:
@@ -558,9 +646,10 @@ def plan(sample: np.ndarray, rows: int, radius: float, mode: str, probes: int, c
                                                  merge_within=radius)
         parts = Partitions(mean, fine, radius, coarse=coarse, start=start)
     else:
-        mean, centroids = train(sample[~held], cells, seed, progress, merge_within=radius)
+        mean, centroids = train(sample[~held], cells, seed, progress, merge_within=radius,
+                                dev=dev)
         parts = Partitions(mean, centroids, radius)
-    p = predict(centred(sample[held], mean, np.float32), parts, rows, probes, progress)
+    p = predict(centred(sample[held], mean, np.float32), parts, rows, probes, progress, dev)
     exact = mode == "exact" or (mode == "auto" and p.joins_exact <= probes)
     cut = "" if parts.coarse is None else f" (two levels: {len(parts.coarse)} coarse)"
     why = (f"exact cells would join each record to {p.joins_exact:.1f} of {len(parts)} "
