@@ -5,6 +5,7 @@ oracle."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -177,3 +178,17 @@ def test_records_torch_cannot_hold_go_up_as_float64():
     (c, d), = batched.cell_candidates(b16.astype(np.float32), [np.arange(len(x))], center,
                                       spec, radius, CPU)
     assert len(a) > 100 and np.array_equal(a, c) and np.array_equal(b, d)
+
+
+def test_the_callers_rows_are_read_not_written():
+    """float64 rows on a CPU device are shared with torch, not copied: the search space
+    and the centring must not write into them; read-only rows raise no warning."""
+    x, _ = planted_copies(embeddings(5000, 16, seed=7))
+    x = x.astype(np.float64) * 3
+    before = x.copy()
+    x.flags.writeable = False
+    spec = NearSpec("cosine", threshold=0.01, single_index_rows=1000, recall_sample=300)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = find_near(x, np.arange(len(x)), spec, torch_device=CPU)
+    assert len(r.removed) > 50 and np.array_equal(x, before)

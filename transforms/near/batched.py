@@ -22,6 +22,7 @@ the radius (the float64 search). The host copies only the pairs that pass.
 from __future__ import annotations
 
 import sys
+import warnings
 
 import numpy as np
 
@@ -43,7 +44,8 @@ def cell_candidates(x: np.ndarray, cells: list[np.ndarray], centers: np.ndarray,
     """For each cell (``cells[p]``: rows of ``x`` in keep order; ``centers[p]``: the
     search-space point its vectors are centred on), the candidate pairs among its rows
     as (query, data) positions in the cell, or None where the cell is searched block by
-    block (see the module docstring). ``dev``: a torch device."""
+    block (see the module docstring). ``dev``: a torch device; ``x`` may be on it
+    (``resident``)."""
     import torch
 
     out: list[Known | None] = [None] * len(cells)
@@ -97,7 +99,8 @@ def _launch(x: np.ndarray, cells: list[np.ndarray], centers: np.ndarray, spec: N
     sizes = torch.tensor([len(c) for c in cells], device=dev)
     valid = torch.arange(m, device=dev)[None, :] < sizes[:, None]
     rows = np.concatenate(cells)
-    values = _space(x[rows].reshape(len(rows), dim), spec, dev)
+    part = x[torch.from_numpy(rows).to(dev)] if torch.is_tensor(x) else x[rows]
+    values = _space(part.reshape(len(rows), dim), spec, dev)
     z = torch.zeros((b, m, dim), dtype=torch.float64, device=dev)
     z[valid] = values
     z -= torch.from_numpy(np.asarray(centers, np.float64)).to(dev)[:, None, :]
@@ -149,16 +152,37 @@ def device_vectors(x: np.ndarray, spec: NearSpec, center: np.ndarray | None, dev
     return Vectors(v.cpu().numpy(), norm.cpu().numpy())
 
 
-def _space(rows: np.ndarray, spec: NearSpec, dev):
-    """The rows' search-space points (``near.space.search_space``) in float64 on ``dev``:
-    made there for the metrics whose space is the values or their unit vectors."""
+def resident(x: np.ndarray, spec: NearSpec, dev):
+    """``x`` on the device once, for every launch to gather its cells' rows there (on the
+    host that gather copies each row once per cell it joined), when torch holds its
+    dtype, the metric's space is made on the device and it takes at most a quarter of
+    the device's free memory; else ``x`` itself (each launch copies its rows up)."""
+    import torch
+
+    if spec.metric == "correlation" or x.dtype.kind not in "biuf":
+        return x
+    if dev.type == "cuda" and x.nbytes > torch.cuda.mem_get_info(dev)[0] // 4:
+        return x
+    with warnings.catch_warnings():  # read-only input: torch warns, and never writes it
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(np.ascontiguousarray(x)).to(dev)
+
+
+def _space(rows, spec: NearSpec, dev):
+    """The rows' (an array, or a tensor on ``dev``) search-space points
+    (``near.space.search_space``) in float64 on ``dev``: made there for the metrics whose
+    space is the values or their unit vectors."""
     import torch
 
     if spec.metric == "correlation":
         return torch.from_numpy(search_space(rows, spec)).to(dev)
-    if rows.dtype.kind not in "biuf":  # bfloat16 and other ml_dtypes: torch takes none
-        rows = np.asarray(rows, np.float64)
-    t = torch.from_numpy(np.ascontiguousarray(rows)).to(dev).to(torch.float64)
+    if not torch.is_tensor(rows):
+        if rows.dtype.kind not in "biuf":  # bfloat16 and other ml_dtypes: torch takes none
+            rows = np.asarray(rows, np.float64)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            rows = torch.from_numpy(np.ascontiguousarray(rows)).to(dev)
+    t = rows.to(torch.float64, copy=True)  # a CPU tensor may share the caller's array
     if spec.metric == "cosine":
         norms = torch.sqrt((t * t).sum(dim=1))
         t /= torch.where(norms == 0, 1.0, norms)[:, None]

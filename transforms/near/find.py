@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transforms.near.batched import Known, cell_candidates, device_vectors
+from transforms.near.batched import Known, cell_candidates, device_vectors, resident
 from transforms.near.components import component_labels
 from transforms.near.greedy import STATE_KEPT, STATE_OPEN, STATE_REMOVED, Decisions, decide
 from transforms.near.plan import Partitions, Progress, assign, plan
@@ -215,13 +215,15 @@ def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int |
     dup, dist = np.full(n, -1, np.int64), np.full(n, np.nan)
     doubt, refs = np.zeros(n, bool), np.zeros(n, bool)
     links, pairs, estimated = [], 0.0, False
+    on_dev = None if dev is None else resident(xs, spec, dev)
     known: list[Known | None] = []
     for p in range(len(parts)):
         members = rows_a[order[bounds[p]:bounds[p + 1]]]
         mine = home[members] == p
         if dev is not None and p % CELLS_PER_WINDOW == 0:  # the next cells' candidates
             ps = list(range(p, min(p + CELLS_PER_WINDOW, len(parts))))
-            known = cell_candidates(xs, [rows_a[order[bounds[c]:bounds[c + 1]]] for c in ps],
+            known = cell_candidates(on_dev, [rows_a[order[bounds[c]:bounds[c + 1]]]
+                                             for c in ps],
                                     parts.mean + parts.centroids[ps], spec, radius, dev)
         if len(members):
             d = decide_cell(xs[members], mine, spec, radius, parts.mean + parts.centroids[p],
