@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests import shapes
-from tests.embeddings import embeddings, planted_copies
+from tests.embeddings import embeddings, planted_copies, rotated
 from tests.oracle import near_oracle
 from transforms.near import batched, plan
 from transforms.near.find import find_near
@@ -192,3 +192,23 @@ def test_the_callers_rows_are_read_not_written():
         warnings.simplefilter("error")
         r = find_near(x, np.arange(len(x)), spec, torch_device=CPU)
     assert len(r.removed) > 50 and np.array_equal(x, before)
+
+
+@pytest.mark.parametrize("grouping", ["components", "representative"])
+def test_a_batched_cell_past_the_census_budget(grouping):
+    """One cell of 150 groups of 40 mutual copies: under the crowd limit per row, so its
+    candidates come from the batched product, but past the census's exact budget, so the
+    pairs are sampled and (components) the skipped pairs searched at twice the radius,
+    with vectors made only then: the numpy path's removals, groups and estimate."""
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((150, 32))
+    base /= np.linalg.norm(base, axis=1, keepdims=True)
+    x = np.concatenate([rotated(np.repeat(b[None], 40, 0), rng.uniform(0, 0.0024, 40), rng)
+                        for b in base]).astype(np.float32)[rng.permutation(6000)]
+    spec = NearSpec("cosine", threshold=0.01, grouping=grouping, recall_sample=0)
+    a = find_near(x, np.arange(len(x)), spec)
+    b = find_near(x, np.arange(len(x)), spec, torch_device=CPU)
+    assert len(a.partitions) == 1 and a.estimated and len(a.removed) == 5850
+    np.testing.assert_array_equal(a.removed, b.removed)
+    np.testing.assert_array_equal(a.kept, b.kept)
+    assert a.pairs == b.pairs and b.estimated
