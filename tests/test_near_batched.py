@@ -212,3 +212,12 @@ def test_a_batched_cell_past_the_census_budget(grouping):
     np.testing.assert_array_equal(a.removed, b.removed)
     np.testing.assert_array_equal(a.kept, b.kept)
     assert a.pairs == b.pairs and b.estimated
+
+
+def test_no_records_and_one_record():
+    """An empty array (``reshape(0, -1)`` refuses it) and one record, on both paths."""
+    spec = NearSpec("cosine", threshold=0.01)
+    for x in (np.zeros((0, 8), np.float32), np.ones((1, 8), np.float32)):
+        for dev in (None, CPU):
+            r = find_near(x, np.arange(len(x)), spec, torch_device=dev)
+            assert len(r.removed) == 0 and len(r.capped) == len(x)

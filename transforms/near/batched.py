@@ -29,6 +29,7 @@ import numpy as np
 from transforms.near.search import UNIT_ROUNDOFF, Vectors, gamma, precision_for
 from transforms.near.space import search_space
 from transforms.near.spec import NearSpec
+from transforms.near.verify import flat_rows
 
 MAX_ROWS = 8192  # a cell's product: 64M scores (256 MB)
 PAIRS_PER_ROW = 64  # more candidates per row: a crowd, searched block by block
@@ -143,7 +144,7 @@ def device_vectors(x: np.ndarray, spec: NearSpec, center: np.ndarray | None, dev
     each one thread on the host), returned to the host: float32 vectors, float64 norms."""
     import torch
 
-    z = _space(x.reshape(len(x), -1), spec, dev)
+    z = _space(flat_rows(x), spec, dev)
     if center is not None:
         z -= torch.from_numpy(np.asarray(center, np.float64)).to(dev)
     v = z.to(torch.float32)

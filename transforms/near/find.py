@@ -54,7 +54,7 @@ from transforms.near.space import (
     value_scale,
 )
 from transforms.near.spec import NearSpec
-from transforms.near.verify import exact_distance, verify_rows
+from transforms.near.verify import exact_distance, flat_rows, verify_rows
 
 SAMPLE_ROWS = 200_000  # planning sample cap (rows) ...
 SAMPLE_BYTES = 128 << 20  # ... and bytes (one worker holds it)
@@ -183,7 +183,7 @@ def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int |
     cells per launch, ``near.batched``) on this torch device (default: the GPU where
     ``spec.device`` resolves to one and the cells are searched flat).
     """
-    x = x.reshape(len(x), -1)
+    x = flat_rows(x)
     ok = np.flatnonzero(finite_rows(x))
     xs = x if len(ok) == len(x) else x[ok]  # no copy of the (maybe large) input when it can
     rs = np.asarray(rank)[ok].astype(np.int64)
@@ -313,7 +313,7 @@ def measure_recall(xs: np.ndarray, rank: np.ndarray, spec: NearSpec, removed: np
     brute force (``near.recall``). Rows must be finite. ``capped``: each row's flag from
     a search where only capped rows can be missed (``stratified``): the sample is drawn
     in strata. ``dev``: the brute force's products on this torch device."""
-    xs = xs.reshape(len(xs), -1)
+    xs = flat_rows(xs)
     n, pos = len(xs), np.asarray(rank)
     radius = search_radius(spec, xs.shape[1], value_scale(xs, spec))
     center = np.mean([z.mean(axis=0) for _, z in space_blocks(xs, spec, None)], axis=0)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from transforms.near.search import Vectors, pairs_within, rows_for
-from transforms.near.verify import directed, verify_rows
+from transforms.near.verify import directed, flat_rows, verify_rows
 
 if TYPE_CHECKING:
     from transforms.near.spec import NearSpec
@@ -49,7 +49,7 @@ def _with_direction(x: np.ndarray, z: Vectors, rows: np.ndarray, best: np.ndarra
     neighbour" in the histogram, borderline pairs at inf). Rows that chose one look
     again among the rows with a direction (copying those rows only then: a crowd's rows
     choose each other)."""
-    flat = x.reshape(len(x), -1)
+    flat = flat_rows(x)
     asks = directed(flat[rows], spec)  # only the sampled rows and their choices: a
     chose = best >= 0  # pass over the whole cell (a crowd's millions) only when needed
     fine = np.ones(len(rows), bool)

@@ -18,7 +18,7 @@ import numpy as np
 
 from transforms.near.search import Vectors, centred, centred_blocks, precision_for
 from transforms.near.spec import NearSpec
-from transforms.near.verify import centred_channels
+from transforms.near.verify import centred_channels, flat_rows
 
 
 def finite_rows(x: np.ndarray) -> np.ndarray:
@@ -85,7 +85,7 @@ def search_vectors(x: np.ndarray, spec: NearSpec, radius: float,
     ``norm_at_least`` would swamp the radius, see ``precision_for``). Choosing costs no
     pass of its own: the rows are stored in float32 as their norms are found, and made
     again in float64 only where those norms call for it."""
-    x = x.reshape(len(x), -1)
+    x = flat_rows(x)
     space = partial(search_space, spec=spec)
     if dtype is not None:
         return centred(x, center, dtype, space)

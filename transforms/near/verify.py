@@ -19,8 +19,9 @@ if TYPE_CHECKING:
     from transforms.near.spec import NearSpec
 
 
-def _rows(x: np.ndarray) -> np.ndarray:
-    """``x`` as (records, values), no record too."""
+def flat_rows(x: np.ndarray) -> np.ndarray:
+    """``x`` as (records, values), no record too (``reshape(len(x), -1)`` refuses an
+    empty array)."""
     x = np.asarray(x)
     return x.reshape(len(x), math.prod(x.shape[1:]))
 
@@ -37,7 +38,7 @@ def centred_channels(x: np.ndarray, channels: int) -> np.ndarray:
     vectors, and the cosine's rounding bound holds (``transforms.near.find.search_radius``).
     Each mean is a sum along the last axis of a C-contiguous array (numpy's pairwise sum
     over that row's own values: one order for any number of rows)."""
-    x = _rows(x)
+    x = flat_rows(x)
     if x.shape[1] % channels:
         raise ValueError(f"correlation over {channels} channels: records of {x.shape[1]} "
                          "values are not whole pixels")
@@ -52,7 +53,7 @@ def centred_channels(x: np.ndarray, channels: int) -> np.ndarray:
 def directed(x: np.ndarray, spec: NearSpec) -> np.ndarray:
     """Rows that have a direction for cosine (not all zero) or correlation (some channel
     not flat); a row without one is never within tolerance of anything."""
-    x = _rows(x)
+    x = flat_rows(x)
     if spec.metric == "correlation":
         y = x.reshape(len(x), x.shape[1] // spec.channels, spec.channels)
         if not y.size:
