@@ -98,9 +98,9 @@ def kmeans(z: np.ndarray, k: int, seed: int, done: Callable[[int], None] | None 
     through the BLAS FAISS ships, half the speed of numpy's on this machine (160,000 x
     3,153 x 128: 4.9 against 2.6 CPU s an iteration), and at 8M records the plan's
     k-means was a sixth of the job's CPU. ``done(i)`` after each iteration. ``zt``: the
-    rows as a torch tensor: the products, the assignment and the sums on its device (a
-    GPU: float32 without TF32 as here, float64 sums; the sums' order differs, so the
-    centroids may differ from numpy's in the last bits)."""
+    rows as a torch tensor: the products and the assignment on its device (float32
+    without TF32, as here), the sums here; where its products round a near-tie the
+    other way, a row joins another cell and the centroids differ from numpy's."""
     rng = np.random.default_rng(seed)
     n, d = z.shape
     c = z[np.sort(rng.choice(n, k, replace=False))].astype(np.float32)
@@ -122,19 +122,11 @@ def kmeans(z: np.ndarray, k: int, seed: int, done: Callable[[int], None] | None 
 def _cell_means(z: np.ndarray, c: np.ndarray, zt=None
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One Lloyd step's assignment and sums: (rows per cell, the filled cells, their
-    rows' means in float32, summed in float64); on ``zt``'s device when given."""
+    rows' means in float32, summed in float64). ``zt``: the assignment's products on
+    its device; the sums stay here, in one order: a GPU's ``index_add_`` adds in
+    whatever order its threads finish, and the centroids would change from run to run."""
     k = len(c)
-    if zt is not None:
-        import torch
-
-        home = _nearest_torch(zt, c)
-        counts = torch.bincount(home, minlength=k)
-        sums = torch.zeros((k, zt.shape[1]), dtype=torch.float64, device=zt.device)
-        sums.index_add_(0, home, zt.to(torch.float64))
-        filled = torch.nonzero(counts).reshape(-1)
-        means = (sums[filled] / counts[filled, None]).to(torch.float32)
-        return counts.cpu().numpy(), filled.cpu().numpy(), means.cpu().numpy()
-    home = nearest_centroid(z, c)
+    home = nearest_centroid(z, c, zt)
     o = np.argsort(home, kind="stable")
     counts = np.bincount(home, minlength=k)
     filled = np.flatnonzero(counts)
