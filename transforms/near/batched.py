@@ -22,11 +22,10 @@ the radius (the float64 search). The host copies only the pairs that pass.
 from __future__ import annotations
 
 import sys
-import warnings
 
 import numpy as np
 
-from transforms.near.search import UNIT_ROUNDOFF, Vectors, gamma, precision_for
+from transforms.near.search import Vectors, augmented_limit, precision_for, to_device
 from transforms.near.space import search_space
 from transforms.near.spec import NearSpec
 from transforms.near.verify import flat_rows
@@ -100,22 +99,17 @@ def _launch(x: np.ndarray, cells: list[np.ndarray], centers: np.ndarray, spec: N
     sizes = torch.tensor([len(c) for c in cells], device=dev)
     valid = torch.arange(m, device=dev)[None, :] < sizes[:, None]
     rows = np.concatenate(cells)
-    part = x[torch.from_numpy(rows).to(dev)] if torch.is_tensor(x) else x[rows]
+    part = x[to_device(rows, dev)] if torch.is_tensor(x) else x[rows]
     values = _space(part.reshape(len(rows), dim), spec, dev)
     z = torch.zeros((b, m, dim), dtype=torch.float64, device=dev)
     z[valid] = values
-    z -= torch.from_numpy(np.asarray(centers, np.float64)).to(dev)[:, None, :]
+    z -= to_device(np.asarray(centers, np.float64), dev)[:, None, :]
     z[~valid] = 0
-    v = z.to(torch.float32)
-    del z
-    norm = torch.sqrt((v.to(torch.float64) ** 2).sum(dim=2))
+    v, norm = _stored(z)
     top = norm.max(dim=1).values  # each cell's largest norm: every query's data maximum
     single = np.array([precision_for(t * (1 + 1e-6), dim, radius) == np.float32
                        for t in top.tolist()])
-    u = UNIT_ROUNDOFF[np.dtype(np.float32)]
-    g = gamma(dim + 2, np.float32) + u
-    s = (norm + top[:, None]) * (1 + 1e-9)  # ``near.search.thresholds``, then ``augmented``
-    limit = ((radius + 1.01 * u * s) ** 2 + gamma(dim, np.float32) * s * s) * (1 + 2 * g)
+    limit = augmented_limit(norm, top[:, None], radius, dim, np.float32)
     qa = torch.zeros((b, m, dim + 2), dtype=torch.float32, device=dev)
     ya = torch.zeros((b, m, dim + 2), dtype=torch.float32, device=dev)
     qa[:, :, :dim], ya[:, :, :dim] = v, v
@@ -130,7 +124,7 @@ def _launch(x: np.ndarray, cells: list[np.ndarray], centers: np.ndarray, spec: N
     passed &= ~eye
     count = passed.sum(dim=(1, 2)).cpu().numpy()
     keep = single & (count <= PAIRS_PER_ROW * sizes.cpu().numpy())
-    passed[torch.from_numpy(~keep).to(dev)] = False
+    passed[to_device(~keep, dev)] = False
     found = torch.nonzero(passed).cpu().numpy()
     cuts = np.searchsorted(found[:, 0], np.arange(b + 1))
     return [(found[cuts[k]:cuts[k + 1], 1].astype(np.int64),
@@ -142,15 +136,22 @@ def device_vectors(x: np.ndarray, spec: NearSpec, center: np.ndarray | None, dev
     """``near.space.search_vectors(x, spec, _, center, np.float32)`` made on a torch
     device (the search space and the centring: several float64 passes over the rows,
     each one thread on the host), returned to the host: float32 vectors, float64 norms."""
-    import torch
-
     z = _space(flat_rows(x), spec, dev)
     if center is not None:
-        z -= torch.from_numpy(np.asarray(center, np.float64)).to(dev)
+        z -= to_device(np.asarray(center, np.float64), dev)
+    v, norm = _stored(z)
+    return Vectors(v.cpu().numpy(), norm.cpu().numpy())
+
+
+def _stored(z):
+    """float64 search-space points ``z`` (a tensor, freed here) as the float32 vectors
+    the products take, and the float64 norms of what is stored (``near.search.centred``
+    on the host)."""
+    import torch
+
     v = z.to(torch.float32)
     del z
-    norm = torch.sqrt((v.to(torch.float64) ** 2).sum(dim=1))
-    return Vectors(v.cpu().numpy(), norm.cpu().numpy())
+    return v, torch.sqrt((v.to(torch.float64) ** 2).sum(dim=-1))
 
 
 def resident(x: np.ndarray, spec: NearSpec, dev):
@@ -164,9 +165,7 @@ def resident(x: np.ndarray, spec: NearSpec, dev):
         return x
     if dev.type == "cuda" and x.nbytes > torch.cuda.mem_get_info(dev)[0] // 4:
         return x
-    with warnings.catch_warnings():  # read-only input: torch warns, and never writes it
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(np.ascontiguousarray(x)).to(dev)
+    return to_device(x, dev)
 
 
 def _space(rows, spec: NearSpec, dev):
@@ -176,13 +175,11 @@ def _space(rows, spec: NearSpec, dev):
     import torch
 
     if spec.metric == "correlation":
-        return torch.from_numpy(search_space(rows, spec)).to(dev)
+        return to_device(search_space(rows, spec), dev)
     if not torch.is_tensor(rows):
         if rows.dtype.kind not in "biuf":  # bfloat16 and other ml_dtypes: torch takes none
             rows = np.asarray(rows, np.float64)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            rows = torch.from_numpy(np.ascontiguousarray(rows)).to(dev)
+        rows = to_device(rows, dev)
     t = rows.to(torch.float64, copy=True)  # a CPU tensor may share the caller's array
     if spec.metric == "cosine":
         norms = torch.sqrt((t * t).sum(dim=1))

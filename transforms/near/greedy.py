@@ -234,8 +234,8 @@ class _Border:
 
 def decide(x: np.ndarray, z: Vectors | Callable[[], Vectors], verify, radius: float, *,
            home: np.ndarray, kept: np.ndarray | None = None, components: bool = False,
-           exact: bool = True,
-           best_dist: np.ndarray | None = None, best_rank: np.ndarray | None = None,
+           exact: bool = True, best_dist: np.ndarray | None = None,
+           best_rank: np.ndarray | None = None,
            keys: np.ndarray | None = None, census: bool = True, device: str = "cpu",
            index=None, projection: Projection | None = None,
            known: tuple[np.ndarray, np.ndarray] | None = None) -> Decisions:

@@ -41,7 +41,14 @@ from functools import cached_property
 import numpy as np
 
 from transforms.near.project import Projection, projection, sample_step
-from transforms.near.search import UNIT_ROUNDOFF, Vectors, centred, gamma, rows_for
+from transforms.near.search import (
+    UNIT_ROUNDOFF,
+    Vectors,
+    centred,
+    gamma,
+    rows_for,
+    to_device,
+)
 
 MODES = ("auto", "exact", "bounded")
 KMEANS_ITERATIONS = 15
@@ -80,7 +87,7 @@ def train(sample: np.ndarray, partitions: int, seed: int = 0,
         sample = sample[np.sort(rng.choice(len(sample), TRAIN_PER_CELL * k, replace=False))]
     z = centred(sample, mean, np.float32).v
     steps = KMEANS_ITERATIONS + 1  # the iterations, then splitting oversized cells
-    zt = None if dev is None else _tensor(z, dev)  # the sample goes up once
+    zt = None if dev is None else to_device(z, dev)  # the sample goes up once
     centroids = kmeans(z, k, seed, None if progress is None else
                        lambda it: progress("k-means", it, steps), zt)
     centroids = _merge_close(z, _split_large(z, centroids, seed, zt), merge_within, zt)
@@ -99,15 +106,22 @@ def kmeans(z: np.ndarray, k: int, seed: int, done: Callable[[int], None] | None 
     3,153 x 128: 4.9 against 2.6 CPU s an iteration), and at 8M records the plan's
     k-means was a sixth of the job's CPU. ``done(i)`` after each iteration. ``zt``: the
     rows as a torch tensor: the products and the assignment on its device (float32
-    without TF32, as here), the sums here; where its products round a near-tie the
-    other way, a row joins another cell and the centroids differ from numpy's."""
+    without TF32, as here); the sums stay here, in one order (a GPU's ``index_add_``
+    adds in whatever order its threads finish: the centroids would change from run to
+    run). Where the device's products round a near-tie the other way, a row joins
+    another cell and the centroids differ from numpy's."""
     rng = np.random.default_rng(seed)
     n, d = z.shape
     c = z[np.sort(rng.choice(n, k, replace=False))].astype(np.float32)
     sign = np.where(np.arange(d) % 2 == 0, 1.0, -1.0).astype(np.float32) / 1024
     for it in range(KMEANS_ITERATIONS):
-        counts, filled, means = _cell_means(z, c, zt)
-        c[filled] = means
+        home = nearest_centroid(z, c, zt)
+        o = np.argsort(home, kind="stable")
+        counts = np.bincount(home, minlength=k)
+        filled = np.flatnonzero(counts)
+        starts = np.concatenate([[0], np.cumsum(counts[filled])[:-1]])
+        c[filled] = (np.add.reduceat(z[o], starts, axis=0, dtype=np.float64)
+                     / counts[filled, None]).astype(np.float32)
         for e in np.flatnonzero(counts == 0).tolist():  # rare: split a cell drawn by size
             big = np.maximum(counts - 1, 0)
             j = int(rng.choice(k, p=big / big.sum()))
@@ -119,42 +133,12 @@ def kmeans(z: np.ndarray, k: int, seed: int, done: Callable[[int], None] | None 
     return c
 
 
-def _cell_means(z: np.ndarray, c: np.ndarray, zt=None
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One Lloyd step's assignment and sums: (rows per cell, the filled cells, their
-    rows' means in float32, summed in float64). ``zt``: the assignment's products on
-    its device; the sums stay here, in one order: a GPU's ``index_add_`` adds in
-    whatever order its threads finish, and the centroids would change from run to run."""
-    k = len(c)
-    home = nearest_centroid(z, c, zt)
-    o = np.argsort(home, kind="stable")
-    counts = np.bincount(home, minlength=k)
-    filled = np.flatnonzero(counts)
-    starts = np.concatenate([[0], np.cumsum(counts[filled])[:-1]])
-    return counts, filled, (np.add.reduceat(z[o], starts, axis=0, dtype=np.float64)
-                            / counts[filled, None]).astype(np.float32)
-
-
-def _tensor_rows(mask: np.ndarray, zt):
-    """The rows where ``mask`` holds, as an index on ``zt``'s device."""
-    import torch
-
-    return torch.from_numpy(np.flatnonzero(mask)).to(zt.device)
-
-
-def _tensor(z: np.ndarray, dev):
-    """float32 rows on a torch device."""
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(z, np.float32)).to(dev)
-
-
 def _nearest_torch(zt, c: np.ndarray):
     """``nearest_centroid`` on ``zt``'s device (TF32 off), as a tensor there."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    ct = _tensor(c, zt.device)
+    ct = to_device(np.asarray(c, np.float32), zt.device)
     ctm, csq = -2 * ct.T, (ct * ct).sum(dim=1)
     out = torch.empty(len(zt), dtype=torch.int64, device=zt.device)
     block = rows_for(4 * len(c), 256 << 20, len(zt), 256)
@@ -192,13 +176,13 @@ def _split_large(z: np.ndarray, centroids: np.ndarray, seed: int, zt=None) -> np
     mean_size = len(z) / k
     out = [centroids[sizes <= 2 * mean_size]]
     for c in np.flatnonzero(sizes > 2 * mean_size).tolist():
-        rows = z[home == c]
-        parts = min(math.ceil(sizes[c] / mean_size), len(rows) // 40)
+        mine = np.flatnonzero(home == c)
+        parts = min(math.ceil(sizes[c] / mean_size), len(mine) // 40)
         if parts < 2:
             out.append(centroids[c:c + 1])
             continue
-        out.append(kmeans(rows, parts, seed + c, None,
-                          None if zt is None else zt[_tensor_rows(home == c, zt)]))
+        out.append(kmeans(z[mine], parts, seed + c, None,
+                          None if zt is None else zt[to_device(mine, zt.device)]))
     return np.concatenate(out)
 
 
@@ -541,7 +525,7 @@ def _joins(z: Vectors, c: np.ndarray, gap: np.ndarray, radius: float | np.ndarra
         import torch
 
         torch.backends.cuda.matmul.allow_tf32 = False
-        ca, widest = torch.from_numpy(ca).to(dev), torch.from_numpy(widest).to(dev)
+        ca, widest = to_device(ca, dev), to_device(widest, dev)
         block *= 4  # the scores stay on the device: fewer, larger products
     for a in range(0, n, block):
         za = np.empty((min(block, n - a), dim + 1), dt)
@@ -584,20 +568,25 @@ def _scores(za: np.ndarray, ca, widest, r2: np.ndarray, err: np.ndarray, u: floa
         f = za @ ca
         h = f.argmin(axis=1)
         fh = f[np.arange(len(f)), h].astype(np.float64)
-        cut = (fh + r2 * widest[h] + err) * (1 + 4 * u) + 1e-30
+        cut = _first_cut(fh, r2, widest[h], err, u)
         rr, pp = np.divmod(np.flatnonzero(f <= cut.astype(f.dtype)[:, None]), f.shape[1])
         return h, fh, rr, pp, f[rr, pp]
     import torch
 
     dev = ca.device
-    f = torch.from_numpy(za).to(dev) @ ca
+    f = to_device(za, dev) @ ca
     h = f.argmin(dim=1)
     fh = f.gather(1, h[:, None])[:, 0].to(torch.float64)
-    cut = (fh + torch.from_numpy(r2).to(dev) * widest[h] + torch.from_numpy(err).to(dev)) * (
-        1 + 4 * u) + 1e-30
+    cut = _first_cut(fh, to_device(r2, dev), widest[h], to_device(err, dev), u)
     rr, pp = torch.nonzero(f <= cut.to(f.dtype)[:, None], as_tuple=True)
     return (h.cpu().numpy(), fh.cpu().numpy(), rr.cpu().numpy(), pp.cpu().numpy(),
             f[rr, pp].cpu().numpy())
+
+
+def _first_cut(fh, r2, widest, err, u: float):
+    """The largest score a cell can have and still pass the rule, with the home's widest
+    gap for every cell (numpy arrays or torch tensors alike), rounded up."""
+    return (fh + r2 * widest + err) * (1 + 4 * u) + 1e-30
 
 
 def predict(held: Vectors, parts: Partitions, rows: int, probes: int,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -102,8 +103,32 @@ def precision_for(norm_max: float, dim: int, radius: float) -> np.dtype:
 def thresholds(q: Vectors, data_norm_max: float, radius: float, dim: int) -> np.ndarray:
     """Per query row: the squared distance under which a computed distance may belong to
     a pair truly within ``radius`` (storage and product rounding both bounded)."""
-    s = (q.norm + data_norm_max) * (1 + 1e-9)  # norms are computed: round them up
-    return (radius + 1.01 * q.u * s) ** 2 + gamma(dim, q.v.dtype) * s * s
+    return _threshold(q.norm, data_norm_max, radius, dim, q.v.dtype)
+
+
+def _threshold(norm, data_norm_max, radius: float, dim: int, dtype):
+    """``thresholds`` from the query rows' norms (numpy arrays or torch tensors alike)."""
+    s = (norm + data_norm_max) * (1 + 1e-9)  # norms are computed: round them up
+    return (radius + 1.01 * UNIT_ROUNDOFF[np.dtype(dtype)] * s) ** 2 + gamma(dim, dtype) * s * s
+
+
+def augmented_limit(norm, data_norm_max, radius: float, dim: int, dtype):
+    """The limit ``augmented``'s sign test holds each query row to: its threshold
+    widened by 1 + 2 g for the two extra terms of the product (see there). Numpy arrays
+    or torch tensors alike: a GPU's batched cells (``near.batched``) take this bound."""
+    g = gamma(dim + 2, dtype) + UNIT_ROUNDOFF[np.dtype(dtype)]
+    return _threshold(norm, data_norm_max, radius, dim, dtype) * (1 + 2 * g)
+
+
+def to_device(a: np.ndarray, dev):
+    """A numpy array as a torch tensor on ``dev`` (on a CPU device it shares ``a``'s
+    memory). A read-only array (a memory-mapped input) makes torch warn that writing
+    would be undefined: the near stage never writes them, so the warning is silenced."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
 
 
 def use_cuda(device: str) -> bool:
@@ -151,8 +176,7 @@ def augmented(q: Vectors, y: Vectors, radius: float
     The two extra terms per product raise the rounding bound by g (|a_i| + |b_j|) <=
     g (T_i + |q_i|^2 + |y_j|^2) / 2, covered by widening T_i by the factor (1 + 2 g)."""
     dim, dtype = q.v.shape[1], q.v.dtype
-    g = gamma(dim + 2, dtype) + UNIT_ROUNDOFF[dtype]
-    limit = thresholds(q, float(y.norm.max(initial=0)), radius, dim) * (1 + 2 * g)
+    limit = augmented_limit(q.norm, float(y.norm.max(initial=0)), radius, dim, dtype)
     qa = np.empty((len(q.v), dim + 2), dtype)
     qa[:, :dim], qa[:, dim], qa[:, dim + 1] = q.v, (limit - q.norm ** 2) / 2, 1
     ya = np.empty((len(y.v), dim + 2), dtype)
@@ -373,19 +397,16 @@ def _earlier_torch(q: Vectors, y: Vectors, radius: float, q_rank: tuple, y_rank:
     row_bytes = q.v.itemsize * (q.v.shape[1] + 2)
     cols = rows_for(row_bytes, 8 * BLOCK_BYTES, len(y.v), 1)
     rows = max(1, 8 * BLOCK_ELEMENTS // max(cols, 1))
-
-    def up(a: np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
-
     for c in range(0, len(y.v), cols):
         sl = slice(c, min(c + cols, len(y.v)))
         qa, ya, _ = augmented(q, y.rows(sl), radius)
-        yt, yp, yo = up(ya), up(y_rank[0][sl])[None, :], up(y_rank[1][sl])[None, :]
+        yt = to_device(ya, dev)
+        yr = tuple(to_device(o[sl], dev)[None, :] for o in y_rank)
         for r in range(0, nq, rows):
             e = min(r + rows, nq)
-            m = up(qa[r:e]) @ yt.T
-            qp, qo = up(q_rank[0][r:e])[:, None], up(q_rank[1][r:e])[:, None]
-            m[~((yp < qp) | ((yp == qp) & (yo < qo)))] = -torch.inf
+            m = to_device(qa[r:e], dev) @ yt.T
+            m[~_before(yr, tuple(to_device(o[r:e], dev)[:, None] for o in q_rank))] = (
+                -torch.inf)
             count[r:e] += (m >= 0).sum(dim=1).cpu().numpy()
             top, at = torch.topk(m, min(k, m.shape[1]), dim=1)
             i, t = torch.nonzero(top >= 0, as_tuple=True)
@@ -427,7 +448,8 @@ def _by_first_coordinate(q: Vectors, y: Vectors, projected: tuple, q_rank: tuple
     oq, oy = np.argsort(s, kind="stable"), np.argsort(t, kind="stable")
     g = gamma(qp.v.shape[1] + 2, qp.v.dtype) + UNIT_ROUNDOFF[qp.v.dtype]
     qmax, ymax = float(qp.norm.max(initial=0)), float(yp.norm.max(initial=0))
-    limit = float(thresholds(qp, ymax, radius, qp.v.shape[1]).max(initial=0)) * (1 + 2 * g)
+    limit = float(augmented_limit(qp.norm, ymax, radius, qp.v.shape[1], qp.v.dtype).max(
+        initial=0))
     big = float(max(np.abs(s).max(initial=0), np.abs(t).max(initial=0)))
     reach = (math.sqrt(limit * (1 + 2 * g) + 4 * g * (qmax ** 2 + ymax ** 2)) * (1 + 1e-6)
              + 4 * UNIT_ROUNDOFF[np.dtype(np.float64)] * big)
@@ -544,5 +566,6 @@ def _earlier_pairs(i: np.ndarray, j: np.ndarray, score: np.ndarray, q_rank: tupl
 
 
 def _before(a: tuple, b: tuple) -> np.ndarray:
-    """(prio, order) ``a`` comes before ``b`` in keep order (arrays that broadcast)."""
+    """(prio, order) ``a`` comes before ``b`` in keep order (arrays that broadcast, numpy
+    or torch)."""
     return (a[0] < b[0]) | ((a[0] == b[0]) & (a[1] < b[1]))
