@@ -663,12 +663,19 @@ def test_the_library_checks_its_arguments_as_the_job_does(corpus):
 @pytest.mark.parametrize("unit", ["word", "token"])
 def test_signatures_through_torch_equal_numpys(corpus, tokens, unit):
     """near.device's path (torch, run here on the CPU): the same signatures, in blocks of
-    permutations (these sets' hashes make two blocks of 112)."""
+    permutations (these sets' hashes make two blocks of 112); read-only hashes (a
+    memory-mapped or Arrow buffer) go up without torch's not-writable warning."""
+    import warnings
+
     import torch
 
     from transforms.near.sets import SIGNATURE_BLOCK, signatures, signatures_torch
 
     sets = record_sets(corpus if unit == "word" else tokens, Shingles(unit))
     assert SIGNATURE_BLOCK // len(sets.hashes) < 112
-    assert np.array_equal(signatures_torch(sets, 112, torch.device("cpu")),
-                          signatures(sets, 112))
+    want = signatures(sets, 112)
+    assert np.array_equal(signatures_torch(sets, 112, torch.device("cpu")), want)
+    sets.hashes.setflags(write=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.array_equal(signatures_torch(sets, 112, torch.device("cpu")), want)

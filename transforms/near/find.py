@@ -135,18 +135,25 @@ def true_partners(sample_x: np.ndarray, sample_rank: tuple, data_x: np.ndarray,
 
 def decide_cell(x: np.ndarray, home: np.ndarray, spec: NearSpec, radius: float,
                 center: np.ndarray | None, *, exact: bool = True,
-                z: Vectors | None = None, known: Known | None = None, **kw) -> Decisions:
+                z: Vectors | None = None, known: Known | None = None,
+                rows: np.ndarray | None = None, **kw) -> Decisions:
     """``near.greedy.decide`` over rows of ``x`` in keep order (see there), with this
     spec's metric, search space, index and device (``z``: the search vectors when the
-    caller has them; ``known``: the cell's candidate pairs from ``near.batched``)."""
+    caller has them; ``known``: the cell's candidate pairs from ``near.batched``;
+    ``rows``: the cell is ``x[rows]``, with ``known`` read pair by pair: copying a cell
+    whose few candidates touch a few dozen of its rows cost as much as deciding it)."""
+    if rows is not None and known is None:  # the search reads every row: one copy
+        x, rows = x[rows], None
+    pick = (lambda r: r) if rows is None else rows.__getitem__
     if known is not None:  # the vectors only if a search beyond the candidates needs them
-        vectors = (lambda: search_vectors(x, spec, radius, center)) if z is None else z
+        vectors = (lambda: search_vectors(x if rows is None else x[rows], spec, radius,
+                                          center)) if z is None else z
         index = None
     else:
         vectors = search_vectors(x, spec, radius, center) if z is None else z
         index = approximate_index(vectors, spec)
-    return decide(x, vectors, lambda a, b: verify_rows(x, a, x, b, spec), radius, home=home,
-                  components=spec.grouping == "components", exact=exact,
+    return decide(len(home), vectors, lambda a, b: verify_rows(x, pick(a), x, pick(b), spec),
+                  radius, home=home, components=spec.grouping == "components", exact=exact,
                   device=spec.device, index=index, known=known, **kw)
 
 
@@ -226,9 +233,10 @@ def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int |
                                              for c in ps],
                                     parts.mean + parts.centroids[ps], spec, radius, dev)
         if len(members):
-            d = decide_cell(xs[members], mine, spec, radius, parts.mean + parts.centroids[p],
+            kn = known[p % CELLS_PER_WINDOW] if dev is not None else None
+            d = decide_cell(xs, mine, spec, radius, parts.mean + parts.centroids[p],
                             exact=parts.mode == "exact", projection=parts.projection,
-                            known=known[p % CELLS_PER_WINDOW] if dev is not None else None)
+                            known=kn, rows=members)
             h = members[mine]
             state[h], doubt[h], dist[h] = d.state[mine], d.doubt[mine], d.dist[mine]
             dup[h] = np.where(d.dup[mine] >= 0, members[np.maximum(d.dup[mine], 0)], -1)

@@ -232,7 +232,7 @@ class _Border:
         return later[k], earlier[k], dist[k], within[k]
 
 
-def decide(x: np.ndarray, z: Vectors | Callable[[], Vectors], verify, radius: float, *,
+def decide(n: int, z: Vectors | Callable[[], Vectors], verify, radius: float, *,
            home: np.ndarray, kept: np.ndarray | None = None, components: bool = False,
            exact: bool = True, best_dist: np.ndarray | None = None,
            best_rank: np.ndarray | None = None,
@@ -241,8 +241,8 @@ def decide(x: np.ndarray, z: Vectors | Callable[[], Vectors], verify, radius: fl
            known: tuple[np.ndarray, np.ndarray] | None = None) -> Decisions:
     """Decide the rows of one cell, visited in keep order (row i before row i + 1).
 
-    ``x``: the rows' values; ``z``: search vectors; ``verify(a, b)``: for rows a[k],
-    b[k] of ``x``, (distance, a within b, b within a) in float64 (a crowd's block has
+    ``n``: the cell's rows; ``z``: search vectors; ``verify(a, b)``: for rows a[k],
+    b[k], (distance, a within b, b within a) in float64 (a crowd's block has
     millions of candidates: the caller verifies them a slice at a time); ``home``: rows
     this cell decides (the others live in another cell: open unless an earlier kept row
     removes them, which is certain only in ``exact`` mode); ``kept``: rows known to be
@@ -256,7 +256,6 @@ def decide(x: np.ndarray, z: Vectors | Callable[[], Vectors], verify, radius: fl
     what the products would give (``near.batched``); ``z`` may then be a function that
     makes the vectors, asked only if a search beyond them is needed.
     """
-    n = len(x)
     own = np.asarray(home, bool)  # this cell's rows: the census counts their pairs
     all_home = own | components
     fixed = np.zeros(n, bool) if kept is None else np.asarray(kept, bool)

@@ -298,7 +298,7 @@ def _signs_torch(qa: np.ndarray, ya: np.ndarray, rows: int, want: np.ndarray,
 
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device("cuda") if dev is None else dev
-    qt, yt = torch.from_numpy(qa).to(dev), torch.from_numpy(ya).to(dev)
+    qt, yt = to_device(qa, dev), to_device(ya, dev)
     out, tops, scores = [], [], []
     for r in range(0, len(qa), rows):
         m = qt[r:r + rows] @ yt.T
@@ -307,9 +307,9 @@ def _signs_torch(qa: np.ndarray, ya: np.ndarray, rows: int, want: np.ndarray,
                        + r * len(ya))
         lo, hi = np.searchsorted(want, [r, r + rows])
         if hi > lo:
-            sub = m[torch.from_numpy(want[lo:hi] - r).to(dev)]
+            sub = m[to_device(want[lo:hi] - r, dev)]
             mine = np.flatnonzero((own[lo:hi] >= 0) & (own[lo:hi] < len(ya)))
-            sub[torch.from_numpy(mine).to(dev), torch.from_numpy(own[lo:hi][mine]).to(dev)] = (
+            sub[to_device(mine, dev), to_device(own[lo:hi][mine], dev)] = (
                 -torch.inf)
             score, top = sub.max(dim=1)
             tops.append(top.cpu().numpy())

@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from transforms.near.recall import splitmix64
-from transforms.near.search import on_device, use_cuda
+from transforms.near.search import on_device, to_device, use_cuda
 from transforms.near.spec import NearSpec, Shingles
 
 WORDS = Shingles()  # the default: word 5-grams of normalised text
@@ -369,11 +369,10 @@ def signatures_torch(sets: Sets, permutations: int, dev) -> np.ndarray:
     record's minimum is a scatter-reduce; permutations go in blocks that bound memory."""
     import torch
 
-    a, b = (torch.from_numpy(c.view(np.int64)).to(dev) for c in _perm_coefficients(
-        permutations))
-    h = torch.from_numpy(sets.hashes.view(np.int64)).to(dev)
+    a, b = (to_device(c.view(np.int64), dev) for c in _perm_coefficients(permutations))
+    h = to_device(sets.hashes.view(np.int64), dev)
     n = len(sets)
-    rec = torch.from_numpy(np.repeat(np.arange(n, dtype=np.int64), sets.sizes)).to(dev)
+    rec = to_device(np.repeat(np.arange(n, dtype=np.int64), sets.sizes), dev)
     out = torch.empty((n, permutations), dtype=torch.int64, device=dev)
     step = max(1, SIGNATURE_BLOCK // max(len(h), 1))
     for lo in range(0, permutations, step):
