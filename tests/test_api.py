@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from pipeline import JobFailed, RunSummary, progress, run_job
+from pipeline.api import to_config
 from pipeline.config import ConfigError, DedupeConfig, load_config
 from tests.jobkit import EXT
 from tests.oracle import expected_removals
@@ -84,6 +85,19 @@ def test_overrides_and_overwrite_on_a_model(tmp_path):
     assert again.removed["exact"] == first.removed["exact"]
     assert removals(again) == expected_removals(records(parts), "last")
     assert model.keep == "first"  # the model given is not changed
+
+
+@pytest.mark.parametrize("near", [{"metric": "jaccard", "threshold": 0.8},
+                                  {"metric": "l2", "threshold": 0.5},
+                                  {"metric": "allclose", "atol": 0.1, "rtol": 0.01},
+                                  {"metric": "cosine", "threshold": 0.1, "probes": 3}])
+def test_a_models_overrides_keep_its_near_settings(tmp_path, near):
+    """A model given with overrides is dumped (every key, defaults too) and parsed again:
+    the checks that refuse keys of another metric must not refuse the dump (a jaccard
+    model was refused: 'near.probes applies to vector metrics')."""
+    model = DedupeConfig.model_validate(config(tmp_path, near=near))
+    again = to_config(model, overrides=["keep=last"])
+    assert again.near == model.near and again.keep == "last"
 
 
 def test_near_run_reports_settings_and_recall(tmp_path):

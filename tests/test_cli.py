@@ -52,6 +52,12 @@ def one_error_line(capsys) -> str:
     (("near.metric=cosine", "near.threshold=0.1", "near.index=hnsw", "near.device=cuda"), {},
      "near.index hnsw searches each cell with a FAISS index on the CPU"),
     (("near.metric=allclose", "near.atol=-1"), {}, "'near.atol': -1 is out of range"),
+    (("near.metric=allclose", "near.threshold=1.0"), {},
+     "near.threshold 1 applies to l2, cosine, correlation and jaccard; allclose compares"),
+    (("near.metric=l2", "near.threshold=1.0", "near.atol=0.5"), {},
+     "near.atol applies to metric allclose only; l2 compares with near.threshold"),
+    (("near.metric=cosine", "near.threshold=0.1", "near.rtol=0.1"), {},
+     "near.rtol applies to metric allclose only"),
     (("max_invalid_fraction=1.5",), {}, "'max_invalid_fraction': 1.5 is out of range"),
     (("tuning.remote_timeout_s=0",), {}, "'tuning.remote_timeout_s': 0 is out of range"),
     (("threshold=!!python/object:os.system x",), {}, "--set threshold: '!!python/object:os.system"

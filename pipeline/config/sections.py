@@ -246,13 +246,27 @@ class NearConfig(Strict):
             if self.threshold is not None and self.threshold > 1:
                 raise ValueError(f"near.threshold {self.threshold:g}: for jaccard it is the "
                                  "minimum Jaccard similarity, in (0, 1] (e.g. 0.8)")
-            wrong = [k for k in VECTOR_ONLY if k in self.model_fields_set]
+            # by value too: a dumped config (run_job(cfg, overrides=...)) holds every key
+            wrong = [k for k in VECTOR_ONLY if k in self.model_fields_set
+                     and getattr(self, k) != type(self).model_fields[k].default]
             if wrong:
                 raise ValueError(f"near.{wrong[0]} applies to vector metrics, not jaccard: "
                                  "remove it (jaccard's settings are near.shingles.*)")
         elif self.shingles is not None:
             raise ValueError("near.shingles applies to metric jaccard only: remove it or set "
                              "near.metric: jaccard")
+        if self.metric == "allclose" and self.threshold is not None:
+            raise ValueError(f"near.threshold {self.threshold:g} applies to l2, cosine, "
+                             "correlation and jaccard; allclose compares each value (|a - b| "
+                             "<= atol + rtol |b|): remove near.threshold and set near.atol "
+                             "(and near.rtol)")
+        if self.metric in ("l2", "cosine", "correlation"):
+            wrong = [k for k in ("atol", "rtol") if k in self.model_fields_set
+                     and getattr(self, k) != type(self).model_fields[k].default]
+            if wrong:
+                raise ValueError(f"near.{wrong[0]} applies to metric allclose only; "
+                                 f"{self.metric} compares with near.threshold: remove "
+                                 f"near.{wrong[0]}")
         if self.metric == "correlation" and self.threshold is not None and self.threshold >= 2:
             raise ValueError(f"near.threshold {self.threshold:g}: correlation distance 1 - r "
                              "is at most 2, so every pair with any contrast would be a "
