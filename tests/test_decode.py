@@ -273,6 +273,40 @@ def test_wrong_decode_settings_stop_before_work(tmp_path, capsys, inp, near, wor
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("fmt, side, words", [
+    ("parquet", {"keep": {"max": "id"}}, "keep: column 'id' holds string, not numbers"),
+    ("parquet", {"keep": {"min": "img"}}, "keep: column 'img' holds binary, not numbers"),
+    ("hdf5", {"keep": {"max": "id"}}, "keep: dataset 'id' holds"),
+    ("hdf5", {"id": "short"}, "input.id: dataset 'short' has shape (3,), not (6,)"),
+    ("hdf5", {"keep": {"max": "short"}}, "keep: dataset 'short' has shape (3,), not (6,)"),
+    ("hdf5", {"keep": {"max": "wide"}}, "keep: dataset 'wide' has shape (6, 2), not (6,)"),
+])
+def test_encoded_records_id_and_keep_are_checked_before_work(tmp_path, capsys, fmt, side,
+                                                            words):
+    """Encoded images in Parquet and HDF5: the id and keep columns get the numeric
+    formats' checks (a string keep column failed after the work, with a traceback; a
+    short HDF5 id dataset with IndexError)."""
+    values = [encode(im) for im in crops(6, seed=7)]
+    ids = [f"r{i}" for i in range(6)]
+    path = tmp_path / "in" / ("a.parquet" if fmt == "parquet" else "a.h5")
+    path.parent.mkdir()
+    if fmt == "parquet":
+        pq.write_table(pa.table({"id": ids, "img": values}), path)
+    else:
+        with h5py.File(path, "w") as h:
+            ds = h.create_dataset("img", (6,), dtype=h5py.vlen_dtype(np.uint8))
+            for i, v in enumerate(values):
+                ds[i] = np.frombuffer(v, np.uint8)
+            h["id"], h["short"], h["wide"] = np.array(ids, "S"), np.arange(3.0), np.ones((6, 2))
+    keep = side.pop("keep", "first")
+    code = run(tmp_path, {"format": fmt, "path": str(path), "tensor": "img", "decode": "image",
+                          **side}, keep=keep)
+    err = capsys.readouterr().err
+    assert code == 2 and words in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
 def test_undecodable_majority_publishes_nothing(tmp_path, capsys):
     good = [encode(im) for im in crops(3, seed=6)]
     values = good + [b"\x89PNG\r\n\x1a\n" + bytes(40)] * 7  # PNG signature, nothing after

@@ -22,7 +22,7 @@ from transforms.io.formats.base import (
     error_line,
     unreadable_file,
 )
-from transforms.io.formats.hdf5 import as_ids
+from transforms.io.formats.hdf5 import as_ids, check_sides
 from transforms.io.formats.hdf5_files import H5_ERRORS, open_dataset, opened_h5
 
 
@@ -49,14 +49,12 @@ def check(path: str, spec: TensorSpec) -> tuple[bytes | str, str] | None:
         if isinstance(f, Exception):
             return None
         ds = open_dataset(f, path, "input.tensor", spec.tensor)
-        for key, name in (("input.id", spec.id), ("keep", spec.rank)):
-            if name is not None:
-                open_dataset(f, path, key, name)
         if value_kind(ds.dtype) is None or len(ds.shape) != 1:
             raise InputError(f"{path}: input.decode: dataset {spec.tensor!r} holds {ds.dtype} "
                              f"of shape {list(ds.shape)}, not one encoded value per record "
                              "(variable-length uint8 or bytes): set input.decode: none for "
                              "numeric tensors")
+        check_sides(f, path, spec, len(ds))
         if not len(ds):
             return None
         try:

@@ -30,7 +30,7 @@ from transforms.io.formats.base import (
     unreadable_file,
 )
 from transforms.io.formats.encoded import byte_slices
-from transforms.io.formats.parquet import groups_at
+from transforms.io.formats.parquet import check_rank, groups_at
 from transforms.io.formats.parquet_files import open_file, prefetched
 
 
@@ -100,6 +100,7 @@ def check(path: str, spec: TensorSpec) -> tuple[bytes | str, str] | None:
         if name is not None and schema.get_field_index(name) < 0:
             raise InputError(f"{path}: {key}: no column {name!r}; the file has columns "
                              f"{', '.join(schema.names)}")
+    check_rank(path, schema, spec)
     t = schema.field(spec.tensor).type
     kind = value_kind(t)
     if kind is None:

@@ -71,6 +71,7 @@ def _check(f: h5py.File, path: str, spec: TensorSpec) -> TensorSpec:
     if not ds.shape:
         raise InputError(f"{path}: input.tensor: dataset {spec.tensor!r} has no axes (shape "
                          f"{ds.shape}): name a dataset whose first axis is the records")
+    check_sides(f, path, spec, len(ds))
     base = h5py.check_vlen_dtype(ds.dtype)
     if spec.ragged and base is not None and ds.ndim == 1 and base.kind in "iu":
         return replace(spec, shape=None, dtype=base.name)  # sequences of any length
@@ -86,18 +87,23 @@ def _check(f: h5py.File, path: str, spec: TensorSpec) -> TensorSpec:
         raise InputError(f"{path}: input.shape: dataset {spec.tensor!r} has shape "
                          f"{list(ds.shape)}, so records of shape {list(shape)}, not "
                          f"{list(spec.shape)}: fix input.shape or leave it out")
+    return replace(spec, shape=shape, dtype=dtype)
+
+
+def check_sides(f: h5py.File, path: str, spec: TensorSpec, records: int) -> None:
+    """The id and keep datasets (numeric or encoded records alike): one value per record,
+    of a type they can be."""
     for key, name, ok, kinds in (("input.id", spec.id, _is_id_dtype, "strings or integers"),
                                  ("keep", spec.rank, _is_rank_dtype, "numbers")):
         if name is None:
             continue
         side = open_dataset(f, path, key, name)
-        if side.shape != (len(ds),):
+        if side.shape != (records,):
             raise InputError(f"{path}: {key}: dataset {name!r} has shape {side.shape}, not "
-                             f"({len(ds)},): it needs one value per record of {spec.tensor!r}")
+                             f"({records},): it needs one value per record of {spec.tensor!r}")
         if not ok(side.dtype):
             raise InputError(f"{path}: {key}: dataset {name!r} holds {side.dtype}, not {kinds}: "
                              f"name a dataset of {kinds}")
-    return replace(spec, shape=shape, dtype=dtype)
 
 
 def plan(path: str, file_index: int, target_rows: int,

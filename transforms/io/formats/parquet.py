@@ -92,10 +92,15 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
     if spec.shape is not None and fixed is not None and fixed != tuple(spec.shape):
         raise InputError(f"{path}: input.shape: column {spec.tensor!r} holds tensors of shape "
                          f"{list(fixed)}, not {list(spec.shape)}: fix input.shape or leave it out")
+    check_rank(path, schema, spec)
+    return replace(spec, dtype=dtype, shape=fixed if fixed is not None else spec.shape)
+
+
+def check_rank(path: str, schema: pa.Schema, spec: TensorSpec) -> None:
+    """``keep: {max|min: column}`` names a numeric column (numeric or encoded records)."""
     if spec.rank is not None and not _is_numeric(schema.field(spec.rank).type):
         raise InputError(f"{path}: keep: column {spec.rank!r} holds "
                          f"{schema.field(spec.rank).type}, not numbers: keep by a numeric column")
-    return replace(spec, dtype=dtype, shape=fixed if fixed is not None else spec.shape)
 
 
 def _is_numeric(t: pa.DataType) -> bool:
