@@ -175,7 +175,10 @@ def _first_line(e: BaseException) -> str:
     """The error's own line; a worker error re-raised by Beam carries the remote traceback
     as text, so take its last "XxxError: message" line, without Beam's step suffix."""
     lines = str(e).strip().splitlines()
-    raised = [ln for ln in lines if re.match(r"^[A-Za-z_.]*(Error|Exception): ", ln)]
+    if lines and lines[0].startswith("Traceback "):  # its raised lines: "a.b.Name: message"
+        raised = [ln for ln in lines if re.match(r"[A-Za-z_][\w.]*: ", ln)] or lines[-1:]
+    else:
+        raised = [ln for ln in lines if re.match(r"[A-Za-z_.]*(Error|Exception): ", ln)]
     line = raised[-1] if raised else lines[0] if lines else type(e).__name__
     return re.sub(r" \[while running '[^']*'\]$", "", line)
 
@@ -188,8 +191,7 @@ def failure_line(e: BaseException) -> str:
     ours = re.match(r"(InvalidRecordError|TooManyInvalidError): ", what)
     if ours:  # the job's own errors are phrased for the user already
         what = what[ours.end():]
-    elif not isinstance(cause, InvalidRecordError) and not re.match(
-            r"\w+(Error|Exception): ", what):
+    elif not isinstance(cause, InvalidRecordError) and not re.match(r"[A-Z]\w*: ", what):
         what = f"{type(cause).__name__}: {what}"
     if _NO_ROOM.search(what):
         what += (" (the disk of output.path / report is full, or a file size limit was hit: "

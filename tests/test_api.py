@@ -100,6 +100,20 @@ def test_a_models_overrides_keep_its_near_settings(tmp_path, near):
     assert again.near == model.near and again.keep == "last"
 
 
+def test_a_worker_traceback_becomes_the_line_it_raised():
+    """Beam re-raises a worker's error with the remote traceback as its text; an error
+    whose name does not end in Error (pyarrow's ArrowInvalid) left the line at
+    'RuntimeError: Traceback (most recent call last):'."""
+    from pipeline.api import failure_line
+
+    remote = ("Traceback (most recent call last):\n  File \"apache_beam/runners/common.py\""
+              ", line 1498, in process\n    return invoke(x)\npyarrow.lib.ArrowInvalid: "
+              "Failed to parse string: 'a' as a scalar of type double [while running 'Read']")
+    line = failure_line(RuntimeError(remote))
+    assert line.endswith(": ArrowInvalid: Failed to parse string: 'a' as a scalar of type "
+                         "double") and "Traceback" not in line
+
+
 def test_near_run_reports_settings_and_recall(tmp_path):
     parts, spec = near_dataset(1, "l2")
     write_files("parquet", tmp_path / "in", parts)
