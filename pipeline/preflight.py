@@ -42,6 +42,7 @@ from pipeline.steps.store import open_view, store_meta
 from transforms.io import fs, layout
 from transforms.io.formats.base import InputError, TensorSpec
 from transforms.io.remote import bounded
+from transforms.near.search import use_cuda
 from transforms.near.spec import NearSpec
 
 
@@ -149,6 +150,14 @@ def _check_runner(cfg: DedupeConfig) -> None:
     does not answer (``tuning.remote_timeout_s``)."""
     if getattr(multiprocessing.current_process(), "_inheriting", False):
         raise InputError(SPAWNED_AGAIN)
+    if cfg.near is not None and cfg.near.device == "cuda" and cfg.runner.address is None \
+            and cfg.runner.name in ("local", "dask", "portable"):  # workers on this machine
+        try:
+            use_cuda("cuda")
+        except RuntimeError:
+            raise InputError("near.device: cuda, but torch sees no CUDA device on this "
+                             "machine, where the workers run: set near.device: auto (the "
+                             "GPU when there is one) or cpu") from None
     if cfg.runner.name == "portable" and cfg.runner.address is not None:
         from pipeline.runners.portable import check_address
 
