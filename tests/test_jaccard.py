@@ -583,17 +583,25 @@ def test_short_char_shingles_and_unused_signature_settings_are_said(tmp_path, co
     assert "mode exact does not use them" in capsys.readouterr().err
 
 
-def test_jaccard_on_floats_is_refused(tmp_path, capsys):
+@pytest.mark.parametrize("doc, words", [
+    (pa.array([[0.5, 1.0], [2.0]], pa.list_(pa.float32())), "integer sequences"),
+    (pa.array([3, 4], pa.int64()), "not one sequence of integers per record"),  # crashed
+    (pa.array([[[1, 2]], [[3]]], pa.list_(pa.list_(pa.int32()))),
+     "not one sequence of integers per record"),
+])
+def test_jaccard_on_other_than_sequences_is_refused(tmp_path, capsys, doc, words):
+    """Floats, one integer per record (a scalar column: AttributeError after the work
+    started, before), lists of lists: exit 2 with one line."""
     path = tmp_path / "in" / "a.parquet"
     path.parent.mkdir(parents=True)
-    pq.write_table(pa.table({"id": ["a", "b"], "doc": pa.array([[0.5, 1.0], [2.0]],
-                                                                pa.list_(pa.float32()))}), path)
+    pq.write_table(pa.table({"id": ["a", "b"], "doc": doc}), path)
     cfg = {"input": {"format": "parquet", "path": str(path), "tensor": "doc", "id": "id"},
            "output": {"path": str(tmp_path / "out")}, "report": str(tmp_path / "report"),
            "near": {"metric": "jaccard", "threshold": 0.8}}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
     assert main(["--config", str(tmp_path / "job.yaml"), "--quiet"]) == 2
-    assert "integer sequences" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
 
 
 @pytest.mark.parametrize("runner", [("runner.name=dask", "runner.workers=2"),

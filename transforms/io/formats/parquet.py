@@ -79,6 +79,11 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
     if dtype is None:
         raise InputError(f"{path}: input.tensor: column {spec.tensor!r} holds {leaf}, not "
                          "numbers: point input.tensor at a numeric (list) column")
+    if spec.ragged and len(sizes) != 1:
+        raise InputError(f"{path}: input.tensor: column {spec.tensor!r} holds "
+                         f"{schema.field(spec.tensor).type}, not one sequence of integers per "
+                         "record (list<int>): jaccard compares token sequences or texts "
+                         "(input.decode: text); name such a column")
     if spec.dtype is not None and spec.dtype != dtype:
         raise InputError(f"{path}: input.dtype: column {spec.tensor!r} holds {dtype}, not "
                          f"{spec.dtype}: set input.dtype: {dtype} or leave it out")
