@@ -17,6 +17,7 @@ blocks of kept records.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,8 +69,13 @@ def stream_values(batch: Any, unit: str) -> list:
         if not isinstance(v, str):
             raise TypeError(f"unit {unit} takes texts (str or UTF-8 bytes), got "
                             f"{type(v).__name__}; token sequences need shingles unit token")
+        if not v.isascii():  # lone surrogates (json.loads of a broken escape): as bytes
+            v = _SURROGATE.sub("\ufffd", v)  # that are not UTF-8, U+FFFD (Arrow takes no other)
         out.append(v)
     return out
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def value_digests(values: list, unit: str) -> np.ndarray:

@@ -67,6 +67,19 @@ def test_blank_texts_are_never_near_and_their_repeats_are_exact():
     assert (dedup.stats.dropped_exact, dedup.stats.dropped_near) == (2, 1)
 
 
+def test_lone_surrogates_and_bad_bytes_read_as_replacement_characters():
+    """json.loads gives a str with a lone surrogate for a broken escape; Arrow refuses it
+    (UnicodeEncodeError ended the stream): it reads as U+FFFD, as bytes that are not
+    UTF-8 do."""
+    base = "the quick brown fox jumps over the lazy dog again and again"
+    texts = [base.replace("fox", "f\ud800x"), base.replace("fox", "f\ufffdx"),
+             base.replace("fox", "f?x").encode().replace(b"?", b"\xe9"),
+             "another text altogether, unrelated"]
+    dedup = OnlineDedup(near=_spec("word", "exact"))
+    assert dedup.keep_mask(texts).tolist() == [True, False, False, True]
+    assert dedup.stats.dropped_exact == 2
+
+
 def test_a_saved_state_resumes_the_stream_and_ids_keep_epochs_alike(tmp_path, corpus):
     """Stopped halfway, saved, loaded: the rest of the stream is decided as if never
     stopped; with ids, a second epoch keeps the same records."""
