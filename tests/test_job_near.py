@@ -135,6 +135,27 @@ def test_partitioned_search_equals_the_oracle(tmp_path, grouping, levels):
     assert by_kind(dups, "exact") == want_exact and by_kind(dups, "near") == want_near
 
 
+@pytest.mark.parametrize("cells", [1, 8])
+def test_a_record_beyond_float32_leaves_the_others_searched(tmp_path, cells):
+    """float64 records, one holding 1e39 (beyond float32): the planning sample is kept
+    in float32, where it became inf, so the mean and every centred distance were NaN
+    and the job removed no near copy at all (exit 0). The plan now leaves it out."""
+    parts, spec = dataset(5, "l2", nan_rows=0)
+    parts = [(ids, t.astype(np.float64)) for ids, t in parts]
+    big = parts[0][1][:1].copy()
+    big[0, 0] = 1e39
+    parts[0] = (parts[0][0] + ["huge"], np.concatenate([parts[0][1], big]))
+    more = {"single_index_rows": 50, "partition_rows": 40, "mode": "exact"} if cells > 1 \
+        else {}
+    assert run(tmp_path, "parquet", parts, spec, "tuning.chunk_rows=50", near=more) == 0
+    summary = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
+    assert (summary["near"]["partitions"] >= cells) and summary["near"]["mode"] == "exact"
+    dups, _ = report(tmp_path)
+    want_exact, want_near = expected(parts, spec)
+    assert len(want_near) > 20
+    assert by_kind(dups, "exact") == want_exact and by_kind(dups, "near") == want_near
+
+
 @pytest.mark.parametrize("grouping", ["representative", "components"])
 def test_cosine_with_blank_records_at_a_wide_tolerance(tmp_path, grouping):
     """Zero vectors (blank records) have no direction: under cosine they are within

@@ -247,6 +247,25 @@ def test_approximate_indexes_keep_precision_one(index):
     assert recall >= 0.9, recall
 
 
+@pytest.mark.parametrize("cells", [1, 8])
+def test_a_row_beyond_float32_spoils_no_other_search(cells):
+    """A float64 row holding 1e39 (inf in float32): the plan leaves it out of its sample
+    (its mean went inf) and it joins cell 0 alone (no cell took it): the others' near
+    copies are all found, two such rows near each other too."""
+    x, spec = planted(6, "l2", n_base=240)
+    x = x.astype(np.float64)
+    huge = np.repeat(x[:1], 2, axis=0)
+    huge[:, 0] = 1e39
+    huge[1, 1] += spec.threshold / 2  # a near copy of the other huge row
+    x = np.concatenate([x[:100], huge[:1], x[100:], huge[1:]])
+    spec = replace(spec, mode="exact", single_index_rows=50, partition_rows=40)
+    r = find_near(x, np.arange(len(x)), spec, partitions=cells)
+    assert len(r.partitions) >= cells
+    want = oracle(x, spec)
+    assert want[len(x) - 1] == 100 and len(want) > 20
+    assert dict(zip(r.removed.tolist(), r.kept.tolist(), strict=True)) == want
+
+
 def test_an_ivf_cell_smaller_than_its_lists_is_searched():
     """``index: ivf`` with ``nlist`` set for the whole data: a k-means cell of a few rows
     (an outlier's) gets at most one list per row (FAISS refuses to train more lists than

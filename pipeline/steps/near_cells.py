@@ -28,10 +28,9 @@ from pipeline.steps.near_grid import pair_histogram
 from transforms.exact import is_protected
 from transforms.io import fs, spill
 from transforms.io.streams import read_stream_bytes, read_streams, stream_bytes, write_streams
-from transforms.near.find import decide_cell
+from transforms.near.find import assign_rows, decide_cell
 from transforms.near.greedy import STATE_KEPT, STATE_OPEN, STATE_REMOVED
 from transforms.near.nearest import nearest_distances
-from transforms.near.plan import assign
 from transforms.near.space import search_vectors
 from transforms.near.spec import NearSpec
 from transforms.store.segment import keys_of
@@ -78,8 +77,7 @@ def assign_batch(batch: VecBatch, plan, spec: NearSpec, spill: str,
                       total_records=plan.n)
         said[0] = done
 
-    a = assign(search_vectors(batch.x, spec, plan.radius, plan.parts.mean, np.float32),
-               plan.parts, progress=rows_done)
+    a = assign_rows(batch.x, spec, plan.radius, plan.parts, progress=rows_done)
     rows_done("assign", len(batch), len(batch))  # one cell: assign() had nothing to do
     order = np.argsort(a.cells, kind="stable")
     rows, cells = a.rows[order], a.cells[order]

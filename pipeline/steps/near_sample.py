@@ -77,8 +77,9 @@ class Sample:
             ref = _ref_of(batch, pick)
             self.lo.append(lo[pick])
             self.ref.append(ref)
-            self.v.append(None if ref is not None else search_space(
-                batch.picked(pick).x, spec).astype(np.float32))
+            with np.errstate(over="ignore"):  # beyond float32: inf, left out by the plan
+                self.v.append(None if ref is not None else search_space(
+                    batch.picked(pick).x, spec).astype(np.float32))
         self.recall.add(batch, self.n)
         if sum(len(p) for p in self.lo) > self.cap() * 5 // 4:
             self.compact()
@@ -124,7 +125,8 @@ class Sample:
         for p, v, ref in zip(self.lo, self.v, self.ref, strict=True):
             if ref is not None:
                 v = search_space(_read(ref, x.shape[1]), spec)
-            x[at:at + len(p)] = v
+            with np.errstate(over="ignore"):
+                x[at:at + len(p)] = v
             at += len(p)
         return x[np.argsort(lo)]
 

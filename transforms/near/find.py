@@ -28,7 +28,7 @@ import numpy as np
 from transforms.near.batched import Known, cell_candidates, device_vectors, resident
 from transforms.near.components import component_labels
 from transforms.near.greedy import STATE_KEPT, STATE_OPEN, STATE_REMOVED, Decisions, decide
-from transforms.near.plan import Partitions, Progress, assign, plan
+from transforms.near.plan import Assignment, Partitions, Progress, assign, plan
 from transforms.near.project import (
     Projection,
     project,
@@ -157,6 +157,27 @@ def decide_cell(x: np.ndarray, home: np.ndarray, spec: NearSpec, radius: float,
                   device=spec.device, index=index, known=known, **kw)
 
 
+def assign_rows(x: np.ndarray, spec: NearSpec, radius: float, parts: Partitions,
+                progress: Progress | None = None, dev=None) -> Assignment:
+    """``plan.assign`` of rows of ``x`` from float32 search vectors (made on ``dev``
+    where given). A row whose centred values are beyond float32 (a float64 record
+    holding 1e39) is inf there and no cell took it; such rows all join cell 0 alone:
+    they are compared with each other and with that cell's rows (in float64), not with
+    other cells' (their distances to the centroids are lost to rounding anyway)."""
+    z = (search_vectors(x, spec, radius, parts.mean, np.float32) if dev is None
+         else device_vectors(x, spec, parts.mean, dev))
+    wide = ~np.isfinite(z.norm)
+    if not wide.any():
+        return assign(z, parts, progress=progress, dev=dev)
+    ok, w = np.flatnonzero(~wide), np.flatnonzero(wide)
+    a = assign(z.take(ok), parts, progress=progress, dev=dev)
+    home = np.zeros(len(wide), np.int64)
+    wanted, capped = np.ones(len(wide), np.int64), np.zeros(len(wide), bool)
+    home[ok], wanted[ok], capped[ok] = a.home, a.wanted, a.capped
+    return Assignment(home, np.concatenate([ok[a.rows], w]),
+                      np.concatenate([a.cells, np.zeros(len(w), np.int64)]), wanted, capped)
+
+
 def resolve_open(x: np.ndarray, pos: np.ndarray, home: np.ndarray, best_dist: np.ndarray,
                  best_pos: np.ndarray, spec: NearSpec, radius: float
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -204,9 +225,7 @@ def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int |
                  spec.probes, cells, progress=progress, levels=spec.levels, dev=dev)
     homes, rows, joined, capped = [], [], [], np.zeros(len(x), bool)
     for b in _blocks(n, dim):
-        z = (search_vectors(xs[b], spec, radius, parts.mean, np.float32) if dev is None
-             else device_vectors(xs[b], spec, parts.mean, dev))
-        a = assign(z, parts, dev=dev)
+        a = assign_rows(xs[b], spec, radius, parts, dev=dev)
         capped[ok[b]] = a.capped
         homes.append(a.home)
         rows.append(a.rows + b.start)

@@ -54,6 +54,7 @@ MODES = ("auto", "exact", "bounded")
 KMEANS_ITERATIONS = 15
 TRAIN_PER_CELL = 64  # k-means sample rows per cell (FAISS warns below 39)
 COARSE_PROBES = 4  # bounded, two levels: coarse cells whose fine cells a row considers, x probes
+PLANNED_MAX = float(np.finfo(np.float32).max) / 4  # sample values beyond: left out (below)
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 
@@ -67,6 +68,15 @@ def partition_count(n: int, single_index_rows: int, partition_rows: int, levels:
     if levels == 2:
         return math.ceil(n / partition_rows)
     return math.ceil(n / max(partition_rows, math.isqrt(n)))
+
+
+def planned_rows(sample: np.ndarray) -> np.ndarray:
+    """The sample rows the plan trains on: those whose values, centred on their mean,
+    stay finite in float32 (a float64 record holding 1e39 made the mean inf, so every
+    centred distance NaN, and the job found no pair at all). Left out, such a record is
+    still searched, in float64 (``near.space.search_vectors``)."""
+    with np.errstate(invalid="ignore"):
+        return (np.abs(sample) <= PLANNED_MAX).all(axis=1)
 
 
 def train(sample: np.ndarray, partitions: int, seed: int = 0,
@@ -617,6 +627,7 @@ def plan(sample: np.ndarray, rows: int, radius: float, mode: str, probes: int, c
     prediction."""
     if mode not in MODES:
         raise ValueError(f"near.mode must be one of {', '.join(MODES)}, got {mode!r}")
+    sample = sample[planned_rows(sample)]
     if cells <= 1 or len(sample) < 2:
         mean, centroids = train(sample, 1)
         return Partitions(mean, centroids, radius, None, "exact",

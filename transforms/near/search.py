@@ -86,10 +86,12 @@ def centred_blocks(z: np.ndarray, center: np.ndarray | None,
 def centred(z: np.ndarray, center: np.ndarray | None, dtype: np.dtype,
             space: Callable[[np.ndarray], np.ndarray] | None = None) -> Vectors:
     """``space(z) - center`` (``centred_blocks``) stored in ``dtype``, with norms of what
-    is stored."""
+    is stored (inf where a float64 value is beyond float32: ``precision_for`` then asks
+    for float64)."""
     v = np.empty(z.shape, dtype)
     for sl, b in centred_blocks(z, center, space):
-        v[sl] = b
+        with np.errstate(over="ignore"):
+            v[sl] = b
     return Vectors(v, np.sqrt(np.einsum("ij,ij->i", v, v, dtype=np.float64)))
 
 
