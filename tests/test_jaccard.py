@@ -175,6 +175,21 @@ def test_blank_short_and_normalised_records():
     assert cjk.sizes.tolist() == [10, 9] and jaccard(cjk.row(0), cjk.row(1)) == 9 / 10
 
 
+@pytest.mark.parametrize("space", ["\u00a0", "\u2003", "\u3000", "\v", "\u2028", "\x85",
+                                   "\x1c"])
+def test_unicode_whitespace_separates_words_and_collapses(corpus, space):
+    """Where whitespace decides (words without normalizing, char units), Python's idea of
+    it: RE2's \\s is ASCII only, so a no-break space, an em space, a line separator
+    joined the words around it (J 0 for a text against itself with other spaces)."""
+    text = next(t for t in corpus if t.isascii() and len(t.split()) > 40)
+    other = text.replace(" ", space)
+    assert other.split() == text.split()
+    for sh in (Shingles("word", normalize=False), Shingles("char"), Shingles("word")):
+        sets = record_sets([text, other, space * 3], sh)
+        assert jaccard(sets.row(0), sets.row(1)) == 1.0, sh
+        assert blank_rows([space * 3], sh).tolist() == [True]
+
+
 def test_word_shingles_are_the_words_5_grams(corpus):
     """The hashed sets give the Jaccard of the plain 5-gram sets (ASCII texts, split as
     the docs say: runs of letters and digits, lower case)."""

@@ -42,8 +42,19 @@ def store_meta(resolved: TensorSpec, near: NearSpec | None, settings: dict | Non
     return {"fingerprint_scheme": SCHEME, "dtype": resolved.dtype,
             "shape": None if resolved.shape is None else list(resolved.shape),
             "values": near is not None, **(settings or {}),
-            **({"shingles": {"unit": near.shingles.unit, "size": near.shingles.n,
-                             "normalize": near.shingles.normalize}} if sets else {})}
+            **({"shingles": _shingles(near)} if sets else {})}
+
+
+def _shingles(near: NearSpec) -> dict:
+    """The shingle settings a store's sets were made with; where words or spaces are
+    found by whitespace (char units, or word units without normalizing), that Unicode
+    whitespace counts (since 2026-11: before, only ASCII did; a store of those sets
+    is another store)."""
+    sh = near.shingles
+    out = {"unit": sh.unit, "size": sh.n, "normalize": sh.normalize}
+    if sh.unit == "char" or (sh.unit == "word" and not sh.normalize):
+        out["spaces"] = "unicode"
+    return out
 
 
 @dataclass(frozen=True)

@@ -192,12 +192,17 @@ def nfkc(texts: pa.Array) -> pa.Array:
                      for t in texts.to_pylist()], texts.type)
 
 
+# whitespace as Python's str.split sees it: RE2's \s is ASCII [\t\n\f\r ] only, so a
+# no-break space, an em space or a line separator (U+2028) were parts of words
+SPACE = r"[\s\x0b\x1c-\x1f\x{85}\p{Z}]"
+
+
 def normalized(texts: pa.Array) -> pa.Array:
     """NFKC, lower case, punctuation and symbols as spaces, whitespace collapsed."""
     t = nfkc(texts)
     t = pc.utf8_lower(t)
     t = pc.replace_substring_regex(t, r"[\p{P}\p{S}]", " ")
-    t = pc.replace_substring_regex(t, r"\s+", " ")
+    t = pc.replace_substring_regex(t, SPACE + "+", " ")
     return pc.utf8_trim_whitespace(t)
 
 
@@ -224,7 +229,7 @@ def text_sets(texts: Sequence[str] | pa.Array, shingles: Shingles) -> Sets:
                 arr = pc.replace_substring_regex(arr, f"({_IDEOGRAPHS})", r" \1 ")
             split = pc.split_pattern_regex(arr, r"[^\p{L}\p{M}\p{N}]+")
         else:
-            split = pc.split_pattern_regex(arr, r"\s+")
+            split = pc.split_pattern_regex(arr, SPACE + "+")
         offsets = np.asarray(split.offsets, np.int64)
         offsets = offsets - offsets[0]
         words = split.flatten()
@@ -291,7 +296,7 @@ def blank_rows(values: Sequence | np.ndarray, shingles: Shingles) -> np.ndarray:
     elif shingles.unit == "char" and shingles.normalize:
         has = pc.greater(pc.utf8_length(normalized(arr)), 0)
     elif shingles.unit == "word":
-        has = pc.match_substring_regex(arr, r"\S")
+        has = pc.match_substring_regex(arr, "[^" + SPACE[1:])
     else:
         has = pc.greater(pc.utf8_length(arr), 0)
     return ~pc.fill_null(has, False).to_numpy(zero_copy_only=False)
