@@ -190,6 +190,17 @@ def test_bad_rates_file_and_plan_records_are_one_line(tmp_path, vectors, capsys,
                                        "with --dry-run\n")
 
 
+def test_hdf5_input_is_counted_from_its_shapes(tmp_path, capsys, monkeypatch):
+    """HDF5 datasets say their length: the dry run plans without --plan-records (the last
+    unit of a file had no stop, so the plan said HDF5 files have no index)."""
+    monkeypatch.chdir(ROOT)
+    sets = ["--set", f"output.path={tmp_path / 'clean'}", "--set", f"report={tmp_path / 'r'}"]
+    assert main(["--config", "configs/dedupe-hdf5.yaml", "--dry-run", *sets]) == 0
+    out = capsys.readouterr().out
+    assert "not computed" not in out
+    assert figure(out, "input").startswith("4,500 records of 64 values (256 B each)")
+
+
 def test_tfrecord_input_needs_a_record_count(tmp_path, capsys, monkeypatch):
     """TFRecord files have no index: the plan names what it lacks, and plans once it is
     given the count."""

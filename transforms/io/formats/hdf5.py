@@ -108,9 +108,10 @@ def check_sides(f: h5py.File, path: str, spec: TensorSpec, records: int) -> None
 
 def plan(path: str, file_index: int, target_rows: int,
          spec: TensorSpec | None = None) -> list[Unit]:
-    """Units of about ``target_rows`` whole chunks of the records dataset; the last unit
-    runs to the end (stop None), so the units cover the tensor even if it is shorter
-    or longer than the records dataset."""
+    """Units of about ``target_rows`` whole chunks of the records dataset (with ``spec``,
+    the tensor's: the last unit stops at its length, so the dry run counts records from
+    the shapes); without ``spec`` the last unit runs to the end (stop None), so the units
+    cover the tensor even if it is shorter or longer than the largest dataset."""
     with opened_h5(path) as f:
         if isinstance(f, Exception):
             return [Unit(file_index, path, 0, None)]
@@ -121,7 +122,8 @@ def plan(path: str, file_index: int, target_rows: int,
         n, chunk = (len(ds), row_chunk(ds)) if ds is not None else (0, 1)
     step = max(1, round(target_rows / chunk)) * chunk
     starts = list(range(0, n, step)) or [0]
-    stops: list[int | None] = [*starts[1:], None]
+    last = n if spec is not None and ds is not None else None
+    stops: list[int | None] = [*starts[1:], last]
     return [Unit(file_index, path, a, b) for a, b in zip(starts, stops, strict=True)]
 
 
