@@ -308,6 +308,43 @@ def test_the_job_in_exact_mode_writes_the_oracle(tmp_path, corpus, tokens, fmt, 
     assert s["near"]["recall"]["recall"] == 1.0
 
 
+def test_the_recall_check_of_a_crowd_of_long_texts_is_bounded(tmp_path, corpus, monkeypatch):
+    """The recall brute force caps what a sampled member of a crowd of long texts lists
+    (a spread of its prefix tokens) and verifies (fewer candidates for longer texts):
+    without caps that took most of a job's time at 1,000 copies of a 3,600-word text.
+    Here the caps bind (a 3,000-word text's prefix lists the chunk's crowd some 600
+    times); the crowd's sampled members still find their partners and the judgement
+    stays the uncapped run's."""
+    from pipeline.steps import near_sets
+
+    long_text = " ".join(t for t in corpus[:40] if t.isascii())  # real text, 3,000+ words
+    vocab = sorted(set(long_text.split()))
+    rng = np.random.default_rng(5)
+    texts = [edited(long_text, 0.01, rng, vocab) for _ in range(200)] + corpus[:100]
+    texts = [texts[i] for i in rng.permutation(len(texts))]
+    near = {"metric": "jaccard", "threshold": 0.8, "recall_sample": 400}
+    verified: list[int] = []
+    overlaps = near_sets.overlaps
+
+    def counted(sets, x, cands):
+        verified.append(len(cands))
+        return overlaps(sets, x, cands)
+
+    monkeypatch.setattr(near_sets, "overlaps", counted)
+    one = {"runner": {"workers": 1}}  # in this process: the caps below apply
+    monkeypatch.setattr(near_sets, "TRUTH_LISTED", 1 << 40)  # no caps
+    monkeypatch.setattr(near_sets, "TRUTH_HASHES", 1 << 40)
+    full = _job(tmp_path / "full", "parquet", texts, near, **one)["near"]["recall"]
+    uncapped, verified[:] = list(verified), []
+    monkeypatch.setattr(near_sets, "TRUTH_LISTED", 2048)
+    monkeypatch.setattr(near_sets, "TRUTH_HASHES", 10 * len(long_text.split()))
+    capped = _job(tmp_path / "capped", "parquet", texts, near, **one)["near"]["recall"]
+    assert len(long_text.split()) > 3000 and full["with_partners"] > 100
+    assert max(uncapped) > 50 and 0 < max(verified) <= near_sets.PARTNERS
+    for k in ("sampled", "with_partners", "recalled", "recall"):
+        assert capped[k] == full[k], k
+
+
 def test_components_grouping_in_the_job(tmp_path, corpus):
     near = {"metric": "jaccard", "threshold": 0.8, "mode": "exact", "grouping": "components"}
     _job(tmp_path, "parquet", corpus, near)

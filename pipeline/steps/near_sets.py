@@ -78,6 +78,8 @@ PLAN_SAMPLE = 20_000  # records whose prefix hashes estimate the exact join's wo
 KEY_SHARDS = 64  # shards of the group keys' shuffle
 TRUTH_PAIRS = 2_000_000  # recall brute force: candidate pairs listed at once, at most
 TRUTH_CANDIDATES = 4096  # ... and verified per sampled record and chunk (a crowd's member)
+TRUTH_HASHES = 1 << 20  # ... as long as their hashes are no more than this (long texts)
+TRUTH_LISTED = 8 * TRUTH_CANDIDATES  # candidates listed per sampled record, at most
 CHECKED = "checked"  # Groups -> Merge: the pairs the groups verified (exact mode)
 
 
@@ -599,7 +601,10 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
     held at once took 12 GB).
     A prefix token listing more than TRUTH_CANDIDATES records of the chunk offers its
     first TRUTH_CANDIDATES, and a sampled record verifies at most that many (those
-    sharing the most prefix tokens with it); such a record counts as truncated
+    sharing the most prefix tokens with it), fewer for a long text (TRUTH_HASHES of
+    theirs), and lists about TRUTH_LISTED candidates at most, from every k-th of its
+    prefix tokens (a crowd of 1,000 copies of a 3,600-word text took 70 of a job's 90 s
+    listing and verifying them); such a record counts as truncated
     (``Recall.truncated``) and is judged on the partners found, as inside vector
     crowds."""
     s = plan.sample
@@ -614,6 +619,15 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
     long = np.zeros(len(s), bool)  # a token of the record's lists more than TRUTH_CANDIDATES
     long[srec_s[hi - lo > TRUTH_CANDIDATES]] = True
     hi = np.minimum(hi, lo + TRUTH_CANDIDATES)  # the chunk's first records of such a token
+    # a record listing more than TRUTH_LISTED takes every k-th of its prefix tokens: a
+    # crowd member's prefix of 700 tokens (a 3,600-word text) listed the crowd 700 times
+    # over; its partners share most of those tokens, so a spread of them finds them (its
+    # rarest tokens alone are the ones its own edits made)
+    total = np.bincount(srec_s, weights=hi - lo, minlength=len(s))
+    stride = np.maximum(1, np.ceil(total / TRUTH_LISTED)).astype(np.int64)[srec_s]
+    skip = (np.arange(len(srec_s)) - np.searchsorted(srec_s, srec_s)) % stride != 0
+    long[srec_s[skip]] = True
+    hi = np.where(skip, lo, hi)
     per = np.bincount(srec_s, weights=hi - lo, minlength=len(s))  # candidates per record
     cut, counts = [], {}
     first = 0
@@ -640,9 +654,10 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
             ok = earlier & (b.words[c] != s.words[i]).any(axis=1) & length_fits(
                 b.sets.sizes[c], len(x), spec.threshold)
             c, shared = c[ok], shared[ok]
-            crowd = bool(long[i]) or len(c) > TRUTH_CANDIDATES
-            if len(c) > TRUTH_CANDIDATES:  # those sharing most prefix tokens
-                c = c[np.argsort(-shared, kind="stable")[:TRUTH_CANDIDATES]]
+            most = min(TRUTH_CANDIDATES, max(PARTNERS, TRUTH_HASHES // len(x)))
+            crowd = bool(long[i]) or len(c) > most
+            if len(c) > most:  # those sharing most prefix tokens
+                c = c[np.argsort(-shared, kind="stable")[:most]]
             if not len(c):
                 continue
             j = overlaps(b.sets, x, c)
