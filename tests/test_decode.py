@@ -254,6 +254,8 @@ def test_decoded_chunks_are_bounded_by_bytes(tmp_path):
     ({"decode": "image"}, {"metric": "l2", "threshold": 1.0}, "set input.resize"),
     ({"resize": [8, 8]}, None, "input.resize applies to decoded images"),
     ({"decode": "image", "resize": [8]}, None, "[height, width]"),
+    ({"decode": "image", "dtype": "float32"}, None,  # was accepted and ignored
+     "input.dtype applies to stored tensors (input.decode: none); decode image makes uint8"),
 ])
 def test_wrong_decode_settings_stop_before_work(tmp_path, capsys, inp, near, words):
     import tensorflow as tf

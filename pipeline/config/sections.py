@@ -25,6 +25,10 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+_DECODED = {"image": "uint8 pixels", "bytes": "a uint8 vector of the stored bytes",
+            "text": "texts"}
+
+
 class InputConfig(Strict):
     format: Literal["parquet", "tfrecord", "hdf5"] = Field(
         description="file format of the input: parquet | tfrecord | hdf5")
@@ -76,6 +80,10 @@ class InputConfig(Strict):
             if getattr(self, key) not in (None, "pixels") and self.decode != "image":
                 raise ValueError(f"input.{key} applies to decoded images: set input.decode: "
                                  f"image or remove input.{key}")
+        if self.dtype is not None and self.decode != "none":
+            raise ValueError(f"input.dtype applies to stored tensors (input.decode: none); "
+                             f"decode {self.decode} makes {_DECODED[self.decode]}: remove "
+                             "input.dtype")
         return self
 
     @field_validator("shape")
