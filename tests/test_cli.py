@@ -36,6 +36,8 @@ def one_error_line(capsys) -> str:
     (("near.metric=l2",), {}, "config key 'near': metric l2 needs a threshold > 0"),
     (("near.metric=cosine", "near.threshold=-1"), {}, "config key 'near.threshold'"),
     (("near.metric=hamming",), {}, "config key 'near.metric'"),
+    (("near.metric=jacard", "near.threshold=0.8"), {},
+     "'jacard' is not one of allclose, l2, cosine, correlation, jaccard: did you mean jaccard?"),
     (("near.metric=allclose", "near.probe=3"), {},
      "unknown key near.probe: did you mean near.probes?"),
     ((), {"input": {"tensr": "emb"}}, "unknown key input.tensr: did you mean input.tensor?"),

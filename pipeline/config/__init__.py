@@ -305,6 +305,12 @@ def _describe(err: ValidationError) -> str:
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         return (f"config key '{key}': {first['input']} is out of range: use a number "
                 f"{msg.removeprefix('Input should be ')}")
+    if kind == "literal_error" and isinstance(first["input"], str):
+        allowed = re.findall(r"'([^']*)'", first["ctx"]["expected"])
+        near = difflib.get_close_matches(first["input"].lower(), allowed, n=1, cutoff=0.6)
+        if near:
+            return (f"config key '{key}': {first['input']!r} is not one of "
+                    f"{', '.join(allowed)}: did you mean {near[0]}?")
     return f"config key '{key}': {msg.removeprefix('Value error, ')}"
 
 
