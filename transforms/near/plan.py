@@ -75,8 +75,9 @@ def planned_rows(sample: np.ndarray) -> np.ndarray:
     stay finite in float32 (a float64 record holding 1e39 made the mean inf, so every
     centred distance NaN, and the job found no pair at all). Left out, such a record is
     still searched, in float64 (``near.space.search_vectors``)."""
-    with np.errstate(invalid="ignore"):
-        return (np.abs(sample) <= PLANNED_MAX).all(axis=1)
+    with np.errstate(invalid="ignore"):  # reductions: no copy of the sample (NaN: out)
+        return (sample.max(axis=1, initial=-np.inf) <= PLANNED_MAX) & (
+            sample.min(axis=1, initial=np.inf) >= -PLANNED_MAX)
 
 
 def train(sample: np.ndarray, partitions: int, seed: int = 0,
