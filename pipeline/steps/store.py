@@ -28,7 +28,7 @@ from pipeline.steps.elements import (
 from transforms.digests import SCHEME
 from transforms.exact import NEW, STORE, Keep, keep_order
 from transforms.io.formats.base import InputError, TensorSpec
-from transforms.near.sets import Sets
+from transforms.near.sets import Sets, by_whitespace
 from transforms.near.space import finite_rows
 from transforms.near.spec import NearSpec
 from transforms.store.store import FingerprintStore, LookupPlan, StoreError
@@ -46,13 +46,12 @@ def store_meta(resolved: TensorSpec, near: NearSpec | None, settings: dict | Non
 
 
 def _shingles(near: NearSpec) -> dict:
-    """The shingle settings a store's sets were made with; where words or spaces are
-    found by whitespace (char units, or word units without normalizing), that Unicode
-    whitespace counts (since 2026-11: before, only ASCII did; a store of those sets
-    is another store)."""
+    """The shingle settings a store's sets were made with; where units are found by
+    whitespace (``sets.by_whitespace``), that Unicode whitespace counts (since 2026-11:
+    before, only ASCII did; a store of those sets is another store)."""
     sh = near.shingles
     out = {"unit": sh.unit, "size": sh.n, "normalize": sh.normalize}
-    if sh.unit == "char" or (sh.unit == "word" and not sh.normalize):
+    if by_whitespace(sh):
         out["spaces"] = "unicode"
     return out
 

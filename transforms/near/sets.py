@@ -197,6 +197,12 @@ def nfkc(texts: pa.Array) -> pa.Array:
 SPACE = r"[\s\x0b\x1c-\x1f\x{85}\p{Z}]"
 
 
+def by_whitespace(shingles: Shingles) -> bool:
+    """Whether ``text_sets`` finds these shingles' units through SPACE: words without
+    normalizing, and characters normalized (whitespace runs become one space)."""
+    return (shingles.unit, shingles.normalize) in (("word", False), ("char", True))
+
+
 def normalized(texts: pa.Array) -> pa.Array:
     """NFKC, lower case, punctuation and symbols as spaces, whitespace collapsed."""
     t = nfkc(texts)
