@@ -34,9 +34,22 @@ from transforms.io.formats.parquet import check_rank, groups_at
 from transforms.io.formats.parquet_files import open_file, prefetched
 
 
+def _plain_type(t: pa.DataType) -> pa.DataType:
+    """The type a dictionary-encoded (pandas categorical) or view column's values have
+    once read as plain values."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_string_view(t):
+        return pa.large_string()
+    if pa.types.is_binary_view(t):
+        return pa.large_binary()
+    return t
+
+
 def value_kind(t: pa.DataType) -> str | None:
     """"binary", "text" or "struct" (``struct<bytes, path>``) for a column of encoded
-    values, else None."""
+    values (dictionary-encoded and view columns as their values), else None."""
+    t = _plain_type(t)
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
         return "binary"
     if pa.types.is_string(t) or pa.types.is_large_string(t):
@@ -63,6 +76,10 @@ def _read_file(path: str) -> bytes:
 
 def _column(col: pa.Array) -> tuple[pa.Array, pa.Array | None]:
     """(values, paths or None) of a value column (the struct's fields for ``Image()``)."""
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    if _plain_type(col.type) != col.type:
+        col = col.cast(_plain_type(col.type))
     if pa.types.is_struct(col.type):
         paths = (pc.struct_field(col, "path") if col.type.get_field_index("path") >= 0
                  else None)

@@ -60,6 +60,12 @@ def _leaf_dtype(t: pa.DataType) -> str | None:
     return name if name in DTYPE_CODES else None
 
 
+# Column types that hold encoded values (images, texts, bytes), not numbers.
+_ENCODED = (pa.types.is_struct, pa.types.is_binary, pa.types.is_large_binary,
+            pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view,
+            pa.types.is_binary_view, pa.types.is_dictionary)
+
+
 def check(path: str, spec: TensorSpec) -> TensorSpec:
     pf = open_file(path)
     if isinstance(pf, Exception):
@@ -71,8 +77,7 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
                              f"{', '.join(schema.names)}")
     sizes, leaf = _layout(schema.field(spec.tensor).type)
     dtype = _leaf_dtype(leaf)
-    if dtype is None and (pa.types.is_struct(leaf) or pa.types.is_binary(leaf)
-                          or pa.types.is_large_binary(leaf) or pa.types.is_string(leaf)):
+    if dtype is None and any(is_(leaf) for is_ in _ENCODED):
         raise InputError(f"{path}: input.tensor: column {spec.tensor!r} holds {leaf}, not "
                          "numbers: to decode it set input.decode: image (encoded images, e.g. "
                          "Hugging Face Image()), text or bytes")

@@ -88,6 +88,22 @@ def write_notes(src: str) -> list[str]:
     return [] if isinstance(pf, Exception) else _writer_plan(pf)[1]
 
 
+
+def _filtered(table: pa.Table, mask: pa.Array) -> pa.Table:
+    """``table.filter(mask)`` for view columns too (string_view, binary_view: Arrow has no
+    take or filter for them), filtered as their large types and cast back."""
+    views = {i: f.type for i, f in enumerate(table.schema)
+             if pa.types.is_string_view(f.type) or pa.types.is_binary_view(f.type)}
+    if not views:
+        return table.filter(mask)
+    for i, t in views.items():
+        wide = pa.large_string() if pa.types.is_string_view(t) else pa.large_binary()
+        table = table.set_column(i, table.field(i).with_type(wide), table.column(i).cast(wide))
+    out = table.filter(mask)
+    for i, t in views.items():
+        out = out.set_column(i, table.field(i).with_type(t), out.column(i).cast(t))
+    return out
+
 def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None,
           seen: Callable[[pa.Table, int, int], None] | None = None) -> int:
     """``seen(table, first, n)``: called with each readable row group, whole, before its
@@ -110,7 +126,7 @@ def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None,
                                      zip(starts.tolist(), ends.tolist(), strict=True) if b > a])
         keep = np.ones(n, dtype=bool)
         keep[gone] = False
-        return table.filter(pa.array(keep))
+        return _filtered(table, pa.array(keep))
 
     with fs.local_file_for(dst) as local, pq.ParquetWriter(
             local, pf.schema_arrow, **_writer_plan(pf)[0]) as out:
