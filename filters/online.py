@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from filters.online_sets import SetIndex, stream_values, value_digests
+from filters.online_sets import SetIndex, null_rows, stream_values, value_digests
 from transforms.canonical import to_numpy
 from transforms.exact import digest_words
 from transforms.fingerprint import fingerprint_batch
@@ -167,6 +167,18 @@ class OnlineDedup:
         owners = id_hashes(ids) if with_ids else np.full(n, NO_ID, np.int64)
         if with_ids and len(owners) != n:
             raise ValueError(f"{len(owners)} ids for a batch of {n} records")
+        if self._sets is not None and (null := null_rows(digests)).any():
+            keep = np.ones(n, dtype=bool)  # None is no text: passed on, never compared
+            rest = np.flatnonzero(~null)
+            keep[rest] = self._decide([batch[i] for i in rest.tolist()], digests[rest],
+                                      owners[rest])
+            self.stats.seen += n - len(rest)
+            self.stats.kept += n - len(rest)
+            return keep
+        return self._decide(batch, digests, owners)
+
+    def _decide(self, batch: Any, digests: np.ndarray, owners: np.ndarray) -> np.ndarray:
+        n = len(digests)
         if self._blooms is not None:
             keep, new = self._bloom_step(digests, owners)
         else:

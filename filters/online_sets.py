@@ -57,8 +57,10 @@ def stream_values(batch: Any, unit: str) -> list:
                                 f"2-d integer array or a list of 1-d arrays, got {batch.dtype} "
                                 f"of shape {batch.shape}")
             return list(batch)
-        out = [np.asarray(s.numpy() if hasattr(s, "numpy") else s).reshape(-1) for s in batch]
-        bad = next((s.dtype for s in out if s.dtype.kind not in "iu" and len(s)), None)
+        out = [None if s is None else np.asarray(s.numpy() if hasattr(s, "numpy") else s)
+               .reshape(-1) for s in batch]
+        bad = next((s.dtype for s in out if s is not None and s.dtype.kind not in "iu"
+                    and len(s)), None)
         if bad is not None:
             raise TypeError(f"unit token takes integer sequences, got {bad} values")
         return out
@@ -66,6 +68,9 @@ def stream_values(batch: Any, unit: str) -> list:
     for v in (batch.reshape(-1).tolist() if isinstance(batch, np.ndarray) else batch):
         if isinstance(v, (bytes, bytearray, memoryview)):
             v = bytes(v).decode("utf-8", errors="replace")
+        if v is None:
+            out.append(v)
+            continue
         if not isinstance(v, str):
             raise TypeError(f"unit {unit} takes texts (str or UTF-8 bytes), got "
                             f"{type(v).__name__}; token sequences need shingles unit token")
@@ -78,15 +83,25 @@ def stream_values(batch: Any, unit: str) -> list:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+NULL_DIGEST = bytes(16)  # a None record's: such records are passed on, never compared
+
+
 def value_digests(values: list, unit: str) -> np.ndarray:
     """Exact digests (V16) of texts or token sequences: XXH3-128 of the UTF-8 bytes, or of
-    the tokens as little-endian int64 (so [1, 2] stored as int32 or int64 is one value)."""
+    the tokens as little-endian int64 (so [1, 2] stored as int32 or int64 is one value);
+    ``NULL_DIGEST`` for None."""
     if unit == "token":
-        raw = (b"T" + np.asarray(v, "<i8").tobytes() for v in values)
+        raw = (None if v is None else b"T" + np.asarray(v, "<i8").tobytes() for v in values)
     else:
-        raw = (b"S" + v.encode("utf-8", errors="surrogatepass") for v in values)
-    return np.frombuffer(b"".join(xxhash.xxh3_128_digest(r) for r in raw),
-                         "V16", len(values))
+        raw = (None if v is None else b"S" + v.encode("utf-8", errors="surrogatepass")
+               for v in values)
+    return np.frombuffer(b"".join(NULL_DIGEST if r is None else xxhash.xxh3_128_digest(r)
+                                  for r in raw), "V16", len(values))
+
+
+def null_rows(digests: np.ndarray) -> np.ndarray:
+    """The rows of ``value_digests`` that were None."""
+    return digests.view(np.uint64).reshape(-1, 2).any(axis=1) == 0
 
 
 def _any_near(x: np.ndarray, cands: list[np.ndarray], threshold: float) -> bool:

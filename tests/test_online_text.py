@@ -122,6 +122,31 @@ def test_torch_dataset_of_token_sequences(tokens):
     assert [r["n"] for r in ds] == np.flatnonzero(expected).tolist()
 
 
+@pytest.mark.parametrize("unit", ["word", "token"])
+def test_none_records_are_passed_on_and_the_others_decided_as_without_them(corpus, tokens, unit):
+    """A null in a dataset's text column (pyarrow, HF datasets) is no text: kept, never
+    compared, and the other records decided as in a stream without the nulls."""
+    import pyarrow as pa
+
+    values = corpus if unit == "word" else tokens
+    rng = np.random.default_rng(5)
+    null = rng.random(len(values)) < 0.1
+    null[:3] = True
+    mixed = [None if z else v for z, v in zip(null, values, strict=True)]
+    plain = [v for z, v in zip(null, values, strict=True) if not z]
+    want = _stream(OnlineDedup(near=_spec(unit, "exact")), plain)
+    dedup = OnlineDedup(near=_spec(unit, "exact"))
+    if unit == "word":  # as a pyarrow column with nulls
+        keep = np.concatenate([dedup.keep_mask(pa.array(mixed[i:i + BATCH]))
+                               for i in range(0, len(mixed), BATCH)])
+    else:
+        keep = _stream(dedup, mixed)
+    assert keep[null].all() and (~want).sum() > 100
+    assert keep[~null].tolist() == want.tolist()
+    assert dedup.stats.seen == dedup.stats.kept + dedup.stats.dropped_exact \
+        + dedup.stats.dropped_near == len(values)
+
+
 def test_values_of_the_wrong_kind_are_refused_by_name():
     with pytest.raises(TypeError, match="texts"):
         OnlineDedup(near=_spec("word", "bounded")).keep_mask(np.arange(6.0).reshape(3, 2))
