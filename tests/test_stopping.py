@@ -165,6 +165,22 @@ def test_ctrl_c_during_the_checks(tmp_path, near_input, isolated, dry_run):
     assert_nothing_left(tmp_path, before, *isolated)
 
 
+def test_a_stopped_run_leaves_no_folder_it_made(tmp_path, near_input, isolated):
+    """Output and report in folders that did not exist: a run stopped before it
+    published leaves none of them behind (its leases and staging were there)."""
+    cfg = config(tmp_path, str(near_input / "*.parquet"))
+    hold = tmp_path / "hold"
+    proc = start(cfg, f"output.path={tmp_path / 'new' / 'a' / 'clean'}",
+                 f"report={tmp_path / 'new' / 'b' / 'report'}", env={HOLD_ENV: str(hold)})
+    wait_for(hold.with_name("hold.reached"), proc)
+    assert (tmp_path / "new" / "a").exists()
+    send(proc, signal.SIGINT)
+    code, err, _ = ended(proc, time.monotonic(), FIRST_S)
+    assert (code, err) == (130, [LINES[signal.SIGINT]])
+    assert not (tmp_path / "new").exists()
+    assert_clean(*isolated)
+
+
 @pytest.mark.parametrize("signals", [1, 2])
 def test_a_main_thread_that_swallows_ctrl_c_does_not_keep_the_command(tmp_path, near_input,
                                                                       isolated, signals):

@@ -62,6 +62,7 @@ class Lease:
     target: str  # what it guards (a directory or a store), for messages
     token: str  # unique per acquisition: tells this lease from any later one
     ttl: float
+    made: str = ""  # the outermost local folder taking the lease created, else ""
 
     def holds(self) -> bool:
         """Whether the lease object is still this one (not broken, not released)."""
@@ -87,6 +88,24 @@ class Lease:
         found = _read(self.path)
         if found is not None and found[1].get("token") == self.token:
             conditional.replace_if_unchanged(self.path, found[0], None)
+        if self.made:  # a run stopped before writing leaves no empty folders behind
+            folder = os.path.dirname(os.path.abspath(self.path))
+            while True:
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    break  # not empty (the run wrote there, or another run did), or gone
+                if folder == self.made:
+                    break
+                folder = os.path.dirname(folder)
+
+
+def _missing_top(folder: str) -> str:
+    """The outermost missing folder of local path ``folder`` ("" if it exists)."""
+    top = ""
+    while folder and not os.path.exists(folder):
+        top, folder = folder, os.path.dirname(folder)
+    return top
 
 
 def acquire(path: str, target: str, run_id: str, detached: bool = False) -> Lease:
@@ -94,6 +113,7 @@ def acquire(path: str, target: str, run_id: str, detached: bool = False) -> Leas
     ``LeaseHeld`` if a live run holds it."""
     ttl = DETACHED_TTL_S if detached else TTL_S
     token = secrets.token_hex(16)
+    made = _missing_top(os.path.dirname(os.path.abspath(path))) if fs.is_local(path) else ""
     for _ in range(8):  # each round: another run released, or a stale lease was broken
         now = time.time()
         info = {"token": token, "run_id": run_id, "target": target, "host": HOST,
@@ -101,7 +121,7 @@ def acquire(path: str, target: str, run_id: str, detached: bool = False) -> Leas
                 "started": now, "expires": now + ttl, "detached": detached}
         if conditional.create_exclusive(path, _dumps(info)):
             fs.clear_dead_temps(path)  # what a killed process left while writing beside it
-            return Lease(path, target, token, ttl)
+            return Lease(path, target, token, ttl, made)
         found = _read(path)
         if found is None:
             continue  # released since
