@@ -48,6 +48,42 @@ def _real(path: str, working_dir: str | None = None) -> str:
     return os.path.realpath(os.path.join(working_dir or "", path))
 
 
+def _id_strings(ids: Sequence | np.ndarray | pa.Array) -> pa.Array:
+    """Record ids as the job wrote them (strings; integers in decimal; nulls kept), or
+    TypeError for ids of another kind: a float id (pandas makes an integer column with a
+    missing value float) or one string passed as the ids would match nothing."""
+    if isinstance(ids, str | bytes):
+        raise TypeError(f"ids: one {type(ids).__name__} ({ids[:40]!r}), not a sequence of "
+                        "record ids: pass [id]")
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.combine_chunks()
+    if not isinstance(ids, pa.Array):
+        if hasattr(ids, "numpy"):  # a torch or tf tensor of ids
+            ids = ids.numpy()
+        if isinstance(ids, np.ndarray) and ids.dtype != object:
+            ids = pa.array(ids.reshape(-1))
+        else:
+            values = [i.decode("utf-8", errors="replace") if isinstance(i, bytes) else i
+                      for i in ids]
+            try:
+                ids = pa.array(values)
+            except (pa.ArrowInvalid, pa.ArrowTypeError):  # integers and strings mixed
+                ids = pa.array([str(i) if isinstance(i, str | int | np.integer) else i
+                                for i in values])
+    t = ids.type
+    if pa.types.is_dictionary(t):
+        ids, t = ids.dictionary_decode(), t.value_type
+    if pa.types.is_null(t):
+        return ids.cast(pa.string())
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t) or pa.types.is_integer(t)
+            or pa.types.is_string_view(t)):
+        raise TypeError(f"record ids must be strings, bytes or integers, got {t} (a float "
+                        "column: pandas turns integers with a missing value into floats; "
+                        "cast them back, e.g. .astype('Int64'))")
+    return ids.cast(pa.string())
+
+
 class ManifestError(ValueError):
     """The report cannot serve as a manifest (missing files, unknown input path)."""
 
@@ -119,6 +155,7 @@ class Manifest:
     id_field: str | None  # the job's input.id: None means ids are "<path>:<position>"
     files: tuple[dict, ...]  # summary.json "files": input, read, kept, ... per input file
     working_dir: str | None  # where the job ran: resolves relative input paths
+    drop_invalid: bool = True  # invalid records (null ids among them) are not kept
 
     @classmethod
     def load(cls, report_dir: str | os.PathLike, *, drop_invalid: bool = True) -> Manifest:
@@ -141,17 +178,42 @@ class Manifest:
         removed = pa.chunked_array([c for col in ids for c in col.chunks], pa.string())
         return cls(removed.combine_chunks() if removed.num_chunks else pa.array([], pa.string()),
                    summary["config"]["input"].get("id"), tuple(summary["files"]),
-                   summary.get("working_dir"))
+                   summary.get("working_dir"), drop_invalid)
 
     def __len__(self) -> int:
         return len(self.removed_ids)
 
     def keep_mask(self, ids: Sequence | np.ndarray | pa.Array) -> np.ndarray:
-        """True for each id the job kept (ids of any type are compared as strings)."""
-        arr = ids if isinstance(ids, pa.Array | pa.ChunkedArray) else pa.array(
-            [i.decode() if isinstance(i, bytes) else str(i) for i in ids], pa.string())
-        removed = pc.is_in(arr.cast(pa.string()), value_set=self.removed_ids)
-        return ~np.asarray(removed.to_numpy(zero_copy_only=False), dtype=bool)
+        """True for each id the job kept. Ids are strings, bytes or integers (compared as
+        the job wrote them: integers in decimal); a null id is a record the job reported
+        invalid (kept only with ``drop_invalid=False``). Default ids ("<path>:<row>")
+        that name none of the run's input files are refused: a filter that matches
+        nothing would keep every record."""
+        arr = _id_strings(ids)
+        removed = pc.fill_null(pc.is_in(arr, value_set=self.removed_ids), False)
+        keep = ~np.asarray(removed.to_numpy(zero_copy_only=False), dtype=bool)
+        if arr.null_count:
+            keep[~np.asarray(arr.is_valid().to_numpy(zero_copy_only=False))] = \
+                not self.drop_invalid
+        if self.id_field is None and not (~keep).any() and len(arr) > arr.null_count:
+            self._check_default_ids(arr)
+        return keep
+
+    def _check_default_ids(self, arr: pa.Array) -> None:
+        """Raise unless some id names one of the run's input files as the job spelled it."""
+        paths = pc.replace_substring_regex(arr, ":[0-9]+$", "")
+        if pc.any(pc.is_in(paths, value_set=self._job_paths)).as_py():
+            return
+        shown = next(i for i in arr.to_pylist() if i is not None)
+        example = self.files[0]["input"] if self.files else "none"
+        raise ManifestError(f"record id {shown!r} names none of the run's {len(self.files)} "
+                            f"input files: the run named records '<path>:<row>' with paths "
+                            f"as its glob matched them (e.g. '{example}:0'); map your paths "
+                            "with job_path() or use file_ids()")
+
+    @cached_property
+    def _job_paths(self) -> pa.Array:
+        return pa.array([f["input"] for f in self.files], pa.string())
 
     @cached_property
     def _by_realpath(self) -> dict[str, str]:

@@ -232,6 +232,38 @@ def test_manifest_default_ids_follow_the_job_paths(tmp_path, monkeypatch):
         m.job_path(tmp_path / "elsewhere.parquet")
 
 
+def test_manifest_null_float_and_foreign_ids(tmp_path, monkeypatch):
+    """A null id is a record the job reported invalid: not kept (unless drop_invalid is
+    False). Ids that cannot match (floats, as pandas makes an integer column with a
+    missing value; one string; default ids spelt with other paths) are refused: a
+    filter that matches nothing keeps every record."""
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 3, (300, 4)).astype(np.float32)
+    ids = [str(i) for i in range(300)]
+    ids[17] = None
+    write_input("parquet", tmp_path / "in" / "part-0.parquet", ids, x, np.zeros(300, np.int64))
+    assert run_job(tmp_path, "parquet", str(tmp_path / "in" / "*.parquet")) == 0
+    clean = read_output("parquet", tmp_path / "out" / "clean" / "part-0.parquet", (4,))[0]
+    m = Manifest.load(tmp_path / "out" / "report")
+    assert 0 < len(clean) < 299
+    assert np.array(ids, object)[m.keep_mask(ids)].tolist() == list(clean)
+    as_ints = [None if i is None else int(i) for i in ids]
+    assert m.keep_mask(as_ints).tolist() == m.keep_mask(ids).tolist()
+    assert Manifest.load(tmp_path / "out" / "report", drop_invalid=False).keep_mask(ids)[17]
+    for bad in (np.array([1.0, 2.0]), [0.0], "12"):
+        with pytest.raises(TypeError, match="record ids|not a sequence"):
+            m.keep_mask(bad)
+    (tmp_path / "noid").mkdir()
+    monkeypatch.chdir(tmp_path / "noid")  # the job's ids carry the relative path
+    job_with_copies(tmp_path / "noid", "input.id=null", glob="in/*.parquet")
+    m = Manifest.load(tmp_path / "noid" / "out" / "report")
+    spelt = [f"./in/part-0.parquet:{i}" for i in range(200)]
+    with pytest.raises(ManifestError, match="names none of the run's 2 input files"):
+        m.keep_mask(spelt)
+    assert m.keep_mask([m.job_path(p.split(":")[0]) + ":" + p.split(":")[1]
+                        for p in spelt]).sum() < 200
+
+
 def test_manifest_needs_a_finished_run(tmp_path):
     with pytest.raises(ManifestError, match="summary.json"):
         Manifest.load(tmp_path)
