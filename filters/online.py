@@ -284,6 +284,10 @@ class OnlineDedup:
             return rows[drop]
         arr, _ = to_numpy(batch)
         x = np.asarray(arr[rows]).reshape(len(rows), -1)
+        if self._blocks and x.shape[1] != self._blocks[0].values.shape[1]:
+            raise ValueError(f"records of {x.shape[1]} values after records of "
+                             f"{self._blocks[0].values.shape[1]}: near dedup compares records "
+                             "of one size (a new stream of another: a new OnlineDedup)")
         if np.iscomplexobj(x):
             raise TypeError("near-duplicate filtering compares real values: got complex")
         ok = finite_rows(x)

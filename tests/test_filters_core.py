@@ -293,3 +293,10 @@ def test_precomputed_digests_and_tensor_ids():
     got = OnlineDedup().keep_mask(x, ids=[torch.tensor(i) for i in range(300)],
                                   digests=fingerprint_batch(x))
     assert (got == want).all()
+
+
+def test_near_records_of_another_size_are_refused_by_name():
+    f = OnlineDedup(near=NearSpec("l2", threshold=0.1))
+    f.keep_mask(np.zeros((3, 64)))
+    with pytest.raises(ValueError, match="records of 10 values after records of 64"):
+        f.keep_mask(np.ones((3, 10)))

@@ -211,6 +211,11 @@ def test_id_kinds_and_element_structures():
         batched = ds.apply(skip_removed(manifest, key, batch_size=5))
         assert batched.element_spec == ds.element_spec
         assert str(list(batched.as_numpy_iterator())) == str(one_by_one)
+    for make in (lambda: dicts.filter(removed_predicate(manifest, "idd")),
+                 lambda: dicts.apply(skip_removed(manifest, "idd", batch_size=5))):
+        with pytest.raises(ValueError, match="id_key='idd': the dataset's elements have "
+                                             "keys 'id', 'x'"):
+            make()
 
 
 def graph_ops(ds: tf.data.Dataset) -> set[str]:
