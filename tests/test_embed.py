@@ -444,6 +444,23 @@ def test_refuse_reports_long_texts_invalid_before_any_model_call(tmp_path, minil
     assert "max_invalid_fraction" in capsys.readouterr().err
 
 
+def test_blank_texts_are_invalid_not_near_copies_of_each_other(tmp_path, minilm):
+    """A model embeds "" too, and every blank text to the same vector: without the check
+    "   \n\t" and a no-break space were near copies of "" at distance 0."""
+    texts = SENTENCES[:6] + ["", "   \n\t", "\xa0", "....", "\u3000\u2028"]
+    cfg = text_job(tmp_path / "t.parquet", texts, "t", minilm, 4)
+    assert run(tmp_path, {**cfg, "max_invalid_fraction": 0.5}) == 0
+    report = tmp_path / "out" / "report"
+    bad = pq.read_table(report / "invalid.parquet").to_pylist()
+    assert [b["record_id"] for b in bad] == ["t6", "t7", "t8", "t10"]
+    assert all(b["reason"].startswith("a blank text") for b in bad)
+    assert pq.read_table(report / "duplicates.parquet").num_rows == 0
+    assert sorted(pq.read_table(report / "embeddings")["row"].to_pylist()) == [
+        0, 1, 2, 3, 4, 5, 9]
+    s = json.loads((report / "summary.json").read_text())
+    assert (s["read"], s["kept"], s["invalid"]) == (11, 7, 4)
+
+
 def test_embed_long_is_a_store_setting_and_a_text_model_key(tmp_path, minilm, capsys):
     """Another embed.long means other vectors: a store built with one refuses a run with
     another; embed.long on a TorchScript model is a config error (one line, exit 2)."""

@@ -41,6 +41,7 @@ from transforms.exact import digest_words
 from transforms.fingerprint import fingerprint_batch
 from transforms.io import fs
 from transforms.io.formats.base import Chunk, arrow_ids
+from transforms.near.sets import Shingles, blank_rows
 
 
 def _vector(prediction: Any) -> np.ndarray:
@@ -218,9 +219,13 @@ def _sorted(file_parts: tuple[int, Iterable[np.ndarray]]) -> tuple[int, np.ndarr
     return file_parts[0], np.sort(np.concatenate(list(file_parts[1])))
 
 
+BLANK = Shingles("word", normalize=False)  # no word between (Unicode) whitespace: blank
+
+
 class LongTexts:
-    """``embed.long`` where records are read (``ReadTensors(long_texts=...)``): the texts
-    longer than the model takes are counted (``ReadFacts.long``, summary.json's
+    """``embed.long`` where records are read (``ReadTensors(long_texts=...)``): blank
+    texts are reported invalid (nothing to embed); the texts longer than the model takes
+    are counted (``ReadFacts.long``, summary.json's
     ``embed.long_records``) and, with ``refuse``, reported invalid, so exact dedup, the
     model and the clean copy never see them and ``on_invalid`` and
     ``max_invalid_fraction`` apply. A read-time check: tokens, not the model's forward
@@ -234,6 +239,12 @@ class LongTexts:
         texts are longer than the model takes."""
         values = chunk.tensors
         if not len(values) or not isinstance(values[0], str):
+            return chunk, 0
+        chunk = chunk.reported_invalid(  # a model embeds "" too: all blanks would be "near"
+            blank_rows(values, BLANK), "a blank text (empty or whitespace only): nothing to "
+            "embed")
+        values = chunk.tensors
+        if not len(values):
             return chunk, 0
         text = text_tokenizer(self.handler.load_model())
         if text is None:
