@@ -193,6 +193,8 @@ def sets_cost(spec: NearSpec, values: list, local: int, records: int) -> SetsCos
         how = f"the job's kernels on all {s:,} distinct records"
     else:
         at = {k: _at(sizes, [m[k] for m in measured], target) for k in measured[-1]}
+        for k in ("grouped", "removed"):  # records, not pairs: the fit's s^2 may pass n
+            at[k] = min(at[k], target)
         how = (f"the job's kernels on {s:,} sampled records (the first of each file), "
                "fitted over a quarter, a half and all of them")
     largest = {k: math.ceil(_growth(sizes, [m[k] for m in measured],
