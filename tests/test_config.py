@@ -69,6 +69,20 @@ def test_file_problems_are_one_line(tmp_path):
         load_config(_write(tmp_path, GOOD), ["novalue"])
 
 
+@pytest.mark.parametrize("text, key, lines", [
+    ("near:\n  metric: l2\n  threshold: 0.1\nnear:\n  metric: l2\n", "near", "1 and 4"),
+    ("near: {metric: l2, threshold: 0.1, metric: cosine}\n", "near.metric", "1 and 1"),
+])
+def test_a_key_written_twice_is_one_line(tmp_path, text, key, lines):
+    """safe_load keeps the last of two; the first one's settings would be lost unsaid."""
+    good = yaml.safe_dump(GOOD)
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, good + text))
+    first, second = (int(x) + len(good.splitlines()) for x in lines.split(" and "))
+    assert str(e.value).endswith(f"key {key!r} appears twice (lines {first} and {second}; "
+                                 "YAML would keep the last): keep one")
+
+
 def test_yaml_is_loaded_safely(tmp_path):
     """A python object tag must be rejected, never constructed."""
     with pytest.raises(ConfigError, match="not valid YAML"):

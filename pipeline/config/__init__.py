@@ -414,7 +414,32 @@ def read_config_file(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of keys, not "
                           f"{type(data).__name__}")
+    twice = _repeated_key(yaml.compose(path.read_text(), Loader=yaml.SafeLoader), "")
+    if twice is not None:
+        raise ConfigError(f"config file {path}: key {twice[0]!r} appears twice (lines "
+                          f"{twice[1]} and {twice[2]}; YAML would keep the last): keep one")
     return data
+
+
+def _repeated_key(node: yaml.Node | None, at: str) -> tuple[str, int, int] | None:
+    """(dotted key, its first line, the repeat's line) of the first key a mapping holds
+    twice, which ``safe_load`` resolves silently by keeping the last."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key, value in node.value:
+            name = f"{at}{key.value}" if isinstance(key, yaml.ScalarNode) else None
+            if name is not None and name in seen:
+                return name, seen[name], key.start_mark.line + 1
+            if name is not None:
+                seen[name] = key.start_mark.line + 1
+            found = _repeated_key(value, f"{name or at}.")
+            if found is not None:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            if (found := _repeated_key(item, at)) is not None:
+                return found
+    return None
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = (),
