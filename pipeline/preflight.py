@@ -107,12 +107,15 @@ def _within(path: str, folder: str) -> bool:
 def _check_paths(cfg: DedupeConfig, files: list[str], root: str, output: str, report: str,
                  references: list[str], replace: bool) -> None:
     """Refuse outputs that equal, contain or would be matched by the input (or a
-    reference set), and existing outputs unless ``replace``. On object stores an output
-    "exists" when any object lies under its prefix."""
+    reference set), a store that overlaps them, and existing outputs unless ``replace``.
+    On object stores an output "exists" when any object lies under its prefix."""
     inputs = [_location(f) for f in files + references]
     local = fs.is_local(cfg.input.path)
     pattern = str(Path(cfg.input.path).absolute()) if local else _location(cfg.input.path)
     out, report = _location(output), _location(report)
+    if cfg.store is not None:
+        _check_store_apart(_location(cfg.store.path), inputs,
+                           (("output.path", out), ("report", report)))
     for key, target in (("output.path", out), ("report", report)):
         if not fs.is_local(target) and "/" not in target.partition("://")[2]:
             raise InputError(f"{key}: {target} is a whole bucket: name a folder in it (the "
@@ -131,9 +134,29 @@ def _check_paths(cfg: DedupeConfig, files: list[str], root: str, output: str, re
                              "a later run would read its own output: write outputs elsewhere")
         exists = bounded(target, fs.exists_under, key, "checking whether it exists",
                           cfg.tuning.remote_timeout_s)
+        if exists and bounded(target, lambda t: fs.exists(fs.join(t, layout.STORE_META)), key,
+                              "checking whether it is a fingerprint store",
+                              cfg.tuning.remote_timeout_s):
+            raise InputError(f"{key}: {target} is a fingerprint store ({layout.STORE_META}): "
+                             f"choose another {key} (a run never replaces a store)")
         if exists and not replace:
             raise InputError(f"{key}: {target} already exists: remove it, choose another path, "
                              "or set output.overwrite: true (--overwrite)")
+
+
+def _check_store_apart(store: str, inputs: list[str],
+                       outputs: tuple[tuple[str, str], ...]) -> None:
+    """A store shares no directory with the output or the report (their swap would
+    replace it, or publish it half-written) and holds no input or reference file (all
+    paths from ``_location``)."""
+    for key, target in outputs:
+        if _within(store, target) or _within(target, store):
+            raise InputError(f"store.path: {store} and {key} {target} overlap (the same "
+                             "directory or one inside the other): keep the store in a "
+                             f"directory of its own, apart from output.path and report")
+    if any(_within(f, store) for f in inputs):
+        raise InputError(f"store.path: {store} contains input or reference files: keep the "
+                         "store in a directory of its own")
 
 
 # A job started while a process spawned by multiprocessing imports its parent's script:

@@ -184,3 +184,30 @@ def test_input_path_naming_a_directory_suggests_a_glob(tmp_path, capsys):
     assert run_job(tmp_path, "tfrecord", str(tmp_path / "data")) == 2
     line = one_error_line(capsys)
     assert "is a directory" in line and f"'{tmp_path / 'data'}/*.tfrecord*'" in line
+
+
+@pytest.mark.parametrize("store", ["out/report", "out/clean", "out/clean/store", "out"])
+def test_store_overlapping_the_output_or_report_is_refused_before_any_work(
+        tmp_path, parquet_in, capsys, store):
+    """A store in the report or output directory would be replaced by their swap (or
+    half-published by a failed run): refused with exit 2, a good earlier run untouched."""
+    assert run_job(tmp_path, "parquet", parquet_in) == 0
+    before = {p: p.read_bytes() for p in (tmp_path / "out").rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert run_job(tmp_path, "parquet", parquet_in, f"store.path={tmp_path / store}",
+                   "output.overwrite=true") == 2
+    line = one_error_line(capsys)
+    assert "store.path:" in line and "overlap" in line
+    assert {p: p.read_bytes() for p in (tmp_path / "out").rglob("*") if p.is_file()} == before
+
+
+def test_output_that_is_a_store_is_never_replaced(tmp_path, parquet_in, capsys):
+    assert run_job(tmp_path, "parquet", parquet_in, f"store.path={tmp_path / 'st'}") == 0
+    before = sorted(p.name for p in (tmp_path / "st").iterdir())
+    assert "STORE.json" in before
+    capsys.readouterr()
+    assert run_job(tmp_path, "parquet", parquet_in, f"output.path={tmp_path / 'st'}",
+                   f"report={tmp_path / 'r2'}", "output.overwrite=true") == 2
+    assert "output.path:" in (line := one_error_line(capsys)) and "fingerprint store" in line
+    assert sorted(p.name for p in (tmp_path / "st").iterdir()) == before
+    assert not (tmp_path / "r2").exists()

@@ -62,6 +62,7 @@ STAGING, OLD, JOURNAL, LEASE = "staging", "old", ".publishing", "lease.json"
 SPILL, RECALL, PLAN, VALUES, CELLS = ".near", "-recall", "-plan", "values", "cells"
 REMOVALS = ".removed"
 STORE_LEASE = "LEASE.json"
+STORE_META = "STORE.json"  # a fingerprint store's settings: marks a directory as a store
 
 
 def output_shard(path: str, root: str | None) -> str:

@@ -46,7 +46,7 @@ from datetime import datetime, timezone
 import numpy as np
 import pyarrow as pa
 
-from transforms.io import fs
+from transforms.io import fs, layout
 from transforms.store import segment as digest_segment
 from transforms.store.parts import DTYPE_KEY, Attempt, digest_bounds, digest_key
 from transforms.store.reads import LookupPlan, SegmentRef, StoreReads, compaction_pairs
@@ -100,7 +100,7 @@ class FingerprintStore(StoreReads):
 
     def meta(self) -> dict | None:
         """The settings the store was built with (None before the first commit)."""
-        path = self._file("STORE.json")
+        path = self._file(layout.STORE_META)
         if not fs.exists(path):
             return None
         doc = json.loads(fs.read_bytes(path))
@@ -147,7 +147,7 @@ class FingerprintStore(StoreReads):
         if attempt.root != self.path:
             raise ValueError(f"attempt of store {attempt.root}, not {self.path}")
         if self.meta() is None:
-            fs.write_bytes_atomic(self._file("STORE.json"), _dumps(
+            fs.write_bytes_atomic(self._file(layout.STORE_META), _dumps(
                 {"format": FORMAT, "version": VERSION, "meta": meta}))
         self.check_compatible(meta)  # also catches a concurrent first commit that won
         exact, vectors = (self._parts(attempt, parts_stats, k) for k in ("exact", "vectors"))
