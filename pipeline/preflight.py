@@ -139,9 +139,38 @@ def _check_paths(cfg: DedupeConfig, files: list[str], root: str, output: str, re
                               cfg.tuning.remote_timeout_s):
             raise InputError(f"{key}: {target} is a fingerprint store ({layout.STORE_META}): "
                              f"choose another {key} (a run never replaces a store)")
+        if exists:
+            _check_ours(key, target, names if key == "output.path" else None,
+                        cfg.tuning.remote_timeout_s)
         if exists and not replace:
             raise InputError(f"{key}: {target} already exists: remove it, choose another path, "
                              "or set output.overwrite: true (--overwrite)")
+
+
+def _check_ours(key: str, target: str, shards: list[str] | None, timeout: float) -> None:
+    """An existing output (``shards``: this run's clean shard names) or report (None)
+    that holds anything a run does not write there, or is a file, is never replaced:
+    overwrite replaces an earlier run's output, not a folder of other files."""
+    def listing(path: str) -> list[str] | None:
+        if fs.is_local(path):
+            if not os.path.isdir(path):
+                return None
+            return sorted(os.path.relpath(os.path.join(at, n), path).replace(os.sep, "/")
+                          for at, _, names in os.walk(path) for n in names)
+        if fs.exists(path):
+            return None
+        return [f[len(path.rstrip("/")) + 1:] for f in fs.match(path.rstrip("/") + "/**")]
+
+    found = bounded(target, listing, key, "listing what it holds", timeout)
+    if found is None:
+        raise InputError(f"{key}: {target} is a file, not a tensordedup output: choose "
+                         f"another {key}, or delete it yourself")
+    foreign = [f for f in found if not layout.ours(f, shards is None, shards or [])]
+    if foreign:
+        more = f" and {len(foreign) - 3:,} more" if len(foreign) > 3 else ""
+        raise InputError(f"{key}: {target} holds files tensordedup does not write there "
+                         f"({', '.join(foreign[:3])}{more}), and a run replaces only its "
+                         f"own output: choose another {key}, or delete it yourself")
 
 
 def _check_store_apart(store: str, inputs: list[str],

@@ -211,3 +211,48 @@ def test_output_that_is_a_store_is_never_replaced(tmp_path, parquet_in, capsys):
     assert "output.path:" in (line := one_error_line(capsys)) and "fingerprint store" in line
     assert sorted(p.name for p in (tmp_path / "st").iterdir()) == before
     assert not (tmp_path / "r2").exists()
+
+
+@pytest.mark.parametrize("key,plant", [
+    ("output.path", {"my_h5/a.h5": "x", "my_h5/NOTES.txt": "notes"}),
+    ("report", {"rep/thesis.tex": "important"}),
+    ("report", {"rep/summary.json": "{}", "rep/duplicates.parquet/notes.md": "mine"}),
+    ("output.path", {"afile": "hi"}),
+])
+def test_overwrite_never_deletes_what_tensordedup_did_not_write(tmp_path, parquet_in, capsys,
+                                                                key, plant):
+    for rel, text in plant.items():
+        (tmp_path / "v" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "v" / rel).write_text(text)
+    target = tmp_path / "v" / next(iter(plant)).split("/")[0]
+    assert run_job(tmp_path, "parquet", parquet_in, f"{key}={target}", "output.overwrite=true") == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"error: {key}: {target} ") and "delete it yourself" in line
+    assert ("is a file" in line) if target.is_file() else ("notes" in line.lower()
+                                                           or "thesis.tex" in line)
+    assert {str(p.relative_to(tmp_path / "v")): p.read_text()
+            for p in (tmp_path / "v").rglob("*") if p.is_file()} == plant
+    assert not (tmp_path / "out").exists()  # refused before any work
+
+
+@pytest.mark.parametrize("fmt,sets", [
+    ("parquet", ("near.metric=l2", "near.threshold=0.5", "tuning.report_file_rows=0")),
+    ("tfrecord", ()),
+    ("hdf5", ("tuning.report_file_rows=0",)),
+])
+def test_overwrite_replaces_an_earlier_run_in_every_format_and_layout(tmp_path, capsys, fmt,
+                                                                      sets):
+    x = np.arange(64, dtype=np.float32).reshape(16, 4)
+    x[8:] = x[:8]
+    for sub in ("a", "b"):  # shards in subfolders of the output
+        write_input(fmt, tmp_path / "in" / sub / f"p.{fmt}", [f"{sub}{i}" for i in range(16)],
+                    x, np.zeros(16, int))
+    (tmp_path / "out" / "clean").mkdir(parents=True)  # an empty folder is no one's
+    glob = str(tmp_path / "in" / "*" / f"*.{fmt}")
+    shape = {"input": {"shape": [4]}} if fmt == "tfrecord" else {}
+    for _ in range(2):
+        assert run_job(tmp_path, fmt, glob, *sets, "output.overwrite=true", **shape) == 0
+    assert json.loads((tmp_path / "out" / "report" / "summary.json").read_text())["kept"] == 8
+    assert sorted(p.relative_to(tmp_path / "out" / "clean").as_posix()
+                  for p in (tmp_path / "out" / "clean").rglob("*") if p.is_file()) == [
+        f"a/p.{fmt}", f"b/p.{fmt}"]

@@ -98,6 +98,11 @@ def clear_dead_temps(path: str) -> None:
             remove_quietly(os.path.join(folder, name))
 
 
+def is_temp(name: str) -> bool:
+    """Whether a file's name is a temporary's (``temp_path``)."""
+    return name.startswith(".") and _TEMP.search(name) is not None
+
+
 def clear_temps_under(folder: str) -> None:
     """Delete every temporary file (``temp_path``) below a local ``folder``: once no
     writer is left (a staging directory at Publish), each is what a killed one left."""
@@ -105,7 +110,7 @@ def clear_temps_under(folder: str) -> None:
         return
     for at, _, names in os.walk(folder):
         for name in names:
-            if name.startswith(".") and _TEMP.search(name):
+            if is_temp(name):
                 remove_quietly(os.path.join(at, name))
 
 

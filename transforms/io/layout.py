@@ -40,6 +40,7 @@ killed, by the next run holding the same lease (``publish.clear_leftovers``).
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import uuid
 
@@ -57,6 +58,10 @@ EMBEDDINGS = "embeddings"
 FILE_ROWS = 1_000_000  # tuning.report_file_rows: a report table is one file up to this many rows
 # report files a later run's input glob must not match (checked before any work)
 REPORT_TABLES = (DUPLICATES, INVALID, SUMMARY)
+# every name a run writes at the top of a report directory (``ours``)
+REPORT_NAMES = (DUPLICATES, FILES, INVALID, REFERENCE_INVALID, SUMMARY, INDEX, BORDERLINE,
+                *(NEAR_DISTANCES + ext for ext in (".png", ".json", ".csv")))
+PART = re.compile(r"part-\d+\.parquet")  # a report table's part file (report.parts.part_name)
 
 STAGING, OLD, JOURNAL, LEASE = "staging", "old", ".publishing", "lease.json"
 SPILL, RECALL, PLAN, VALUES, CELLS = ".near", "-recall", "-plan", "values", "cells"
@@ -74,6 +79,23 @@ def output_shard(path: str, root: str | None) -> str:
     if fs.is_local(path):
         return os.path.relpath(path, root)
     return path[len(root):].lstrip("/")
+
+
+def ours(rel: str, report: bool, shards: list[str]) -> bool:
+    """Whether a file at ``rel`` ('/'-separated, below an output or report directory) is
+    one a run writes there, so an overwrite may replace it: a report's tables (or their
+    part files), page, plot, summary and embeddings; in an output, a clean shard: one of
+    ``shards`` (this run's) or a file with one of their extensions (an earlier run's
+    inputs); in either, a killed writer's temporary (``fs.temp_path``)."""
+    name = rel.rsplit("/", 1)[-1]
+    if fs.is_temp(name):
+        return True
+    if report:
+        head, _, rest = rel.partition("/")
+        return (head in REPORT_NAMES and not rest) or head == EMBEDDINGS or (
+            head in (DUPLICATES, INVALID) and PART.fullmatch(rest) is not None)
+    suffixes = {os.path.splitext(s)[1] for s in shards} - {""}
+    return rel in shards or os.path.splitext(name)[1] in suffixes
 
 
 def staging(final: str, attempt: str) -> str:
