@@ -110,6 +110,12 @@ def _check_paths(cfg: DedupeConfig, files: list[str], root: str, output: str, re
     reference set), a store that overlaps them, and existing outputs unless ``replace``.
     On object stores an output "exists" when any object lies under its prefix."""
     inputs = [_location(f) for f in files + references]
+    both = sorted(set(inputs[:len(files)]) & set(inputs[len(files):]))
+    if both:
+        raise InputError(f"reference.path: {both[0]} is also an input file"
+                         f"{f' (and {len(both) - 1:,} more)' if len(both) > 1 else ''}: each "
+                         "of its records would be removed as a leak of itself; use reference "
+                         "files apart from the input's")
     local = fs.is_local(cfg.input.path)
     pattern = str(Path(cfg.input.path).absolute()) if local else _location(cfg.input.path)
     out, report = _location(output), _location(report)

@@ -256,3 +256,18 @@ def test_overwrite_replaces_an_earlier_run_in_every_format_and_layout(tmp_path, 
     assert sorted(p.relative_to(tmp_path / "out" / "clean").as_posix()
                   for p in (tmp_path / "out" / "clean").rglob("*") if p.is_file()) == [
         f"a/p.{fmt}", f"b/p.{fmt}"]
+
+
+@pytest.mark.parametrize("ref", ["in/a.parquet", "in/*.parquet", "link/a.parquet"])
+def test_reference_files_that_are_input_files_are_refused(tmp_path, parquet_in, capsys, ref):
+    """Every record of such a file would be removed as a leak of itself."""
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) + 100
+    write_input("parquet", tmp_path / "in" / "b.parquet", ["b0", "b1"], x, np.zeros(2, int))
+    (tmp_path / "link").symlink_to(tmp_path / "in")
+    reference = {"format": "parquet", "path": str(tmp_path / ref), "tensor": "emb", "id": "id"}
+    assert run_job(tmp_path, "parquet", parquet_in.replace("in/*", "in/[ab]*"),
+                   reference=reference) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"error: reference.path: {tmp_path / 'in' / 'a.parquet'} is also an "
+                           "input file")
+    assert not (tmp_path / "out").exists()
