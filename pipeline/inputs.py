@@ -325,15 +325,22 @@ def references(cfg: DedupeConfig, resolved: TensorSpec) -> References | None:
     files = sorted({f for r in cfg.reference
                     for f in list_files(r.path, "reference.path", timeout, r.format)})
     spec = as_sequences(cfg, src.to_spec(None, cfg.tuning.decoded_chunk_bytes))
+    shapes = set()
     for path, got in zip(files, inspect_files(files, src, spec, "reference.path", timeout),
                          strict=True):
         if got.dtype is None:  # nothing to compare: an empty file (first_known)
             continue
-        if got.dtype != resolved.dtype or _size(got.shape) != _size(resolved.shape):
+        shapes.add(got.shape)
+        if got.dtype != resolved.dtype or None not in (got.shape, resolved.shape) and \
+                _size(got.shape) != _size(resolved.shape):
             raise InputError(f"reference.path: {path} holds {got.dtype} tensors of shape "
                              f"{list(got.shape or [])}, the input {resolved.dtype} of shape "
                              f"{list(resolved.shape or [])}: no record could match; use a "
                              "reference set of the input's dtype and size")
+    if None in shapes and resolved.shape is not None and shapes <= {None, resolved.shape}:
+        # lists of no fixed size beside a fixed-size input: read as the input's shape (as
+        # reference.shape would), its records of other sizes reported invalid
+        spec = replace(spec, shape=resolved.shape)
     return References(src.format, files, spec)
 
 

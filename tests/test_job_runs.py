@@ -9,6 +9,7 @@ import json
 from datetime import datetime, timezone
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -260,6 +261,28 @@ def test_reference_and_store_together(tmp_path):
     assert run_day(tmp_path, "d2", "b", reference=refcfg) == 0
     stored = [(i, x, "store") for i, x in d1 if i not in e1]
     assert removals(tmp_path, "b") == oracle(protected + stored, d2)
+
+
+@pytest.mark.parametrize("variable", ["input", "reference"])
+def test_lists_of_no_fixed_size_pair_with_fixed_size_lists(tmp_path, variable):
+    """list<float> on one side (no input.shape), fixed_size_list<float, 8> on the other:
+    both hold 8 floats a record, so they compare (as with input.shape: [8]); a reference
+    record of another size is reported invalid, as input.shape does for the input."""
+    test_set = np.random.default_rng(9).normal(0, 4, (40, DIM)).astype(np.float32)
+    ref = write_day(tmp_path, "ref", test_set, files=1)
+    train = write_day(tmp_path, "train", day(10, 200, [test_set]), files=1)
+    side = tmp_path / ("train" if variable == "input" else "ref") / "part-0.parquet"
+    t = pq.read_table(side)
+    emb = t.column("emb").to_pylist()
+    if variable == "reference":
+        emb[-1] = emb[-1][:7]  # a record of another size
+    pq.write_table(t.set_column(1, "emb", pa.array(emb, pa.list_(pa.float32()))), side)
+    cfg = {"store": None, "reference": {"format": "parquet", "tensor": "emb", "id": "id",
+                                        "path": str(tmp_path / "ref" / "*.parquet")}}
+    assert run_day(tmp_path, "train", "v", **cfg) == 0
+    compared = ref[:-1] if variable == "reference" else ref
+    assert removals(tmp_path, "v") == oracle([(i, x, "reference") for i, x in compared], train)
+    assert summary(tmp_path, "v")["reference"]["invalid"] == (variable == "reference")
 
 
 def test_default_run_id_is_the_utc_date_and_paths_use_it(tmp_path):
