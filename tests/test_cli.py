@@ -271,3 +271,20 @@ def test_reference_files_that_are_input_files_are_refused(tmp_path, parquet_in, 
     assert line.startswith(f"error: reference.path: {tmp_path / 'in' / 'a.parquet'} is also an "
                            "input file")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_refused_by_the_store_lease_leaves_no_run_id_folder(tmp_path, parquet_in, capsys):
+    """The run's outputs under out/st/{run_id}/: taking their leases made out/st/2/ before
+    the store's lease refused the run; nothing of it is left."""
+    from transforms.io import layout, lease
+
+    held = lease.acquire(layout.store_lease(str(tmp_path / "store")), "store", "rival")
+    try:
+        assert run_job(tmp_path, "parquet", parquet_in, "run_id=2",
+                       f"output.path={tmp_path / 'out' / 'st' / '{run_id}' / 'clean'}",
+                       f"report={tmp_path / 'out' / 'st' / '{run_id}' / 'report'}",
+                       f"store.path={tmp_path / 'store'}") == 2
+        assert "in use by run rival" in one_error_line(capsys)
+    finally:
+        held.release()
+    assert not (tmp_path / "out").exists()
