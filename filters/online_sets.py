@@ -35,6 +35,7 @@ from transforms.near.sets import (
     prefix_tokens,
     record_sets,
     signatures,
+    token_values,
 )
 from transforms.near.spec import NearSpec
 
@@ -45,25 +46,14 @@ def stream_values(batch: Any, unit: str) -> list:
     """A batch of records as the shingler takes them: ``str`` texts (bytes decoded as
     UTF-8, as tf.data hands strings over), or 1-d integer arrays for ``unit`` token.
     Accepts lists, numpy / tf / torch arrays (a 2-d integer array is a batch of
-    sequences of one length) and pyarrow arrays."""
+    sequences of one length; each record flattened) and pyarrow arrays."""
     if hasattr(batch, "to_pylist"):
         batch = batch.to_pylist()
     elif hasattr(batch, "numpy"):
         batch = batch.numpy()
     if unit == "token":
-        if isinstance(batch, np.ndarray) and batch.dtype != object:
-            if batch.ndim != 2 or batch.dtype.kind not in "iu":
-                raise TypeError("unit token takes integer sequences: a batch of them as a "
-                                f"2-d integer array or a list of 1-d arrays, got {batch.dtype} "
-                                f"of shape {batch.shape}")
-            return list(batch)
-        out = [None if s is None else np.asarray(s.numpy() if hasattr(s, "numpy") else s)
-               .reshape(-1) for s in batch]
-        bad = next((s.dtype for s in out if s is not None and s.dtype.kind not in "iu"
-                    and len(s)), None)
-        if bad is not None:
-            raise TypeError(f"unit token takes integer sequences, got {bad} values")
-        return out
+        seqs = token_values(batch)
+        return list(seqs) if isinstance(seqs, np.ndarray) else seqs
     out = []
     for v in (batch.reshape(-1).tolist() if isinstance(batch, np.ndarray) else batch):
         if isinstance(v, (bytes, bytearray, memoryview)):

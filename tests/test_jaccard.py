@@ -765,3 +765,33 @@ def test_signatures_through_torch_equal_numpys(corpus, tokens, unit):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert np.array_equal(signatures_torch(sets, 112, torch.device("cpu")), want)
+
+
+def test_token_records_are_their_integer_values_flattened():
+    """unit token: each record is its values flattened (a list of 2-d arrays was cut at
+    their first axis), floats are refused (they were truncated into other records'
+    tokens), None and empty records are invalid, and no record at all is no text."""
+    a = np.arange(1, 21).reshape(2, 10)
+    a2, c = a.copy(), np.arange(100, 130).reshape(3, 10)
+    a2[1, 9] = 99
+
+    def grams(x):
+        v = np.ravel(x).tolist()
+        return {tuple(v[i:i + 2]) for i in range(len(v) - 1)}
+
+    want = len(grams(a) & grams(a2)) / len(grams(a) | grams(a2))
+    res = find_near_sets([a, c, a2], np.arange(3), 0.8, Shingles("token", 2), mode="exact")
+    assert (res.removed.tolist(), res.kept.tolist()) == ([2], [0])
+    assert res.j.tolist() == [pytest.approx(want)]
+    same = find_near_sets([np.array([[1, 2], [3, 4]])] * 3, np.arange(3), 0.8,
+                          Shingles("token", 2))
+    assert same.removed.tolist() == [1, 2]
+    floats = [np.array([1.2, 2.7, 3.1, 4.9]), np.array([1.0, 2.0, 3.0, 4.0])]
+    with pytest.raises(TypeError, match="integer sequences, got float64 values"):
+        find_near_sets(floats, np.arange(2), 0.8, Shingles("token"))
+    with pytest.raises(TypeError, match="2-d integer array"):
+        find_near_sets(np.stack(floats), np.arange(2), 0.8, Shingles("token"))
+    res = find_near_sets([None, np.arange(5), np.zeros(0, np.int64)], np.arange(3), 0.8,
+                         Shingles("token"))
+    assert res.invalid.tolist() == [0, 2] and len(res.removed) == 0
+    assert len(find_near_sets([], np.arange(0), 0.8, Shingles("token")).removed) == 0

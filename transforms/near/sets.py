@@ -269,19 +269,41 @@ def _codepoints(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         return offsets, splitmix64(units * np.uint64(_PRIME) + _SALT)
 
 
+def token_values(batch) -> np.ndarray | list:
+    """Integer sequences as unit token reads them: one (n, ...) integer array, each row a
+    record flattened, or a list of records each flattened to 1-d (None stays None: no
+    token). Why refuse floats: cast to int64, 1.2 and 1.0 would be one token."""
+    if isinstance(batch, np.ndarray) and batch.dtype != object:
+        if batch.ndim < 2 or batch.dtype.kind not in "iu":
+            raise TypeError("unit token takes integer sequences: a batch of them as a "
+                            f"2-d integer array or a list of 1-d arrays, got {batch.dtype} "
+                            f"of shape {batch.shape}")
+        return batch.reshape(len(batch), -1)
+    out = [None if s is None else np.asarray(s.numpy() if hasattr(s, "numpy") else s)
+           .reshape(-1) for s in batch]
+    bad = next((s.dtype for s in out if s is not None and s.dtype.kind not in "iu"
+                and len(s)), None)
+    if bad is not None:
+        raise TypeError(f"unit token takes integer sequences, got {bad} values")
+    return out
+
+
 def token_sets(sequences: Sequence[np.ndarray] | np.ndarray, shingles: Shingles) -> Sets:
-    """The shingle sets of integer sequences (``unit`` token): a list of 1-d arrays, or
-    one (n, length) array (a chunk of sequences of one length, as the readers give)."""
-    if isinstance(sequences, np.ndarray) and sequences.dtype != object:
-        n = len(sequences)
-        flat = sequences.reshape(n, -1).astype(np.int64).reshape(-1)
+    """The shingle sets of integer sequences (``unit`` token): a list of arrays, or one
+    (n, ...) array (a chunk of sequences of one length, as the readers give); each record
+    is its values flattened (``token_values``), None an empty one."""
+    seqs = token_values(sequences)
+    if isinstance(seqs, np.ndarray):
+        n = len(seqs)
+        flat = seqs.astype(np.int64).reshape(-1)
         offsets = np.arange(n + 1, dtype=np.int64) * (len(flat) // max(n, 1))
     else:
-        lengths = np.fromiter((len(s) for s in sequences), np.int64, len(sequences))
-        offsets = np.zeros(len(sequences) + 1, np.int64)
+        seqs = [np.zeros(0, np.int64) if s is None else s for s in seqs]
+        lengths = np.fromiter((len(s) for s in seqs), np.int64, len(seqs))
+        offsets = np.zeros(len(seqs) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        flat = (np.concatenate([np.asarray(s).reshape(-1).astype(np.int64) for s in sequences])
-                if len(sequences) and offsets[-1] else np.zeros(0, np.int64))
+        flat = (np.concatenate([s.astype(np.int64) for s in seqs])
+                if offsets[-1] else np.zeros(0, np.int64))
     with np.errstate(over="ignore"):
         units = splitmix64(flat.view(np.uint64) ^ _SALT)
     grams_off, grams = _ngrams(offsets, units, shingles.n)
@@ -292,9 +314,10 @@ def blank_rows(values: Sequence | np.ndarray, shingles: Shingles) -> np.ndarray:
     """Records with no unit to compare (an empty or blank text, an empty sequence): the
     job reports them invalid, as a set of nothing is no record to compare."""
     if shingles.unit == "token":
-        if isinstance(values, np.ndarray) and values.dtype != object:
-            return np.full(len(values), values.reshape(len(values), -1).shape[1] == 0)
-        return np.fromiter((len(v) == 0 for v in values), bool, len(values))
+        seqs = token_values(values)
+        if isinstance(seqs, np.ndarray):
+            return np.full(len(seqs), seqs.shape[1] == 0)
+        return np.fromiter((v is None or len(v) == 0 for v in seqs), bool, len(seqs))
     arr = pa.array(list(values), pa.large_string()) if not isinstance(values, pa.Array) \
         else values
     if shingles.unit == "word" and shingles.normalize:
@@ -954,8 +977,8 @@ def find_near_sets(values: Sequence, rank: np.ndarray, threshold: float,
     the job's). Records with nothing to compare (empty texts) are returned as
     ``invalid``, never removed."""
     _checked(len(values), rank, threshold, shingles, mode, grouping)
-    kind = next((v for v in values if v is not None), "")
-    if (shingles.unit == "token") == isinstance(kind, str):
+    kind = next((v for v in values if v is not None), None)  # (none: nothing to check)
+    if kind is not None and (shingles.unit == "token") == isinstance(kind, str):
         raise TypeError(f"unit {shingles.unit} takes " + (
             "integer sequences, got texts: use unit word or char" if shingles.unit == "token"
             else f"texts, got {type(kind).__name__}: token sequences need unit token"))
@@ -1017,7 +1040,7 @@ def expected_pairs(bands: int, rows: int, threshold: float) -> dict:
 
 
 __all__ = ["Shingles", "Sets", "text_sets", "token_sets", "record_sets",
-           "blank_rows", "near_sets", "choose_mode", "sample_partners",
+           "blank_rows", "token_values", "near_sets", "choose_mode", "sample_partners",
            "lsh_params", "candidate_chance", "signatures", "band_keys", "prefix_tokens",
            "frequent_tokens", "jaccard", "overlaps", "groups", "join_work", "auto_choice",
            "decide", "find_near_sets", "candidate_keys",
