@@ -43,7 +43,7 @@ from transforms.io import fs, layout
 from transforms.io.formats.base import InputError, TensorSpec
 from transforms.io.remote import bounded
 from transforms.near.search import use_cuda
-from transforms.near.spec import NearSpec
+from transforms.near.spec import NearSpec, complex_refusal
 
 
 def _probe_dir(target: str) -> str:
@@ -249,9 +249,8 @@ def near_spec(cfg: DedupeConfig, dtype: str | None, channels: int = 1,
     (as a cosine threshold above 2 would, which the config refuses)."""
     if cfg.near is None:
         return None
-    if dtype is not None and dtype.startswith("complex"):
-        raise InputError(f"near: the tensors are {dtype}; near-duplicate search needs real "
-                         "values: remove the near section or store real and imaginary parts")
+    if dtype is not None and (refused := complex_refusal(dtype)):
+        raise InputError(refused)
     n = cfg.near
     if n.metric == "jaccard":
         return _jaccard_spec(cfg, dtype)

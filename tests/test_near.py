@@ -144,6 +144,31 @@ def test_nan_and_inf_rows_never_take_part():
     assert removed.tolist() == [2, 4] and kept.tolist() == [0, 0]
 
 
+@pytest.mark.parametrize("x,rank,spec,error,match", [
+    (np.array([[1 + 1j, 2], [1 - 1j, 2]], np.complex64), np.arange(2), NearSpec("l2", 0.1),
+     TypeError, "complex64; near-duplicate search needs real values"),  # were merged at 0
+    (np.zeros((6, 3), np.float32), np.arange(3), NearSpec("l2", 0.1), ValueError,
+     "rank holds 3 values for 6 records: one per record"),  # was an IndexError
+    (np.array([["a", "b"]]), np.arange(1), NearSpec("l2", 0.1), TypeError,
+     "find_near compares numbers: unsupported dtype <U1"),  # was ufunc 'isfinite'
+    (np.ones((3, 4), np.int64), np.arange(3), NearSpec("jaccard", 0.8), ValueError,
+     "use transforms.near.sets.find_near_sets"),  # removed nothing, silently
+])
+def test_find_near_refuses_what_the_job_refuses(x, rank, spec, error, match):
+    with pytest.raises(error, match=match):
+        find_near(x, rank, spec)
+
+
+def test_find_near_takes_torch_bfloat16_as_the_job_reads_it():
+    """bfloat16 (torch has no numpy form of it) compares as its float32 values do."""
+    torch = pytest.importorskip("torch")
+    x, spec = planted(2, "l2", n_base=60)
+    t = torch.from_numpy(x).to(torch.bfloat16)
+    got = find_near(t, np.arange(len(x)), spec)
+    check(t.float().numpy(), spec, got)
+    assert len(got.removed) > 0
+
+
 def test_keep_order_decides_who_survives():
     x = np.array([[0.0, 0.0], [0.0, 0.001]], np.float32)
     removed, kept, _ = near_duplicates(x, np.array([1, 0]), NearSpec("l2", threshold=0.01))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from transforms.canonical import to_numpy
 from transforms.near.batched import Known, cell_candidates, device_vectors, resident
 from transforms.near.components import component_labels
 from transforms.near.greedy import STATE_KEPT, STATE_OPEN, STATE_REMOVED, Decisions, decide
@@ -53,7 +54,7 @@ from transforms.near.space import (
     space_blocks,
     value_scale,
 )
-from transforms.near.spec import NearSpec
+from transforms.near.spec import NearSpec, check_rank, complex_refusal
 from transforms.near.verify import exact_distance, flat_rows, verify_rows
 
 SAMPLE_ROWS = 200_000  # planning sample cap (rows) ...
@@ -199,6 +200,22 @@ def resolve_open(x: np.ndarray, pos: np.ndarray, home: np.ndarray, best_dist: np
     return order[gone], dup, d.dist[gone]
 
 
+def near_rows(x, rank: np.ndarray, spec: NearSpec) -> np.ndarray:
+    """``x`` (numpy, torch, TensorFlow...: ``to_numpy``) as (records, values), checked as
+    the job checks its input: real numbers, one rank per record, a vector metric."""
+    if spec.is_sets:
+        raise ValueError("find_near compares vectors; metric jaccard compares shingle sets "
+                         "of texts or token sequences: use transforms.near.sets.find_near_sets")
+    try:
+        arr, name = to_numpy(x)
+    except TypeError as e:
+        raise TypeError(f"find_near compares numbers: {e}") from None
+    if refused := complex_refusal(name):
+        raise TypeError(refused)
+    check_rank(len(arr), rank)
+    return flat_rows(arr)
+
+
 def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int | None = None,
               progress: Progress | None = None, torch_device=None) -> NearResult:
     """Near-duplicate removals among the rows of ``x`` (n, ...), in one process.
@@ -211,7 +228,7 @@ def find_near(x: np.ndarray, rank: np.ndarray, spec: NearSpec, partitions: int |
     cells per launch, ``near.batched``) on this torch device (default: the GPU where
     ``spec.device`` resolves to one and the cells are searched flat).
     """
-    x = flat_rows(x)
+    x = near_rows(x, rank, spec)
     ok = np.flatnonzero(finite_rows(x))
     xs = x if len(ok) == len(x) else x[ok]  # no copy of the (maybe large) input when it can
     rs = np.asarray(rank)[ok].astype(np.int64)

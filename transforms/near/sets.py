@@ -44,7 +44,7 @@ import xxhash
 
 from transforms.near.recall import splitmix64
 from transforms.near.search import on_device, to_device, use_cuda
-from transforms.near.spec import NearSpec, Shingles
+from transforms.near.spec import NearSpec, Shingles, check_rank
 
 WORDS = Shingles()  # the default: word 5-grams of normalised text
 PERMUTATIONS = 128  # MinHash signature length unless set
@@ -964,8 +964,7 @@ def _checked(n: int, rank: np.ndarray, threshold: float, shingles: Shingles, mod
              grouping: str) -> None:
     """The library's arguments checked as the job checks its config (``NearSpec``)."""
     NearSpec("jaccard", threshold, mode=mode, grouping=grouping, shingles=shingles)
-    if len(rank) != n:
-        raise ValueError(f"rank holds {len(rank)} values for {n} records: one per record")
+    check_rank(n, rank)
 
 
 def find_near_sets(values: Sequence, rank: np.ndarray, threshold: float,

@@ -51,6 +51,22 @@ class Shingles:
         return self.size if self.size is not None else DEFAULT_SIZE[self.unit]
 
 
+def check_rank(n: int, rank) -> None:
+    """One keep-order rank per record (a short one was an IndexError deep in the search)."""
+    if len(rank) != n:
+        raise ValueError(f"rank holds {len(rank)} values for {n} records: one per record")
+
+
+def complex_refusal(dtype: str) -> str | None:
+    """Why near search refuses ``dtype`` (None: it does not). A complex record's
+    imaginary part would be dropped, conjugates merged at distance 0; the job and the
+    library say it in one message."""
+    if not dtype.startswith("complex"):
+        return None
+    return (f"near: the tensors are {dtype}; near-duplicate search needs real values: "
+            "remove the near section or store real and imaginary parts")
+
+
 @dataclass(frozen=True)
 class NearSpec:
     metric: str  # allclose | l2 | cosine | correlation | jaccard
