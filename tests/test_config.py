@@ -1,11 +1,14 @@
 """Config contract of the dedup job: valid configs load, bad ones give one clear line."""
 
+import re
+
 import pytest
 import yaml
 from pydantic import BaseModel
 
 from pipeline.config import ConfigError, DedupeConfig, load_config
-from pipeline.config.sections import KeyColumn
+from pipeline.config.sections import KeyColumn, NearConfig
+from transforms.near.spec import NearSpec
 
 GOOD = {
     "input": {"format": "parquet", "path": "data/*.parquet", "tensor": "embedding", "id": "id"},
@@ -163,3 +166,23 @@ def test_config_from_a_mapping(tmp_path):
     assert data == {**GOOD, "input": GOOD["input"]}  # the mapping given is not changed
     with pytest.raises(ConfigError, match="must be a mapping"):
         parse_config(["input"])
+
+
+@pytest.mark.parametrize("metric,threshold,words", [
+    ("l2", None, "metric l2 needs a threshold > 0"),
+    ("cosine", float("nan"), "near.threshold must be a number > 0, got nan"),
+    ("l2", -1.0, "near.threshold must be a number > 0, got -1"),
+    ("cosine", 3.0, "cosine distance is at most 2"),
+    ("correlation", 2.0, "correlation distance 1 - r is at most 2"),
+    ("allclose", 5.0, "near.threshold 5 applies to l2, cosine, correlation and jaccard"),
+    ("jaccard", 1.5, "for jaccard it is the minimum Jaccard similarity, in (0, 1]"),
+    ("jaccard", None, "metric jaccard needs near.threshold"),
+])
+def test_near_spec_refuses_the_thresholds_the_config_refuses(metric, threshold, words):
+    """The library's NearSpec accepted these (find_near then removed nothing, or every
+    record); both now say what the job's config says."""
+    with pytest.raises(ValueError, match=re.escape(words)):
+        NearSpec(metric, **({} if threshold is None else {"threshold": threshold}))
+    if threshold is None or threshold == threshold and threshold > 0:  # (pydantic: NaN, < 0)
+        with pytest.raises(ValueError, match=re.escape(words)):
+            NearConfig(metric=metric, threshold=threshold)

@@ -12,11 +12,16 @@ from transforms.canonical import DTYPE_CODES
 from transforms.io import layout
 from transforms.io.formats.base import Chunking, Decode, TensorSpec
 from transforms.near.sets import PERMUTATIONS, TARGET_AT_THRESHOLD
-from transforms.near.spec import DEFAULT_SIZE, NearSpec, Shingles
+from transforms.near.spec import (
+    DEFAULT_SIZE,
+    MAX_TOLERANCE,
+    NearSpec,
+    Shingles,
+    threshold_refusal,
+)
 
-# Tolerances above this are no tolerance at all (every pair is within it) and overflow
-# float32 once squared: refused, like NaN and inf (``allow_inf_nan=False`` on every float).
-MAX_TOLERANCE = 1e18
+# MAX_TOLERANCE: tolerances above it are no tolerance at all (every pair is within it) and
+# overflow float32 once squared: refused, like NaN and inf (``allow_inf_nan=False``).
 
 
 class Strict(BaseModel):
@@ -245,15 +250,9 @@ class NearConfig(Strict):
 
     @model_validator(mode="after")
     def _threshold_for_distances(self) -> NearConfig:
-        if self.metric in ("l2", "cosine", "correlation", "jaccard") and self.threshold is None:
-            if self.metric == "jaccard":
-                raise ValueError("metric jaccard needs near.threshold: the minimum Jaccard "
-                                 "similarity of a near duplicate, e.g. 0.8")
-            raise ValueError(f"metric {self.metric} needs a threshold > 0 (near.threshold)")
+        if refused := threshold_refusal(self.metric, self.threshold):
+            raise ValueError(refused)
         if self.metric == "jaccard":
-            if self.threshold is not None and self.threshold > 1:
-                raise ValueError(f"near.threshold {self.threshold:g}: for jaccard it is the "
-                                 "minimum Jaccard similarity, in (0, 1] (e.g. 0.8)")
             # by value too: a dumped config (run_job(cfg, overrides=...)) holds every key
             wrong = [k for k in VECTOR_ONLY if k in self.model_fields_set
                      and getattr(self, k) != type(self).model_fields[k].default]
@@ -263,11 +262,6 @@ class NearConfig(Strict):
         elif self.shingles is not None:
             raise ValueError("near.shingles applies to metric jaccard only: remove it or set "
                              "near.metric: jaccard")
-        if self.metric == "allclose" and self.threshold is not None:
-            raise ValueError(f"near.threshold {self.threshold:g} applies to l2, cosine, "
-                             "correlation and jaccard; allclose compares each value (|a - b| "
-                             "<= atol + rtol |b|): remove near.threshold and set near.atol "
-                             "(and near.rtol)")
         if self.metric in ("l2", "cosine", "correlation"):
             wrong = [k for k in ("atol", "rtol") if k in self.model_fields_set
                      and getattr(self, k) != type(self).model_fields[k].default]
@@ -275,17 +269,10 @@ class NearConfig(Strict):
                 raise ValueError(f"near.{wrong[0]} applies to metric allclose only; "
                                  f"{self.metric} compares with near.threshold: remove "
                                  f"near.{wrong[0]}")
-        if self.metric == "correlation" and self.threshold is not None and self.threshold >= 2:
-            raise ValueError(f"near.threshold {self.threshold:g}: correlation distance 1 - r "
-                             "is at most 2, so every pair with any contrast would be a "
-                             "duplicate: use a value in (0, 2)")
         if self.device == "cuda" and self.index in ("ivf", "hnsw"):
             raise ValueError(f"near.index {self.index} searches each cell with a FAISS index "
                              "on the CPU (docs/gpu.md); near.device: cuda applies to index "
                              "flat: set near.device: auto or cpu, or near.index: flat")
-        if self.metric == "cosine" and self.threshold is not None and self.threshold > 2:
-            raise ValueError(f"near.threshold {self.threshold:g}: cosine distance is at most 2, "
-                             "so every pair would be a duplicate: use a value in (0, 2]")
         return self
 
     def to_spec(self, channels: int = 1, unit: str = "word") -> NearSpec:

@@ -67,6 +67,38 @@ def complex_refusal(dtype: str) -> str | None:
             "remove the near section or store real and imaginary parts")
 
 
+MAX_TOLERANCE = 1e18  # above: no tolerance at all (every pair within), overflows float32 squared
+
+
+def threshold_refusal(metric: str, threshold: float | None) -> str | None:
+    """Why ``threshold`` (None or 0: not given) means nothing for ``metric`` (None: it
+    does). One rule for the job's config and the library's ``NearSpec``: a threshold they
+    accept silently removed nothing (NaN, negative) or everything (cosine above 2)."""
+    if metric == "allclose":
+        if threshold:
+            return (f"near.threshold {threshold:g} applies to l2, cosine, correlation and "
+                    "jaccard; allclose compares each value (|a - b| <= atol + rtol |b|): "
+                    "remove near.threshold and set near.atol (and near.rtol)")
+        return None
+    if threshold is None or threshold == 0:
+        if metric == "jaccard":
+            return ("metric jaccard needs near.threshold: the minimum Jaccard similarity of "
+                    "a near duplicate, e.g. 0.8")
+        return f"metric {metric} needs a threshold > 0 (near.threshold)"
+    if not 0 < threshold <= MAX_TOLERANCE:  # NaN too
+        return f"near.threshold must be a number > 0, got {threshold:g}"
+    if metric == "jaccard" and threshold > 1:
+        return (f"near.threshold {threshold:g}: for jaccard it is the minimum Jaccard "
+                "similarity, in (0, 1] (e.g. 0.8)")
+    if metric == "correlation" and threshold >= 2:
+        return (f"near.threshold {threshold:g}: correlation distance 1 - r is at most 2, so "
+                "every pair with any contrast would be a duplicate: use a value in (0, 2)")
+    if metric == "cosine" and threshold > 2:
+        return (f"near.threshold {threshold:g}: cosine distance is at most 2, so every pair "
+                "would be a duplicate: use a value in (0, 2]")
+    return None
+
+
 @dataclass(frozen=True)
 class NearSpec:
     metric: str  # allclose | l2 | cosine | correlation | jaccard
@@ -103,10 +135,10 @@ class NearSpec:
             raise ValueError(f"near.probes must be at least 1, got {self.probes}")
         if self.channels < 1:
             raise ValueError(f"channels must be at least 1, got {self.channels}")
+        if self.metric in METRICS and (refused := threshold_refusal(self.metric,
+                                                                    self.threshold)):
+            raise ValueError(refused)
         if self.metric == "jaccard":
-            if not 0 < self.threshold <= 1:
-                raise ValueError("near.threshold for jaccard is the minimum Jaccard similarity "
-                                 f"of a near duplicate, in (0, 1], got {self.threshold:g}")
             if self.shingles is None:
                 object.__setattr__(self, "shingles", Shingles())
         elif self.shingles is not None:
