@@ -43,7 +43,7 @@ from transforms.io import fs, layout
 from transforms.io.formats.base import InputError, TensorSpec
 from transforms.io.remote import bounded
 from transforms.near.search import use_cuda
-from transforms.near.spec import NearSpec, complex_refusal
+from transforms.near.spec import NearSpec, complex_refusal, unit_for
 
 
 def _probe_dir(target: str) -> str:
@@ -280,7 +280,7 @@ def _jaccard_spec(cfg: DedupeConfig, dtype: str | None) -> NearSpec:
         print(f"warning: near.threshold {n.threshold:g} for jaccard: records that share "
               "less than half their shingles are rarely copies of each other; 0.7-0.9 is "
               "usual", file=sys.stderr)  # even with --quiet: it may remove what is no copy
-    spec = n.to_spec(unit="word" if text else "token")
+    spec = n.to_spec(unit=unit_for(text))
     sh = spec.shingles
     if sh.unit == "char" and sh.n < CHAR_WARN:
         print(f"warning: near.shingles.size {sh.n} for unit char: texts that have nothing "

@@ -789,7 +789,7 @@ def test_token_records_are_their_integer_values_flattened():
     floats = [np.array([1.2, 2.7, 3.1, 4.9]), np.array([1.0, 2.0, 3.0, 4.0])]
     with pytest.raises(TypeError, match="integer sequences, got float64 values"):
         find_near_sets(floats, np.arange(2), 0.8, Shingles("token"))
-    with pytest.raises(TypeError, match="2-d integer array"):
+    with pytest.raises(TypeError, match="integer sequences, got float64 values"):
         find_near_sets(np.stack(floats), np.arange(2), 0.8, Shingles("token"))
     res = find_near_sets([None, np.arange(5), np.zeros(0, np.int64)], np.arange(3), 0.8,
                          Shingles("token"))

@@ -37,7 +37,10 @@ from pipeline.steps import (
 from tests.embeddings import embeddings, planted_copies
 from tests.jobkit import write_input
 from tests.oracle import expected_removals, near_oracle
+from tests.textkit import edited, package_texts
+from tests.textkit import oracle as sets_oracle
 from transforms.fingerprint import fingerprint_batch
+from transforms.near.sets import Shingles, record_sets
 
 
 def pipeline() -> BeamTestPipeline:
@@ -126,6 +129,56 @@ def test_dedup_over_dicts_reports_unusable_records():
             assert all(r["reason"] and r["record"]["id"] == r["record_id"] for r in rows)
             assert any("emb" in r["reason"] for r in rows if r["record_id"] == "d")
         assert_that(out[INVALID], check(reasons), label="invalid")
+
+
+def _jaccard_records(kind: str) -> tuple[list, dict[int, int]]:
+    """Real texts (or them as word ids), near copies (2% of words edited), an exact copy,
+    blank records and one of the other kind; the oracle: {removed: kept} of exact then
+    near dedup (J >= 0.8 over the unit's 5-grams) in keep order, the blank invalid."""
+    rng = np.random.default_rng(0)
+    base = package_texts(12)
+    vocab = sorted({w for t in base for w in t.split()})
+    texts = base + [edited(base[i], 0.02, rng, vocab) for i in range(6)] + [base[3]]
+    blank = ["", "  \n\t", "....", "\xa0"]
+    if kind == "token":
+        ids = {w: i for i, w in enumerate(vocab)}
+        values = [np.array([ids[w] for w in t.split()], np.int64) for t in texts]
+        blank, odd = [np.zeros(0, np.int64), []], "a text among token sequences"
+    else:
+        values, odd = texts, np.arange(1, 7)
+    survivors = [i for i, v in enumerate(values)
+                 if not any(np.array_equal(v, w) for w in values[:i])]
+    unit = "word" if kind == "text" else "token"
+    near = sets_oracle(record_sets([values[i] for i in survivors], Shingles(unit)), 0.8)
+    want = {i: next(j for j in range(i) if np.array_equal(values[i], values[j]))
+            for i in range(len(values)) if i not in survivors}
+    want.update({survivors[r]: survivors[k] for r, (k, _) in near.items()})
+    return values + blank + [odd], want
+
+
+@pytest.mark.parametrize("kind", ["text", "token"])
+def test_dedup_jaccard_over_dicts_takes_the_unit_of_the_records(kind):
+    """NearSpec("jaccard", t) without shingles: word for texts, token for integer
+    sequences, as the job (texts went to INVALID, token sequences crashed the pipeline);
+    blank records are INVALID with the job's reason (they were kept, their repeats removed
+    as exact copies); a record of the other kind is compared with its own kind only."""
+    values, want = _jaccard_records(kind)
+    n, unit = len(values), "word" if kind == "text" else "token"
+    records = [{"id": f"r{i}", "v": v, "i": i} for i, v in enumerate(values)]
+    blank = list(range(n - 1 - (4 if kind == "text" else 2), n - 1))
+    with pipeline() as p:
+        out = p | beam.Create(records) | Dedup(key="v", id="id", keep=Keep.min("i"),
+                                                near=NearSpec("jaccard", 0.8), chunk_rows=8)
+        assert_that(out[REMOVED] | beam.Map(lambda r: (r["record"]["i"],
+                                                        int(r["duplicate_of"][1:]))),
+                    equal_to(list(want.items())), label="removed")
+        assert_that(out[INVALID] | "Bad" >> beam.Map(lambda r: (r["record"]["i"], r["reason"])),
+                    equal_to([(i, f"no {unit} to compare (an empty or blank record; "
+                                  "near.metric: jaccard)") for i in blank]), label="invalid")
+        assert_that(out[KEPT] | "Kept" >> beam.Map(lambda r: r["i"]),
+                    equal_to([i for i in range(n) if i not in want and i not in blank]),
+                    label="kept")
+    assert len(want) >= 6
 
 
 def test_dedup_over_records_needs_a_key():

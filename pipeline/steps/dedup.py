@@ -48,8 +48,12 @@ class Dedup(beam.PTransform):
     Args:
       key: records only: the field holding the tensor (anything ``to_numpy`` takes:
         numpy, lists, torch, TensorFlow, JAX); records whose tensor is missing or not
-        numeric go to INVALID.
+        numeric go to INVALID. With ``near`` jaccard: texts (str) or integer sequences;
+        records with nothing to compare (blank) go to INVALID, as the job reports them.
       id: records only: the field holding a record id (default: "batch-<i>:<row>").
+      shape: records only: the tensor shape to compare (the job's ``input.shape``);
+        records of other shapes go to INVALID. Without it, near search over records of
+        several sizes stops the pipeline, naming this setting.
       keep: "first" | "last" | ``Keep``. A PCollection has no order: over records, first
         and last keep one copy, not a particular one; ``Keep.max(field)`` chooses.
       near: near-duplicate search settings; None: exact duplicates only.
@@ -82,9 +86,10 @@ class Dedup(beam.PTransform):
                  survivors: bool = False, spill: str | None = None, shards: int = 16,
                  borderline_pairs: int = 500, chunk_rows: int = 4096, keep_spill: bool = False,
                  carry_rows: bool = False, embed: beam.PTransform | None = None,
-                 removals: str | None = None):
+                 removals: str | None = None, shape: tuple[int, ...] | None = None):
         super().__init__()
         self.key, self.id, self.keep, self.near = key, id, Keep.of(keep), near
+        self.shape = None if shape is None else tuple(shape)
         self.exact, self.reference, self.store = exact, reference, store
         self.survivors = survivors
         self.spill = spill or layout.library_spill()
@@ -100,8 +105,9 @@ class Dedup(beam.PTransform):
         if self.embed is not None:
             raise ValueError("Dedup(embed=...) reads its input again: apply it to "
                              "ReadTensors' output, not to records")
-        spec = TensorSpec(self.key, self.id, rank=self.keep.column)
-        read = pvalue | "ToChunks" >> ToChunks(spec, self.chunk_rows)
+        spec = TensorSpec(self.key, self.id, shape=self.shape, rank=self.keep.column)
+        texts = self.near is not None and self.near.is_sets
+        read = pvalue | "ToChunks" >> ToChunks(spec, self.chunk_rows, texts=texts)
         out = self._decide(read)
         kept = ({"batches": read["batches"], DECISIONS: out[DECISIONS]}
                 | "FromDecisions" >> FromDecisions())
@@ -128,6 +134,8 @@ class Dedup(beam.PTransform):
             keep=self.keep, shards=self.shards,
             spill=values if self.near and self.embed is None else None,
             sets=self.near.shingles if sets else None)
+        if sets:  # records with no set (blank, or not of the unit's kind): invalid
+            streams[FACTS] = (read[FACTS], keys[FACTS]) | "WithSetFacts" >> beam.Flatten()
         exact = keys[KEYS] | "DedupExact" >> DedupExact(
             keep=self.keep, store=self.store, survivors=self.survivors)
         streams.update({"exact": self._spilled(exact[REMOVED], "Exact"), SEEN: exact[SEEN]})

@@ -86,8 +86,9 @@ def _one_size(widths: set[int]) -> set[int]:
     if len(sizes) > 1:
         raise ValueError(f"near: records hold {sizes[0]:,} and {sizes[-1]:,} values; "
                          "distances compare tensors of one shape: set input.shape to the "
-                         "shape to compare (records of other shapes are then reported "
-                         "invalid), or remove near")
+                         "shape to compare (in a library pipeline: Dedup(shape=...) over "
+                         "records, TensorSpec(shape=...) for ReadTensors; records of other "
+                         "shapes are then reported invalid), or remove near")
     return widths
 
 

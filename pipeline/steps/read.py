@@ -27,7 +27,7 @@ from transforms.io.formats.base import (
     record_nbytes,
     records_of,
 )
-from transforms.near.sets import Shingles, blank_rows
+from transforms.near.sets import Shingles, blank_reason, blank_rows
 from transforms.near.space import finite_rows
 
 
@@ -93,9 +93,7 @@ class ReadChunks(beam.DoFn):
                     "invalid; set keep to keep such records)")
             if self.blank is not None and len(chunk.positions):
                 chunk = chunk.reported_invalid(
-                    blank_rows(chunk.tensors, self.blank),
-                    f"no {self.blank.unit} to compare (an empty or blank record; "
-                    "near.metric: jaccard)")
+                    blank_rows(chunk.tensors, self.blank), blank_reason(self.blank.unit))
             long = 0
             if self.long_texts is not None and len(chunk.positions):  # embed.long
                 chunk, long = self.long_texts(chunk)

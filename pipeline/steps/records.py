@@ -33,7 +33,8 @@ from pipeline.steps.elements import (
 )
 from pipeline.steps.tagged import SplitOutputs
 from transforms.canonical import to_numpy
-from transforms.io.formats.base import Chunk, InvalidRecord, TensorSpec, error_line
+from transforms.io.formats.base import Chunk, Decode, InvalidRecord, TensorSpec, error_line
+from transforms.io.formats.encoded import decode_value
 from transforms.io.formats.parquet import table_chunks
 
 Records = list[Mapping[str, Any]] | pa.RecordBatch
@@ -65,14 +66,26 @@ def _path(index: int) -> str:
     return f"batch-{index}"
 
 
-def dict_chunks(index: int, records: list[Mapping[str, Any]], spec: TensorSpec) -> list[Chunk]:
+TEXT = TensorSpec("text", decode=Decode("text"))  # a str value as ReadTensors decodes texts
+
+
+def dict_chunks(index: int, records: list[Mapping[str, Any]], spec: TensorSpec,
+                texts: bool = False) -> list[Chunk]:
     """Chunks (one per tensor shape and dtype) of a list of dicts, and the records that
-    hold no usable tensor (as invalid, with the reason)."""
+    hold no usable tensor (as invalid, with the reason). ``texts`` (jaccard): str values
+    are texts, one chunk of them, with the digests of their UTF-8 bytes, as read."""
     groups: dict[tuple, list[tuple[int, str, np.ndarray]]] = {}
     invalid, ranks = [], np.full(len(records), np.nan)
+    digests: dict[int, bytes] = {}
     for i, r in enumerate(records):
         rid = str(r[spec.id]) if spec.id is not None and spec.id in r else f"{_path(index)}:{i}"
         try:
+            if texts and isinstance(r[spec.tensor], str):
+                x, digests[i] = decode_value(r[spec.tensor], TEXT)
+                if spec.rank is not None:
+                    ranks[i] = float(r[spec.rank])
+                groups.setdefault(("text",), []).append((i, rid, x))
+                continue
             x, dtype = to_numpy(r[spec.tensor])
             if spec.shape is not None and tuple(x.shape) != tuple(spec.shape):
                 raise ValueError(f"shape {list(x.shape)} != {list(spec.shape)}")
@@ -85,26 +98,39 @@ def dict_chunks(index: int, records: list[Mapping[str, Any]], spec: TensorSpec) 
             continue
         groups.setdefault((x.shape, dtype), []).append((i, rid, x))
     chunks = []
-    for rows in groups.values():
+    for key, rows in groups.items():
         pos = np.array([i for i, _, _ in rows], dtype=np.int64)
+        values, sums = np.empty(len(rows), object), None
+        if key == ("text",):
+            values[:] = [x for _, _, x in rows]
+            sums = np.frombuffer(b"".join(digests[i] for i in pos.tolist()), "V16")
+        else:
+            values = np.stack([x for _, _, x in rows])
         chunks.append(Chunk(index, pos, pa.array([rid for _, rid, _ in rows], pa.string()),
-                            np.stack([x for _, _, x in rows]),
-                            None if spec.rank is None else ranks[pos]))
+                            values, None if spec.rank is None else ranks[pos], [], sums))
     if invalid or not chunks:
         chunks.append(Chunk.of_invalid(index, invalid))
     return chunks
 
 
-def to_chunks(numbered: tuple[int, Batch], spec: TensorSpec
+def to_chunks(numbered: tuple[int, Batch], spec: TensorSpec, texts: bool = False
               ) -> Iterator[Chunk | beam.pvalue.TaggedOutput]:
     index, batch = numbered
     recs = batch.records
+    if isinstance(recs, pa.RecordBatch) and texts and _is_text(recs, spec.tensor):
+        recs = recs.to_pylist()  # a text column: its values as str (``dict_chunks``)
     chunks = (table_chunks(index, _path(index), pa.Table.from_batches([recs]), 0, spec)
-              if isinstance(recs, pa.RecordBatch) else dict_chunks(index, recs, spec))
+              if isinstance(recs, pa.RecordBatch) else dict_chunks(index, recs, spec, texts))
     for chunk in chunks:
         yield beam.pvalue.TaggedOutput(FACTS, (index, ReadFacts(chunk.n_read, chunk.invalid)))
         if len(chunk.positions):
             yield chunk
+
+
+def _is_text(recs: pa.RecordBatch, column: str) -> bool:
+    kind = recs.schema.field(column).type if column in recs.schema.names else pa.null()
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or \
+        pa.types.is_string_view(kind)
 
 
 def _rows(recs: Records, positions: list[int]) -> dict[int, Any]:
@@ -188,9 +214,9 @@ class ToChunks(beam.PTransform):
     """Records -> {CHUNKS, FACTS, FILES} as ``ReadTensors`` gives them, plus "batches":
     (index, Batch) for ``FromDecisions``."""
 
-    def __init__(self, spec: TensorSpec, chunk_rows: int):
+    def __init__(self, spec: TensorSpec, chunk_rows: int, texts: bool = False):
         super().__init__()
-        self.spec, self.chunk_rows = spec, chunk_rows
+        self.spec, self.chunk_rows, self.texts = spec, chunk_rows, texts
 
     def expand(self, records):
         batches = (records
@@ -203,7 +229,7 @@ class ToChunks(beam.PTransform):
             | "AllIds" >> beam.combiners.ToList()
             | "Number" >> beam.Map(lambda ids: {u: i for i, u in enumerate(sorted(ids))}))
         numbered = batches | "Numbered" >> beam.Map(lambda b, ix: (ix[b.uid], b), index)
-        out = numbered | "ToChunks" >> SplitOutputs(to_chunks, self.spec, main=CHUNKS,
+        out = numbered | "ToChunks" >> SplitOutputs(to_chunks, self.spec, self.texts, main=CHUNKS,
                                                     tags=(FACTS,), types={CHUNKS: Chunk})
         files = numbered | "Names" >> beam.Map(lambda kv: (kv[0], _path(kv[0])))
         return {CHUNKS: out[CHUNKS], FACTS: out[FACTS], FILES: files, "batches": numbered}

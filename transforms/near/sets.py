@@ -274,10 +274,12 @@ def token_values(batch) -> np.ndarray | list:
     record flattened, or a list of records each flattened to 1-d (None stays None: no
     token). Why refuse floats: cast to int64, 1.2 and 1.0 would be one token."""
     if isinstance(batch, np.ndarray) and batch.dtype != object:
-        if batch.ndim < 2 or batch.dtype.kind not in "iu":
+        if batch.ndim < 2:
             raise TypeError("unit token takes integer sequences: a batch of them as a "
                             f"2-d integer array or a list of 1-d arrays, got {batch.dtype} "
                             f"of shape {batch.shape}")
+        if batch.dtype.kind not in "iu" and batch.size:
+            raise TypeError(f"unit token takes integer sequences, got {batch.dtype} values")
         return batch.reshape(len(batch), -1)
     out = [None if s is None else np.asarray(s.numpy() if hasattr(s, "numpy") else s)
            .reshape(-1) for s in batch]
@@ -329,6 +331,23 @@ def blank_rows(values: Sequence | np.ndarray, shingles: Shingles) -> np.ndarray:
     else:
         has = pc.greater(pc.utf8_length(arr), 0)
     return ~pc.fill_null(has, False).to_numpy(zero_copy_only=False)
+
+
+def blank_reason(unit: str) -> str:
+    """Why a ``blank_rows`` record is invalid (the job's read and the steps say it alike)."""
+    return f"no {unit} to compare (an empty or blank record; near.metric: jaccard)"
+
+
+def unit_refusal(values: Sequence | np.ndarray, shingles: Shingles) -> str | None:
+    """Why records of one kind (texts, or integer sequences: a chunk holds one) have no
+    sets of ``shingles.unit`` (None: they have)."""
+    kind = next((v for v in values if v is not None), None)
+    if kind is None or (shingles.unit == "token") != isinstance(kind, str):
+        return None
+    if shingles.unit == "token":
+        return "unit token takes integer sequences, got texts: use unit word or char"
+    return (f"unit {shingles.unit} takes texts, got {type(kind).__name__}: token sequences "
+            "need unit token")
 
 
 def record_sets(values: Sequence, shingles: Shingles) -> Sets:
@@ -976,11 +995,8 @@ def find_near_sets(values: Sequence, rank: np.ndarray, threshold: float,
     the job's). Records with nothing to compare (empty texts) are returned as
     ``invalid``, never removed."""
     _checked(len(values), rank, threshold, shingles, mode, grouping)
-    kind = next((v for v in values if v is not None), None)  # (none: nothing to check)
-    if kind is not None and (shingles.unit == "token") == isinstance(kind, str):
-        raise TypeError(f"unit {shingles.unit} takes " + (
-            "integer sequences, got texts: use unit word or char" if shingles.unit == "token"
-            else f"texts, got {type(kind).__name__}: token sequences need unit token"))
+    if refused := unit_refusal(values, shingles):
+        raise TypeError(refused)
     sets = record_sets(values, shingles)
     ok = np.flatnonzero(~sets.empty)
     res = near_sets(sets.take(ok), np.asarray(rank)[ok], threshold, shingles, mode=mode,
@@ -1039,7 +1055,8 @@ def expected_pairs(bands: int, rows: int, threshold: float) -> dict:
 
 
 __all__ = ["Shingles", "Sets", "text_sets", "token_sets", "record_sets",
-           "blank_rows", "token_values", "near_sets", "choose_mode", "sample_partners",
+           "blank_rows", "blank_reason", "unit_refusal", "token_values", "near_sets",
+           "choose_mode", "sample_partners",
            "lsh_params", "candidate_chance", "signatures", "band_keys", "prefix_tokens",
            "frequent_tokens", "jaccard", "overlaps", "groups", "join_work", "auto_choice",
            "decide", "find_near_sets", "candidate_keys",

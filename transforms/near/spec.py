@@ -99,6 +99,17 @@ def threshold_refusal(metric: str, threshold: float | None) -> str | None:
     return None
 
 
+# NearSpec's shingles when none are given: this very object, so a step built with it can
+# tell "not set" (the unit from the data: ``unit_for``) from an explicit Shingles("word")
+FROM_DATA = Shingles()
+
+
+def unit_for(text: bool) -> str:
+    """The default unit, the job's and the library's: word for texts, token for integer
+    sequences (the only numbers a token n-gram means anything over)."""
+    return "word" if text else "token"
+
+
 @dataclass(frozen=True)
 class NearSpec:
     metric: str  # allclose | l2 | cosine | correlation | jaccard
@@ -119,7 +130,7 @@ class NearSpec:
     recall_sample: int = 2_000  # records checked by brute force for the recall estimate
     device: str = "auto"  # auto | cpu | cuda (matrix products on a GPU through torch)
     channels: int = 1  # correlation: values interleaved as (h, w, c): each c centred alone
-    shingles: Shingles | None = None  # jaccard: how a record becomes a set (None: Shingles())
+    shingles: Shingles | None = None  # jaccard: how a record becomes a set (None: FROM_DATA)
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("metric", self.metric, METRICS),
@@ -139,8 +150,8 @@ class NearSpec:
                                                                     self.threshold)):
             raise ValueError(refused)
         if self.metric == "jaccard":
-            if self.shingles is None:
-                object.__setattr__(self, "shingles", Shingles())
+            if self.shingles is None:  # the unit from the data (word for texts, token for
+                object.__setattr__(self, "shingles", FROM_DATA)  # integer sequences)
         elif self.shingles is not None:
             raise ValueError("near.shingles applies to metric jaccard only")
 
