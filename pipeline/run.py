@@ -78,6 +78,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "writes clean shards in the same format and a report of what was "
                     "removed and why.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # --overwrit is not --overwrite: a destructive flag is spelt out
         epilog="config keys (YAML; any of them can be given with --set key.path=value):\n"
                + "\n".join(describe_keys())
                + "\n\nBeam pipeline flags after -- go to the runner, as runner.options "

@@ -135,6 +135,14 @@ def test_on_invalid_fail_stops_and_publishes_nothing(tmp_path, capsys):
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+def test_flags_are_not_abbreviated(tmp_path, capsys):
+    """--overwrit is refused, not taken as --overwrite (argparse's prefix matching)."""
+    with pytest.raises(SystemExit) as e:
+        main(["--config", str(tmp_path / "job.yaml"), "--quiet", "--overwrit"])
+    assert e.value.code == 2
+    assert "unrecognized arguments: --overwrit" in capsys.readouterr().err
+
+
 def test_help_documents_every_key():
     out = subprocess.run([sys.executable, "-m", "pipeline.run", "--help"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
