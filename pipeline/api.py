@@ -56,6 +56,8 @@ __all__ = ["run_job", "JobFailed", "to_config", "run_prepared", "execute", "publ
            "failure_line", "beam_quiet", "is_verbose", "VERBOSE_ENV"]
 
 VERBOSE_ENV = "TENSORDEDUP_VERBOSE"
+# what a failed run left: its failure comes before (or is) the Publish step
+UNPUBLISHED = "nothing was published (the previous output, if any, is unchanged)"
 # errno values of a write that ran out of room: ENOSPC, EDQUOT, EFBIG (a file size limit)
 _NO_ROOM = re.compile(r"\[Errno (28|122|27)\]|No space left|Disk quota exceeded|File too large",
                       re.I)
@@ -196,7 +198,7 @@ def failure_line(e: BaseException) -> str:
     if _NO_ROOM.search(what):
         what += (" (the disk of output.path / report is full, or a file size limit was hit: "
                  "free space or write the outputs elsewhere, then run again)")
-    return f"the job failed, the run is not complete (no summary.json): {what}"
+    return f"the job failed; {UNPUBLISHED}: {what}"
 
 
 class _NoTracebacks:

@@ -132,6 +132,9 @@ def test_on_invalid_fail_stops_and_publishes_nothing(tmp_path, capsys):
                    "on_invalid=fail") == 1
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert "invalid record b" in line and "on_invalid" in line
+    # what is true of the outputs, not a summary.json that reads as if it was deleted
+    assert line.startswith("error: the job failed; nothing was published (the previous "
+                           "output, if any, is unchanged): ") and "summary.json" not in line
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 

@@ -136,8 +136,8 @@ def check_invalid_fraction(results: list[FileResult], limit: float) -> None:
     if limit < 1 and len(lost) > limit * len(results):
         raise TooManyInvalidError(
             f"{len(lost)} of {len(results)} input files cannot be read at all "
-            f"({len(lost) / len(results):.1%}), more than max_invalid_fraction {limit:g}; "
-            f"nothing was published. First: {lost[0][0]}: {lost[0][1]}. Fix or remove the "
+            f"({len(lost) / len(results):.1%}), more than max_invalid_fraction {limit:g}. "
+            f"First: {lost[0][0]}: {lost[0][1]}. Fix or remove the "
             "files, or raise max_invalid_fraction (1.0: never fail)")
     read = sum(r.decision.n_read for r in results)
     n_bad = sum(r.decision.invalid_count() for r in results)
@@ -147,7 +147,7 @@ def check_invalid_fraction(results: list[FileResult], limit: float) -> None:
                        if records_of(r.decision.invalid))
     raise TooManyInvalidError(
         f"{n_bad:,} of {read:,} input records are invalid ({n_bad / read:.1%}), more "
-        f"than max_invalid_fraction {limit:g}; nothing was published. First: {first.record_id} "
+        f"than max_invalid_fraction {limit:g}. First: {first.record_id} "
         f"in {path}: {first.reason}. Fix the input or its config (input.format, "
         "input.tensor), or raise max_invalid_fraction (1.0: never fail)")
 
