@@ -239,6 +239,21 @@ def test_stale_rule(tmp_path, where):
     other.release()
 
 
+@pytest.mark.parametrize("content", [b"", b'{"run_id": "x', b"[]"],
+                         ids=["empty", "cut-short", "not-a-lease"])
+def test_an_unreadable_lease_file_is_named_so(tmp_path, where, content):
+    """An empty or corrupt lease file is refused as unreadable with what to do, not as
+    'in use by run ? (host ?, pid ?, since ?...)'; it is left for the user to judge."""
+    path = f"{where[0]}/.clean.lease.json"
+    assert conditional.create_exclusive(path, content)
+    with pytest.raises(lease.LeaseHeld) as e:
+        lease.acquire(path, "out/clean", "mine")
+    assert str(e.value) == (f"out/clean has a lease file that cannot be read ({path} is "
+                            "empty or not a lease tensordedup wrote): if no run is using it, "
+                            "delete that file and run again")
+    assert fs.read_bytes(path) == content
+
+
 RACE = """
 import sys, threading, os
 sys.path.insert(0, {root!r})

@@ -164,7 +164,13 @@ def stale(info: dict, now: float | None = None) -> bool:
 
 
 def refusal(path: str, target: str, info: dict) -> str:
-    """One line: who holds ``target`` and what the user can do."""
+    """One line: who holds ``target`` and what the user can do. A lease file this code
+    did not write (empty, cut short, another tool's) holds no run to name: it is never
+    stale either, so the user must judge whether a run is using ``target``."""
+    if not isinstance(info.get("expires"), int | float):
+        return (f"{target} has a lease file that cannot be read ({path} is empty or not a "
+                "lease tensordedup wrote): if no run is using it, delete that file and run "
+                "again")
     until = _iso(info["expires"]) if isinstance(info.get("expires"), int | float) else "?"
     holder = (f"run {info.get('run_id', '?')} (host {info.get('host', '?')}, pid "
               f"{info.get('pid', '?')}, since {_iso(info.get('started'))}"
