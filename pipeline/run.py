@@ -146,7 +146,7 @@ def _main(argv: list[str] | None) -> int:
         if args.dry_run and isinstance(e, InputError) and str(e).startswith("input.path"):
             from pipeline.capacity.plan import lacking
 
-            print("\n".join(lacking(cfg, str(e).split(": ", 1)[-1])))
+            say("\n".join(lacking(cfg, str(e).split(": ", 1)[-1])))
         return EXIT_USAGE
     if args.dry_run:  # the job built offline: nothing submitted, written or published
         return _dry_run(job, args.plan_records)
@@ -158,8 +158,20 @@ def _main(argv: list[str] | None) -> int:
     except JobFailed as e:  # one line (Beam's log: --verbose)
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED
-    print(result)
+    say(str(result))
     return 0
+
+
+def say(text: str) -> None:
+    """``text`` on stdout, the command's result. A reader that has gone (``| head -1``)
+    changes nothing: the run is done, its exit code stays; what is left to print goes to
+    /dev/null (also the flush at exit, which would fail the same way)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
 
 
 def _dry_run(job, records: int | None) -> int:
@@ -176,7 +188,7 @@ def _dry_run(job, records: int | None) -> int:
         return EXIT_USAGE
     code = dry_run(job, lambda p: build(p, job, publication(job)))
     if code == 0:
-        print("\n".join(plan_lines(job, records, rates)))
+        say("\n".join(plan_lines(job, records, rates)))
     return code
 
 

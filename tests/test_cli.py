@@ -299,3 +299,25 @@ def test_a_run_refused_by_the_store_lease_leaves_no_run_id_folder(tmp_path, parq
     finally:
         held.release()
     assert not (tmp_path / "out").exists()
+
+
+def test_a_closed_stdout_after_the_run_keeps_exit_0(tmp_path, parquet_in):
+    """``tensordedup ... | head -1``: the reader is gone when the summary is printed. The
+    run has published; it ended with a BrokenPipeError traceback and exit 1 (stdout
+    unbuffered, as PYTHONUNBUFFERED=1 makes it: the print writes at once)."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps({"input": {"format": "parquet", "path": parquet_in,
+                                         "tensor": "emb", "id": "id"},
+                               "output": {"path": str(tmp_path / "out" / "clean")},
+                               "report": str(tmp_path / "out" / "report")}))
+    read, write = os.pipe()
+    os.close(read)  # every write to the command's stdout fails with EPIPE
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    try:
+        r = subprocess.run([sys.executable, "-m", "pipeline.run", "--config", str(cfg),
+                            "--quiet"], cwd=ROOT, stdout=write, stderr=subprocess.PIPE,
+                           text=True, env=env)
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert json.loads((tmp_path / "out" / "report" / "summary.json").read_text())["kept"] == 5
