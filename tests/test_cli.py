@@ -68,6 +68,8 @@ def one_error_line(capsys) -> str:
     (("threshold=!!python/object:os.system x",), {}, "--set threshold: '!!python/object:os.system"
                                                      " x' is not a YAML value"),
     (("keep={",), {}, "--set keep: '{' is not a YAML value"),
+    (("runner.name=daks",), {}, "config key 'runner.name': 'daks' is not a runner: did you "
+                                "mean dask?"),
 ])
 def test_bad_config_or_input_exits_2_with_one_line(tmp_path, parquet_in, capsys, sets,
                                                    overrides, words):

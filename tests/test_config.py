@@ -125,6 +125,28 @@ def test_every_float_key_refuses_non_finite_and_absurd_values(tmp_path, value):
         assert f"config key '{key}'" in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("name,line", [
+    ("daks", "'daks' is not a runner: did you mean dask?"),
+    ("Dask", "'Dask' is not a runner: did you mean dask?"),
+    ("DaskRunner", "'DaskRunner' is not a runner: did you mean dask?"),
+    ("FlinkRuner", "'FlinkRuner' is not a runner: did you mean FlinkRunner?"),
+    ("xyzzy", "'xyzzy' is not a runner: use one of local, dask, portable, dataflow, a Beam "
+              "runner's name (e.g. FlinkRunner) or a PipelineRunner class's dotted path"),
+    ("direct", None), ("DirectRunner", None), ("flink", None), ("PortableRunner", None),
+    ("my_package.runners.MyRunner", None),
+])
+def test_runner_name_is_checked_before_any_work(tmp_path, name, line):
+    """A misspelt runner.name was taken as a Beam runner's: the job started and failed
+    with Beam's list of runner classes (exit 1). Beam's own names stay valid."""
+    data = {**GOOD, "runner": {"name": name}}
+    if line is None:
+        assert load_config(_write(tmp_path, data)).runner.name == name
+        return
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, data))
+    assert str(e.value) == f"config key 'runner.name': {line}"
+
+
 @pytest.mark.parametrize("change,line", [
     ({"input": {**GOOD["input"], "tensr": "e"}}, "unknown key input.tensr: did you mean "
                                                  "input.tensor?"),

@@ -4,6 +4,7 @@ uses it in ``DedupeConfig`` and is where callers import it from."""
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any
 
@@ -23,6 +24,8 @@ DATAFLOW_KEYS: dict[str, tuple[str, ...]] = {
     "network": ("network",), "subnetwork": ("subnetwork",), "job_name": ("job_name",),
     "accelerator": ("dataflow_service_options",),  # only its worker_accelerator= entry
 }
+# The runners this package sets up itself (pipeline.runners), by their config names.
+RUNNERS = ("local", "dask", "portable", "dataflow")
 # Keys only some runners read -> those runners (others refuse the key).
 RUNNER_KEYS: dict[str, tuple[str, ...]] = {
     **{key: ("dataflow",) for key in DATAFLOW_KEYS}, "workers": ("local", "dask", "portable"),
@@ -127,6 +130,26 @@ class RunnerConfig(Strict):
         """Beam's own name for it (DataflowRunner) means the same runner."""
         return "dataflow" if isinstance(v, str) and v.lower() in ("dataflow",
                                                                    "dataflowrunner") else v
+
+    @field_validator("name")
+    @classmethod
+    def _known_runner(cls, v: str) -> str:
+        """One of ours, a Beam runner Beam resolves by name (as its ``create_runner`` does:
+        the class name in any case, with or without ``Runner``), or a dotted class path;
+        anything else is a misspelling, refused before any work."""
+        if v in RUNNERS or "." in v:
+            return v
+        beam = {name.lower(): name for name in _beam_runner_names()}
+        if v.lower() in beam or f"{v.lower()}runner" in beam:
+            return v
+        near = (difflib.get_close_matches(v.lower().removesuffix("runner"), RUNNERS, n=1,
+                                          cutoff=0.6)
+                or [beam[m] for m in difflib.get_close_matches(v.lower(), beam, n=1,
+                                                               cutoff=0.6)])
+        fix = f"did you mean {near[0]}?" if near else (
+            "use one of " + ", ".join(RUNNERS) + ", a Beam runner's name (e.g. FlinkRunner) "
+            "or a PipelineRunner class's dotted path")
+        raise ValueError(f"{v!r} is not a runner: {fix}")
 
     @field_validator(*RUNNER_KEYS)
     @classmethod
@@ -239,6 +262,14 @@ class RunnerConfig(Strict):
                                  f"machine types, not {machine}: set runner.machine_type, "
                                  f"e.g. {example}")
         return self
+
+
+def _beam_runner_names() -> list[str]:
+    """The runners Beam resolves by name (their class names): Beam is imported only for a
+    name that is not one of ``RUNNERS``."""
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    return [path.rsplit(".", 1)[-1] for path in StandardOptions.ALL_KNOWN_RUNNERS]
 
 
 def _as_list(value: Any) -> list:
