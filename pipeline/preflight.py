@@ -204,8 +204,8 @@ SPAWNED_AGAIN = ("the job was started again in a worker process, which Python st
 
 def _check_runner(cfg: DedupeConfig) -> None:
     """A runner this job cannot run on: the job started again by a process Python spawned
-    (a script without the main guard), a portable job service at ``runner.address`` that
-    does not answer (``tuning.remote_timeout_s``)."""
+    (a script without the main guard), a portable job service or a Dask scheduler at
+    ``runner.address`` that does not answer (``tuning.remote_timeout_s``)."""
     if getattr(multiprocessing.current_process(), "_inheriting", False):
         raise InputError(SPAWNED_AGAIN)
     if cfg.near is not None and cfg.near.device == "cuda" and cfg.runner.address is None \
@@ -216,8 +216,11 @@ def _check_runner(cfg: DedupeConfig) -> None:
             raise InputError("near.device: cuda, but torch sees no CUDA device on this "
                              "machine, where the workers run: set near.device: auto (the "
                              "GPU when there is one) or cpu") from None
-    if cfg.runner.name == "portable" and cfg.runner.address is not None:
-        from pipeline.runners.portable import check_address
+    if cfg.runner.name in ("portable", "dask") and cfg.runner.address is not None:
+        if cfg.runner.name == "portable":
+            from pipeline.runners.portable import check_address
+        else:
+            from pipeline.runners.dask import check_address
 
         problem = check_address(cfg.runner.address, cfg.tuning.remote_timeout_s)
         if problem is not None:

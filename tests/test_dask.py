@@ -237,3 +237,27 @@ def test_only_the_reads_outputs_are_let_go(tmp_path, near_input):
 
     p.visit(Visit())
     assert found == ["Read/ReadChunks/Run"]
+
+
+def test_a_dead_scheduler_address_is_refused_before_any_work(tmp_path, parquet_in, capsys):
+    """No scheduler at runner.address: exit 2, one line naming the key, nothing written
+    (it was exit 1 after about 30 s, with a CancelledError or ConnectionRefusedError)."""
+    import socket
+
+    from tests.jobkit import run_job
+
+    with socket.socket() as s:  # a port nothing listens on once it is closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert run_job(tmp_path, "parquet", parquet_in, "runner.name=dask",
+                   f"runner.address=tcp://127.0.0.1:{port}") == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: runner.address: no Dask scheduler at tcp://127.0.0.1:{port}"
+                           ": the connection was refused; start one")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_scheduler_address_that_answers_is_taken(dask_address):
+    from pipeline.runners.dask import check_address
+
+    assert check_address(dask_address, 10.0) is None

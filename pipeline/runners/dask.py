@@ -159,6 +159,61 @@ def stop_running_tasks(client, futures, limit_s: float = 60.0) -> None:
         pass
 
 
+def check_address(address: str, timeout: float) -> str | None:
+    """The one-line problem with ``runner.address``, or None when a Dask scheduler
+    answers there (``identity``) within ``timeout``. Checked before any work: a dead
+    address had failed the started job after 30 s with a CancelledError. Only tcp://
+    addresses: the others need the cluster's security settings, which the runner has."""
+    if not address.startswith("tcp://"):
+        return None
+    why = _scheduler_answers(address, timeout)
+    return None if why is None else (
+        f"runner.address: no Dask scheduler at {address}: {why}; start one (dask scheduler) "
+        "and give the address it prints, or leave runner.address out (the job then starts "
+        "a local cluster)")
+
+
+def _scheduler_answers(address: str, timeout: float) -> str | None:
+    """Why no Dask scheduler answers at ``address`` within ``timeout``, or None. In a
+    thread of its own: the caller may be running an event loop (a notebook)."""
+    import asyncio
+    import socket
+
+    from distributed.comm import connect
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    async def identity() -> dict:
+        comm = await connect(address, timeout=timeout)
+        try:
+            await comm.write({"op": "identity", "reply": True})
+            return await asyncio.wait_for(comm.read(), timeout)
+        finally:
+            await comm.close()
+
+    found: list = []
+
+    def probe() -> None:
+        try:
+            # refused at once, not retried by distributed for the whole timeout
+            socket.create_connection(parse_host_port(parse_address(address)[1]),
+                                     timeout=timeout).close()
+            reply = asyncio.run(identity())
+            found.append(None if isinstance(reply, dict) and reply.get("type") == "Scheduler"
+                         else "what answered is not a Dask scheduler")
+        except ConnectionRefusedError:
+            found.append("the connection was refused")
+        except TimeoutError:
+            found.append(f"nothing answered within {timeout:g} s")
+        except Exception as e:  # noqa: BLE001 (another server's bytes: anything)
+            found.append(str(e) if isinstance(e, OSError) else
+                         f"what answered is not a Dask scheduler ({type(e).__name__})")
+
+    t = threading.Thread(target=probe, name="dask-address", daemon=True)
+    t.start()
+    t.join(timeout * 2 + 1)
+    return found[0] if found else f"nothing answered within {timeout:g} s"
+
+
 def dask_runner(cfg: RunnerConfig):
     """Beam's DaskRunner on the cluster at ``runner.address``, or on a local cluster of
     ``runner.workers`` processes (one thread each: the kernels hold the GIL) that lives
