@@ -44,7 +44,7 @@ try:
     from pipeline.preflight import prepare
     from pipeline.publish import Publication, clear_leftovers, own_stages, take_leases
     from pipeline.report.summary import RunSummary
-    from pipeline.runners.common import no_traceback
+    from pipeline.runners.common import RunIncomplete, no_traceback
     from transforms.digests import SCHEME
     from transforms.io.formats.base import InvalidRecordError
     from transforms.io.fs import delete_tree
@@ -151,14 +151,35 @@ def execute(job: Job) -> RunSummary:
                                       job_id=getattr(result, "job_id", lambda: None)())
                 with stopping.pending(lambda: _delete_all(own_stages(pub))), \
                         kernel_threads(job.cfg.runner, p.options):
-                    p.run().wait_until_finish()
+                    # its state as returned: the portable runner's ``state`` asks the job
+                    # service, stopped by now
+                    state = p.run().wait_until_finish()
         finally:
             # Beam's local runner leaves its gRPC server and channels in reference
             # cycles: collected now, their threads end with the job, not at a later
             # collection (or at interpreter exit) in a process that goes on
             del p
             gc.collect()
-        return RunSummary.load(pub.report)
+        return _published(job, pub.report, state)
+
+
+def _published(job: Job, report: str, state: str | None) -> RunSummary:
+    """This run's summary, once the runner says the job is done: the runner's result
+    state DONE and summary.json written by this attempt (a runner that returned early, a
+    Dask cluster that went away, had the previous run's summary.json read as this one's).
+    Otherwise ``RunIncomplete``: the Publish step did not finish, so nothing was."""
+    from apache_beam.runners.runner import PipelineState
+
+    if state is not None and state != PipelineState.DONE:
+        raise RunIncomplete(f"the runner ended the job in state {state}, not DONE")
+    try:
+        summary = RunSummary.load(report)
+    except FileNotFoundError:
+        summary = None
+    if summary is None or (summary.summary or {}).get("attempt") != job.attempt:
+        raise RunIncomplete("the runner returned before the job had published its outputs "
+                            f"(summary.json in {report} is not this run's)")
+    return summary
 
 
 def _delete_all(paths) -> None:
@@ -190,10 +211,11 @@ def failure_line(e: BaseException) -> str:
     where it is a known one (a full disk or a file size limit)."""
     cause = _innermost(e)
     what = re.sub(r"^[a-z_.]+\.(\w+: )", r"\1", _first_line(cause))  # a.b.XError: -> XError:
-    ours = re.match(r"(InvalidRecordError|TooManyInvalidError): ", what)
+    ours = re.match(r"(InvalidRecordError|TooManyInvalidError|RunIncomplete): ", what)
     if ours:  # the job's own errors are phrased for the user already
         what = what[ours.end():]
-    elif not isinstance(cause, InvalidRecordError) and not re.match(r"[A-Z]\w*: ", what):
+    elif not isinstance(cause, InvalidRecordError | RunIncomplete) and not re.match(
+            r"[A-Z]\w*: ", what):
         what = f"{type(cause).__name__}: {what}"
     if _NO_ROOM.search(what):
         what += (" (the disk of output.path / report is full, or a file size limit was hit: "
@@ -254,15 +276,19 @@ def beam_quiet(verbose: bool, quiet: bool = False) -> Iterator[None]:
             if verbose:
                 yield
                 return
-            beam_log = logging.getLogger("apache_beam")
-            level, stderr = beam_log.level, sys.stderr
-            beam_log.setLevel(logging.CRITICAL)
+            # Beam's, and Dask's client (a scheduler gone: "Failed to reconnect to
+            # scheduler after 30.00 seconds", an ERROR record before the job's own line)
+            logs = [logging.getLogger(name) for name in ("apache_beam", "distributed.client")]
+            levels, stderr = [log.level for log in logs], sys.stderr
+            for log in logs:
+                log.setLevel(logging.CRITICAL)
             sys.stderr = _NoTracebacks(stderr)
             try:
                 with _no_logged_tracebacks():
                     yield
             finally:
-                beam_log.setLevel(level)
+                for log, level in zip(logs, levels, strict=True):
+                    log.setLevel(level)
                 sys.stderr = stderr
         finally:
             logging.disable(disabled)

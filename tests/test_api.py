@@ -3,6 +3,7 @@ output (bars on a terminal, lines otherwise, nothing with --quiet)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pty
 import re
@@ -416,3 +417,28 @@ def test_quiet_on_a_terminal_draws_nothing(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, env={**os.environ,
                                                                      "TERM": "xterm"})
     assert r.returncode == 0 and r.stdout.strip() == "", r.stdout
+
+
+def test_a_run_is_done_only_with_its_own_summary(tmp_path, parquet_in):
+    """The runner returned (a Dask scheduler gone had ended Beam's wait as if done): the
+    previous run's summary.json was read and reported as this run's. A run is done when
+    the runner's result is DONE and summary.json is this attempt's."""
+    from pipeline.api import _published
+    from pipeline.preflight import prepare
+    from pipeline.runners.common import RunIncomplete
+
+    cfg = {"input": {"format": "parquet", "path": parquet_in, "tensor": "emb", "id": "id"},
+           "output": {"path": str(tmp_path / "out" / "clean")},
+           "report": str(tmp_path / "out" / "report")}
+    report = cfg["report"]
+    this = prepare(to_config(cfg, overwrite=True))  # a run about to start
+    with pytest.raises(RunIncomplete, match="summary.json in .* is not this run's"):
+        _published(this, report, "DONE")  # no summary.json yet
+    earlier = run_job(cfg, quiet=True)
+    with pytest.raises(RunIncomplete, match="summary.json in .* is not this run's"):
+        _published(this, report, "DONE")  # the earlier run's
+    with pytest.raises(RunIncomplete, match="in state FAILED, not DONE"):
+        _published(this, report, "FAILED")
+    assert earlier.summary["attempt"] != this.attempt
+    again = dataclasses.replace(this, attempt=earlier.summary["attempt"])
+    assert _published(again, report, "DONE").kept == earlier.kept == 5

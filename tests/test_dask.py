@@ -261,3 +261,60 @@ def test_a_scheduler_address_that_answers_is_taken(dask_address):
     from pipeline.runners.dask import check_address
 
     assert check_address(dask_address, 10.0) is None
+
+
+def test_a_scheduler_that_goes_away_mid_run_fails_the_run(tmp_path, parquet_in):
+    """The cluster at runner.address loses its scheduler while the job is publishing: the
+    command exited 0 and printed the previous run's summary.json as this run's. Now: exit
+    1, one line saying the cluster went away, the previous output as it was."""
+    import signal
+    import subprocess
+    import sys
+
+    import dask
+
+    from pipeline.publish import HOLD_ENV
+    from tests.jobkit import interruptible, run_job
+    from tests.test_preflight import snapshot
+    from tests.test_stopping import ROOT, WAIT_S, wait_for
+
+    hold = tmp_path / "hold"
+    hold.touch()  # the earlier run, on the local runner, is not held
+    env = {HOLD_ENV: str(hold)}
+    os.environ.update(env)  # the cluster's workers read it: started by this process
+    try:
+        assert run_job(tmp_path, "parquet", parquet_in, "runner.workers=1") == 0
+        before = snapshot(tmp_path / "out")
+        hold.unlink()
+        hold.with_name("hold.reached").unlink()
+        # the scheduler gone, the cluster's and the command's clients give up reconnecting
+        # after 2 s, not 30
+        with dask.config.set({"distributed.comm.timeouts.connect": "2s"}), \
+                distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                         dashboard_address=":0") as cluster:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "pipeline.run", "--config", str(tmp_path / "job.yaml"),
+                 "--quiet", "--overwrite", "--set", "runner.name=dask", "--set",
+                 f"runner.address={cluster.scheduler_address}"], cwd=ROOT,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env={**os.environ, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "2s"},
+                start_new_session=True, preexec_fn=interruptible)
+            try:
+                wait_for(hold.with_name("hold.reached"), proc)  # Publish, on the worker
+                cluster.sync(cluster.scheduler.close)
+                out, err = proc.communicate(timeout=WAIT_S)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                hold.touch()  # the held task ends (its run's leases are gone: it publishes
+                # nothing), so its worker stops at once
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
+        hold.touch()
+    assert proc.returncode == 1 and out == ""
+    (line,) = err.strip().splitlines()
+    assert line.startswith("error: the job failed; nothing was published (the previous "
+                           "output, if any, is unchanged): the Dask cluster at "
+                           f"{cluster.scheduler_address} went away"), line
+    assert snapshot(tmp_path / "out") == before

@@ -110,6 +110,12 @@ def end_process(code: int) -> NoReturn:
     os._exit(code)
 
 
+class RunIncomplete(RuntimeError):
+    """The runner returned, but the job did not finish: a cluster that went away, a
+    result state other than DONE, a summary.json that is not this attempt's. Its message
+    is phrased for the user (the one line after "the job failed; ...")."""
+
+
 class Relay:
     """Replays in this process's progress tally the calls the worker processes append
     to a file (``pipeline.progress.FORWARD_ENV``), so the launcher shows the whole

@@ -223,8 +223,9 @@ def dask_runner(cfg: RunnerConfig):
         DaskRunner,
         DaskRunnerResult,
     )
+    from apache_beam.runners.runner import PipelineState
 
-    from pipeline.runners.common import available_cores
+    from pipeline.runners.common import RunIncomplete, available_cores
 
     class ClosingResult(DaskRunnerResult):
         """Stops the client, and the local cluster if this job started it, once done;
@@ -232,10 +233,14 @@ def dask_runner(cfg: RunnerConfig):
 
         cluster: Any = None
         persisted: list | None = None
+        address = ""
 
         def wait_until_finish(self, duration: int | None = None) -> str:
             try:
-                return super().wait_until_finish(duration)
+                state = super().wait_until_finish(duration)
+                # a scheduler that went away ends Beam's wait as if the job were done:
+                # its tasks are cancelled, not finished
+                unfinished = sum(f.status != "finished" for f in self.futures)
             except BaseException as e:  # the held collections too: Dask would recompute them
                 from distributed import futures_of
 
@@ -251,6 +256,13 @@ def dask_runner(cfg: RunnerConfig):
                 self.client.close()
                 if self.cluster is not None:
                     self.cluster.close()
+            if unfinished:
+                self._state = PipelineState.FAILED
+                raise RunIncomplete(
+                    f"the Dask cluster at {self.address} went away before the job finished "
+                    f"({unfinished} of its {len(self.futures)} last tasks did not run to the "
+                    "end)")
+            return state
 
     class ClusterDaskRunner(DaskRunner):
         def to_dask_bag_visitor(self, bag_kwargs=None):
@@ -298,6 +310,7 @@ def dask_runner(cfg: RunnerConfig):
                 raise
             closing = ClosingResult(result.client, result.futures)
             closing.cluster, closing.persisted = cluster, self.persisted + self.held
+            closing.address = dask.address or dask.scheduler_file or "?"
             threading.Thread(target=replicate_when_done, args=(result.client, self.persisted),
                              daemon=True, name="dask-side-inputs").start()
             return closing
