@@ -19,44 +19,51 @@ import os
 import signal
 import sys
 
-if getattr(multiprocessing.current_process(), "_inheriting", False):
+from pipeline import stopping  # the standard library only: before the heavy imports
+
+CONSOLE_SCRIPT = "tensordedup"
+_spawned = getattr(multiprocessing.current_process(), "_inheriting", False)
+if _spawned:
     # A process that multiprocessing spawns (a worker of the Dask cluster the job starts)
     # imports the command's module first: a Ctrl-C at the terminal reaches it too, and
     # the launcher alone decides what stops (pipeline.stopping kills it).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
+
+def _prog() -> str:
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return CONSOLE_SCRIPT if name.startswith(CONSOLE_SCRIPT) else "python -m pipeline.run"
+
+
 # The command's imports (Beam, Arrow...) make about 170k objects that live as long as the
 # process: collecting while they load is wasted work (three full collections, 0.1-0.2 s).
-# console() then freezes them (pipeline.runners.local.imports_frozen).
+# console() then freezes them (pipeline.runners.local.imports_frozen). They take seconds:
+# a Ctrl-C or SIGTERM then (the command's process only, not a library's import) ends it
+# with the stop's one line, not a traceback through Beam's __init__.
 _collecting = gc.isenabled()
 gc.disable()
 try:
-    from pipeline import stopping
-    from pipeline.api import (
-        VERBOSE_ENV,
-        JobFailed,
-        beam_quiet,
-        is_verbose,
-        publication,
-        run_prepared,
-        to_config,
-    )
-    from pipeline.config import ConfigError, describe_keys
-    from pipeline.preflight import prepare
-    from pipeline.runners.common import end_process, fewer_malloc_arenas, imports_frozen
-    from transforms.io.formats.base import InputError
-    from transforms.io.lease import LeaseHeld
+    with stopping.while_importing(not _spawned and (
+            __name__ == "__main__" or _prog() == CONSOLE_SCRIPT)):
+        from pipeline.api import (
+            VERBOSE_ENV,
+            JobFailed,
+            beam_quiet,
+            is_verbose,
+            publication,
+            run_prepared,
+            to_config,
+        )
+        from pipeline.config import ConfigError, describe_keys
+        from pipeline.preflight import prepare
+        from pipeline.runners.common import end_process, fewer_malloc_arenas, imports_frozen
+        from transforms.io.formats.base import InputError
+        from transforms.io.lease import LeaseHeld
 finally:
     if _collecting:
         gc.enable()
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
-CONSOLE_SCRIPT = "tensordedup"
-
-
-def _prog() -> str:
-    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    return CONSOLE_SCRIPT if name.startswith(CONSOLE_SCRIPT) else "python -m pipeline.run"
 
 
 def split_beam_args(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -272,6 +272,32 @@ def _readable(fd: int, timeout: float | None) -> bool:
 
 
 @contextlib.contextmanager
+def while_importing(active: bool) -> Iterator[None]:
+    """The command's imports, before ``handled`` (Beam's take seconds, when a user's first
+    Ctrl-C comes: "oops, wrong config"): SIGINT or SIGTERM ends the process at once with
+    the stop's one line and exit code (nothing was started or written yet), not with a
+    KeyboardInterrupt traceback through the module being imported. ``active`` False (a
+    library's import of the module): nothing changes. Signals ignored (nohup) stay so."""
+    if not active or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in EXIT_CODES}
+
+    def on_signal(signum: int, frame) -> None:
+        _stderr(line(signum))
+        os._exit(exit_code(signum))
+
+    for s, before in previous.items():
+        if before is not signal.SIG_IGN:
+            signal.signal(s, on_signal)
+    try:
+        yield
+    finally:
+        for s, before in previous.items():
+            signal.signal(s, before)
+
+
+@contextlib.contextmanager
 def handled(*, exits: bool, say: Callable[[str], None] | None = None) -> Iterator[None]:
     """SIGINT and SIGTERM stop the job inside the block (main thread only; elsewhere the
     block changes nothing). ``exits``: this is the command's process, which a stop ends

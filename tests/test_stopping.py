@@ -144,6 +144,44 @@ def test_a_signal_while_the_job_runs_stops_it_at_once(tmp_path, near_input, isol
     assert_nothing_left(tmp_path, before, *isolated)
 
 
+# The command's process, held inside its imports where Beam's begin (a finder that
+# announces the import and waits; a signal ends the wait)
+HELD_IMPORT = """
+import os, sys, threading
+from pathlib import Path
+
+class Hold:
+    def find_spec(self, name, path=None, target=None):
+        if name == "apache_beam":
+            Path(os.environ["HOLD_IMPORT_AT"]).touch()
+            threading.Event().wait(WAIT_S)
+        return None
+
+sys.meta_path.insert(0, Hold())
+"""
+
+
+@pytest.mark.parametrize(("entry", "signum"), [("console", signal.SIGINT),
+                                               ("module", signal.SIGTERM)])
+def test_a_signal_while_the_command_imports(tmp_path, entry, signum):
+    """Ctrl-C in the first seconds, while Beam imports: a 30-50 line KeyboardInterrupt
+    traceback (SIGTERM: killed by the signal, no line). Now the stop's one line and its
+    exit code, from the console script and from python -m pipeline.run alike."""
+    reached = tmp_path / "importing"
+    run = ("sys.argv[0] = 'tensordedup'; from pipeline.run import console; console()"
+           if entry == "console" else
+           "import runpy; runpy.run_module('pipeline.run', run_name='__main__', "
+           "alter_sys=True)")
+    proc = start(tmp_path / "job.yaml", env={"HOLD_IMPORT_AT": str(reached)},
+                 code=HELD_IMPORT.replace("WAIT_S", str(WAIT_S)) + run)
+    wait_for(reached, proc)
+    t0 = time.monotonic()
+    send(proc, signum)
+    code, err, took = ended(proc, t0, FIRST_S)
+    assert (code, err) == ({signal.SIGINT: 130, signal.SIGTERM: 143}[signum], [LINES[signum]])
+    assert took < FIRST_S, took
+
+
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_ctrl_c_during_the_checks(tmp_path, near_input, isolated, dry_run):
     """The checks wait on a remote filesystem that never answers (its own timeout is 300
