@@ -140,34 +140,38 @@ def _check_paths(cfg: DedupeConfig, files: list[str], root: str, output: str, re
                              "a later run would read its own output: write outputs elsewhere")
         exists = bounded(target, fs.exists_under, key, "checking whether it exists",
                           cfg.tuning.remote_timeout_s)
-        if exists and bounded(target, lambda t: fs.exists(fs.join(t, layout.STORE_META)), key,
-                              "checking whether it is a fingerprint store",
-                              cfg.tuning.remote_timeout_s):
-            raise InputError(f"{key}: {target} is a fingerprint store ({layout.STORE_META}): "
-                             f"choose another {key} (a run never replaces a store)")
         if exists:
-            _check_ours(key, target, names if key == "output.path" else None,
-                        cfg.tuning.remote_timeout_s)
+            found = bounded(target, _listing, key, "listing what it holds",
+                            cfg.tuning.remote_timeout_s)
+            if found is not None and layout.STORE_META in found:
+                raise InputError(f"{key}: {target} is a fingerprint store "
+                                 f"({layout.STORE_META}): choose another {key} (a run never "
+                                 "replaces a store)")
+            _check_ours(key, target, found, names if key == "output.path" else None)
         if exists and not replace:
             raise InputError(f"{key}: {target} already exists: remove it, choose another path, "
                              "or set output.overwrite: true (--overwrite)")
 
 
-def _check_ours(key: str, target: str, shards: list[str] | None, timeout: float) -> None:
-    """An existing output (``shards``: this run's clean shard names) or report (None)
-    that holds anything a run does not write there, or is a file, is never replaced:
-    overwrite replaces an earlier run's output, not a folder of other files."""
-    def listing(path: str) -> list[str] | None:
-        if fs.is_local(path):
-            if not os.path.isdir(path):
-                return None
-            return sorted(os.path.relpath(os.path.join(at, n), path).replace(os.sep, "/")
-                          for at, _, names in os.walk(path) for n in names)
-        if fs.exists(path):
+def _listing(path: str) -> list[str] | None:
+    """The files below an existing output or report ('/'-separated, relative), or None
+    when it is a file."""
+    if fs.is_local(path):
+        if not os.path.isdir(path):
             return None
-        return [f[len(path.rstrip("/")) + 1:] for f in fs.match(path.rstrip("/") + "/**")]
+        return sorted(os.path.relpath(os.path.join(at, n), path).replace(os.sep, "/")
+                      for at, _, names in os.walk(path) for n in names)
+    if fs.exists(path):
+        return None
+    return [f[len(path.rstrip("/")) + 1:] for f in fs.match(path.rstrip("/") + "/**")]
 
-    found = bounded(target, listing, key, "listing what it holds", timeout)
+
+def _check_ours(key: str, target: str, found: list[str] | None,
+                shards: list[str] | None) -> None:
+    """An existing output (``shards``: this run's clean shard names) or report (None)
+    that holds anything a run does not write there (``found``: ``_listing``), or is a
+    file, is never replaced: overwrite replaces an earlier run's output, not a folder of
+    other files."""
     if found is None:
         raise InputError(f"{key}: {target} is a file, not a tensordedup output: choose "
                          f"another {key}, or delete it yourself")

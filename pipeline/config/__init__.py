@@ -403,7 +403,8 @@ def read_config_file(path: str | Path) -> dict:
     """The YAML file's mapping (``yaml.safe_load``); one-line ``ConfigError`` otherwise."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text()
+        data = yaml.safe_load(text) or {}
     except FileNotFoundError:
         raise ConfigError(f"config file {path} not found: check the --config path") from None
     except OSError as e:  # a directory, no permission, a file where a directory should be
@@ -414,7 +415,7 @@ def read_config_file(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of keys, not "
                           f"{type(data).__name__}")
-    twice = _repeated_key(yaml.compose(path.read_text(), Loader=yaml.SafeLoader), "")
+    twice = _repeated_key(yaml.compose(text, Loader=yaml.SafeLoader), "")
     if twice is not None:
         raise ConfigError(f"config file {path}: key {twice[0]!r} appears twice (lines "
                           f"{twice[1]} and {twice[2]}; YAML would keep the last): keep one")
