@@ -171,7 +171,7 @@ def refusal(path: str, target: str, info: dict) -> str:
         return (f"{target} has a lease file that cannot be read ({path} is empty or not a "
                 "lease tensordedup wrote): if no run is using it, delete that file and run "
                 "again")
-    until = _iso(info["expires"]) if isinstance(info.get("expires"), int | float) else "?"
+    until = _iso(info["expires"])
     holder = (f"run {info.get('run_id', '?')} (host {info.get('host', '?')}, pid "
               f"{info.get('pid', '?')}, since {_iso(info.get('started'))}"
               + (", a detached Dataflow job" if info.get("detached") else "")
