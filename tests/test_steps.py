@@ -3,6 +3,7 @@ assert_that on real files (pyarrow) and records, against brute-force oracles."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import apache_beam as beam
@@ -156,19 +157,24 @@ def _jaccard_records(kind: str) -> tuple[list, dict[int, int]]:
     return values + blank + [odd], want
 
 
-@pytest.mark.parametrize("kind", ["text", "token"])
+@pytest.mark.parametrize("kind", ["text", "token", "token, spec pickled"])
 def test_dedup_jaccard_over_dicts_takes_the_unit_of_the_records(kind):
     """NearSpec("jaccard", t) without shingles: word for texts, token for integer
     sequences, as the job (texts went to INVALID, token sequences crashed the pipeline);
     blank records are INVALID with the job's reason (they were kept, their repeats removed
-    as exact copies); a record of the other kind is compared with its own kind only."""
+    as exact copies); a record of the other kind is compared with its own kind only. A
+    spec that went through pickle (saved, or sent to a worker) does the same (it took
+    word, and every token sequence went to INVALID)."""
+    spec = NearSpec("jaccard", 0.8)
+    if kind.endswith("pickled"):
+        kind, spec = "token", pickle.loads(pickle.dumps(spec))
     values, want = _jaccard_records(kind)
     n, unit = len(values), "word" if kind == "text" else "token"
     records = [{"id": f"r{i}", "v": v, "i": i} for i, v in enumerate(values)]
     blank = list(range(n - 1 - (4 if kind == "text" else 2), n - 1))
     with pipeline() as p:
         out = p | beam.Create(records) | Dedup(key="v", id="id", keep=Keep.min("i"),
-                                                near=NearSpec("jaccard", 0.8), chunk_rows=8)
+                                                near=spec, chunk_rows=8)
         assert_that(out[REMOVED] | beam.Map(lambda r: (r["record"]["i"],
                                                         int(r["duplicate_of"][1:]))),
                     equal_to(list(want.items())), label="removed")
@@ -179,6 +185,34 @@ def test_dedup_jaccard_over_dicts_takes_the_unit_of_the_records(kind):
                     equal_to([i for i in range(n) if i not in want and i not in blank]),
                     label="kept")
     assert len(want) >= 6
+
+
+def test_dedup_shape_compares_records_of_that_shape_only():
+    """Vectors of two sizes with near: ``shape`` keeps the search to the records of that
+    shape (the others INVALID, naming it), removals as the oracle's over those; without
+    it the pipeline stops, naming the setting."""
+    x = with_copies(3, 600, 24)
+    short = np.random.default_rng(3).normal(size=(40, 16)).astype(np.float32)
+    short[1] = short[0]  # copies of another size are not compared either
+    values = [*x, *short]
+    records = [{"id": f"r{i}", "emb": v, "i": i} for i, v in enumerate(values)]
+    near = NearSpec("cosine", 0.02)
+    want = oracle(x, near)
+    with pipeline() as p:
+        out = (p | beam.Create(records)
+               | Dedup(key="emb", id="id", keep=Keep.min("i"), near=near, shape=(24,),
+                       chunk_rows=500))
+        assert_that(out[REMOVED] | beam.Map(lambda r: (r["record"]["i"],
+                                                        int(r["duplicate_of"][1:]))),
+                    equal_to(list(want.items())), label="removed")
+
+        def reasons(rows):
+            assert sorted(r["record"]["i"] for r in rows) == list(range(len(x), len(values)))
+            assert all("[24]" in r["reason"] for r in rows), rows[0]["reason"]
+        assert_that(out[INVALID], check(reasons), label="invalid")
+    assert len(want) > 20
+    with pytest.raises(Exception, match="shape="), pipeline() as p:
+        _ = p | beam.Create(records) | Dedup(key="emb", id="id", near=near, chunk_rows=500)
 
 
 def test_dedup_over_records_needs_a_key():

@@ -5,10 +5,10 @@ of the input; and each step's work in its units for the plan's rates.
 
 Why the kernels on a sample: the cost of the stage is set by the data, not the config:
 how many shingles a record has, how many of its keys it shares (copies, crowds,
-boilerplate) and how many pairs a decision verifies. The sample (the first records of
-every file, as many as the job's own plan samples) is shingled, keyed and decided in
-keep order exactly as the job does (``transforms.near.sets``), so ``mode: auto`` is
-chosen by the job's rule and the counts are the job's counts on those records.
+boilerplate) and how many pairs a decision verifies. The sample (drawn across the
+input, as many as the job's own plan samples: ``workload.sample_records``) is shingled,
+keyed and decided in keep order exactly as the job does (``transforms.near.sets``), so
+``mode: auto`` is chosen by the job's rule and the counts are the job's counts on those records.
 
 Why a fit over nested parts of the sample: a sample of a fraction f of the records
 holds a fraction f of a crowd's members (grouped records grow as the sample does) but
@@ -147,10 +147,11 @@ def _growth(sizes: list[int], ys: list[float], n: float) -> float:
     return full * (n / sizes[-1]) ** e
 
 
-def sets_cost(spec: NearSpec, values: list, local: int, records: int) -> SetsCost | None:
-    """The stage's figures for ``records`` records of an input of ``local`` records whose
-    first records are ``values`` (texts or integer sequences as the job reads them);
-    None when no sampled record holds a unit."""
+def sets_cost(spec: NearSpec, values: list, local: int, records: int,
+              drawn: str = "drawn uniformly from every record") -> SetsCost | None:
+    """The stage's figures for ``records`` records of an input of ``local`` records
+    sampled as ``values`` (texts or integer sequences as the job reads them, in read
+    order; ``drawn``: how, in words); None when no sampled record holds a unit."""
     sh = spec.shingles
     sets = record_sets(values, sh)
     ok = np.flatnonzero(~sets.empty)
@@ -183,7 +184,7 @@ def sets_cost(spec: NearSpec, values: list, local: int, records: int) -> SetsCos
         sig = signatures(sets, bands * rows)
         rec, keys = (np.repeat(np.arange(s), bands),
                      band_keys(sig, bands, rows).reshape(-1))
-    rank = np.arange(s)  # the first records in keep order (keep: first)
+    rank = np.arange(s)  # the sample in keep order (keep: first)
     order = np.random.default_rng(0).permutation(s)
     sizes = sorted({max(1, s // p) for p in PARTS})
     measured = [_stats(sets, rank, rec, keys, sig, np.sort(order[:m]), spec) for m in sizes]
@@ -195,7 +196,7 @@ def sets_cost(spec: NearSpec, values: list, local: int, records: int) -> SetsCos
         at = {k: _at(sizes, [m[k] for m in measured], target) for k in measured[-1]}
         for k in ("grouped", "removed"):  # records, not pairs: the fit's s^2 may pass n
             at[k] = min(at[k], target)
-        how = (f"the job's kernels on {s:,} sampled records (the first of each file), "
+        how = (f"the job's kernels on {s:,} sampled records ({drawn}), "
                "fitted over a quarter, a half and all of them")
     largest = {k: math.ceil(_growth(sizes, [m[k] for m in measured],
                                     records * valid * unique))

@@ -30,7 +30,7 @@ from pipeline.capacity.jaccard import (
     set_units,
     working_sets,
 )
-from pipeline.capacity.workload import Workload, workload
+from pipeline.capacity.workload import DRAWN, Workload, workload
 from pipeline.config import DedupeConfig
 from pipeline.config.runner import RunnerConfig
 from pipeline.job import Job
@@ -511,8 +511,8 @@ def _set_warnings(w: Workload, c: Cluster, cap: Capacity, ws: dict[str, float],
 
 def _set_assumptions(w: Workload) -> list[str]:
     """What a jaccard plan takes for granted."""
-    out = ["the first records of each file are a uniform sample of the input (the job "
-           "samples by digest)"]
+    out = [] if w.whole else [f"records {DRAWN[False]} are a uniform sample of the input "
+                              "(the job samples by digest over every record)"]
     if w.sets.sampled < w.records * w.sets.valid * w.sets.distinct:
         out.append("the input is duplicated throughout as in its sample: records in "
                    "candidate groups, pairs verified and removals per record stay as "

@@ -62,6 +62,7 @@ class Workload:
     missing: list[str] = field(default_factory=list)
     sized: str | None = None  # how a record's size was found, when the spec does not fix it
     chunking: Chunking = field(default_factory=Chunking)  # tuning's: what a chunk holds
+    whole: bool = False  # the samples were drawn from every record (``sample_records``)
 
 
 def _size(path: str) -> int:
@@ -91,25 +92,75 @@ def count_chunks(job: Job, rows: int) -> int | None:
     return sum(max(1, math.ceil((u.stop - u.start) / rows)) for u in units)
 
 
-def first_records(job: Job, rows: int) -> Iterator[np.ndarray]:
-    """Chunks of up to ``rows`` records in all, taken evenly from every file's start (the
-    records as the job reads them). The job samples by digest over all records; the
-    first records of each file stand in for that here (a named assumption of the plan)."""
+READ_WHOLE_BYTES = 64 << 20  # an input this small (its files' bytes) is read whole
+SPREAD = 8  # a larger one: records from this many evenly spaced places of each file
+
+
+DRAWN = {True: "drawn uniformly from every record",
+         False: f"from {SPREAD} evenly spaced places of each file"}
+
+
+def reads_whole(job: Job) -> bool:
+    """Whether a dry run reads every record of ``job``'s input (``sample_records``)."""
+    return sum(_size(f) for f in job.files) <= READ_WHOLE_BYTES
+
+
+def sample_records(job: Job, rows: int) -> Iterator[np.ndarray]:
+    """Chunks of up to ``rows`` records in all, in read order (the records as the job
+    reads them). The job's planner samples uniformly (by digest) over every record; an
+    input of at most ``READ_WHOLE_BYTES`` is read whole and sampled uniformly too, so
+    ordered data (sorted by label, consecutive windows of one text) is planned from
+    what the job sees. A larger input is read from ``SPREAD`` evenly spaced places of
+    each file (a named assumption of the plan: that they stand for the whole)."""
+    if reads_whole(job):
+        yield from _uniform(job, rows)
+        return
     fmt = get_format(job.cfg.input.format, job.spec)
     per_file = max(1, math.ceil(rows / len(job.files)))
     for i, path in enumerate(job.files):
-        got = 0
-        for unit in fmt.plan(path, i, per_file, job.spec)[:1]:
-            for chunk in fmt.read(unit, job.spec, min(per_file, job.chunking.chunk_rows)):
-                yield chunk.tensors[:per_file - got]
-                got += min(len(chunk.tensors), per_file - got)
-                if got >= per_file:
+        units = fmt.plan(path, i, max(1, per_file // SPREAD), job.spec)
+        picks = np.unique(np.linspace(0, len(units) - 1, min(SPREAD, len(units))).round())
+        each = max(1, math.ceil(per_file / len(picks)))
+        for unit in (units[int(p)] for p in picks):
+            got = 0
+            for chunk in fmt.read(unit, job.spec, min(each, job.chunking.chunk_rows)):
+                yield chunk.tensors[:each - got]
+                got += min(len(chunk.tensors), each - got)
+                if got >= each:
                     break
 
 
+def _uniform(job: Job, rows: int) -> Iterator[np.ndarray]:
+    """``rows`` records drawn uniformly from every record of the input (the smallest of
+    a random key per record), in read order."""
+    fmt = get_format(job.cfg.input.format, job.spec)
+    rng = np.random.default_rng(0)
+    keys: list[np.ndarray] = []
+    held: list[np.ndarray] = []
+    for i, path in enumerate(job.files):
+        for unit in fmt.plan(path, i, 1 << 62, job.spec):
+            for chunk in fmt.read(unit, job.spec, job.chunking.chunk_rows):
+                keys.append(rng.random(len(chunk.tensors)))
+                held.append(chunk.tensors)
+                if sum(map(len, keys)) > 2 * rows:  # keep the smallest ``rows`` keys
+                    keys, held = _smallest(keys, held, rows)
+    yield from _smallest(keys, held, rows)[1]
+
+
+def _smallest(keys: list[np.ndarray], held: list[np.ndarray], rows: int
+              ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each chunk's rows among the ``rows`` smallest keys of all, in order."""
+    if not keys or sum(map(len, keys)) <= rows:
+        return keys, held
+    cut = np.partition(np.concatenate(keys), rows - 1)[rows - 1]
+    picked = [np.flatnonzero(k <= cut) for k in keys]
+    return ([k[p] for k, p in zip(keys, picked, strict=True) if len(p)],
+            [t[p] for t, p in zip(held, picked, strict=True) if len(p)])
+
+
 def sample_vectors(job: Job, rows: int) -> np.ndarray:
-    """Up to ``rows`` tensors as (rows, values), from every file's start."""
-    parts = [x.reshape(len(x), -1) for x in first_records(job, rows)]
+    """Up to ``rows`` tensors as (rows, values), drawn across the input."""
+    parts = [x.reshape(len(x), -1) for x in sample_records(job, rows)]
     return np.concatenate(parts)[:rows] if parts else np.zeros((0, 1), np.float32)
 
 
@@ -131,11 +182,11 @@ def _sizes(tensors: np.ndarray) -> tuple[list[int], list[int]]:
 
 def measured_size(job: Job, rows: int = SIZE_SAMPLE) -> tuple[float, float, int] | None:
     """(mean bytes, mean values, records sampled) of records whose size the spec does not
-    fix (text, stored bytes, lists of no fixed size), from each file's first records;
+    fix (text, stored bytes, lists of no fixed size), from records drawn across the input;
     None when none could be read."""
     sizes: list[int] = []
     values: list[int] = []
-    for tensors in first_records(job, rows):
+    for tensors in sample_records(job, rows):
         b, v = _sizes(tensors)
         sizes += b
         values += v
@@ -204,6 +255,7 @@ def workload(job: Job, records: int | None = None) -> Workload:
                        "read to measure it: set input.shape and input.dtype")
     counted = count_records(job)
     file_bytes = sum(_size(f) for f in job.files)
+    whole = file_bytes <= READ_WHOLE_BYTES
     if counted is None and records is None:
         missing.append(f"records: {job.cfg.input.format} files have no index to count "
                        "them from: give --plan-records N")
@@ -220,13 +272,13 @@ def workload(job: Job, records: int | None = None) -> Workload:
         return _with_sets(job, Workload(n, file_bytes, record_bytes, dim, near_spec=job.near,
                                         chunking=job.chunking,
                                         recall_sample=job.near.recall_sample,
-                                        missing=missing, sized=sized), counted)
+                                        missing=missing, sized=sized, whole=whole), counted)
     elif job.near is not None and n and dim:
         near = near_cost(job, n, dim)
     return Workload(n, file_bytes, record_bytes, dim, near=near, near_spec=job.near,
                     chunking=job.chunking,
                     recall_sample=job.near.recall_sample if job.near else 0,
-                    missing=missing, sized=sized)
+                    missing=missing, sized=sized, whole=whole)
 
 
 def parquet_text_bytes(job: Job) -> float | None:
@@ -255,8 +307,8 @@ def parquet_text_bytes(job: Job) -> float | None:
 
 
 def _with_sets(job: Job, w: Workload, counted: int | None) -> Workload:
-    """``w`` with the jaccard stage's figures (``jaccard.sets_cost`` on the first records
-    of every file), the text's mean size over all records where the files say it, and
+    """``w`` with the jaccard stage's figures (``jaccard.sets_cost`` on records drawn
+    across the input), the text's mean size over all records where the files say it, and
     the chunks the input is cut into."""
     from transforms.io.formats.base import rows_within
 
@@ -264,9 +316,9 @@ def _with_sets(job: Job, w: Workload, counted: int | None) -> Workload:
         w = replace(w, record_bytes=max(1, round(text)),
                     sized="text: the Parquet column's size over every record")
 
-    values = [v for chunk in first_records(job, SAMPLE) for v in chunk]
+    values = [v for chunk in sample_records(job, SAMPLE) for v in chunk]
     local = counted if counted is not None else w.records
-    cost = sets_cost(job.near, values, local, w.records) if values else None
+    cost = sets_cost(job.near, values, local, w.records, DRAWN[w.whole]) if values else None
     if cost is None:
         return replace(w, missing=[*w.missing, "near jaccard: no sampled record holds a "
                                    f"{job.near.shingles.unit} to compare"])

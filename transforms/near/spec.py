@@ -50,6 +50,13 @@ class Shingles:
         """Units per shingle."""
         return self.size if self.size is not None else DEFAULT_SIZE[self.unit]
 
+    def __reduce__(self):
+        """``FROM_DATA`` pickles as itself (a NearSpec sent to workers or saved keeps
+        taking its unit from the records); any other as its fields."""
+        if self is FROM_DATA:
+            return "FROM_DATA"
+        return Shingles, (self.unit, self.size, self.normalize, self.permutations, self.bands)
+
 
 def check_rank(n: int, rank) -> None:
     """One keep-order rank per record (a short one was an IndexError deep in the search)."""
