@@ -62,7 +62,7 @@ class Workload:
     missing: list[str] = field(default_factory=list)
     sized: str | None = None  # how a record's size was found, when the spec does not fix it
     chunking: Chunking = field(default_factory=Chunking)  # tuning's: what a chunk holds
-    whole: bool = False  # the samples were drawn from every record (``sample_records``)
+    whole: bool = False  # jaccard's sample was drawn from every record (``reads_whole``)
 
 
 def _size(path: str) -> int:
@@ -92,27 +92,29 @@ def count_chunks(job: Job, rows: int) -> int | None:
     return sum(max(1, math.ceil((u.stop - u.start) / rows)) for u in units)
 
 
-READ_WHOLE_BYTES = 64 << 20  # an input this small (its files' bytes) is read whole
-SPREAD = 8  # a larger one: records from this many evenly spaced places of each file
-
-
+WHOLE = 5  # a dry run reads the whole input when it holds at most this many samples
+WHOLE_BYTES = 16 << 20  # (or, where the files cannot be counted, this many bytes)
+SPREAD = 8  # else: records from this many evenly spaced places of each file
 DRAWN = {True: "drawn uniformly from every record",
          False: f"from {SPREAD} evenly spaced places of each file"}
 
 
-def reads_whole(job: Job) -> bool:
-    """Whether a dry run reads every record of ``job``'s input (``sample_records``)."""
-    return sum(_size(f) for f in job.files) <= READ_WHOLE_BYTES
+def reads_whole(job: Job, rows: int) -> bool:
+    """Whether ``sample_records(job, rows)`` reads every record: at most ``WHOLE`` times
+    what it samples, so a dry run costs a few seconds, not the job's read."""
+    n = count_records(job)
+    return n <= WHOLE * rows if n is not None else \
+        sum(_size(f) for f in job.files) <= WHOLE_BYTES
 
 
 def sample_records(job: Job, rows: int) -> Iterator[np.ndarray]:
     """Chunks of up to ``rows`` records in all, in read order (the records as the job
-    reads them). The job's planner samples uniformly (by digest) over every record; an
-    input of at most ``READ_WHOLE_BYTES`` is read whole and sampled uniformly too, so
-    ordered data (sorted by label, consecutive windows of one text) is planned from
-    what the job sees. A larger input is read from ``SPREAD`` evenly spaced places of
-    each file (a named assumption of the plan: that they stand for the whole)."""
-    if reads_whole(job):
+    reads them). The job's planner samples uniformly (by digest) over every record; a
+    small input (``reads_whole``) is read whole and sampled uniformly too, so ordered
+    data (sorted by label, consecutive windows of one text) is planned from what the job
+    sees. A larger one is read from ``SPREAD`` evenly spaced places of each file (a named
+    assumption of the plan: that they stand for the whole)."""
+    if reads_whole(job, rows):
         yield from _uniform(job, rows)
         return
     fmt = get_format(job.cfg.input.format, job.spec)
@@ -255,7 +257,6 @@ def workload(job: Job, records: int | None = None) -> Workload:
                        "read to measure it: set input.shape and input.dtype")
     counted = count_records(job)
     file_bytes = sum(_size(f) for f in job.files)
-    whole = file_bytes <= READ_WHOLE_BYTES
     if counted is None and records is None:
         missing.append(f"records: {job.cfg.input.format} files have no index to count "
                        "them from: give --plan-records N")
@@ -272,13 +273,13 @@ def workload(job: Job, records: int | None = None) -> Workload:
         return _with_sets(job, Workload(n, file_bytes, record_bytes, dim, near_spec=job.near,
                                         chunking=job.chunking,
                                         recall_sample=job.near.recall_sample,
-                                        missing=missing, sized=sized, whole=whole), counted)
+                                        missing=missing, sized=sized), counted)
     elif job.near is not None and n and dim:
         near = near_cost(job, n, dim)
     return Workload(n, file_bytes, record_bytes, dim, near=near, near_spec=job.near,
                     chunking=job.chunking,
                     recall_sample=job.near.recall_sample if job.near else 0,
-                    missing=missing, sized=sized, whole=whole)
+                    missing=missing, sized=sized)
 
 
 def parquet_text_bytes(job: Job) -> float | None:
@@ -318,7 +319,8 @@ def _with_sets(job: Job, w: Workload, counted: int | None) -> Workload:
 
     values = [v for chunk in sample_records(job, SAMPLE) for v in chunk]
     local = counted if counted is not None else w.records
-    cost = sets_cost(job.near, values, local, w.records, DRAWN[w.whole]) if values else None
+    whole = reads_whole(job, SAMPLE)
+    cost = sets_cost(job.near, values, local, w.records, DRAWN[whole]) if values else None
     if cost is None:
         return replace(w, missing=[*w.missing, "near jaccard: no sampled record holds a "
                                    f"{job.near.shingles.unit} to compare"])
@@ -328,4 +330,4 @@ def _with_sets(job: Job, w: Workload, counted: int | None) -> Workload:
     chunks = count_chunks(job, rows) if counted is not None else None
     chunks = (math.ceil(w.records / rows) + len(job.files) if chunks is None
               else chunks * w.records / max(counted, 1))
-    return replace(w, sets=cost, chunks=max(1, round(chunks)))
+    return replace(w, sets=cost, chunks=max(1, round(chunks)), whole=whole)
