@@ -184,6 +184,8 @@ def test_dedup_jaccard_over_dicts_takes_the_unit_of_the_records(kind):
         assert_that(out[KEPT] | "Kept" >> beam.Map(lambda r: r["i"]),
                     equal_to([i for i in range(n) if i not in want and i not in blank]),
                     label="kept")
+        assert_that(out[NEAR_REPORT] | "Unit" >> beam.Map(lambda r: r.stats["unit"]),
+                    equal_to([unit]), label="unit")  # (it said word for token sequences)
     assert len(want) >= 6
 
 

@@ -215,6 +215,7 @@ class SetBatch:
     sets: Sets | None = None  # the rows' shingle sets; None while spilled (or not needed)
     spilled: str | None = None  # the file holding ``sets`` (``loaded()`` reads it)
     run: pa.Array | None = None  # store run ids (null: this run's records), or None
+    unit: str | None = None  # what the sets are made of (word, char, token); None: unknown
 
     def __len__(self) -> int:
         return len(self.position)
@@ -225,7 +226,7 @@ class SetBatch:
         return SetBatch(self.words[idx], self.prio[idx], self.order[idx], self.file_index[idx],
                         self.position[idx], self.ids.take(pa.array(idx, pa.int64())),
                         None if self.sets is None else self.sets.take(idx),
-                        run=_take_opt(self.run, idx))
+                        run=_take_opt(self.run, idx), unit=self.unit)
 
     def spill(self, folder: str) -> SetBatch:
         """The same rows with their keys and sets written to a file in ``folder`` (Arrow
@@ -276,7 +277,8 @@ class SetBatch:
         sets = (None if any(b.sets is None for b in batches)
                 else Sets.concat([b.sets for b in batches]))
         return SetBatch(*cat, pa.concat_arrays([b.ids for b in batches]), sets,
-                        run=concat_runs([b.run for b in batches], [len(b) for b in batches]))
+                        run=concat_runs([b.run for b in batches], [len(b) for b in batches]),
+                        unit=next((b.unit for b in batches if b.unit), None))
 
 
 # Why a record was removed: a copy of / near a record of this run, of a reference set

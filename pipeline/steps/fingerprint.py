@@ -57,7 +57,7 @@ def _sets(batch: KeyBatch, values: np.ndarray, keep: str, shingles: Shingles) ->
     """The batch's shingle sets (its records all have some: ``set_rows``)."""
     prio, order = keep_order(batch.file_index, batch.position, keep, batch.rank, batch.tier)
     return SetBatch(batch.words, prio, order, batch.file_index, batch.position, batch.ids,
-                    record_sets(values, shingles))
+                    record_sets(values, shingles), unit=shingles.unit)
 
 
 def set_rows(chunk: Chunk, shingles: Shingles, infer: bool

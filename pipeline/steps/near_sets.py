@@ -117,12 +117,14 @@ class SetPlan:
     n: int  # records that entered the stage
     sample: SetBatch | None  # the recall sample, its sets in memory (a few MB)
     frequent: tuple | None = None  # exact: the shingles common in the sample (ordered last)
+    unit: str = "word"  # the sets' unit, as the records gave it (``FROM_DATA``) or as set
 
 
 @dataclass
 class _Acc:
     n: int  # records seen
     plan: SetBatch | None  # the bottom-k rows so far, their sets in memory
+    unit: str | None = None  # the first batch's unit
 
 
 class PlanSets(beam.CombineFn):
@@ -137,6 +139,7 @@ class PlanSets(beam.CombineFn):
 
     def add_input(self, acc: _Acc, batch: SetBatch) -> _Acc:
         acc.n += len(batch)
+        acc.unit = acc.unit or batch.unit
         if self.k:
             mine = _bottom(batch.loaded(), self.k)
             acc.plan = mine if acc.plan is None else _bottom(SetBatch.concat([acc.plan, mine]),
@@ -147,7 +150,8 @@ class PlanSets(beam.CombineFn):
         accs = list(accs)
         parts = [a.plan for a in accs if a.plan is not None]
         return _Acc(sum(a.n for a in accs),
-                    _bottom(SetBatch.concat(parts), self.k) if parts else None)
+                    _bottom(SetBatch.concat(parts), self.k) if parts else None,
+                    next((a.unit for a in accs if a.unit), None))
 
     def extract_output(self, acc: _Acc) -> SetPlan:
         spec, sh = self.spec, self.spec.shingles
@@ -169,10 +173,11 @@ class PlanSets(beam.CombineFn):
                    f"at J = {max(spec.threshold - 0.1, 0):.2g}: {curve['below_0_1']:.4f}")
         else:
             how = "prefix-filter join (every pair at or above the threshold is found)"
-        progress.note(f"near: jaccard >= {spec.threshold:g} over {sh.unit} {sh.n}-grams of "
+        unit = acc.unit or sh.unit
+        progress.note(f"near: jaccard >= {spec.threshold:g} over {unit} {sh.n}-grams of "
                       f"{acc.n:,} records, {mode} ({why}): {how}")
         return SetPlan(mode, why, bands, rows, acc.n, sample,
-                       frequent if mode == "exact" else None)
+                       frequent if mode == "exact" else None, unit)
 
 
 def _auto_mode(sample: SetBatch | None, n: int, threshold: float, frequent: tuple | None
@@ -682,7 +687,7 @@ def merge_sets(parts: list[Decided], plan: SetPlan, spec: NearSpec, per_side: in
     """Every component's removals -> removals per file (kind near) and the NearReport
     (with the pairs the groups verified themselves: ``checked``)."""
     sh = spec.shingles
-    stats = {"metric": "jaccard", "unit": sh.unit, "size": sh.n, "normalize": sh.normalize,
+    stats = {"metric": "jaccard", "unit": plan.unit, "size": sh.n, "normalize": sh.normalize,
              "threshold_jaccard": spec.threshold, "mode": plan.mode, "mode_reason": plan.why,
              "bands": plan.bands, "rows": plan.rows, "records_entered": plan.n,
              "partitions": 1, "histogram_every": 1}
