@@ -211,7 +211,8 @@ def failure_line(e: BaseException) -> str:
     where it is a known one (a full disk or a file size limit)."""
     cause = _innermost(e)
     what = re.sub(r"^[a-z_.]+\.(\w+: )", r"\1", _first_line(cause))  # a.b.XError: -> XError:
-    ours = re.match(r"(InvalidRecordError|TooManyInvalidError|RunIncomplete): ", what)
+    ours = re.match(r"(InvalidRecordError|TooManyInvalidError|RepeatedIdsError|RunIncomplete): ",
+                    what)
     if ours:  # the job's own errors are phrased for the user already
         what = what[ours.end():]
     elif not isinstance(cause, InvalidRecordError | RunIncomplete) and not re.match(

@@ -31,6 +31,7 @@ from pipeline.steps import (
     StoreUpdate,
     WriteClean,
 )
+from pipeline.steps.ids import RepeatedIds
 from transforms.io import layout
 
 
@@ -73,6 +74,10 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
 
         long_records["embed"] = beam.pvalue.AsSingleton(
             read[FACTS] | "LongRecords" >> LongRecords(long_texts))
+    repeated = None
+    if job.spec.id is not None:  # ids from a column may repeat (default ids cannot)
+        repeated = beam.pvalue.AsSingleton(
+            read["chunks"] | "RepeatedIds" >> RepeatedIds(shards=cfg.tuning.shards))
     updates = pub.store is not None
     dedup = read | "Dedup" >> Dedup(
         keep=job.keep, near=job.near, exact=cfg.exact,
@@ -106,6 +111,7 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
                             inputs=TensorSource(cfg.input.format, job.spec),
                             reference=TensorSource(refs.format, refs.spec) if refs else None,
                             parts=beam.pvalue.AsList(parts["parts"]), pick=pick,
-                            file_rows=cfg.tuning.report_file_rows)
+                            file_rows=cfg.tuning.report_file_rows, repeated=repeated,
+                            id_column=job.spec.id)
      | "Publish" >> beam.Map(publish_run, beam.pvalue.AsList(store_parts), pub,
                                **long_records))

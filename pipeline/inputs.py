@@ -21,9 +21,10 @@ import pyarrow.parquet as pq
 from pipeline.config import DedupeConfig
 from pipeline.config.sections import InputConfig
 from pipeline.job import References
+from pipeline.steps.ids import repeated_line
 from transforms.io import fs
 from transforms.io.formats import get_format
-from transforms.io.formats.base import InputError, TensorSpec, error_line
+from transforms.io.formats.base import InputError, TensorSpec, arrow_ids, error_line
 from transforms.io.formats.parquet import row_shapes
 from transforms.io.formats.tfrecord_frames import record_start, shows_tfrecord
 from transforms.io.remote import bounded, each_bounded
@@ -195,6 +196,37 @@ def _check_text_ids(path: str, column: str) -> None:
                         "strings (e.g. hex), or leave input.id out (ids default to "
                         "<file>:<row>)") from None
                 row += 1
+
+
+FIRST_IDS = 1_000  # ids read from the start of each of the first FIRST_ID_FILES files
+FIRST_ID_FILES = 8
+
+
+def check_first_ids(files: list[str], column: str, timeout: float) -> None:
+    """Ids that repeat among the first records of the first Parquet files (a row number
+    restarting in every shard, the usual case) stop the run before any work; the job
+    checks every record's id too (``steps.ids.RepeatedIds``), after the work."""
+    def first_ids(path: str) -> list:
+        with pa.OSFile(path) if fs.is_local(path) else fs.open_read(path) as f:
+            try:
+                batch = next(pq.ParquetFile(f).iter_batches(batch_size=FIRST_IDS,
+                                                            columns=[column]), None)
+            except (OSError, pa.ArrowException, KeyError):  # the reader reports it
+                return []
+        return [] if batch is None else arrow_ids(batch.column(0)).to_pylist()
+
+    seen: dict[str, str] = {}
+    repeats = []
+    for path, ids in zip(files, each_bounded(files[:FIRST_ID_FILES], first_ids, "input.id",
+                                             "reading its first ids", timeout), strict=False):
+        for row, i in enumerate(ids):
+            here = f"{path} row {row}"
+            if i in seen:
+                repeats.append((seen[i], here))
+            elif i is not None:  # (a null id: the record is invalid)
+                seen[i] = here
+    if repeats:
+        raise InputError(repeated_line(f"{len(repeats):,} of the first", *repeats[0], column))
 
 
 def inspect_files(files: list[str], source: InputConfig, spec: TensorSpec, key: str,

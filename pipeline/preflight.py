@@ -30,6 +30,7 @@ from pipeline.config.sections import InputConfig
 from pipeline.embedding import Embedding, embedding
 from pipeline.inputs import (
     as_sequences,
+    check_first_ids,
     check_one_size,
     common_dir,
     first_known,
@@ -367,6 +368,8 @@ def prepare(cfg: DedupeConfig) -> Job:
     keep = keep_policy(cfg.keep)
     spec = as_sequences(cfg, cfg.input.to_spec(keep.column, cfg.tuning.decoded_chunk_bytes))
     checked = inspect_files(files, cfg.input, spec, "input.path", timeout)
+    if cfg.input.format == "parquet" and spec.id is not None:
+        check_first_ids(files, spec.id, timeout)
     first = first_known(checked)
     resolved = checked[first]
     if (cfg.near is not None and cfg.embed is None and cfg.input.format == "parquet"

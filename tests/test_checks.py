@@ -294,3 +294,55 @@ def test_a_dry_run_of_a_text_job_plans_from_the_texts_sizes(tmp_path, capsys):
     assert f"  input: 120 records of {round(mean):,} values (" in out
     assert "text: the mean of 120 sampled records)" in out and "wall time: " in out
     assert "input.shape" not in out and nothing_written(tmp_path)
+
+
+# --- ids that repeat ---------------------------------------------------------------------
+
+def _digits_shards(tmp_path: Path, fmt: str, ids_of) -> np.ndarray:
+    """scikit-learn's digits (1,797 x 64) in two shards of ``fmt``, the ids ``ids_of(k, n)``
+    for shard k of n records, a hundred rows of shard 0 copied into shard 1."""
+    from sklearn.datasets import load_digits
+
+    x = load_digits().data.astype(np.float32)
+    parts = [x[:900], np.concatenate([x[900:], x[:100]])]
+    for k, part in enumerate(parts):
+        write_input(fmt, tmp_path / "in" / f"shard-{k}.{fmt[:2]}", ids_of(k, len(part)),
+                    part, np.zeros(len(part), np.int64))
+    return x
+
+
+def test_ids_restarting_in_every_shard_stop_the_run_before_any_work(tmp_path, capsys):
+    """Row numbers as ids, restarting in each shard (pandas' index per shard): the job ran,
+    and filtering by its report (Manifest.keep_mask) dropped kept records that shared an
+    id with a removed one. Now one line, exit 2, naming both records."""
+    _digits_shards(tmp_path, "parquet", lambda k, n: [str(i) for i in range(n)])
+    assert run_job(tmp_path, "parquet", str(tmp_path / "in" / "*.pa")) == 2
+    line = one_error_line(capsys)
+    assert "shard-0.pa row 0 and" in line and "shard-1.pa row 0 share their input.id 'id'" \
+        in line and "remove input.id" in line, line
+    assert nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "hdf5"])
+def test_ids_repeated_past_the_first_records_fail_the_run_and_publish_nothing(
+        tmp_path, capsys, monkeypatch, fmt):
+    """Ids that repeat where no check before the run looks (past the first records of a
+    Parquet file, fewer here for time; HDF5 ids are read by the job alone): every
+    record's id is checked by the job, which fails before publishing, naming the first
+    pair. Unique ids run."""
+    import pipeline.inputs
+
+    monkeypatch.setattr(pipeline.inputs, "FIRST_IDS", 100)
+    _digits_shards(tmp_path, fmt, lambda k, n: [f"d{i}" for i in range(n)] if k == 0 else
+                   [f"d{2000 + i}" for i in range(n - 100)] + [f"d{i}" for i in range(100)])
+    glob_ = str(tmp_path / "in" / f"*.{fmt[:2]}")
+    assert run_job(tmp_path, fmt, glob_) == 1
+    line = one_error_line(capsys)
+    assert line.startswith("error: the job failed; nothing was published"), line
+    assert "100 records hold an id an earlier record holds" in line, line
+    assert f"shard-0.{fmt[:2]} row 0 and" in line and f"shard-1.{fmt[:2]} row 897 share" \
+        in line, line
+    assert not (tmp_path / "out" / "report").exists()
+    _digits_shards(tmp_path, fmt, lambda k, n: [f"d{i + 1000 * k}" for i in range(n)])
+    assert run_job(tmp_path, fmt, glob_) == 0
+    assert summary(tmp_path)["removed_exact"] >= 100

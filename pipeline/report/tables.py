@@ -28,6 +28,7 @@ from pipeline.report.near import write_near_report
 from pipeline.report.parts import DUPLICATES_SCHEMA, INVALID_SCHEMA, FileParts, invalid_rows
 from pipeline.report.pick import Pick
 from pipeline.steps.elements import KINDS, REFERENCE_FILES, FileResult, ReadFacts
+from pipeline.steps.ids import Repeats, repeated_line
 from pipeline.steps.near_cells import NN_PER_CELL
 from transforms.io import fs, layout
 from transforms.io.formats.base import (
@@ -125,6 +126,22 @@ class TooManyInvalidError(InvalidRecordError):
     """More of the input was invalid than ``max_invalid_fraction`` allows."""
 
 
+class RepeatedIdsError(InvalidRecordError):
+    """Records share an id (``input.id``): the report and filters could not tell them apart."""
+
+
+def check_repeated_ids(results: list[FileResult], repeated: Repeats | None,
+                       column: str | None) -> None:
+    """Fail the run (before Publish) when records share an id: removing one would drop
+    the other wherever the report is applied by id (the filters)."""
+    if repeated is None or not repeated.count:
+        return
+    path = {r.decision.file_index: r.decision.path for r in results}
+    (fa, ra), (fb, rb) = repeated.examples[0]
+    raise RepeatedIdsError(repeated_line(f"{repeated.count:,}", f"{path.get(fa, fa)} row {ra}",
+                                         f"{path.get(fb, fb)} row {rb}", column))
+
+
 def check_invalid_fraction(results: list[FileResult], limit: float) -> None:
     """Fail the run (before Publish, so the old output stays) when more than ``limit`` of
     the input records are invalid, or more than ``limit`` of the input files cannot be
@@ -157,11 +174,14 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
                  reference_facts: list[tuple[int, ReadFacts]] | None = None,
                  max_invalid_fraction: float = 1.0, inputs: TensorSource | None = None,
                  reference: TensorSource | None = None, *, parts: list[FileParts],
-                 pick: Pick, file_rows: int) -> dict:
+                 pick: Pick, file_rows: int, repeated: Repeats | None = None,
+                 id_column: str | None = None) -> dict:
     """The Report step: the Parquet reports, the near stage's histogram and borderline
     pairs, and index.html; returns the per-file counts and the stages' figures for
-    summary.json. Raises TooManyInvalidError first when more than
-    ``max_invalid_fraction`` of the input records are invalid (Publish then never runs).
+    summary.json. Raises RepeatedIdsError first when records share an id (``repeated``:
+    ``RepeatedIds``' finding over the ``id_column``), then TooManyInvalidError when more
+    than ``max_invalid_fraction`` of the input records are invalid (Publish then never
+    runs).
 
     ``parts``, ``pick``: what the workers wrote of duplicates.parquet and invalid.parquet
     into ``staging`` and what the page shows of it (``ReportParts``); each table becomes
@@ -172,6 +192,7 @@ def write_report(results: list[FileResult], staging: str, near: NearSpec | None 
     ``reference``: how to read their files back, so the page shows a few tensors (None:
     the page shows ids only)."""
     results = sorted(results, key=lambda r: r.decision.file_index)
+    check_repeated_ids(results, repeated, id_column)
     check_invalid_fraction(results, max_invalid_fraction)
     files = _files_table(results, reference_files)
     with fs.local_dir_for(staging) as folder:  # a temporary directory for gs:// & co.
