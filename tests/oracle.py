@@ -127,14 +127,14 @@ def near_decisions(pairs: dict[int, list[tuple[float, int]]], grouping: str,
                    protected: int = 0) -> dict[int, int]:
     """{removed row: kept row} from ``near_pairs`` in row order; the first ``protected``
     rows (reference or stored records) are never removed. Representative: each row names
-    its nearest kept earlier row (ties by the earlier row); components: each row names
-    its component's first row."""
+    its nearest kept earlier protected row, else its nearest kept earlier row (ties by
+    the earlier row); components: each row names its component's first row."""
     if grouping == "representative":
         out: dict[int, int] = {}
         for r in sorted(pairs):
             refs = [(d, e) for d, e in pairs[r] if e not in out]  # kept: not removed
-            if refs and r >= protected:
-                out[r] = min(refs)[1]  # nearest, ties by the earlier row
+            if refs and r >= protected:  # a protected record first, then the nearest
+                out[r] = min([x for x in refs if x[1] < protected] or refs)[1]
         return out
     return {i: r for i, r in component_roots(pairs).items() if r != i and i >= protected}
 

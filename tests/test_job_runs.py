@@ -26,6 +26,7 @@ from transforms.store.store import FingerprintStore
 
 DIM = 8
 THRESHOLD = 0.5
+TIERS = {"reference": 2, "store": 1, "new": 0}  # precedence of a near duplicate's match
 SPEC = NearSpec("l2", THRESHOLD)
 
 
@@ -49,7 +50,9 @@ def day(seed: int, n: int, earlier: list[np.ndarray] = ()) -> np.ndarray:
 def oracle(protected: list[tuple[str, np.ndarray, str]], new: list[tuple[str, np.ndarray]]
            ) -> dict[str, tuple[str, str]]:
     """{removed id: (kind, duplicate_of)}: exact then near (representative, l2) with the
-    protected records (id, tensor, "reference" | "store") kept first, in order."""
+    protected records (id, tensor, "reference" | "store") kept first, in order; a near
+    duplicate names its nearest record of the highest tier within the threshold
+    (reference, then store, then this run's: docs/runs.md's precedence)."""
     keys = {}
     for pid, t, tier in protected:
         keys.setdefault(canonical_key(t), (pid, tier))
@@ -68,7 +71,9 @@ def oracle(protected: list[tuple[str, np.ndarray, str]], new: list[tuple[str, np
             d, ok = exact_distance(np.repeat(t[None], len(kept), 0),
                                    np.array([k[1] for k in kept]), SPEC)
             if ok.any():
-                j = int(np.flatnonzero(ok)[np.argmin(d[ok])])
+                rank = np.array([TIERS[k[2]] for k in kept])
+                top = np.flatnonzero(ok & (rank == rank[ok].max()))
+                j = int(top[np.argmin(d[top])])
                 tier = kept[j][2]
                 out[rid] = ("near" if tier == "new" else f"{tier}_near", kept[j][0])
                 continue
@@ -261,6 +266,33 @@ def test_reference_and_store_together(tmp_path):
     assert run_day(tmp_path, "d2", "b", reference=refcfg) == 0
     stored = [(i, x, "store") for i, x in d1 if i not in e1]
     assert removals(tmp_path, "b") == oracle(protected + stored, d2)
+
+
+@pytest.mark.parametrize("where", ["reference", "store"])
+def test_a_near_copy_names_the_protected_record_before_a_nearer_one_of_the_run(
+        tmp_path, where):
+    """X within the threshold of a protected record P (0.45 away) and of R, a record of
+    this run kept before it (0.35 away; R is 0.8 from P): X is a near copy of P, as the
+    precedence says (it was reported as a plain near copy of R: a leak not counted)."""
+    rng = np.random.default_rng(14)
+    u = rng.normal(size=DIM)
+    u /= np.linalg.norm(u)
+    p = rng.normal(0, 4, DIM).astype(np.float32)
+    r, x = (p + 0.8 * u).astype(np.float32), (p + 0.45 * u).astype(np.float32)
+    old = write_day(tmp_path, "old", np.vstack([p, rng.normal(0, 4, (59, DIM))]).astype(
+        np.float32), files=1)
+    new = write_day(tmp_path, "new", np.vstack([r, x, day(15, 200)]))
+    if where == "reference":
+        refcfg = {"format": "parquet", "path": str(tmp_path / "old" / "*.parquet"),
+                  "tensor": "emb", "id": "id"}
+        assert run_day(tmp_path, "new", "b", store=None, reference=refcfg) == 0
+    else:
+        assert run_day(tmp_path, "old", "a") == 0
+        assert run_day(tmp_path, "new", "b") == 0
+    got = removals(tmp_path, "b")
+    assert got["new-1"] == (f"{where}_near", "old-0")
+    assert got == oracle([(i, v, where) for i, v in old], new)
+    assert summary(tmp_path, "b")[f"removed_{where}_near"] >= 1
 
 
 @pytest.mark.parametrize("variable", ["input", "reference"])

@@ -25,7 +25,7 @@ from pipeline import progress
 from pipeline.steps.borderline import borderline_sample
 from pipeline.steps.elements import VecBatch
 from pipeline.steps.near_grid import pair_histogram
-from transforms.exact import is_protected
+from transforms.exact import is_protected, tier_of
 from transforms.io import fs, spill
 from transforms.io.streams import read_stream_bytes, read_streams, stream_bytes, write_streams
 from transforms.near.find import assign_rows, decide_cell
@@ -215,7 +215,8 @@ def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: NearSpec,
                             plan.parts.mean + plan.parts.centroids[cell])
     d = decide_cell(batch.x, home, spec, plan.radius, None, z=z,
                          exact=plan.parts.mode == "exact", kept=kept,
-                         keys=batch.words, projection=plan.parts.projection)
+                         keys=batch.words, projection=plan.parts.projection,
+                         tier=tier_of(batch.prio, batch.order))
     nn_rows, nn_all = _nn_rows(batch, home, plan.nn_mod)
     nb, nn, nn_within = nearest_distances(batch.x, z, nn_rows, spec, plan.radius)
     del z  # a crowd's cell: as big as its values, or twice

@@ -82,7 +82,8 @@ def settle_unsure(cells: list, spec: NearSpec, radius: float, known: Lines | Non
     prio, order = np.concatenate([s.prio, b.prio]), np.concatenate([s.order, b.order])
     rank = np.empty(len(prio))
     rank[np.lexsort((order, prio))] = np.arange(len(prio))
-    r, d, dist = resolve_open(s.x, rank[:len(s)], h, bd, rank[len(s):], spec, radius)
+    r, d, dist = resolve_open(s.x, rank[:len(s)], h, bd, rank[len(s):], spec, radius,
+                              tier_of(s.prio, s.order), tier_of(b.prio, b.order))
     local = d >= 0
     dup = VecBatch.concat([s.take(d[local], values=False), b.take(r[~local], values=False)])
     dup = dup.take(np.argsort(np.r_[np.flatnonzero(local), np.flatnonzero(~local)],

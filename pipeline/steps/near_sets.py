@@ -579,7 +579,7 @@ def decide_component(item: tuple[int, Iterable[MemberSlice]], plan: SetPlan, spe
     sig = (signatures(recs.sets, plan.bands * plan.rows, spec.device)
            if plan.mode == "bounded" else None)
     dec = decide(gid.astype(np.int64), node.astype(np.int64), recs.sets, rank, spec.threshold,
-                 spec.grouping, is_protected(recs.prio), sig)
+                 spec.grouping, is_protected(recs.prio), sig, tier_of(recs.prio, recs.order))
     sizes = np.bincount(gid)
     keys = dataclasses.replace(recs, sets=None)  # only the ends' keys go on
     d, c, j = dec.missed

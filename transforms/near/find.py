@@ -180,13 +180,16 @@ def assign_rows(x: np.ndarray, spec: NearSpec, radius: float, parts: Partitions,
 
 
 def resolve_open(x: np.ndarray, pos: np.ndarray, home: np.ndarray, best_dist: np.ndarray,
-                 best_pos: np.ndarray, spec: NearSpec, radius: float
+                 best_pos: np.ndarray, spec: NearSpec, radius: float,
+                 tier: np.ndarray | None = None, best_tier: np.ndarray | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The records cells left open or in doubt (``home``), with the records they
     depend on that were kept (``home`` False), settled together in keep order (``pos``:
     their places, any numbers that sort as keep order). ``best_dist``/``best_pos``: a
-    kept candidate a cell found for a doubtful record (inf: none). Returns (removed,
-    dup, distance) over the rows of ``x``: dup -1 means the cell's candidate stands."""
+    kept candidate a cell found for a doubtful record (inf: none). ``tier`` /
+    ``best_tier``: the records' and the candidates' tiers (``greedy.decide``). Returns
+    (removed, dup, distance) over the rows of ``x``: dup -1 means the cell's candidate
+    stands."""
     order = np.argsort(pos, kind="stable")
     sp = pos[order]
     ext = np.searchsorted(sp, best_pos[order]) - 0.5  # the candidate's place among them
@@ -194,7 +197,9 @@ def resolve_open(x: np.ndarray, pos: np.ndarray, home: np.ndarray, best_dist: np
     d = decide_cell(x[order], home[order], spec, radius, z.mean(axis=0) if len(z) else None,
                     kept=~home[order], best_dist=best_dist[order],
                     best_rank=np.where(np.isfinite(best_dist[order]), ext, np.inf),
-                    census=False)
+                    census=False, tier=None if tier is None else tier[order],
+                    best_tier=None if best_tier is None else
+                    np.where(np.isfinite(best_dist[order]), best_tier[order], 0))
     gone = np.flatnonzero(d.state == STATE_REMOVED)
     dup = np.where(d.dup[gone] >= 0, order[np.maximum(d.dup[gone], 0)], -1)
     return order[gone], dup, d.dist[gone]

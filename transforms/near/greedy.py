@@ -16,8 +16,10 @@ rows, and a short loop settles the block in order. A row is
 
 - STATE_KEPT: no earlier neighbour is kept or open (certain: in exact mode every neighbour
   of a home row is in its cell);
-- STATE_REMOVED: an earlier neighbour is kept (certain); ``dup`` is the nearest kept one,
-  and ``doubt`` says an open earlier neighbour might turn out nearer;
+- STATE_REMOVED: an earlier neighbour is kept (certain); ``dup`` is the nearest kept one
+  of the most protected tier (``tier``: a reference record before a stored one before a
+  record of this run, as for exact copies), and ``doubt`` says an open earlier
+  neighbour might turn out nearer;
 - STATE_OPEN: it depends on a row this cell cannot decide (a row that lives in another cell,
   ``home`` False). Open and doubtful rows are settled by ``decide`` again over just
   them and the rows they depend on (``open_refs``), with every fate known.
@@ -238,7 +240,9 @@ def decide(n: int, z: Vectors | Callable[[], Vectors], verify, radius: float, *,
            best_rank: np.ndarray | None = None,
            keys: np.ndarray | None = None, census: bool = True, device: str = "cpu",
            index=None, projection: Projection | None = None,
-           known: tuple[np.ndarray, np.ndarray] | None = None) -> Decisions:
+           known: tuple[np.ndarray, np.ndarray] | None = None,
+           tier: np.ndarray | None = None, best_tier: np.ndarray | None = None
+           ) -> Decisions:
     """Decide the rows of one cell, visited in keep order (row i before row i + 1).
 
     ``n``: the cell's rows; ``z``: search vectors; ``verify(a, b)``: for rows a[k],
@@ -255,6 +259,9 @@ def decide(n: int, z: Vectors | Callable[[], Vectors], verify, radius: float, *,
     ``known``: every candidate pair of the cell, (query row, data row), a superset of
     what the products would give (``near.batched``); ``z`` may then be a function that
     makes the vectors, asked only if a search beyond them is needed.
+    ``tier``: each row's (``transforms.exact`` NEW, STORE, REFERENCE; None: all NEW);
+    a removed row's ``dup`` is of the highest tier among its kept neighbours, then the
+    nearest (``best_tier``: the tier of ``best_dist``'s candidate).
     """
     own = np.asarray(home, bool)  # this cell's rows: the census counts their pairs
     all_home = own | components
@@ -264,6 +271,8 @@ def decide(n: int, z: Vectors | Callable[[], Vectors], verify, radius: float, *,
     dup = np.full(n, -1, np.int64)
     bd = np.full(n, np.inf) if best_dist is None else np.array(best_dist, np.float64)
     br = np.full(n, np.inf) if best_rank is None else np.array(best_rank, np.float64)
+    tr = np.zeros(n, np.int8) if tier is None else np.asarray(tier, np.int8)
+    bt = np.zeros(n, np.int8) if best_tier is None else np.array(best_tier, np.int8)
     doubt = np.zeros(n, bool)
     taint = np.zeros(n, bool)
     deps: list[tuple[np.ndarray, np.ndarray]] = []  # (home row, open row of another cell)
@@ -293,7 +302,7 @@ def decide(n: int, z: Vectors | Callable[[], Vectors], verify, radius: float, *,
         a, b, d, ab, _ = (pairs.between(q, pool("kept")) if index is None
                           else pairs.through(index, q, pool("kept")))
         seen(a, b, d, ab)
-        _nearest(a[ab], b[ab], d[ab], bd, br, dup)
+        _nearest(a[ab], b[ab], d[ab], bd, br, dup, tr, bt)
         # 2. earlier open rows: any leaves a home row open (or its dup in doubt); the
         # open rows of other cells are what open rows depend on, so all of those
         a, b, d, ab, _ = pairs.between(bh, pool("out"))
@@ -334,7 +343,7 @@ def decide(n: int, z: Vectors | Callable[[], Vectors], verify, radius: float, *,
             a, b, d, ab = a[mine], b[mine], d[mine], ab[mine]
         seen(a, b, d, ab)
         _settle(blk, a[ab], b[ab], d[ab], fixed, all_home, sure_outside, state, bd, br,
-                dup, taint, doubt)
+                dup, taint, doubt, tr, bt)
         outside = ab & ~all_home[b] & (state[b] == STATE_OPEN)
         deps.append((a[outside], b[outside]))
         pools["kept"].append(blk[state[blk] == STATE_KEPT])
@@ -366,22 +375,27 @@ def _count(cen: Census, later: np.ndarray, dist: np.ndarray, within: np.ndarray,
         cen.exact.append(dist[keep])
 
 
-def _nearest(a, b, d, bd, br, dup) -> None:
-    """Fold verified pairs (a within b, b kept and earlier) into each a's nearest kept
-    candidate, ties by keep order."""
+def _nearest(a, b, d, bd, br, dup, tr, bt) -> None:
+    """Fold verified pairs (a within b, b kept and earlier) into each a's best kept
+    candidate: the highest tier, then the nearest, ties by keep order."""
     if not len(a):
         return
-    o = np.lexsort((b, d, a))
+    o = np.lexsort((b, d, -tr[b], a))
     a, b, d = a[o], b[o], d[o]
     first = np.r_[True, a[1:] != a[:-1]]
     a, b, d = a[first], b[first], d[first]
-    better = (d < bd[a]) | ((d == bd[a]) & (b < br[a]))
+    better = _better(tr[b], d, b, bt[a], bd[a], br[a])
     a, b, d = a[better], b[better], d[better]
-    bd[a], br[a], dup[a] = d, b, b
+    bd[a], br[a], dup[a], bt[a] = d, b, b, tr[b]
+
+
+def _better(t, d, r, bt, bd, br):
+    """Whether a candidate (tier, distance, keep-order rank) beats the best so far."""
+    return (t > bt) | ((t == bt) & ((d < bd) | ((d == bd) & (r < br))))
 
 
 def _settle(blk, a, b, d, fixed, home, sure_outside, state, bd, br, dup, taint,
-            doubt) -> None:
+            doubt, tr, bt) -> None:
     """The block's rows in keep order, given the pairs (``a`` later, within ``b``) among
     them. Rows with no such pair are settled at once; a loop takes the others in order
     (a crowd's first block, a few rows elsewhere)."""
@@ -398,8 +412,8 @@ def _settle(blk, a, b, d, fixed, home, sure_outside, state, bd, br, dup, taint,
             other = st[b[k]]
             if other == STATE_KEPT:
                 dk, bk = d[k], b[k]
-                if dk < bdl[r] or (dk == bdl[r] and bk < brl[r]):
-                    bdl[r], brl[r], dup[r] = dk, bk, bk
+                if _better(tr[bk], dk, bk, bt[r], bdl[r], brl[r]):
+                    bdl[r], brl[r], dup[r], bt[r] = dk, bk, bk, tr[bk]
             elif other == STATE_OPEN:
                 taint[r] = True
         _state(np.array([r]), fixed, home, sure_outside, state, bd, taint, doubt)

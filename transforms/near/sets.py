@@ -808,7 +808,8 @@ def _best_missed(missed: list) -> tuple:
 
 def decide(gid: np.ndarray, member: np.ndarray, sets: Sets, rank: np.ndarray,
            threshold: float, grouping: str = "representative",
-           protected: np.ndarray | None = None, sig: np.ndarray | None = None) -> Decided:
+           protected: np.ndarray | None = None, sig: np.ndarray | None = None,
+           tier: np.ndarray | None = None) -> Decided:
     """Decisions in keep order (``rank``: smaller first) over candidate groups
     (``groups``: records sharing an LSH band or a prefix token). Each record, in its
     turn, is compared with the earlier records of its groups that can decide it: the
@@ -818,7 +819,9 @@ def decide(gid: np.ndarray, member: np.ndarray, sets: Sets, rank: np.ndarray,
     comparisons, not m^2 / 2.
 
     representative: a record is removed when an earlier kept record is within the
-    threshold, as the duplicate of the one with the highest J (ties: keep order);
+    threshold, as the duplicate of the one of the highest ``tier`` (``transforms.exact``:
+    a reference record before a stored one before one of this run; None: all alike),
+    then the highest J (ties: keep order);
     components: a record joined by verified pairs to an earlier one is removed, as a
     duplicate of its component's first record, with their own Jaccard (below the
     threshold where the component chains). ``protected`` (bool per record): never
@@ -830,6 +833,7 @@ def decide(gid: np.ndarray, member: np.ndarray, sets: Sets, rank: np.ndarray,
     kept (recall, measured, not precision)."""
     n = len(sets)
     protected = np.zeros(n, bool) if protected is None else protected
+    tier = np.zeros(n, np.int8) if tier is None else tier
     if not len(gid):
         z = np.zeros(0, np.int64)
         return Decided(z, z, np.zeros(0))
@@ -878,7 +882,7 @@ def decide(gid: np.ndarray, member: np.ndarray, sets: Sets, rank: np.ndarray,
         cands = list({e for g in mine for e in pools[g]})
         c, j = near(d, cands) if cands else (np.zeros(0, np.int64), np.zeros(0))
         if len(c) and not protected[d]:
-            best = np.lexsort((rank[c], -j))[0]
+            best = np.lexsort((rank[c], -j, -tier[c]))[0]
             removed.append((d, int(c[best]), float(j[best])))
         else:
             for g in mine:
