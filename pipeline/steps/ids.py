@@ -68,19 +68,30 @@ def _shard(chunk: Chunk, shards: int) -> Iterator[tuple[int, IdBatch]]:
 
 
 def _repeats(item: tuple[int, list[IdBatch]]) -> Repeats:
-    """One shard's records that hold an id an earlier record holds (in file, row order)."""
+    """One shard's records that hold an id an earlier record holds (in file, row order).
+    One sort of the hashes' first word finds the candidates (a shard of distinct ids has
+    none); only those are ordered by the whole hash and their place."""
     _, batches = item
     h = np.concatenate([b.hashes for b in batches])
     fi = np.concatenate([b.file_index for b in batches])
     pos = np.concatenate([b.position for b in batches])
+    o = np.argsort(h[:, 0])
+    twin = np.flatnonzero(h[o[1:], 0] == h[o[:-1], 0])
+    if not len(twin):
+        return Repeats(0, ())
+    rows = np.unique(np.r_[o[twin], o[twin + 1]])
+    h, fi, pos = h[rows], fi[rows], pos[rows]
     order = np.lexsort((pos, fi, h[:, 1], h[:, 0]))
     h, fi, pos = h[order], fi[order], pos[order]
-    same = np.flatnonzero((h[1:] == h[:-1]).all(axis=1)) + 1
+    new = np.r_[True, ~(h[1:] == h[:-1]).all(axis=1)]
+    same = np.flatnonzero(~new)
     if not len(same):
         return Repeats(0, ())
-    starts = np.flatnonzero(np.r_[True, ~(h[1:] == h[:-1]).all(axis=1)])
+    starts = np.flatnonzero(new)
     first = starts[np.searchsorted(starts, same, side="right") - 1]
-    return Repeats(len(same), tuple(
+    earliest = np.lexsort((pos[same], fi[same]))[:EXAMPLES]  # by the later record's place
+    same, first = same[earliest], first[earliest]
+    return Repeats(int((~new).sum()), tuple(
         ((int(fi[a]), int(pos[a])), (int(fi[b]), int(pos[b])))
         for a, b in zip(first[:EXAMPLES].tolist(), same[:EXAMPLES].tolist(), strict=True)))
 
