@@ -152,11 +152,18 @@ def _not_the_format(files: list[str], unknown: list[tuple[str, bytes]], fmt: str
                     key: str) -> str:
     """The one line for files that are not of ``fmt`` at all: each would be read as one
     unreadable file, or an empty one as no file (the first file speaks for the input)."""
-    path, head = unknown[0]
     name = _FORMAT_NAMES[fmt]
+    glob = GLOBS.get(fmt, "*")
+    markers = [path for path, _ in unknown if _is_marker(path)]
+    if len(markers) == len(unknown):  # what Spark/Hadoop write beside the part files
+        what = (f"{markers[0]} is a Spark/Hadoop job marker or checksum file" if
+                len(markers) == 1 else f"{len(markers)} of {len(files)} files are Spark/"
+                f"Hadoop job markers or checksum files, e.g. {markers[0]}")
+        return (f"{key}: {what}, not data: narrow {key} to the {name} files, e.g. "
+                f"'{posixpath.join(posixpath.dirname(markers[0]), glob)}'")
+    path, head = next((u for u in unknown if not _is_marker(u[0])), unknown[0])
     what = (f"{path} is not a {name} file" if len(unknown) == 1 else
             f"{len(unknown)} of {len(files)} files are not {name} files, e.g. {path}")
-    glob = GLOBS.get(fmt, "*")
     it = "it" if len(unknown) == 1 else "them"
     if not head:
         fix = (f"remove {it} or write {it} again ({name} writers never write 0 bytes, even "
@@ -167,6 +174,16 @@ def _not_the_format(files: list[str], unknown: list[tuple[str, bytes]], fmt: str
         fix = (f"remove {it}, or narrow {key} to the {name} files (e.g. "
                f"'{posixpath.join(posixpath.dirname(path), glob)}')")
     return f"{key}: {what} ({_what_it_is(head)}; {_NEEDS[fmt]}): {fix}"
+
+
+_MARKERS = ("_SUCCESS", "_committed_*", "_started_*", "*.crc")
+
+
+def _is_marker(path: str) -> bool:
+    """Whether a file is one a Spark/Hadoop job writes beside its part files: ``_SUCCESS``,
+    Databricks' ``_committed_<id>`` / ``_started_<id>``, checksums (``.part-0.crc``)."""
+    name = posixpath.basename(path)
+    return any(fnmatch.fnmatchcase(name, m) for m in _MARKERS)
 
 
 def _check_text_ids(path: str, column: str) -> None:
@@ -322,20 +339,41 @@ GLOBS = {"parquet": "*.parquet", "tfrecord": "*.tfrecord*", "hdf5": "*.h5"}  # f
 
 
 def list_files(pattern: str, key: str, timeout: float, fmt: str = "parquet") -> list[str]:
+    """The files ``pattern`` names, sorted. Refused: nothing matches; a directory named
+    directly; a glob that matches directories whose files it does not read (a Spark
+    ``out.parquet/`` folder under ``*.parquet``: they would be left out without a word);
+    a broken symbolic link, named or matched."""
     try:
-        files = bounded(pattern, fs.glob, key, "listing the files", timeout)
+        found = bounded(pattern, fs.glob_matches, key, "listing the files", timeout)
     except OSError as e:  # a local directory that cannot be listed
         raise InputError(f"{key}: cannot list {pattern!r}: {error_line(e)}") from None
+    files, glob = found.files, GLOBS.get(fmt, "*")
+    if found.broken_links:
+        link = found.broken_links[0]
+        what = (f"{link} is a broken symbolic link" if len(found.broken_links) == 1 else
+                f"{len(found.broken_links)} of the paths it matches are broken symbolic "
+                f"links, e.g. {link}")
+        raise InputError(f"{key}: {what} (to {os.readlink(link)!r}, which does not exist): "
+                         "fix or remove the link")
+    if not files and [d.rstrip("/") for d in found.directories] == [pattern.rstrip("/")]:
+        base = pattern.rstrip("/")
+        raise InputError(f"{key}: {pattern!r} is a directory: name its files with a glob, "
+                         f"e.g. '{base}/{glob}' (or '{base}/**/{glob}' to include "
+                         "subdirectories)")
+    if found.directories:
+        first = found.directories[0].rstrip("/")
+        many = len(found.directories)
+        what = (f"directory {first}/" if many == 1 else
+                f"{many} directories, e.g. {first}/,")
+        base = posixpath.dirname(pattern.rstrip("/")) or "."
+        raise InputError(f"{key}: {pattern!r} matches {what} whose files it does not read "
+                         f"(a folder of part files, as Spark writes?): name them with a "
+                         f"glob, e.g. '{base}/**/{glob}', or narrow {key} to leave "
+                         f"{'it' if many == 1 else 'them'} out")
     if not files:
-        if fs.is_local(pattern) and os.path.isdir(pattern):
-            base, glob = pattern.rstrip("/"), GLOBS.get(fmt, "*")
-            raise InputError(f"{key}: {pattern!r} is a directory: name its files with a glob, "
-                             f"e.g. '{base}/{glob}' (or '{base}/**/{glob}' to include "
-                             "subdirectories)")
         where = f" (relative to {os.getcwd()})" if fs.is_local(pattern) else ""
         raise InputError(f"{key}: no files match {pattern!r}{where}: fix the path or glob")
     return files
-
 
 
 def as_sequences(cfg: DedupeConfig, spec: TensorSpec) -> TensorSpec:

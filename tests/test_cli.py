@@ -199,6 +199,69 @@ def test_input_path_naming_a_directory_suggests_a_glob(tmp_path, capsys):
     assert "is a directory" in line and f"'{tmp_path / 'data'}/*.tfrecord*'" in line
 
 
+def test_literal_path_with_glob_characters_is_that_file(tmp_path, capsys):
+    """A file named ``my file [1].parquet`` named as it is: read it, not ``my file
+    1.parquet`` (what ``[1]`` matches as a glob), and not "no files match"."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    write_input("parquet", tmp_path / "in" / "my file [1].parquet", ["a", "b", "c"], x,
+                np.zeros(3, int))
+    path = str(tmp_path / "in" / "my file [1].parquet")
+    assert run_job(tmp_path, "parquet", path) == 0
+    files = pq_rows(tmp_path / "out" / "report" / "files.parquet")
+    assert [f["path"] for f in files] == [path]
+    write_input("parquet", tmp_path / "in" / "my file 1.parquet", ["d", "e"], x[:2],
+                np.zeros(2, int))
+    assert run_job(tmp_path, "parquet", path, "output.overwrite=true") == 0
+    assert [f["path"] for f in pq_rows(tmp_path / "out" / "report" / "files.parquet")] == [path]
+    capsys.readouterr()
+
+
+def pq_rows(path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()
+
+
+def test_glob_matching_folders_links_or_spark_markers_is_refused(tmp_path, capsys):
+    """What a glob matches but would not read is said, never skipped silently: a Spark
+    ``out.parquet/`` folder of part files under ``*.parquet``, a broken symbolic link
+    (matched or named), and Spark's ``_SUCCESS`` / ``.crc`` files under ``*``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    data = tmp_path / "data"
+    write_input("parquet", data / "plain.parquet", ["a", "b", "c"], x, np.zeros(3, int))
+    spark = data / "out.parquet"
+    for k in range(2):
+        write_input("parquet", spark / f"part-0000{k}-abc.snappy.parquet", [f"p{k}"], x[:1],
+                    np.zeros(1, int))
+    (spark / "_SUCCESS").write_bytes(b"")
+    assert run_job(tmp_path, "parquet", str(data / "*.parquet")) == 2
+    line = one_error_line(capsys)
+    assert f"matches directory {spark}/ whose files it does not read" in line
+    assert f"'{data}/**/*.parquet'" in line
+    assert run_job(tmp_path, "parquet", str(data / "**" / "*.parquet")) == 0  # as suggested
+    assert len(pq.read_table(tmp_path / "out" / "report" / "files.parquet")) == 3
+    capsys.readouterr()
+    assert run_job(tmp_path, "parquet", str(spark / "*")) == 2
+    line = one_error_line(capsys)
+    assert "_SUCCESS is a Spark/Hadoop job marker" in line and f"'{spark}/*.parquet'" in line
+    (spark / "_SUCCESS").unlink()
+    (spark / "part-00000-abc.snappy.parquet.crc").write_bytes(b"\x00" * 8)
+    assert run_job(tmp_path, "parquet", str(spark / "*")) == 2
+    assert ".crc is a Spark/Hadoop job marker or checksum file" in one_error_line(capsys)
+    links = tmp_path / "links"
+    links.mkdir()
+    pq.write_table(pa.table({"id": ["a"], "emb": pa.array([[1.0]])}), links / "real.parquet")
+    (links / "gone.parquet").symlink_to(tmp_path / "nowhere.parquet")
+    for path in (links / "*.parquet", links / "gone.parquet"):
+        assert run_job(tmp_path, "parquet", str(path)) == 2
+        line = one_error_line(capsys)
+        assert f"{links / 'gone.parquet'} is a broken symbolic link" in line, line
+        assert "no files match" not in line
+
+
 @pytest.mark.parametrize("store", ["out/report", "out/clean", "out/clean/store", "out"])
 def test_store_overlapping_the_output_or_report_is_refused_before_any_work(
         tmp_path, parquet_in, capsys, store):

@@ -344,11 +344,20 @@ def test_glob_means_the_same_locally_and_on_an_object_store(tmp_path, gcs):
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             (root / name).write_bytes(b"1")
     for pattern in ("*.x", "**/*.x", "d/**", "d/**/*.x", "d*/*.x", "?.x", "[ab].*", "[!a].*",
-                    "d/c.x", "d", "nothing/*"):
-        local = [Path(p).relative_to(tmp_path / "local").as_posix()
-                 for p in fs.glob(str(tmp_path / "local" / pattern))]
-        remote = [p.removeprefix(f"{url}/") for p in fs.glob(f"{url}/{pattern}")]
-        assert remote == local, pattern
+                    "d/c.x", "d", "nothing/*", "[h].x", "*", "d*", "d/*", "**"):
+        local = fs.glob_matches(str(tmp_path / "local" / pattern))
+        remote = fs.glob_matches(f"{url}/{pattern}")
+        for kind in ("files", "directories"):
+            mine = [Path(p).relative_to(tmp_path / "local").as_posix()
+                    for p in getattr(local, kind)]
+            theirs = [p.removeprefix(f"{url}/") for p in getattr(remote, kind)]
+            assert theirs == mine, (pattern, kind)
+    # a name with glob characters that exists is that file (as a glob: [h].x matches h.x)
+    assert fs.glob(f"{url}/[h].x") == [f"{url}/[h].x"]
+    # folders whose files the glob does not read; "d/**" names every file below d/e
+    assert fs.glob_matches(f"{url}/*").directories == [f"{url}/d", f"{url}/d2"]
+    assert fs.glob_matches(f"{url}/d/*").directories == [f"{url}/d/e"]
+    assert fs.glob_matches(f"{url}/d/**").directories == []
 
 
 def test_delete_files_is_one_call_and_ignores_missing_files(tmp_path, gcs, monkeypatch):

@@ -25,7 +25,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -129,14 +129,65 @@ def glob(pattern: str) -> list[str]:
     ``**/`` matches zero or more directories (Beam's own match needs at least one), ``*``
     and ``?`` stay within a path component. Local paths use ``glob.glob`` itself; elsewhere
     the prefix before the first wildcard is listed once and filtered (names starting with
-    "." match there too: object stores have no hidden files)."""
+    "." match there too: object stores have no hidden files). A pattern that names an
+    existing file as it is (``photo [1].parquet``) is that file alone: ``[1]`` as a glob
+    would match ``photo 1.parquet`` instead, and never the file named."""
+    return glob_matches(pattern).files
+
+
+class GlobMatches(NamedTuple):
+    """What a glob matched: its files, and what it matched that is not read: directories
+    none of whose files it matched (a Spark ``out.parquet/`` folder of part files under
+    ``*.parquet``) and symbolic links to nothing."""
+
+    files: list[str]
+    directories: list[str]
+    broken_links: list[str]
+
+
+def glob_matches(pattern: str) -> GlobMatches:
+    """``glob``'s files, and the directories and broken links it passes over (see
+    ``GlobMatches``). Directories matched by a last ``**`` (``data/**``) are not counted:
+    that pattern names every file below them."""
+    last_any = pattern.rstrip("/").rsplit("/", 1)[-1] == "**"
     if is_local(pattern):
-        return sorted(p for p in _glob.glob(pattern, recursive=True) if os.path.isfile(p))
+        if os.path.isfile(pattern):
+            return GlobMatches([pattern], [], [])
+        paths = _glob.glob(pattern, recursive=True)
+        files = sorted(p for p in paths if os.path.isfile(p))
+        broken = sorted(p for p in paths if os.path.islink(p) and not os.path.exists(p))
+        folders = [] if last_any else sorted(p for p in paths if os.path.isdir(p))
+        return GlobMatches(files, _unread(folders, files, os.sep), broken)
     prefix = re.match(r"[^[*?]*", pattern).group(0)
     if prefix == pattern:
-        return [pattern] if beam_filesystems().exists(pattern) else []
+        if beam_filesystems().exists(pattern):
+            return GlobMatches([pattern], [], [])
+        return GlobMatches([], [pattern] if exists_under(pattern) else [], [])
+    listed = match(prefix + "**")
+    if pattern in listed:
+        return GlobMatches([pattern], [], [])
     wanted = _glob_regex(pattern)
-    return [p for p in match(prefix + "**") if wanted.fullmatch(p)]
+    files = [p for p in listed if wanted.fullmatch(p)]
+    folders = set()
+    if not last_any:  # an object store has no directories: the names' prefixes are
+        for p in listed:
+            at = p.find("/", len(prefix))
+            while at > 0:
+                if wanted.fullmatch(p[:at]):
+                    folders.add(p[:at])
+                at = p.find("/", at + 1)
+    return GlobMatches(files, _unread(sorted(folders), files, "/"), [])
+
+
+def _unread(folders: list[str], files: list[str], sep: str) -> list[str]:
+    """The folders none of ``files`` lies in."""
+    holding = set()
+    for f in files:
+        head = f.rpartition(sep)[0]
+        while head and head not in holding:
+            holding.add(head)
+            head = head.rpartition(sep)[0]
+    return [d for d in folders if d.rstrip(sep) not in holding]
 
 
 _GLOB_TOKEN = re.compile(r"\*\*/|\*\*|\*|\?|\[!?\]?[^\]]*\]")
