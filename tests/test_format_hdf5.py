@@ -93,7 +93,10 @@ def test_check_resolves_shape_and_dtype(h5file):
 
 @pytest.mark.parametrize("spec, words", [
     (TensorSpec("emb"), ["input.tensor", "'emb'", "feat/emb", "labels", "meta/classes",
-                         "set input.tensor to one of them"]),
+                         "did you mean 'feat/emb'?"]),
+    (TensorSpec("feat/emd"), ["no dataset 'feat/emd'", "did you mean 'feat/emb'?"]),
+    (TensorSpec("Labels"), ["did you mean 'labels'?"]),
+    (TensorSpec("zzz"), ["labels", "meta/classes", "set input.tensor to one of them"]),
     (TensorSpec("feat"), ["input.tensor", "group", "not a dataset"]),
     (TensorSpec("ids"), ["input.tensor", "not numbers"]),
     (TensorSpec("feat/emb", shape=(4, 9)), ["input.shape", "[4, 8]", "[4, 9]"]),
@@ -111,6 +114,46 @@ def test_check_errors_name_file_key_and_fix(h5file, spec, words):
     assert "\n" not in msg and msg.startswith(path)
     for w in words:
         assert w in msg
+
+
+def test_check_caps_long_dataset_lists(tmp_path):
+    path = str(tmp_path / "wide.h5")
+    with h5py.File(path, "w") as f:
+        for i in range(40):
+            f[f"col{i:02d}"] = np.zeros((3, 2), np.float32)
+    with pytest.raises(InputError, match=r"col00, col01, .*col11, \.\.\. \(40 in all\)\): "
+                                         r"set input.tensor to one of them") as e:
+        hdf5.check(path, TensorSpec("zzz"))
+    assert "col12" not in str(e.value)
+
+
+def test_text_decode_first_value_not_utf8_is_one_invalid_record(tmp_path):
+    """decode text over a dataset where 1 value in 50 is not UTF-8, the first among them:
+    that record is invalid, as the others at 50, 100; a dataset of binary values is
+    refused with the fix."""
+    from transforms.io.formats import get_format
+    from transforms.io.formats.base import Decode
+
+    path = str(tmp_path / "t.h5")
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("txt", (150,), dtype=h5py.string_dtype("ascii"))
+        for i in range(150):
+            d[i] = b"\xff\xfe" + str(i).encode() if i % 50 == 0 else f"x{i % 7}".encode()
+        f.create_dataset("raw", data=np.array([b"\xff\xfe%d" % i for i in range(30)],
+                                              dtype=h5py.string_dtype("ascii")))
+    spec = TensorSpec("txt", decode=Decode("text"))
+    fmt = get_format("hdf5", spec)
+    spec = fmt.check(path, spec)
+    chunks = list(fmt.read(Unit(0, path), spec, 1000))
+    invalid = [r for c in chunks for r in c.invalid]
+    assert [r.position for r in invalid] == [0, 50, 100]
+    assert all("not UTF-8 text" in r.reason for r in invalid)
+    assert sum(len(c.positions) for c in chunks) == 147
+    raw = TensorSpec("raw", decode=Decode("text"))
+    with pytest.raises(InputError, match=r"input.decode: dataset 'raw' in the first record is "
+                                         r"not UTF-8 text .*so are 19 of the next 19: use "
+                                         r"input.decode: bytes"):
+        get_format("hdf5", raw).check(path, raw)
 
 
 def test_check_scalar_tensor(tmp_path):

@@ -334,11 +334,12 @@ def test_check_messages(tmp_path):
     records, _ = _float_records(2)
     path = _write(tmp_path / "a.tfrecord", records)
     tfrecord.check(path, SPEC)
-    with pytest.raises(InputError, match=r"input.tensor: .*no feature 'embedding'.*emb, id"):
+    with pytest.raises(InputError, match=r"input.tensor: none of the first 2 records has a feature "
+                                         r"'embedding' \(their features: emb, id\)"):
         tfrecord.check(path, TensorSpec(tensor="embedding", shape=(2, 3)))
-    with pytest.raises(InputError, match=r"input.id: .*no feature 'key'"):
+    with pytest.raises(InputError, match=r"input.id: .*has a feature 'key'"):
         tfrecord.check(path, TensorSpec(tensor="emb", id="key", shape=(2, 3)))
-    with pytest.raises(InputError, match=r"keep: .*no feature 'score'"):
+    with pytest.raises(InputError, match=r"keep: .*has a feature 'score'"):
         tfrecord.check(path, TensorSpec(tensor="emb", rank="score", shape=(2, 3)))
     with pytest.raises(InputError, match=r"input.dtype: feature 'emb' is a float_list \(float32\)"
                                          r", not int32: set input.dtype: float32"):
@@ -352,6 +353,78 @@ def test_check_messages(tmp_path):
     # Without check(), read() reports the mismatch per record instead of raising.
     (c,) = tfrecord.read(Unit(0, path), TensorSpec(tensor="emb"), 10)
     assert len(c.invalid) == 2 and "set input.shape" in c.invalid[0].reason
+
+
+@pytest.mark.parametrize("odd", ["missing", "bytes_list"])
+def test_odd_first_record_is_invalid_not_a_refusal(tmp_path, odd):
+    """TFDS-style optional features: a first record without the tensor feature, or with
+    it as another kind than the rest, is one invalid record (as at any other position)
+    when the config says what the feature holds; without dtype and shape the refusal
+    says the first record lacks it and asks whether it is optional."""
+    records, vals = _float_records(30)
+    records[0] = (_example(id=_bytes(b"r0"), label=_ints([1])) if odd == "missing" else
+                  _example(emb=_bytes(vals[0].tobytes()), id=_bytes(b"r0")))
+    path = _write(tmp_path / "a.tfrecord", records)
+    spec = TensorSpec(tensor="emb", id="id", shape=(2, 3), dtype="float32")
+    assert tfrecord.check(path, spec) == spec
+    for batch_rows in (1000, 7):
+        chunks, positions, ids, invalid = _read(path, spec, batch_rows)
+        assert positions.tolist() == list(range(1, 30))
+        np.testing.assert_array_equal(np.concatenate([c.tensors for c in chunks]), vals[1:])
+        assert [(r.position, r.record_id) for r in invalid] == [(0, "r0")]
+        assert invalid[0].reason == ("no feature 'emb'" if odd == "missing" else
+                                     "feature 'emb' is bytes_list, not float_list like the "
+                                     "file's first records")
+    if odd == "missing":
+        with pytest.raises(InputError, match=r"input.tensor: the first record has no feature "
+                                             r"'emb' \(29 of the first 30 records have it, "
+                                             r"as float_list of float32 of shape \[2, 3\]\): is "
+                                             r"it optional\? .*set input.dtype: float32 and "
+                                             r"input.shape: \[2, 3\]"):
+            tfrecord.check(path, TensorSpec(tensor="emb", id="id", shape=(2, 3)))
+        # encoded values: decode says what the feature holds
+        from transforms.io.formats import get_format
+        from transforms.io.formats.base import Decode
+
+        images = [_example(img=_bytes(b"v%d" % i), id=_bytes(b"r%d" % i)) for i in range(5)]
+        images[0] = _example(id=_bytes(b"r0"))
+        enc = _write(tmp_path / "e.tfrecord", images)
+        espec = TensorSpec(tensor="img", id="id", decode=Decode("bytes"))
+        fmt = get_format("tfrecord", espec)
+        got = fmt.check(enc, espec)
+        bad = [r for c in fmt.read(Unit(0, enc), got, 100) for r in c.invalid]
+        assert [(r.position, r.reason) for r in bad] == [(0, "no feature 'img'")]
+
+
+def test_missing_feature_names_the_nearest_and_caps_the_list(tmp_path):
+    records, _ = _float_records(3)
+    path = _write(tmp_path / "a.tfrecord", records)
+    for typo, meant in (("emd", "emb"), ("EMB", "emb"), ("ids", "id")):
+        with pytest.raises(InputError, match=rf"none of the first 3 records has a feature "
+                                             rf"'{typo}' \(their features: emb, id\): did you "
+                                             rf"mean '{meant}'\?"):
+            tfrecord.check(path, TensorSpec(tensor=typo, shape=(2, 3)))
+    wide = _write(tmp_path / "w.tfrecord",
+                  [_example(**{f"f{i:02d}": _floats([i]) for i in range(30)})])
+    with pytest.raises(InputError, match=r"f00, f01, .*f11, \.\.\. \(30 in all\)\): name "
+                                         r"one of them") as e:
+        tfrecord.check(wide, TensorSpec(tensor="zzz", shape=(1,)))
+    assert "f12" not in str(e.value)
+
+
+def test_tensorflow_import_prints_nothing_on_stderr():
+    """--quiet promises nothing on stderr but errors: TensorFlow's C++ log lines at import
+    (oneDNN, cuda drivers, absl) are not printed unless TF_CPP_MIN_LOG_LEVEL is set."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    code = ("from transforms.io.formats.tfrecord_parse import _tf; _tf()\n"
+            "import sys; print('after', file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, check=True, cwd=os.getcwd())
+    assert out.stderr == "after\n"
 
 
 def test_check_does_not_raise_for_unreadable_files(tmp_path):

@@ -219,6 +219,42 @@ def error_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}".replace("\n", " ")
 
 
+NAMES_SHOWN = 12  # names a refusal lists at most (a wide table has thousands)
+
+
+def listed_names(names: list[str]) -> str:
+    """``names`` for one line: the first NAMES_SHOWN, then how many there are in all."""
+    if not names:
+        return "(none)"
+    more = f", ... ({len(names):,} in all)" if len(names) > NAMES_SHOWN else ""
+    return ", ".join(names[:NAMES_SHOWN]) + more
+
+
+def nearest_name(name: str, names: list[str]) -> str | None:
+    """The name in ``names`` a typo of ``name`` most likely meant: one differing only in
+    case first (``Embedding`` for ``embedding``), then one whose last ``/`` part does
+    (``feat/emb`` for ``emb``), else the closest by ``difflib``."""
+    import difflib
+
+    for same in (lambda n: n.casefold() == name.casefold(),  # in a group (HDF5): its name
+                 lambda n: n.rsplit("/", 1)[-1].casefold() == name.rsplit("/", 1)[-1].casefold()):
+        found = [n for n in names if same(n)]
+        if found:
+            return found[0]
+    folded = {n.casefold(): n for n in names}
+    close = difflib.get_close_matches(name.casefold(), list(folded), n=1, cutoff=0.6)
+    return folded[close[0]] if close else None
+
+
+def no_such_name(name: str, names: list[str], what: str, fix: str) -> str:
+    """The end of a refusal of a missing column, feature or dataset: what there is
+    (``what`` introduces the names, e.g. "the file has datasets"; capped), then ``did
+    you mean X?`` where one is close, else ``fix``."""
+    near = nearest_name(name, names)
+    return (f"({what} {listed_names(names)}): "
+            f"{f'did you mean {near!r}?' if near is not None else fix}")
+
+
 def default_id(path: str, position: int) -> str:
     return f"{path}:{position}"
 

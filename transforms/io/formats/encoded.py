@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from types import ModuleType
@@ -230,19 +230,40 @@ def decode_values(vals: Values, spec: TensorSpec, rows: int, seen: Decoded
         yield chunk()
 
 
-def check_first(path: str, spec: TensorSpec, value: bytes | str, where: str) -> None:
-    """Refuse (one line, exit 2) a ``decode`` that does not fit the first stored value."""
+FIRST_VALUES = 20  # values check_first tries when the first does not decode
+
+
+def check_first(path: str, spec: TensorSpec, value: bytes | str, where: str,
+                more: Callable[[int], list[bytes | str]] | None = None) -> None:
+    """Refuse (one line, exit 2) a ``decode`` that does not fit the stored values: the
+    first, and when it does not decode, most of the first FIRST_VALUES (``more(n)``: the
+    first n values). Why not the first alone: one odd value (1 in 50 not UTF-8) is an
+    invalid record, at the start as anywhere else, not a wrong setting."""
     dec = spec.decode
     assert dec is not None
     try:
         decode_value(value, spec)
+        return
     except BadImage as e:
-        if dec.kind == "image":
-            raise InputError(f"{path}: input.decode: {where} in the first record is no image "
-                             f"({e}): use input.decode: bytes (the stored bytes) or text") \
-                from None
-        raise InputError(f"{path}: input.decode: {where} in the first record is {e}: use "
-                         "input.decode: bytes") from None
+        error = e
+    try:
+        tried = more(FIRST_VALUES) if more is not None else [value]
+    except Exception:  # noqa: BLE001 (a damaged file: the first value speaks, read() reports)
+        tried = [value]
+    bad = 0
+    for v in tried:
+        try:
+            decode_value(v, spec)
+        except BadImage:
+            bad += 1
+    if tried and bad * 2 < len(tried):
+        return  # the first record is the odd one: invalid when read
+    also = f"; so are {bad - 1} of the next {len(tried) - 1}" if len(tried) > 1 else ""
+    if dec.kind == "image":
+        raise InputError(f"{path}: input.decode: {where} in the first record is no image "
+                         f"({error}{also}): use input.decode: bytes (the stored bytes) or text")
+    raise InputError(f"{path}: input.decode: {where} in the first record is {error}{also}: "
+                     "use input.decode: bytes")
 
 
 class Encoded:
@@ -261,7 +282,8 @@ class Encoded:
     def check(self, path: str, spec: TensorSpec) -> TensorSpec:
         found = self.values.check(path, spec)
         if found is not None:
-            check_first(path, spec, *found)
+            check_first(path, spec, *found, lambda n: list(
+                self.values.values_at(path, spec, list(range(n))).values()))
         return replace(spec, dtype="uint8" if spec.decode.kind != "text" else None,
                        shape=decoded_shape(spec))
 

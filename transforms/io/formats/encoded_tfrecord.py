@@ -24,13 +24,11 @@ from transforms.io.formats.base import (
     default_id,
     unreadable_file,
 )
-from transforms.io.formats.tfrecord import CHECK_ITEMS
+from transforms.io.formats.tfrecord import first_examples
 from transforms.io.formats.tfrecord_frames import read_frames
 from transforms.io.formats.tfrecord_parse import (
-    ID_KINDS,
-    RANK_KINDS,
     FeatureLayout,
-    kind_in,
+    checked_features,
     parse_examples,
     parse_one,
 )
@@ -49,34 +47,17 @@ def _take(items: Iterator[bytes | str], rows: int, max_bytes: int) -> list[bytes
 
 
 def check(path: str, spec: TensorSpec) -> tuple[bytes, str] | None:
-    """(first value, where) after checking the features of the first readable record."""
-    try:
-        f = fs.open_read(path)
-    except OSError:
+    """(first value, where) after checking the features of the first readable records
+    (``checked_features``: one that lacks the feature is invalid, as anywhere else)."""
+    examples = first_examples(path, spec)
+    if not examples:
         return None
-    with f:
-        items = islice(read_frames(f, spec.compression), CHECK_ITEMS)
-        feats = next(parse_examples(item for item in items if isinstance(item, bytes)), None)
-    if feats is None:
-        return None
-    have = ", ".join(sorted(feats)) or "none"
-    for key, name in (("input.tensor", spec.tensor), ("input.id", spec.id), ("keep", spec.rank)):
-        if name is not None and name not in feats:
-            raise InputError(f"{path}: {key}: the first record has no feature {name!r} (its "
-                             f"features: {have}): name one of them")
-    for key, name, kinds, what in (("input.id", spec.id, ID_KINDS, "a string or integer"),
-                                   ("keep", spec.rank, RANK_KINDS, "a numeric")):
-        if name is not None and kind_in(feats[name], kinds) is None:
-            raise InputError(f"{path}: {key}: feature {name!r} is "
-                             f"{feats[name].WhichOneof('kind') or 'empty'}, not "
-                             f"{' or '.join(kinds)}: name {what} feature")
-    kind = feats[spec.tensor].WhichOneof("kind")
-    n = len(getattr(feats[spec.tensor], kind).value) if kind else 0
+    kind, feats = checked_features(path, spec, examples)
+    n = len(getattr(feats[spec.tensor], kind).value)
     if kind != "bytes_list" or n != 1:
-        what = f"a {kind} of {n} values" if kind else "empty"
-        raise InputError(f"{path}: input.decode: feature {spec.tensor!r} is {what} in the "
-                         "first record, not a bytes_list of one encoded value: set "
-                         "input.decode: none for numeric features")
+        raise InputError(f"{path}: input.decode: feature {spec.tensor!r} is a {kind} of {n} "
+                         "values in the first record holding it, not a bytes_list of one "
+                         "encoded value: set input.decode: none for numeric features")
     return feats[spec.tensor].bytes_list.value[0], f"feature {spec.tensor!r}"
 
 

@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 
 from transforms.io import fs
-from transforms.io.formats.base import InputError, TensorSpec, error_line
+from transforms.io.formats.base import InputError, TensorSpec, error_line, no_such_name
 
 # What h5py raises for unreadable files, objects and chunks (not ValueError: InputError is one).
 H5_ERRORS = (OSError, RuntimeError, KeyError)
@@ -71,8 +71,8 @@ def open_dataset(f: h5py.File, path: str, key: str, name: str) -> h5py.Dataset:
     if obj is None:
         names: list[str] = []
         f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
-        raise InputError(f"{path}: {key}: no dataset {name!r}; the file has datasets "
-                         f"{', '.join(names) or '(none)'}: set {key} to one of them")
+        have = no_such_name(name, names, "the file has datasets", f"set {key} to one of them")
+        raise InputError(f"{path}: {key}: no dataset {name!r} {have}")
     if not isinstance(obj, h5py.Dataset):
         raise InputError(f"{path}: {key}: {name!r} is a {type(obj).__name__.lower()}, not a "
                          "dataset: name a dataset inside it")

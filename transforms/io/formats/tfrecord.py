@@ -47,12 +47,11 @@ from transforms.io.formats.tfrecord_frames import (
     read_frames,
 )
 from transforms.io.formats.tfrecord_parse import (
-    ID_KINDS,
+    CHECK_RECORDS,
     LIST_DTYPES,
-    RANK_KINDS,
     BadExample,
     FeatureLayout,
-    kind_in,
+    checked_features,
     list_problem,
     np_dtype_of,
     parse_examples,
@@ -61,6 +60,7 @@ from transforms.io.formats.tfrecord_parse import (
 )
 
 CHECK_ITEMS = 1000  # check() looks for a readable record among this many first items
+CHECK_BYTES = 1 << 20  # and reads CHECK_RECORDS of them, or this many bytes of them
 
 
 def _chunk(file_index: int, path: str, first: int, items: list[bytes | str],
@@ -88,53 +88,73 @@ def _chunk(file_index: int, path: str, first: int, items: list[bytes | str],
 # ---------------------------------------------------------------------------- the format
 
 
-def check(path: str, spec: TensorSpec) -> TensorSpec:
-    """Raise InputError if the first readable record does not fit the spec; else the spec
-    with the dtype (and, for serialized tensors, shape) the first record has."""
+def first_examples(path: str, spec: TensorSpec) -> list[dict[str, Any]]:
+    """The feature maps of a file's first CHECK_RECORDS readable records (among its first
+    CHECK_ITEMS items); [] when it cannot be opened, is empty or has none near its start
+    (read() reports those)."""
     try:
         f = fs.open_read(path)
     except OSError:
-        return spec  # reported as invalid by read()
+        return []
     with f:
         items = islice(read_frames(f, spec.compression), CHECK_ITEMS)
-        feats = next(parse_examples(item for item in items if isinstance(item, bytes)), None)
-    if feats is None:
+        return list(islice(parse_examples(_within(items, CHECK_BYTES)), CHECK_RECORDS))
+
+
+def _within(items: Iterator[bytes | str], max_bytes: int) -> Iterator[bytes]:
+    """The records among ``items`` until they hold ``max_bytes`` (at least one)."""
+    size = 0
+    for item in items:
+        if isinstance(item, bytes):
+            yield item
+            size += len(item)
+            if size >= max_bytes:
+                return
+
+
+def check(path: str, spec: TensorSpec) -> TensorSpec:
+    """Raise InputError if no record can be read with the spec (what the first records
+    hold: ``checked_features``); else the spec with the dtype (and, for serialized
+    tensors, shape) the records have."""
+    examples = first_examples(path, spec)
+    if not examples:
         return spec  # empty, or nothing readable near the start: read() reports bad records
-    have = ", ".join(sorted(feats)) or "none"
-    for key, name in (("input.tensor", spec.tensor), ("input.id", spec.id), ("keep", spec.rank)):
-        if name is not None and name not in feats:
-            raise InputError(f"{path}: {key}: the first record has no feature {name!r} (its "
-                             f"features: {have}): name one of them")
-    if spec.id is not None and kind_in(feats[spec.id], ID_KINDS) is None:
-        raise InputError(f"{path}: input.id: feature {spec.id!r} is "
-                         f"{feats[spec.id].WhichOneof('kind') or 'empty'}, not bytes_list or "
-                         "int64_list: name a string or integer feature")
-    if spec.rank is not None and kind_in(feats[spec.rank], RANK_KINDS) is None:
-        raise InputError(f"{path}: keep: feature {spec.rank!r} is "
-                         f"{feats[spec.rank].WhichOneof('kind') or 'empty'}, not float_list or "
-                         "int64_list: keep by a numeric feature")
-    kind = feats[spec.tensor].WhichOneof("kind")
+    kind, feats = checked_features(path, spec, examples)
     if kind in LIST_DTYPES:
         _check_list(path, spec, kind, len(getattr(feats[spec.tensor], kind).value))
-        return replace(spec, dtype=LIST_DTYPES[kind])
-    if kind == "bytes_list":
+        found = replace(spec, dtype=LIST_DTYPES[kind])
+    else:
         dtype, shape = _check_serialized(path, spec, feats[spec.tensor].bytes_list.value)
-        return replace(spec, dtype=dtype, shape=shape)
-    raise InputError(f"{path}: input.tensor: feature {spec.tensor!r} is empty in the first "
-                     "record: name a feature that holds the tensor")
+        found = replace(spec, dtype=dtype, shape=shape)
+    if spec.tensor not in examples[0] and (spec.dtype is None or spec.shape is None) \
+            and not spec.ragged:
+        # The config does not say what the feature holds: the file's first record alone
+        # might be the odd one, or the feature might be optional
+        held = sum(spec.tensor in e for e in examples)
+        raise InputError(
+            f"{path}: input.tensor: the first record has no feature {spec.tensor!r} ({held} "
+            f"of the first {len(examples)} records have it, as {kind} of "
+            f"{found.dtype}{_shape_words(found.shape)}): is it optional? To read the records "
+            f"that have it (the others are then invalid), set input.dtype: {found.dtype} and "
+            f"input.shape: {list(found.shape or [])}")
+    return found
+
+
+def _shape_words(shape: tuple[int, ...] | None) -> str:
+    return "" if shape is None else f" of shape {list(shape)}"
 
 
 def _check_list(path: str, spec: TensorSpec, kind: str, n: int) -> None:
     problem = list_problem(spec, kind)
     if problem:
-        raise InputError(f"{path}: {problem} (the first record has {n} values)")
+        raise InputError(f"{path}: {problem} (the first record holding it has {n} values)")
     if spec.ragged:
         return
     assert spec.shape is not None
     if math.prod(spec.shape) != n:
         raise InputError(f"{path}: input.shape: feature {spec.tensor!r} has {n} values in the "
-                         f"first record, not {math.prod(spec.shape)} = {list(spec.shape)}: "
-                         "fix input.shape")
+                         f"first record holding it, not {math.prod(spec.shape)} = "
+                         f"{list(spec.shape)}: fix input.shape")
 
 
 def _check_serialized(path: str, spec: TensorSpec, values: Any) -> tuple[str, tuple[int, ...]]:

@@ -7,15 +7,19 @@ from __future__ import annotations
 import functools
 import math
 import os
+import sys
+from collections import Counter
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 from transforms.canonical import DTYPE_CODES
-from transforms.io.formats.base import TensorSpec
+from transforms.io.formats.base import InputError, TensorSpec, no_such_name
 from transforms.io.formats.example_proto import example_class
 
 LIST_DTYPES = {"float_list": "float32", "int64_list": "int64"}  # flat tensor features
@@ -23,27 +27,66 @@ ID_KINDS = ("bytes_list", "int64_list")
 RANK_KINDS = ("float_list", "int64_list")
 
 
+TF_LOG_ENV = "TF_CPP_MIN_LOG_LEVEL"
+
+
 def _tf() -> Any:
     """TensorFlow, for parsing numeric features a batch at a time and serialized tensors
-    (framing, CRCs, one Example at a time and writing need none: example_proto)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    (framing, CRCs, one Example at a time and writing need none: example_proto).
+
+    Its import prints C++ log lines on stderr in every process that imports it (oneDNN,
+    "Could not find cuda drivers", absl's "All log messages before
+    absl::InitializeLog()"), which ``TF_CPP_MIN_LOG_LEVEL`` no longer silences (TF
+    2.17+: they are logged before TensorFlow reads it). Unless the user has set that
+    variable (to see them), the import runs with the process's stderr pointed at
+    /dev/null; its errors still reach the user as the ImportError below."""
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    quiet = TF_LOG_ENV not in os.environ
+    os.environ.setdefault(TF_LOG_ENV, "3")
     try:
-        import tensorflow as tf
+        with _stderr_muted(quiet):
+            import tensorflow as tf
     except ImportError as e:
         raise ImportError(f"{e}: reading TFRecord features needs TensorFlow: pip install "
                           "-c constraints.txt 'tensordedup[tf]'") from e
     return tf
 
 
+@contextmanager
+def _stderr_muted(mute: bool) -> Iterator[None]:
+    """File descriptor 2 pointed at /dev/null while the block runs (C++ code writes there,
+    past ``sys.stderr``)."""
+    if not mute:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
 class BadExample(Exception):
     """A record that cannot be used; the message is the one-line reason."""
 
 
+LEARN_RECORDS = 100  # the records of a file's first batch a layout learns the kinds from
+
+
 @dataclass
 class FeatureLayout:
-    """What a file's records hold: the kinds of the features (from the first record
-    that has them) and, for serialized tensors, the dtype and shape every record must
-    have (from the spec, else from the first decodable tensor)."""
+    """What a file's records hold: the kinds of the features (the tensor's: the kind most
+    of the first records that have it hold, among those the spec allows, ``tensor_kind``;
+    the id's and rank's: the first record's that has them) and, for serialized tensors,
+    the dtype and shape every record must have (from the spec, else from the first
+    decodable tensor). Why most and not the first: a first record that lacks the
+    feature, or holds it as another kind, is as invalid as one anywhere else."""
 
     kind: str | None = None  # of the tensor feature: float_list | int64_list | bytes_list
     id_kind: str | None = None
@@ -53,21 +96,84 @@ class FeatureLayout:
     problem: str | None = None  # why no record can be used (the spec disagrees with the file)
 
     def learn(self, examples: Iterator[dict[str, Any]], spec: TensorSpec) -> None:
-        for feats in examples:
+        kinds: Counter[str | None] = Counter()
+        for feats in islice(examples, LEARN_RECORDS):
             if self.kind is None and spec.tensor in feats:
-                self.kind = feats[spec.tensor].WhichOneof("kind")
-                if self.kind in LIST_DTYPES:
-                    self.problem = list_problem(spec, self.kind)
+                kinds[feats[spec.tensor].WhichOneof("kind")] += 1
             if spec.id is not None and self.id_kind is None and spec.id in feats:
                 self.id_kind = kind_in(feats[spec.id], ID_KINDS)
             if spec.rank is not None and self.rank_kind is None and spec.rank in feats:
                 self.rank_kind = kind_in(feats[spec.rank], RANK_KINDS)
-            if self.ready(spec):
-                return
+        if self.kind is None:
+            self.kind = tensor_kind(kinds, spec)
+            if self.kind in LIST_DTYPES:
+                self.problem = list_problem(spec, self.kind)
 
     def ready(self, spec: TensorSpec) -> bool:
         return (self.kind is not None and (spec.id is None or self.id_kind is not None)
                 and (spec.rank is None or self.rank_kind is not None))
+
+
+def allowed_kinds(spec: TensorSpec) -> tuple[str, ...]:
+    """The kinds of tensor feature the spec can read: encoded values and dtypes other
+    than float32 and int64 only a bytes_list (one value), integer sequences an
+    int64_list."""
+    if spec.decode is not None:
+        return ("bytes_list",)
+    if spec.ragged:
+        return ("int64_list",)
+    lists = tuple(k for k, dtype in LIST_DTYPES.items() if spec.dtype in (None, dtype))
+    return (*lists, "bytes_list")
+
+
+def tensor_kind(kinds: Counter, spec: TensorSpec) -> str | None:
+    """The tensor feature's kind, from how many of the first records hold each (None:
+    empty): the most common of those the spec allows, else the most common (the spec
+    disagrees with the file: ``list_problem`` says how); ties to the first seen."""
+    held = [k for k in kinds if k is not None]
+    pool = [k for k in held if k in allowed_kinds(spec)] or held
+    return max(pool, key=lambda k: kinds[k]) if pool else None
+
+
+CHECK_RECORDS = 100  # the first records check() looks at (LEARN_RECORDS: the same kinds)
+
+
+def checked_features(path: str, spec: TensorSpec,
+                     examples: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """(the tensor feature's kind, the features of the first record holding it so) after
+    refusing what no record can be read with: a tensor, id or keep feature that none of
+    ``examples`` (a file's first records) has, an id or keep feature of a kind it cannot
+    be, a tensor feature empty in all. A first record that lacks a feature or holds the
+    tensor as another kind than most is not refused: it is invalid, as anywhere else."""
+    for key, name in (("input.tensor", spec.tensor), ("input.id", spec.id), ("keep", spec.rank)):
+        if name is not None and not any(name in feats for feats in examples):
+            raise InputError(f"{path}: {key}: {_none_has(name, examples)}")
+    for key, name, kinds, what in (("input.id", spec.id, ID_KINDS, "a string or integer"),
+                                   ("keep", spec.rank, RANK_KINDS, "a numeric")):
+        if name is None:
+            continue
+        feature = next(feats[name] for feats in examples if name in feats)
+        if kind_in(feature, kinds) is None:
+            raise InputError(f"{path}: {key}: feature {name!r} is "
+                             f"{feature.WhichOneof('kind') or 'empty'}, not "
+                             f"{' or '.join(kinds)}: name {what} feature")
+    held = [feats for feats in examples if spec.tensor in feats]
+    kind = tensor_kind(Counter(feats[spec.tensor].WhichOneof("kind") for feats in held), spec)
+    if kind is None:
+        records = "the first record" if len(examples) == 1 else \
+            f"all {len(held)} of the first {len(examples)} records that have it"
+        raise InputError(f"{path}: input.tensor: feature {spec.tensor!r} is empty in "
+                         f"{records}: name a feature that holds the tensor")
+    return kind, next(f for f in held if f[spec.tensor].WhichOneof("kind") == kind)
+
+
+def _none_has(name: str, examples: list[dict[str, Any]]) -> str:
+    """Why no record can be read: none of the first records has feature ``name``."""
+    names = sorted({n for feats in examples for n in feats})
+    where = ("the first record has no" if len(examples) == 1 else
+             f"none of the first {len(examples)} records has a")
+    what = "its features:" if len(examples) == 1 else "their features:"
+    return f"{where} feature {name!r} {no_such_name(name, names, what, 'name one of them')}"
 
 
 def kind_in(feature: Any, kinds: tuple[str, ...]) -> str | None:
@@ -148,8 +254,8 @@ def _tensor(feats: dict[str, Any], spec: TensorSpec, layout: FeatureLayout) -> A
         raise BadExample(f"no feature {name!r}")
     kind = feats[name].WhichOneof("kind")
     if kind != layout.kind:
-        raise BadExample(f"feature {name!r} is {kind or 'empty'}, not {layout.kind} like the first "
-                   "record")
+        raise BadExample(f"feature {name!r} is {kind or 'empty'}, not {layout.kind} like the "
+                         "file's first records")
     if kind == "bytes_list":
         return _value(feats, name, (kind,))[1]
     values = getattr(feats[name], kind).value
@@ -216,6 +322,8 @@ def _parse_batch(datas: list[bytes], spec: TensorSpec, layout: FeatureLayout) ->
 def tensor_header(serialized: bytes) -> tuple[Any, np.dtype, tuple[int, ...]]:
     """(TensorProto, numpy dtype, shape) of a tf.io.serialize_tensor value."""
     from google.protobuf.message import DecodeError
+
+    _tf()  # its package first (quietly)
     from tensorflow.core.framework.tensor_pb2 import TensorProto
     from tensorflow.core.framework.types_pb2 import DataType
 
