@@ -333,6 +333,8 @@ def run_prepared(job: Job, *, quiet: bool = False, verbose: bool = False) -> Run
                       f"({job.cfg.runner.name} runner)")  # the start line (not when quiet)
         if job.store is not None and (line := job.store.replacing_line()):
             progress.note(line)
+        for line in job.notes:
+            progress.note(line)
         with beam_quiet(verbose, quiet):
             return execute(job)
     except LeaseHeld:  # another run holds the output or store: nothing was touched

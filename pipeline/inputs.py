@@ -328,6 +328,23 @@ def first_known(resolved: list[TensorSpec]) -> int:
     return next((i for i, r in enumerate(resolved) if r.dtype is not None), 0)
 
 
+def mixed_dtypes(files: list[str], resolved: list[TensorSpec]) -> tuple[str, ...]:
+    """A note where the input files hold tensors of several dtypes (float32 in one,
+    float64 in another): dtype is part of a record's identity, so a float64 copy of a
+    float32 record is never its exact copy. Not refused: files may hold different data."""
+    first: dict[str, str] = {}
+    for path, spec in zip(files, resolved, strict=True):
+        if spec.dtype is not None and spec.decode is None:
+            first.setdefault(spec.dtype, path)
+    if len(first) < 2:
+        return ()
+    where = ", ".join(f"{dtype} in {path}" for dtype, path in list(first.items())[:4])
+    return (f"note: the input files hold tensors of {len(first)} dtypes ({where}"
+            f"{', ...' if len(first) > 4 else ''}): dtype is part of a record's identity, so "
+            "records in files of different dtypes are never exact copies of each other; "
+            "cast the files to one dtype to compare them",)
+
+
 def common_dir(files: list[str]) -> str:
     """The inputs' deepest common directory (output names are relative to it)."""
     if fs.is_local(files[0]):

@@ -47,6 +47,7 @@ class Job:
     references: References | None = None
     store: StoreView | None = None  # earlier runs' records, as of this run's start
     embed: Embedding | None = None  # the user's model, before the near stage
+    notes: tuple[str, ...] = ()  # lines the checks found worth saying (printed unless quiet)
 
     def staging(self, final: str) -> str:
         return layout.staging(final, self.attempt)

@@ -36,6 +36,7 @@ from pipeline.inputs import (
     first_known,
     inspect_files,
     list_files,
+    mixed_dtypes,
     references,
 )
 from pipeline.job import Job
@@ -394,7 +395,8 @@ def prepare(cfg: DedupeConfig) -> Job:
     return Job(cfg=cfg, files=files, root=root, spec=spec, resolved=resolved, keep=keep,
                chunking=cfg.tuning.chunking(), output=output, report=report, run_id=run_id,
                attempt=f"{os.getpid()}-{time.time_ns()}", replace=replace, near=near,
-               references=refs, store=store, embed=embed)
+               references=refs, store=store, embed=embed,
+               notes=mixed_dtypes(files, checked))
 
 
 def _row_bytes(resolved: TensorSpec, first: str, source: InputConfig) -> int | None:

@@ -216,6 +216,24 @@ def test_literal_path_with_glob_characters_is_that_file(tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_input_files_of_several_dtypes_get_a_note(tmp_path, capsys):
+    """float32 in one file, float64 in another: never exact copies of each other (dtype
+    is part of the identity), so the run says so in one note (not with --quiet)."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    write_input("parquet", tmp_path / "in" / "a.parquet", ["a", "b", "c"], x, np.zeros(3, int))
+    write_input("parquet", tmp_path / "in" / "b.parquet", ["d", "e", "f"], x.astype(np.float64),
+                np.zeros(3, int))
+    assert run_job(tmp_path, "parquet", str(tmp_path / "in" / "*.parquet")) == 0
+    assert capsys.readouterr().err == ""  # --quiet
+    assert main(["--config", str(tmp_path / "job.yaml"), "--overwrite"]) == 0  # not quiet
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert notes == [f"note: the input files hold tensors of 2 dtypes (float32 in "
+                     f"{tmp_path / 'in' / 'a.parquet'}, float64 in "
+                     f"{tmp_path / 'in' / 'b.parquet'}): dtype is part of a record's "
+                     "identity, so records in files of different dtypes are never exact "
+                     "copies of each other; cast the files to one dtype to compare them"]
+
+
 def pq_rows(path) -> list[dict]:
     import pyarrow.parquet as pq
 
