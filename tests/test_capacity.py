@@ -216,3 +216,59 @@ def test_tfrecord_input_needs_a_record_count(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert figure(out, "input").startswith("5,000,000 records of 64 values (256 B each), "
                                            "1.28 GB in files")
+
+
+def test_plan_of_a_store_run_counts_the_stored_values_the_job_searches(tmp_path):
+    """With a fingerprint store and near on, the job searches every stored value with the
+    new records (docs/runs.md): the plan's near stage has the records and cells the job
+    then reports, while --plan-records and the input line stay the new input's.
+
+    Two earlier runs of 1,500 records put about 3,000 values in the store; the third
+    run's 1,500 new records alone would plan 6 cells (partition_rows 250), with the store
+    the job searches about 4,500 in 18. Records must match exactly (the store's commits
+    say how many values it holds; the job's planner counts every record it receives).
+    Cells: the count follows from the records (``NearSpec.cells``), so within one of the
+    job's (k-means on another sample could leave a cell empty). Pairs compared come
+    from a sample of another draw than the job's: within a factor 1.5 (the old plan was
+    about 9x low)."""
+    from pipeline.api import run_job
+
+    dim, n = 16, 1_500
+    x = embeddings(3 * n, dim=dim, clusters=60, seed=3)
+    x[2 * n:2 * n + 150] = x[:150]  # the third day repeats some of the first
+    for day in range(3):
+        part = np.arange(day * n, (day + 1) * n)
+        emb = pa.FixedSizeListArray.from_arrays(pa.array(x[part].reshape(-1)), dim)
+        (tmp_path / "in" / f"d{day}").mkdir(parents=True)
+        pq.write_table(pa.table({"id": [f"r{j}" for j in part], "emb": emb}),
+                       tmp_path / "in" / f"d{day}" / "part.parquet")
+    cfg = {"input": {"format": "parquet", "path": str(tmp_path / "in/{run_id}/*.parquet"),
+                     "tensor": "emb", "id": "id"},
+           "near": {"metric": "cosine", "threshold": 0.02, "partition_rows": 250,
+                    "single_index_rows": 500},
+           "store": {"path": str(tmp_path / "store")},
+           "output": {"path": str(tmp_path / "out/{run_id}/clean")},
+           "report": str(tmp_path / "out/{run_id}/report"),
+           "runner": {"name": "local", "workers": 1, "processes": False}}
+    kept = [run_job(cfg, run_id=f"d{day}", quiet=True).kept for day in range(2)]
+
+    job = prepare(to_config(cfg, run_id="d2"))
+    w = workload(job)
+    assert w.records == n and w.stored.runs == 2 and w.stored.values == sum(kept)
+    out = "\n".join(plan_lines(job))
+    assert figure(out, "input").startswith(f"{n:,} records")
+    assert figure(out, "store").startswith(f"{sum(kept):,} records of 2 earlier run(s), "
+                                           "searched with this run's")
+    near = figure(out, "near")
+    planned = re.match(r"(exact|bounded) search in ([\d,]+) cell\(s\) of ([\d,]+) records "
+                       rf"\({n:,} new \+ ([\d,]+) stored\)", near)
+    assert planned, near
+    cells, records = int(planned.group(2).replace(",", "")), int(planned.group(3).replace(",", ""))
+    bigger = workload(job, 10 * n)  # --plan-records: the new input's records, store kept
+    assert bigger.records == 10 * n and bigger.searched == 10 * n + sum(kept)
+
+    run_job(cfg, run_id="d2", quiet=True)
+    report = json.loads((tmp_path / "out/d2/report/summary.json").read_text())["near"]
+    assert records == report["prediction"]["rows"] == n + sum(kept)
+    assert abs(cells - report["cells"]) <= 1 and cells >= 15
+    assert 1 / 1.5 <= w.near.work / report["pairs_compared"] <= 1.5, (w.near.work, report)

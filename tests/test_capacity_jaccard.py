@@ -7,6 +7,7 @@ No timings are asserted (scripts/bench_plan_jaccard.py checks them against real 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -233,3 +234,32 @@ def test_ordered_input_is_planned_from_a_sample_across_it(tmp_path, monkeypatch)
     assert "drawn uniformly from every record" in planned.source
     assert planned.mode == truth.mode
     assert abs(planned.removed / truth.removed - 1) < 0.15, (planned.removed, truth.removed)
+
+
+def test_plan_of_a_store_run_counts_the_stored_sets(tmp_path, corpora):
+    """A jaccard job with a fingerprint store searches every stored shingle set with the
+    new records: the plan says how many, reads them on one worker, and keys and groups
+    them with the input's (the input line and --plan-records stay the new input's)."""
+    data, n = corpora["small"]
+    cfg = {**config(tmp_path, data), "store": {"path": str(tmp_path / "store")},
+           "output": {"path": str(tmp_path / "out/{run_id}/clean")},
+           "report": str(tmp_path / "out/{run_id}/report")}
+    kept = run_job(cfg, run_id="a", quiet=True).kept
+    rates = Rates.load().jaccard
+    job = prepare(to_config(cfg, run_id="b"))
+    w = workload(job)
+    assert w.records == n and w.stored.values == kept and w.stored.sets
+    assert round(w.sets.stored * n) == kept
+    alone = workload(dataclasses.replace(job, store=None))
+    out = "\n".join(plan_lines(job))
+    assert re.search(rf"^  input: {n:,} records ", out, re.M)
+    assert re.search(rf"^  store: {kept:,} records of 1 earlier run\(s\), searched with this "
+                     r"run's \(shingle sets: ", out, re.M), out
+    assert count(stage(out, "store: sets read (one worker), lookups"), "stored sets") == kept
+    keys = int(re.search(r"([\d,]+) key lines", out).group(1).replace(",", ""))
+    assert alone.sets.valid == w.sets.valid and alone.sets.lines == w.sets.lines
+    assert keys == round((n * w.sets.valid + kept) * w.sets.lines)
+    mine = predict_sets(w, cluster(job.cfg.runner, rates), rates)
+    without = predict_sets(alone, cluster(job.cfg.runner, rates), rates)
+    assert mine.wall_s > without.wall_s and mine.spilled > without.spilled
+    assert workload(job, 10 * n).sets.stored * 10 * n == pytest.approx(kept)

@@ -22,7 +22,7 @@ assumption: the full set is duplicated like its sample).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -76,10 +76,32 @@ class SetsCost:
     largest_component: int  # records: what one decision worker holds at once
     sampled: int
     source: str  # how the figures were found, in words
+    stored: float = 0.0  # a store's sets the stage reads and searches, per input record
 
     @property
     def permutations(self) -> int:
         return self.bands * self.rows
+
+    @property
+    def entering(self) -> float:
+        """Sets the stage keys and groups per input record: its valid ones and the
+        store's."""
+        return self.valid + self.stored
+
+    def with_stored(self, stored: int, records: int) -> SetsCost:
+        """The figures with ``stored`` sets of a fingerprint store searched with the
+        ``records`` input records: keyed like the input's distinct records, and grouped,
+        paired and verified in proportion to the distinct sets the stage holds (a named
+        assumption: the store's sets are like the input's, its earlier removals apart);
+        the removals stay the input's (stored records are never removed)."""
+        if not stored or not records:
+            return self
+        m = 1 + stored / max(records * self.valid * self.distinct, 1)
+        return replace(self, stored=stored / records, grouped=self.grouped * m,
+                       members=self.members * m, paired=self.paired * m,
+                       compared=self.compared * m, groups=self.groups * m,
+                       largest_group=math.ceil(self.largest_group * m),
+                       largest_component=math.ceil(self.largest_component * m))
 
 
 def _stats(sets, rank: np.ndarray, rec: np.ndarray, keys: np.ndarray, sig, take: np.ndarray,
@@ -212,14 +234,14 @@ def set_units(n: int, file_bytes: float, text_bytes: float, c: SetsCost, recall:
     """Each step's work in its units (``Rates.steps``), for ``n`` records of
     ``text_bytes`` each in ``chunks`` chunks; the output taken as large as the input
     unless ``out_bytes`` is given."""
-    v = n * c.valid  # records the stage sees
+    v = n * c.entering  # records the stage sees (a store's sets too)
     sh = v * c.shingles
     exact = c.mode == "exact"
     lines = v * c.lines
     grouped = n * c.grouped
     return {
         "read": {"record": n, "byte": file_bytes},
-        "fingerprint": {"record": n, "byte": n * text_bytes, "shingle": sh},
+        "fingerprint": {"record": n, "byte": n * text_bytes, "shingle": n * c.valid * c.shingles},
         "exact": {"record": n},
         "plan": {"record": v, "shingle": sh},
         "recall": {"record": v, "shingle": 0 if exact else sh, "ordered": sh if exact else 0,
@@ -239,21 +261,21 @@ def set_units(n: int, file_bytes: float, text_bytes: float, c: SetsCost, recall:
     }
 
 
-SET_ONE_WORKER = ("components", "merge", "report")  # the rest spread over every core
+SET_ONE_WORKER = ("components", "merge", "report", "store")  # the rest: every core
 SET_SHARDED = {"groups": KEY_SHARDS, "decide": KEY_SHARDS}  # at most this many bundles at once
 
 
 def set_shuffled(n: int, id_bytes: int, c: SetsCost) -> dict[str, float]:
     """Bytes through each of the stage's shuffles (and the exact digest group-by)."""
     return {"digests": n * (SHUFFLE_RECORD_BYTES + id_bytes),
-            "keys": n * c.valid * c.lines * LINE_BYTES,
+            "keys": n * c.entering * c.lines * LINE_BYTES,
             "groups": n * c.members * MEMBER_BYTES}
 
 
 def set_spilled(n: int, id_bytes: int, c: SetsCost) -> float:
     """Bytes of the spill files: each record's set and its keys, once; the candidate
     groups' lines twice (by Groups for Components, by Components for Decide)."""
-    return n * c.valid * (c.shingles * 8 + SET_ROW_BYTES + id_bytes) + 2 * n * c.members * (
+    return n * c.entering * (c.shingles * 8 + SET_ROW_BYTES + id_bytes) + 2 * n * c.members * (
         MEMBER_BYTES)
 
 
@@ -273,7 +295,7 @@ def working_sets(n: int, text_bytes: float, c: SetsCost, chunk_rows: int, recall
         "keys": 3 * chunk_sets + rows * (c.permutations * 4 + c.lines * LINE_BYTES * 2),
         "recall": 4 * chunk_sets + recall * c.shingles * 8 * 3,
         "plan": 3 * plan_sample * c.shingles * 8,
-        "groups": 3 * n * c.valid * c.lines * LINE_BYTES / KEY_SHARDS,
+        "groups": 3 * n * c.entering * c.lines * LINE_BYTES / KEY_SHARDS,
         "decide": batch * (3 * c.shingles * 8 + c.permutations * 4 + MEMBER_BYTES
                            * c.members / max(c.grouped, 1e-12)),
         "components": 4 * n * c.members * MEMBER_BYTES,

@@ -46,7 +46,12 @@ DEFAULT_RATES = Path(__file__).with_name("rates.json")
 # of that worker's machine). The local runner's parallel workers are threads of one
 # interpreter: measured, 2 of them ran the 300k x 128 check no faster than one (15.3 s
 # against 15.8 s), so its steps take one core's time however many threads it runs.
-ONE_WORKER = ("plan", "merge", "report")
+ONE_WORKER = ("plan", "merge", "report", "store")
+# A fingerprint store (docs/runs.md): its stored values are read on one worker (the
+# "store" step, at the read step's rates: Parquet files of values), and each new digest's
+# lookup reads a bucket of a digest segment: 18 us a read when each needs its own
+# (scripts/bench_incremental.py, 100,000 new digests against 64M stored, local disk).
+LOOKUP_READ_S = 18e-6
 # Dataflow assumptions (docs/scale.md names them): a worker VM's start-up and shutdown,
 # the vCPUs and memory of machine families, the default machine and worker count. A GPU
 # speeds no step up: measured on an H200, the near stage's products there took as long
@@ -108,6 +113,7 @@ def units(w: Workload, out_bytes: float | None = None) -> dict[str, dict[str, fl
     is taken as large as the input (every record kept) unless ``out_bytes`` is given."""
     n, d = w.records, w.dim
     tensor = n * w.record_bytes
+    ns = w.searched  # the near stage's records: the input's and a store's values
     u = {"read": {"record": n, "byte": w.file_bytes},
          "fingerprint": {"record": n, "byte": tensor},
          "exact": {"record": n},
@@ -117,24 +123,28 @@ def units(w: Workload, out_bytes: float | None = None) -> dict[str, dict[str, fl
          # into one file on the report's worker while they hold at most FILE_ROWS rows
          "parts": {"record": n},
          "report": {"run": 1, "record": min(n, FILE_ROWS / REMOVED_SHARE), "value": d},
-         "framework": {"run": 1, "record": n, "byte": tensor}}
+         "framework": {"run": 1, "record": ns, "byte": ns * w.record_bytes}}
+    if w.stored is not None:
+        u["lookup"] = {"read": w.stored.lookups}
+        if w.stored.values:
+            u["store"] = {"record": w.stored.values, "byte": w.stored.value_bytes}
     if w.near is not None:
         p = w.near.cells
         scored = w.near.scored or p  # two levels: coarse + joined coarse x fine per coarse
         sample = training_rows(w) if p > 1 else 0
-        u["sample"] = {"byte": tensor}  # every record's search vector, on every worker
+        u["sample"] = {"byte": ns * w.record_bytes}  # every record's search vector
         # k-means, one worker (two levels: each sample row meets coarse + its coarse's fine)
         u["plan"] = {"madd": sample * min(p, scored) * d * KMEANS_ITERATIONS}
         # one matrix product per level (n x scored x d), then passes over the scores
         # ... and each cell a record joins, ranked and listed
-        u["assign"] = ({"madd": n * scored * d, "score": n * scored, "join": n * w.near.joins}
-                       if p > 1 else {})
-        u["search"] = {"madd": w.near.work * d, "record": n * w.near.joins}
-        s = min(w.recall_sample, n)  # sampled x every record, through a projection when wide
+        u["assign"] = ({"madd": ns * scored * d, "score": ns * scored,
+                        "join": ns * w.near.joins} if p > 1 else {})
+        u["search"] = {"madd": w.near.work * d, "record": ns * w.near.joins}
+        s = min(w.recall_sample, ns)  # sampled x every record, through a projection when wide
         width = recall_width(d, s)
         share = WINDOW_SHARE if width != d else 1.0  # projected: blocks paired, fewer pairs
-        u["recall"] = {"madd": s * n * width * share, "score": s * n * share, "record": n}
-        u["merge"] = {"run": 1, "record": n}  # a fixed part, and the open records (~n)
+        u["recall"] = {"madd": s * ns * width * share, "score": s * ns * share, "record": ns}
+        u["merge"] = {"run": 1, "record": ns}  # a fixed part, and the open records (~n)
     return u
 
 
@@ -152,13 +162,22 @@ def training_rows(w: Workload) -> int:
     the capped planning sample (one in five predicts the cost)."""
     from transforms.near.find import sample_cap
 
-    return min(TRAIN_PER_CELL * w.near.cells, sample_cap(w.dim) * 4 // 5, w.records)
+    return min(TRAIN_PER_CELL * w.near.cells, sample_cap(w.dim) * 4 // 5, w.searched)
 
 
 def step_seconds(rates: Rates, u: dict[str, dict[str, float]]) -> dict[str, float]:
     """One core's seconds per step."""
-    return {step: sum(rates.steps.get(step, {}).get(k, 0.0) * v for k, v in amounts.items())
+    return {step: sum(_rates_of(rates, step).get(k, 0.0) * v for k, v in amounts.items())
             for step, amounts in u.items()}
+
+
+def _rates_of(rates: Rates, step: str) -> dict[str, float]:
+    """A step's rates; a store's steps, which the rates file does not measure, at the
+    read step's (its stored values) and ``LOOKUP_READ_S`` (its digest lookups)."""
+    if step in rates.steps:
+        return rates.steps[step]
+    return {"store": rates.steps.get("read", {}), "lookup": {"read": LOOKUP_READ_S}}.get(
+        step, {})
 
 
 @dataclass(frozen=True)
@@ -240,14 +259,16 @@ def predict(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> Capaci
             steps[step] = cpu / (c.workers * c.cores)
     wall = c.startup_s + sum(steps.values())
     n, b = w.records, w.record_bytes
-    shuffled = n * (SHUFFLE_RECORD_BYTES + w.id_bytes)
+    held = w.searched - n  # a store's values: spread by a shuffle, carried into the cells
+    shuffled = n * (SHUFFLE_RECORD_BYTES + w.id_bytes) + held * (b + w.id_bytes + 16)
     spilled = 0.0
     if w.near is not None:
         carried = shuffle_carries_rows(c.runner)
-        cells = n * w.near.joins * (CELL_REF_BYTES + (b if remote_spill or carried else 0))
+        cells = w.near.joins * (w.searched * CELL_REF_BYTES + held * b
+                                + (n * b if remote_spill or carried else 0))
         shuffled += cells
         spilled = n * b + (0 if carried else cells) \
-            + min(w.recall_sample, n) * b
+            + min(w.recall_sample, w.searched) * b
     return Capacity(wall, steps, shuffled, spilled, peak_memory(w, c, rates),
                     wall * c.workers / 3600, c)
 
@@ -268,10 +289,12 @@ def peak_memory(w: Workload, c: Cluster, rates: Rates) -> float:
         sets += [chunk + (64 << 20),  # assignment: a chunk and its score blocks
                  3 * w.near.largest * d * 4 + 512 * 8192 * 8,  # a cell's search
                  SURE_CELLS * w.near.largest * REMOVED_SHARE * REMOVAL_BYTES]  # lines
-        alone = max(3 * min(sample_cap(d), w.records) * d * 4 + w.near.cells * d * 16,
-                    w.records * OPEN_SHARE * (b + REMOVAL_BYTES)  # the plan; the merge
+        alone = max(3 * min(sample_cap(d), w.searched) * d * 4 + w.near.cells * d * 16,
+                    w.searched * OPEN_SHARE * (b + REMOVAL_BYTES)  # the plan; the merge
                     + w.recall_sample * 64 * REMOVAL_BYTES)
-    held = rates.held_fixed + rates.held_per_byte * w.records * b
+    if w.stored is not None and w.stored.values:  # the store's values, read in batches
+        alone = max(alone, 3 * min(w.stored.values, 65536) * b)
+    held = rates.held_fixed + rates.held_per_byte * w.searched * b
     if c.threads or c.runner == "local":
         return rates.baseline_rss + max(c.workers * max(sets), alone) + held
     return c.cores * rates.baseline_rss + max(c.cores * max(sets), alone) + (
@@ -315,13 +338,17 @@ def lines(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> list[str
     out = [f"capacity plan ({c.runner}, {workers}; rates: {rates.measured}):",
            f"  input: {w.records:,} records of {w.dim:,} values ({_size(w.record_bytes)} each"
            + (f", {w.sized}" if w.sized else "") + f"), {_size(w.file_bytes)} in files"]
+    if w.stored is not None:
+        out.append(w.stored.line())
     if near is not None:
-        out.append(f"  near: {near.mode} search in {near.cells:,} cell(s), {near.joins:.2f} "
-                   f"cells per record, {near.work:.3g} pairs compared, largest cell "
-                   f"{near.largest:,} records ({near.source})")
+        held = (f" of {w.searched:,} records ({w.records:,} new + {w.searched - w.records:,} "
+                "stored)" if w.searched > w.records else "")
+        out.append(f"  near: {near.mode} search in {near.cells:,} cell(s){held}, "
+                   f"{near.joins:.2f} cells per record, {near.work:.3g} pairs compared, "
+                   f"largest cell {near.largest:,} records ({near.source})")
     out += _figures(cap, cap.steps)
     if near is not None and near.cells > 1 and training_rows(w) < min(
-            TRAIN_PER_CELL * near.cells, w.records):
+            TRAIN_PER_CELL * near.cells, w.searched):
         out.append(f"  warning: the planning sample trains {near.cells:,} cells on "
                    f"{training_rows(w):,} records (fewer than {TRAIN_PER_CELL} each): the "
                    "cells will be poor (docs/scale.md#where-the-plan-itself-must-change-at-"
@@ -351,9 +378,9 @@ def slice_reads(w: Workload) -> float:
     P cells, holds rows of about P (1 - e^(-r j / P)) cells (records spread over cells
     independently of the chunk they arrive in)."""
     rows = min(rows_within(w.chunking.chunk_rows, w.chunking.chunk_bytes, w.record_bytes),
-               max(w.records, 1))
+               max(w.searched, 1))
     cells = w.near.cells
-    return math.ceil(w.records / rows) * cells * -math.expm1(-rows * w.near.joins / cells)
+    return math.ceil(w.searched / rows) * cells * -math.expm1(-rows * w.near.joins / cells)
 
 
 def _spread(c: Cluster) -> int:
@@ -372,6 +399,10 @@ def predict_sets(w: Workload, c: Cluster, rates: Rates) -> Capacity:
     hand-offs."""
     s = w.sets
     u = set_units(w.records, w.file_bytes, w.record_bytes, s, w.recall_sample, w.chunks)
+    if w.stored is not None:  # a store: the new digests' lookups, its sets read
+        u["lookup"] = {"read": w.stored.lookups}
+        if w.stored.values:
+            u["store"] = {"record": w.stored.values, "byte": w.stored.value_bytes}
     cores = _spread(c)
     steps = {step: step_seconds(rates, {step: amounts})[step]
              / (1 if step in SET_ONE_WORKER else min(cores, SET_SHARDED.get(step, cores)))
@@ -424,6 +455,7 @@ SET_STAGES = (("read, digests, exact dedup", ("read", "exact")),
               ("plan sample, recall", ("plan", "recall")),
               ("write", ("write",)),
               ("framework", ("framework", "processes")))
+STORE_STAGE = ("store: sets read (one worker), lookups", ("store", "lookup"))
 
 
 def set_lines(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> list[str]:
@@ -446,7 +478,7 @@ def set_lines(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> list
         "read, digests, exact dedup": f"{_size(w.file_bytes)} read, "
                                       f"{_size(moved['digests'])} shuffled (digests)",
         "shingles (+ spill)": f"{_size(set_spilled(n, w.id_bytes, s))} of sets spilled",
-        "keys": f"{n * s.valid * s.lines:,.0f} key lines",
+        "keys": f"{n * s.entering * s.lines:,.0f} key lines",
         "key shuffle (GroupByKey)": f"{_size(moved['keys'])} moved, {KEY_SHARDS} key shards",
         "candidate groups": f"{n * s.groups:,.0f} groups of {n * s.grouped:,.0f} records "
                             f"({s.grouped:.1%}), largest {s.largest_group:,}",
@@ -473,7 +505,11 @@ def set_lines(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> list
            f"{s.mode} ({s.why}); {s.shingles:.0f} shingles and {s.lines:.1f} keys per record",
            f"  candidates: {s.source}",
            "  stages (wall time on this cluster; working memory per core; what moves):"]
-    for name, parts in SET_STAGES:
+    if w.stored is not None:
+        out.insert(2, w.stored.line())
+        said[STORE_STAGE[0]] = (f"{w.stored.values:,} stored sets read, "
+                                f"{w.stored.lookups:,.0f} bucket reads")
+    for name, parts in SET_STAGES + ((STORE_STAGE,) if w.stored is not None else ()):
         t = sum(steps.get(p, 0.0) for p in parts)
         mem = max((ws.get(p, 0.0) for p in parts), default=0.0)
         stage = keys if name == "keys" else name

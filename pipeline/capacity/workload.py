@@ -8,6 +8,13 @@ only the data shows. The near figures come from the job's own planner
 what the job will decide; past what a dry run can train (``MAX_SAMPLE_CELLS`` cells)
 they come from the closed form the plan is built on (cells of max(partition_rows,
 sqrt n) rows, each record in at most ``probes`` cells), and the plan says so.
+
+A fingerprint store (``job.store``) adds its earlier runs' records where the job
+processes them (``Stored``, docs/runs.md): the Exact step looks the new digests up in
+the store's digest segments (bucket reads, not the stored records), and with ``near`` the
+stage reads every stored value (or shingle set) and searches it with the input's, so
+its records, cells and memory are those of the input plus the store, and its planning
+sample is drawn from both in proportion (as the job's sample by digest is).
 """
 
 from __future__ import annotations
@@ -20,11 +27,14 @@ import numpy as np
 
 from pipeline.capacity.jaccard import SAMPLE, SetsCost, sets_cost
 from pipeline.job import Job
+from pipeline.steps.store import StoreView
 from transforms.io.formats import get_format
 from transforms.io.formats.base import Chunking
 from transforms.near.plan import TRAIN_PER_CELL, assign_width, coarse_count, plan
 from transforms.near.space import search_radius, search_space, value_scale
 from transforms.near.spec import NearSpec
+from transforms.store.segment import BUCKET_ROWS
+from transforms.store.store import FingerprintStore
 
 # A dry run trains the planner's k-means itself up to this many cells (64 sample rows
 # each: about 2 s at 128 dimensions on one core); beyond, the closed form.
@@ -46,6 +56,38 @@ class NearCost:
 
 
 @dataclass(frozen=True)
+class Stored:
+    """A fingerprint store's earlier runs as this job processes them: the digests its
+    Exact step looks the new records up among, and the values (or shingle sets) its near
+    stage reads and searches together with the input's."""
+
+    records: int  # records the earlier runs committed (their digests)
+    runs: int  # earlier runs the job sees (this run id's own commit excluded)
+    values: int  # stored values the near stage reads and searches; 0 without near
+    value_bytes: float  # the values files' bytes (what the near stage reads)
+    segments: int  # digest segments of the lookup plan
+    lookups: float  # bucket reads the new records' lookups make (expected)
+    lookup_bytes: float  # bytes those reads fetch
+    sets: bool = False  # the values are shingle sets (a jaccard store)
+
+    def line(self) -> str:
+        """The plan's line about the store."""
+        near = (f"searched with this run's ({'shingle sets' if self.sets else 'values'}: "
+                f"{_bytes(self.value_bytes)} read on one worker)" if self.values
+                else "not searched (no near stage)")
+        return (f"  store: {self.values or self.records:,} records of {self.runs:,} earlier "
+                f"run(s), {near}; exact lookups: {self.segments:,} digest segment(s), "
+                f"about {self.lookups:,.0f} bucket reads ({_bytes(self.lookup_bytes)})")
+
+
+def _bytes(x: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.0f} B"
+
+
+@dataclass(frozen=True)
 class Workload:
     """The model's inputs; a field is None when it could not be learnt (see ``missing``)."""
 
@@ -63,6 +105,12 @@ class Workload:
     sized: str | None = None  # how a record's size was found, when the spec does not fix it
     chunking: Chunking = field(default_factory=Chunking)  # tuning's: what a chunk holds
     whole: bool = False  # jaccard's sample was drawn from every record (``reads_whole``)
+    stored: Stored | None = None  # a fingerprint store's earlier runs (``records``: new only)
+
+    @property
+    def searched(self) -> int:
+        """Records the near stage reads and searches: the input's and the stored ones."""
+        return self.records + (self.stored.values if self.stored else 0)
 
 
 def _size(path: str) -> int:
@@ -197,14 +245,15 @@ def measured_size(job: Job, rows: int = SIZE_SAMPLE) -> tuple[float, float, int]
     return float(np.mean(sizes)), float(np.mean(values)), len(sizes)
 
 
-def near_cost(job: Job, n: int, dim: int) -> NearCost:
-    """The near stage's cells, joins and work for ``n`` records: the job's planner on a
-    sample of the input, or the closed form past ``MAX_SAMPLE_CELLS`` cells."""
+def near_cost(job: Job, n: int, dim: int, stored: Stored | None = None) -> NearCost:
+    """The near stage's cells, joins and work for ``n`` records (the input's and the
+    ``stored`` values it searches with them): the job's planner on a sample of both, or
+    the closed form past ``MAX_SAMPLE_CELLS`` cells."""
     spec = job.near
     cells = spec.cells(n, dim)
     if cells <= MAX_SAMPLE_CELLS:
         want = TRAIN_PER_CELL * cells * SAMPLE_HELD // (SAMPLE_HELD - 1) + SAMPLE_HELD
-        x = sample_vectors(job, max(want, 2_000) if cells > 1 else min(n, 20_000))
+        x = _near_sample(job, max(want, 2_000) if cells > 1 else min(n, 20_000), n, stored)
         if len(x) >= 2:
             z = search_space(x, spec).astype(np.float32)
             radius = search_radius(spec, dim, value_scale(x, spec))
@@ -222,6 +271,93 @@ def near_cost(job: Job, n: int, dim: int) -> NearCost:
                             assign_width(len(parts), None if parts.coarse is None
                                          else len(parts.coarse), joins))
     return closed_form(spec, n, dim)
+
+
+def _near_sample(job: Job, rows: int, n: int, stored: Stored | None) -> np.ndarray:
+    """``rows`` search vectors drawn from the input and the store in proportion to their
+    records (``n`` in all), as the job's planner samples by digest over both."""
+    held = stored.values if stored is not None else 0
+    if not held:
+        return sample_vectors(job, rows)
+    mine = max(1, round(rows * (n - held) / max(n, 1)))
+    parts = [sample_vectors(job, mine), stored_vectors(job.store, rows - mine)]
+    parts = [x for x in parts if len(x)]
+    width = {x.shape[1] for x in parts}
+    return np.concatenate(parts) if len(width) == 1 else parts[0]
+
+
+def _stored_runs(view: StoreView) -> tuple[FingerprintStore, list]:
+    """The store and the earlier runs this job's view sees, oldest first."""
+    store = FingerprintStore(view.path)
+    seen = set(view.earlier)
+    return store, [r for r in store.runs(exclude=view.run_id) if r.run_id in seen]
+
+
+STORED_PARTS = 64  # a dry run samples stored values from at most this many values files
+
+
+def stored_vectors(view: StoreView, rows: int) -> np.ndarray:
+    """Up to ``rows`` stored values as (rows, values): from at most ``STORED_PARTS``
+    evenly spaced values files, each read whole when small (``WHOLE`` times its share)
+    else from ``SPREAD`` evenly spaced row groups, its share drawn uniformly from what was
+    read."""
+    import pyarrow.parquet as pq
+
+    from transforms.io import fs
+    from transforms.store.parts import DTYPE_KEY
+
+    store, runs = _stored_runs(view)
+    parts = [(r, p) for r in runs for p in r.vector_parts if p["rows"]]
+    if rows < 1 or not parts:
+        return np.zeros((0, 1), np.float32)
+    picks = np.unique(np.linspace(0, len(parts) - 1, min(STORED_PARTS, len(parts))).round())
+    chosen = [parts[int(i)] for i in picks]
+    total = sum(p["rows"] for _, p in chosen)
+    rng = np.random.default_rng(0)
+    out = []
+    for run, p in chosen:
+        share = max(1, round(rows * p["rows"] / total))
+        with fs.open_read(store._data(run, p["file"])) as f:
+            pf = pq.ParquetFile(f)
+            groups = pf.metadata.num_row_groups
+            if p["rows"] > WHOLE * share and groups > SPREAD:
+                take = np.unique(np.linspace(0, groups - 1, SPREAD).round()).astype(int)
+            else:
+                take = np.arange(groups)
+            dtype = np.dtype(pf.schema_arrow.metadata[DTYPE_KEY].decode())
+            col = pf.read_row_groups(take.tolist(), columns=["x"])["x"].combine_chunks()
+        x = col.flatten().to_numpy(zero_copy_only=False).view(dtype).reshape(-1, p["dim"])
+        out.append(x[np.sort(rng.choice(len(x), min(share, len(x)), replace=False))])
+    return np.concatenate(out)[:rows]
+
+
+def stored(job: Job, n: int) -> Stored | None:
+    """What the job does with its fingerprint store for ``n`` new records; None without
+    one or when no earlier run committed records."""
+    view = job.store
+    if view is None:
+        return None
+    store, runs = _stored_runs(view)
+    records = sum(r.records for r in runs)
+    if not records:
+        return None
+    parts = [(r, p) for r in runs for p in r.vector_parts if p["rows"]]
+    values = sum(p["rows"] for _, p in parts) if job.near is not None else 0
+    value_bytes = 0.0
+    if values:
+        from apache_beam.io.filesystems import FileSystems
+
+        found = FileSystems.match([store._data(r, p["file"]) for r, p in parts])
+        value_bytes = float(sum(m.size_in_bytes for f in found for m in f.metadata_list))
+    lookups = lookup_bytes = 0.0
+    for seg in view.plan.segments:  # digests are uniform: a segment meets its range's share
+        share = (int(seg.max, 16) - int(seg.min, 16) + 1) / 2.0 ** 128
+        buckets = max(1.0, seg.rows / BUCKET_ROWS)
+        reads = buckets * -math.expm1(-n * share / buckets)  # distinct buckets met
+        lookups += reads
+        lookup_bytes += min(reads * BUCKET_ROWS * 16, seg.rows * 40.0)
+    return Stored(records, len(runs), values, value_bytes, len(view.plan.segments), lookups,
+                  lookup_bytes, job.near is not None and job.near.is_sets)
 
 
 def closed_form(spec: NearSpec, n: int, dim: int) -> NearCost:
@@ -265,6 +401,7 @@ def workload(job: Job, records: int | None = None) -> Workload:
     elif records is not None:
         file_bytes = round(file_bytes * records / max(counted, 1))
     n = records if records is not None else counted
+    held = stored(job, n) if n else None  # ``records`` counts the input's only
     near = None
     if job.embed is not None:
         missing.append("embed: the model's time and its vectors' size are not in the model "
@@ -273,13 +410,13 @@ def workload(job: Job, records: int | None = None) -> Workload:
         return _with_sets(job, Workload(n, file_bytes, record_bytes, dim, near_spec=job.near,
                                         chunking=job.chunking,
                                         recall_sample=job.near.recall_sample,
-                                        missing=missing, sized=sized), counted)
+                                        missing=missing, sized=sized, stored=held), counted)
     elif job.near is not None and n and dim:
-        near = near_cost(job, n, dim)
+        near = near_cost(job, n + (held.values if held else 0), dim, held)
     return Workload(n, file_bytes, record_bytes, dim, near=near, near_spec=job.near,
                     chunking=job.chunking,
                     recall_sample=job.near.recall_sample if job.near else 0,
-                    missing=missing, sized=sized)
+                    missing=missing, sized=sized, stored=held)
 
 
 def parquet_text_bytes(job: Job) -> float | None:
@@ -324,6 +461,8 @@ def _with_sets(job: Job, w: Workload, counted: int | None) -> Workload:
     if cost is None:
         return replace(w, missing=[*w.missing, "near jaccard: no sampled record holds a "
                                    f"{job.near.shingles.unit} to compare"])
+    if w.stored is not None:  # the store's sets are searched with the input's
+        cost = cost.with_stored(w.stored.values, w.records)
     decode = job.spec.decode
     rows = rows_within(job.chunking.chunk_rows, decode.chunk_bytes if decode is not None
                        else job.chunking.chunk_bytes, w.record_bytes)
