@@ -190,6 +190,27 @@ def test_config_from_a_mapping(tmp_path):
         parse_config(["input"])
 
 
+@pytest.mark.parametrize("flag,words", [
+    ("--direct_num_workerz=2", "'direct_num_workerz' is not a Beam pipeline option (Beam "
+                               "would ignore it): did you mean direct_num_workers?"),
+    ("--save_main_sesion", "'save_main_sesion' is not a Beam pipeline option (Beam would "
+                           "ignore it): did you mean save_main_session?"),
+    ("--my_own_flag=1", "'my_own_flag' is not a Beam pipeline option"),
+])
+def test_beam_options_beam_does_not_define_are_refused(tmp_path, flag, words):
+    """Beam drops a pipeline option it does not define without a word: a typo after
+    ``--`` (or in runner.options) ran with the default. Options Beam defines pass, the
+    Dask runner's and Dataflow's among them."""
+    from pipeline.config import parse_config
+
+    with pytest.raises(ConfigError, match="^config key 'runner.options': " + re.escape(words)):
+        parse_config({**GOOD}, [], [flag])
+    cfg = parse_config({**GOOD}, [], ["--direct_num_workers=2", "--dask_client_address=x",
+                                      "--experiments=a", "--sdk_location=container"])
+    assert set(cfg.runner.options) == {"direct_num_workers", "dask_client_address",
+                                       "experiments", "sdk_location"}
+
+
 @pytest.mark.parametrize("metric,threshold,words", [
     ("l2", None, "metric l2 needs a threshold > 0"),
     ("cosine", float("nan"), "near.threshold must be a number > 0, got nan"),

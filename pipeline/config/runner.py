@@ -230,6 +230,22 @@ class RunnerConfig(Strict):
                                  "(see --help)")
         return v
 
+    @field_validator("options")
+    @classmethod
+    def _known_to_beam(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """An option Beam does not define is dropped by Beam without a word (a typo in
+        ``-- --direct_num_workerz=4`` ran with the default)."""
+        if not v:
+            return v
+        known = beam_option_names()
+        for key in v:
+            if key not in known:
+                near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+                hint = f"did you mean {near[0]}?" if near else "check its name in Beam's docs"
+                raise ValueError(f"{key!r} is not a Beam pipeline option (Beam "
+                                 f"would ignore it): {hint}")
+        return v
+
     @model_validator(mode="after")
     def _dataflow_complete(self) -> RunnerConfig:
         if self.name == "portable" and self.address is not None and self.workers is not None:
@@ -262,6 +278,21 @@ class RunnerConfig(Strict):
                                  f"machine types, not {machine}: set runner.machine_type, "
                                  f"e.g. {example}")
         return self
+
+
+def beam_option_names() -> set[str]:
+    """Every pipeline option Beam defines (as Beam's own ``get_all_options`` collects
+    them), the Dask runner's too where it is installed."""
+    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
+    try:
+        import apache_beam.runners.dask.dask_runner  # noqa: F401  (defines DaskOptions)
+    except ImportError:
+        pass
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
+        cls._add_argparse_args(parser)  # the way Beam reads them
+    return {s.lstrip("-") for a in parser._actions for s in a.option_strings}
 
 
 def _beam_runner_names() -> list[str]:
