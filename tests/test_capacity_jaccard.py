@@ -143,7 +143,9 @@ def test_a_larger_corpus_costs_more_and_memory_is_planned(tmp_path, corpora):
             assert b.wall_s > a.wall_s and b.shuffled > a.shuffled > 0
             assert b.spilled > a.spilled > 0 and b.peak_memory > a.peak_memory > 0
         out = "\n".join(plan_lines(job, 10**8))
-        assert re.search(r"^  peak memory per worker: [\d.]+ (MB|GB|TB)$", out, re.M)
+        assert re.search(r"^  peak memory per worker: [\d.]+ (MB|GB|TB) of [\d.]+ GB$", out,
+                         re.M)  # (one local worker: this machine's memory)
+        assert "warning: the peak exceeds this machine's memory" in out  # 100M pages
         assert re.search(r"candidate groups: [\d.]+ (s|min|h); [\d.]+ (kB|MB|GB); ", out)
         assert ("signatures + band keys" if mode == "bounded" else "prefix tokens") in out
 

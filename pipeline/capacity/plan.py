@@ -196,6 +196,24 @@ class Cluster:
     processes: bool = False  # the local runner's workers are processes (runner.processes)
 
 
+def _machine_memory() -> float:
+    """This machine's memory in bytes (the local runner's workers share it)."""
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _memory_warning(cap: Capacity) -> list[str]:
+    """A line where the planned peak passes what a worker has."""
+    c = cap.cluster
+    if not c.memory or cap.peak_memory <= c.memory:
+        return []
+    if c.runner == "dataflow":
+        return ["  warning: the peak exceeds the worker's memory: choose a machine type "
+                "with more (runner.machine_type)"]
+    return [f"  warning: the peak exceeds this machine's memory ({_size(_machine_memory())}) "
+            f"shared by {c.workers} worker(s): lower runner.workers, or run on a larger "
+            "machine or on Dataflow (runner.name: dataflow)"]
+
+
 def cluster(cfg: RunnerConfig, rates: Rates) -> Cluster:
     """The runner's workers, cores and memory from the config (Dataflow: the machine type
     and max_workers, or the named defaults)."""
@@ -204,7 +222,8 @@ def cluster(cfg: RunnerConfig, rates: Rates) -> Cluster:
     if cfg.name != "dataflow":
         workers = cfg.workers or available_cores()
         remote = cfg.address is not None
-        return Cluster(cfg.name, workers, 1, None, None, cfg.name == "local" and workers > 1,
+        mine = None if remote else _machine_memory() / workers  # its workers share it
+        return Cluster(cfg.name, workers, 1, mine, None, cfg.name == "local" and workers > 1,
                        1 if remote else os.cpu_count() or 1, rates.startup_s,
                        ("the cluster at runner.address: runner.workers workers of one core "
                         "like this machine's",) if remote else (),
@@ -353,9 +372,7 @@ def lines(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> list[str
                    f"{training_rows(w):,} records (fewer than {TRAIN_PER_CELL} each): the "
                    "cells will be poor (docs/scale.md#where-the-plan-itself-must-change-at-"
                    "that-scale)")
-    if c.memory and cap.peak_memory > c.memory:
-        out.append("  warning: the peak exceeds the worker's memory: choose a machine type "
-                   "with more (runner.machine_type)")
+    out += _memory_warning(cap)
     if near is not None and near.cells > 1 and shuffle_carries_rows(c.runner):
         out.append(f"  shuffle: the cells' rows travel in the runner's shuffle, values "
                    f"included ({near.joins:.2f} copies of each record), none through spill "
@@ -539,9 +556,7 @@ def _set_warnings(w: Workload, c: Cluster, cap: Capacity, ws: dict[str, float],
         out.append(f"  warning: on an object store each of the {KEY_SHARDS} decision batches "
                    "reads whole spill files: up to "
                    f"{_size(KEY_SHARDS * set_spilled(w.records, w.id_bytes, w.sets))} read")
-    if c.memory and cap.peak_memory > c.memory:
-        out.append("  warning: the peak exceeds the worker's memory: choose a machine type "
-                   "with more (runner.machine_type)")
+    out += _memory_warning(cap)
     return out
 
 
