@@ -192,7 +192,7 @@ def _check_text_ids(path: str, column: str) -> None:
     the middle of the job. Reads the id column only, and only when its type is binary."""
     with fs.open_read(path) as f:
         try:
-            pf = pq.ParquetFile(f)
+            pf = pq.ParquetFile(f, page_checksum_verification=True)
         except (OSError, pa.ArrowException):
             return  # unreadable: reported as invalid by the reader
         if pf.schema_arrow.get_field_index(column) < 0:
@@ -202,17 +202,20 @@ def _check_text_ids(path: str, column: str) -> None:
                 or pa.types.is_fixed_size_binary(kind)):
             return
         row = 0
-        for batch in pf.iter_batches(columns=[column]):
-            for value in batch.column(0).to_pylist():
-                try:
-                    _ = value is None or value.decode("utf-8")
-                except UnicodeDecodeError:
-                    raise InputError(
-                        f"{path}: input.id: column {column!r} is {kind} and row {row} is not "
-                        f"UTF-8 text ({value[:16]!r}): ids must be text; store them as "
-                        "strings (e.g. hex), or leave input.id out (ids default to "
-                        "<file>:<row>)") from None
-                row += 1
+        try:
+            for batch in pf.iter_batches(columns=[column]):
+                for value in batch.column(0).to_pylist():
+                    try:
+                        _ = value is None or value.decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise InputError(
+                            f"{path}: input.id: column {column!r} is {kind} and row {row} is "
+                            f"not UTF-8 text ({value[:16]!r}): ids must be text; store them as "
+                            "strings (e.g. hex), or leave input.id out (ids default to "
+                            "<file>:<row>)") from None
+                    row += 1
+        except (OSError, pa.ArrowException):
+            return  # a damaged row group: the reader reports its records as invalid
 
 
 FIRST_IDS = 1_000  # ids read from the start of each of the first FIRST_ID_FILES files

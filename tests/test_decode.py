@@ -352,3 +352,41 @@ def test_repeated_files_are_decoded_once_per_unit(tmp_path, monkeypatch):
     for p, i in enumerate(order.tolist()):
         if i < len(alone):
             assert np.array_equal(got[p][0], alone[i][0]) and got[p][1] == alone[i][1]
+
+
+def test_damaged_parquet_with_decode_is_invalid_records_not_a_traceback(tmp_path, capsys):
+    """The encoded check read the file's first values without catching a read error: a
+    damaged first row group was a traceback (exit 1). Its records are invalid now, as
+    with decode none, and the values of the other groups are deduplicated."""
+    src = tmp_path / "in" / "a.parquet"
+    src.parent.mkdir()
+    values = [f"value {i % 3}".encode() for i in range(40)]
+    pq.write_table(pa.table({"b": pa.array(values, pa.binary())}), src, row_group_size=20,
+                   compression="none", use_dictionary=False)
+    meta = pq.ParquetFile(src).metadata.row_group(0).column(0)
+    raw = bytearray(src.read_bytes())
+    start, size = meta.data_page_offset, meta.total_compressed_size
+    raw[start + 4: start + size - 4] = b"\xff" * (size - 8)  # garble row group 0's page
+    src.write_bytes(bytes(raw))
+    code = run(tmp_path, {"format": "parquet", "path": str(src), "tensor": "b",
+                          "decode": "bytes"}, max_invalid_fraction=1.0)
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err, err
+    _, invalid, summary = reports(tmp_path)
+    assert (summary["read"], summary["kept"], summary["invalid"]) == (40, 3, 20)
+    assert [r["record_id"] for r in invalid] == [f"{src}:{i}" for i in range(20)]
+    assert all(r["reason"].startswith("unreadable row group 0: ") for r in invalid)
+
+
+def test_null_text_is_reported_as_no_text(tmp_path):
+    """A null in a text column read "null (no bytes and no path)", the words for a
+    Hugging Face Image() struct."""
+    src = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"t": ["a", None, "a"], "b": pa.array([b"x", None, b"x"])}), src)
+    (tmp_path / "t").mkdir(), (tmp_path / "b").mkdir()
+    for column, words in (("t", "null (no text)"), ("b", "null (no bytes)")):
+        kind = "text" if column == "t" else "bytes"
+        assert run(tmp_path / column, {"format": "parquet", "path": str(src), "tensor": column,
+                                       "decode": kind}, max_invalid_fraction=1.0) == 0
+        _, invalid, _ = reports(tmp_path / column)
+        assert [r["reason"] for r in invalid] == [f"column {column!r}: {words}"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -235,8 +236,11 @@ def test_codec_mapping_keeps_writable_codecs_and_maps_the_others():
     for name in ("UNCOMPRESSED", "SNAPPY", "GZIP", "BROTLI", "LZ4", "ZSTD"):
         codec, note = parquet_write._codec(name, "c")
         assert note is None and codec in WRITABLE_CODECS
-    codec, note = parquet_write._codec("UNKNOWN", "c")  # how pyarrow reports Hadoop-framed LZ4
-    assert codec == "lz4" and "'c'" in note and "LZ4_RAW" in note
+    codec, note = parquet_write._codec("UNKNOWN", "c")  # how pyarrow reports the old LZ4
+    # Hadoop-framed and raw-block files alike: what was read, what was written
+    assert codec == "lz4" and note == ("column 'c': read as the deprecated LZ4 codec "
+                                       "(Hadoop-framed or raw blocks), which pyarrow cannot "
+                                       "write; written as LZ4_RAW")
     codec, note = parquet_write._codec("LZO", "c")
     assert codec in WRITABLE_CODECS and "LZO" in note
 
@@ -266,3 +270,197 @@ def test_row_groups_read_ahead_within_a_byte_budget(tmp_path, monkeypatch):
         outputs.append(pq.read_table(out))
     assert outputs[0].equals(outputs[1])
     assert outputs[0].column("id").to_pylist() == [f"r{i}" for i in range(len(x)) if i % 3]
+
+
+def _emb_table(n: int, d: int = 4, copies: int = 7) -> pa.Table:
+    """n records (i % copies: exact copies), an id and a string column beside them."""
+    x = (np.arange(n) % copies).astype(np.float32)[:, None] * np.ones(d, np.float32)
+    return pa.table({"id": [f"r{i}" for i in range(n)],
+                     "emb": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), d),
+                     "note": [f"note {i}" for i in range(n)]})
+
+
+def _summary(tmp_path) -> dict:
+    return json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
+
+
+def _accounted(summary: dict) -> bool:
+    removed = sum(v for k, v in summary.items() if k.startswith("removed_"))
+    return summary["read"] == summary["kept"] + removed + summary["invalid"]
+
+
+def _chunk_span(path, rg: int, column: str) -> tuple[int, int]:
+    """(first byte, bytes) of a row group's column chunk."""
+    meta = pq.ParquetFile(path).metadata.row_group(rg)
+    col = next(meta.column(j) for j in range(meta.num_columns)
+               if meta.column(j).path_in_schema.split(".")[0] == column)
+    start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+    return start, col.total_compressed_size
+
+
+def test_page_crc_mismatch_makes_its_row_group_invalid_and_the_copy_keeps_crcs(tmp_path):
+    """A page whose bytes changed after writing (its CRC says so) reads as other values:
+    they were deduplicated and copied. Its row group is invalid now, with the reason, and
+    the copy has page CRCs of its own (a later bit flip is found again)."""
+    src = tmp_path / "in" / "a.parquet"
+    src.parent.mkdir()
+    pq.write_table(_emb_table(300), src, row_group_size=100, compression="none",
+                   use_dictionary=False, write_page_checksum=True)
+    start, size = _chunk_span(src, 1, "emb")
+    raw = bytearray(src.read_bytes())
+    raw[start + size - 3] ^= 0x40  # a float's exponent in row group 1's last value
+    src.write_bytes(bytes(raw))
+    assert run_job(tmp_path, "parquet", str(src), "max_invalid_fraction=1") == 0
+    summary = _summary(tmp_path)
+    bad = pq.read_table(tmp_path / "out" / "report" / "invalid.parquet")
+    assert summary["invalid"] == 100 and _accounted(summary)
+    assert bad["record_id"].to_pylist() == [f"{src}:{i}" for i in range(100, 200)]
+    assert all("row group 1" in r and "CRC" in r for r in bad["reason"].to_pylist())
+    out = tmp_path / "out" / "clean" / "a.parquet"
+    assert summary["kept"] == 7 and pq.read_table(out).num_rows == 7
+    raw = bytearray(out.read_bytes())
+    start, size = _chunk_span(out, 0, "emb")
+    raw[start + size - 3] ^= 0x40
+    (tmp_path / "flipped.parquet").write_bytes(bytes(raw))
+    with pytest.raises(OSError, match="CRC"):
+        pq.read_table(tmp_path / "flipped.parquet", page_checksum_verification=True)
+
+
+@pytest.mark.parametrize("decode", [None, "text"])
+def test_a_row_group_whose_other_column_is_unreadable_is_invalid_not_a_failed_run(
+        tmp_path, capsys, decode):
+    """Only the tensor (id, keep) columns are read for dedup and every column for the
+    copy: a group damaged in another column failed the run after all the work ("did the
+    file change while the job ran?"). Its records are invalid now, the reason naming the
+    column, and the other groups are deduplicated and copied."""
+    src = tmp_path / "in" / "a.parquet"
+    src.parent.mkdir()
+    table = _emb_table(300, copies=150).append_column(  # group 1 holds kept records
+        "text", pa.array([f"t{i % 150}" for i in range(300)]))
+    pq.write_table(table, src, row_group_size=100, compression="none", use_dictionary=False)
+    start, size = _chunk_span(src, 1, "note")
+    raw = bytearray(src.read_bytes())
+    raw[start + 8: start + size - 8] = b"\xff" * (size - 16)  # garble row group 1's notes
+    src.write_bytes(bytes(raw))
+    inp = {"tensor": "text", "decode": "text"} if decode else {}
+    assert run_job(tmp_path, "parquet", str(src), "max_invalid_fraction=1", input=inp) == 0, \
+        capsys.readouterr().err
+    summary = _summary(tmp_path)
+    bad = pq.read_table(tmp_path / "out" / "report" / "invalid.parquet")
+    assert summary["invalid"] == 100 and _accounted(summary)
+    assert bad["record_id"].to_pylist() == [f"{src}:{i}" for i in range(100, 200)]
+    assert all("row group 1" in r and "column 'note'" in r for r in bad["reason"].to_pylist())
+    kept = pq.read_table(tmp_path / "out" / "clean" / "a.parquet")
+    assert summary["kept"] == kept.num_rows == 150  # 0-99, and 250-299 (no copy left)
+    assert kept["id"].to_pylist() == [f"r{i}" for i in [*range(100), *range(250, 300)]]
+
+
+def test_footer_row_count_that_disagrees_with_its_row_groups(tmp_path):
+    """A footer whose num_rows is not its row groups' (parquet-testing's
+    repeated_no_annotation.parquet says 0 for 6): records are read and copied by the
+    row groups, and the file's notes say so (the copy stopped at the footer's count and
+    the run failed, "did the file change while the job ran?")."""
+    src = tmp_path / "in" / "a.parquet"
+    src.parent.mkdir()
+    pq.write_table(_emb_table(300), src, row_group_size=100)
+    raw = src.read_bytes()
+    footer = len(raw) - 8 - int.from_bytes(raw[-8:-4], "little")
+    said = b"\x16\xd8\x04\x19"  # FileMetaData.num_rows: zigzag varint of 300, then row_groups
+    assert raw.count(said, footer) == 1
+    at = raw.index(said, footer)
+    src.write_bytes(raw[:at] + b"\x16\xc8\x01\x19" + raw[at + 4:])  # says 100
+    assert pq.ParquetFile(src).metadata.num_rows == 100
+    assert run_job(tmp_path, "parquet", str(src)) == 0
+    summary = _summary(tmp_path)
+    (entry,) = summary["files"]
+    assert (summary["read"], summary["kept"], summary["removed_exact"]) == (300, 7, 293)
+    assert entry["notes"] == ["the footer says 100 rows, its row groups hold 300: read and "
+                              "copied by its row groups (the copy's footer says what it holds)"]
+    assert pq.ParquetFile(tmp_path / "out" / "clean" / "a.parquet").metadata.num_rows == 7
+
+
+def test_copy_keeps_list_child_names(tmp_path):
+    """``list<item: ...>`` (pyarrow before 13, many Spark/Hive writers) and legacy names
+    came back as ``list<element: ...>``: the same values, but another schema, so tables
+    of cleaned and uncleaned shards could not be concatenated."""
+    src = tmp_path / "in" / "a.parquet"
+    src.parent.mkdir()
+    emb = pa.array([[float(i % 3)] * 4 for i in range(30)], pa.list_(pa.float32()))
+    legacy = pa.list_(pa.field("array", pa.int32()))
+    table = pa.table({"id": [f"r{i}" for i in range(30)], "emb": emb,
+                      "tags": pa.array([[i, i + 1] for i in range(30)], legacy)})
+    pq.write_table(table, src, use_compliant_nested_type=False, store_schema=False)
+    assert str(pq.ParquetFile(src).schema_arrow.field("emb").type) == "list<item: float>"
+    assert run_job(tmp_path, "parquet", str(src)) == 0
+    out = pq.read_table(tmp_path / "out" / "clean" / "a.parquet")
+    assert out.num_rows == 3
+    assert str(out.schema) == str(pq.read_table(src).schema)
+    assert pa.concat_tables([pq.read_table(src), out]).num_rows == 33
+    # a standard file (``element``) keeps Parquet's standard names too
+    std = tmp_path / "std.parquet"
+    pq.write_table(table, std)
+    copy = tmp_path / "std-out.parquet"
+    assert parquet.write(str(std), str(copy), np.arange(3, 30)) == 3
+    names = [c.path for c in pq.ParquetFile(copy).schema]
+    assert names == [c.path for c in pq.ParquetFile(std).schema]
+    assert str(pq.ParquetFile(copy).schema_arrow) == str(pq.ParquetFile(std).schema_arrow)
+
+
+def _odd_columns(path) -> None:
+    """A file with a column of each kind a tensor column cannot be, two of one name, and
+    more columns than a refusal lists."""
+    one = {"Embedding": pa.array([[1.0] * 4], pa.list_(pa.float32(), 4)),
+           "strs": pa.array([["a", "b"]], pa.list_(pa.string())),
+           "deep": pa.array([[[["a"]]]], pa.list_(pa.list_(pa.list_(pa.string())))),
+           "nums": pa.array([{"b": [1.0, 2.0]}], pa.struct([("b", pa.list_(pa.float32()))])),
+           "lv": pa.array([[1.0, 2.0]], pa.list_view(pa.float32())),
+           "score": pa.array([1.0]), "name": pa.array(["x"]), "dup": pa.array([1]),
+           **{f"c{i}": pa.array([i]) for i in range(20)}}
+    arrays = [*one.values(), pa.array([2])]
+    pq.write_table(pa.Table.from_arrays(arrays, names=[*one, "dup"]), path)
+
+
+@pytest.mark.parametrize("spec,words", [
+    (TensorSpec("embedding"), "input.tensor: no column 'embedding' (did you mean 'Embedding'?)"),
+    (TensorSpec("Embedding", id="nme"), "input.id: no column 'nme' (did you mean 'name'?)"),
+    (TensorSpec("Embedding", rank="scor"), "keep: no column 'scor' (did you mean 'score'?)"),
+    (TensorSpec("nope"), "c1, c2, c3, ... (29 in all)"),
+    (TensorSpec("dup"), "input.tensor: the file has 2 columns named 'dup', so the name is "
+                        "ambiguous"),
+    (TensorSpec("Embedding", id="Embedding"), "input.id: column 'Embedding' holds "
+                                              "fixed_size_list<element: float>[4], which "
+                                              "cannot be an id"),
+    (TensorSpec("strs"), "holds list<element: string>: not numbers, and not one string, "
+                         "binary or image value per record, so no input.decode reads it"),
+    (TensorSpec("deep"), "holds list<element: list<element: list<element: string>>>: not "
+                         "numbers"),
+    (TensorSpec("nums"), "so no input.decode reads it"),
+    (TensorSpec("lv"), "holds list_view<element: float>, a list view, which is not read"),
+])
+def test_check_names_the_column_problem_and_the_fix(tmp_path, spec, words):
+    """Typos get the nearest column (case first), the column list is capped, two columns
+    of one name are ambiguous, an id column must cast to strings, and a column no decode
+    reads says so with either decode (decode none advised text and text advised none)."""
+    from transforms.io.formats import encoded_parquet
+    from transforms.io.formats.base import Decode
+
+    path = tmp_path / "a.parquet"
+    _odd_columns(path)
+    with pytest.raises(InputError) as e:
+        parquet.check(str(path), spec)
+    assert words in str(e.value) and "\n" not in str(e.value)
+    if spec.tensor in ("strs", "deep", "nums", "lv") or spec.id == "Embedding":
+        with pytest.raises(InputError) as e:
+            encoded_parquet.check(str(path), replace(spec, decode=Decode("text")))
+        assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_id_column_that_cannot_be_an_id_is_refused_before_any_work(tmp_path, capsys):
+    src = tmp_path / "in" / "a.parquet"
+    src.parent.mkdir()
+    pq.write_table(_emb_table(30), src)
+    assert run_job(tmp_path, "parquet", str(src), input={"id": "emb"}) == 2
+    err = capsys.readouterr().err
+    assert "input.id: column 'emb' holds fixed_size_list<element: float>[4], which cannot be " \
+           "an id" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

@@ -234,7 +234,6 @@ def nearest_name(name: str, names: list[str]) -> str | None:
     """The name in ``names`` a typo of ``name`` most likely meant: one differing only in
     case first (``Embedding`` for ``embedding``), then one whose last ``/`` part does
     (``feat/emb`` for ``emb``), else the closest by ``difflib``."""
-    import difflib
 
     for same in (lambda n: n.casefold() == name.casefold(),  # in a group (HDF5): its name
                  lambda n: n.rsplit("/", 1)[-1].casefold() == name.rsplit("/", 1)[-1].casefold()):

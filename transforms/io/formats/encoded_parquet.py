@@ -30,34 +30,15 @@ from transforms.io.formats.base import (
     unreadable_file,
 )
 from transforms.io.formats.encoded import byte_slices
-from transforms.io.formats.parquet import check_rank, groups_at
-from transforms.io.formats.parquet_files import open_file, prefetched
-
-
-def _plain_type(t: pa.DataType) -> pa.DataType:
-    """The type a dictionary-encoded (pandas categorical) or view column's values have
-    once read as plain values."""
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    if pa.types.is_string_view(t):
-        return pa.large_string()
-    if pa.types.is_binary_view(t):
-        return pa.large_binary()
-    return t
-
-
-def value_kind(t: pa.DataType) -> str | None:
-    """"binary", "text" or "struct" (``struct<bytes, path>``) for a column of encoded
-    values (dictionary-encoded and view columns as their values), else None."""
-    t = _plain_type(t)
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
-        return "binary"
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return "text"
-    if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0 and value_kind(
-            t.field("bytes").type) == "binary":
-        return "struct"
-    return None
+from transforms.io.formats.parquet import (
+    check_columns,
+    groups_at,
+    numeric,
+    plain_type,
+    unsupported,
+    value_kind,
+)
+from transforms.io.formats.parquet_files import group_reason, open_file, prefetched, total_rows
 
 
 def _beside(path: str, rel: str) -> str:
@@ -78,8 +59,8 @@ def _column(col: pa.Array) -> tuple[pa.Array, pa.Array | None]:
     """(values, paths or None) of a value column (the struct's fields for ``Image()``)."""
     if pa.types.is_dictionary(col.type):
         col = col.dictionary_decode()
-    if _plain_type(col.type) != col.type:
-        col = col.cast(_plain_type(col.type))
+    if plain_type(col.type) != col.type:
+        col = col.cast(plain_type(col.type))
     if pa.types.is_struct(col.type):
         paths = (pc.struct_field(col, "path") if col.type.get_field_index("path") >= 0
                  else None)
@@ -87,23 +68,26 @@ def _column(col: pa.Array) -> tuple[pa.Array, pa.Array | None]:
     return col, None
 
 
-def _resolve(data: list, paths: list | None, file: str, name: str
+def _resolve(data: pa.Array, paths: pa.Array | None, file: str, name: str
              ) -> tuple[list, dict[int, str]]:
     """Values with a path-only row's file read in; {row: reason} for the unusable rows."""
     bad: dict[int, str] = {}
-    for i, v in enumerate(data):
+    values, where = data.to_pylist(), None if paths is None else paths.to_pylist()
+    null = ("null (no bytes and no path)" if paths is not None else
+            "null (no text)" if value_kind(data.type) == "text" else "null (no bytes)")
+    for i, v in enumerate(values):
         if v is not None:
             continue
-        p = None if paths is None else paths[i]
+        p = None if where is None else where[i]
         if p is None:
-            bad[i] = f"column {name!r}: null (no bytes and no path)"
+            bad[i] = f"column {name!r}: {null}"
             continue
         try:
-            data[i] = _read_file(_beside(file, p))
+            values[i] = _read_file(_beside(file, p))
         except OSError as e:
             bad[i] = f"column {name!r}: no bytes, and its path {p!r} cannot be read " \
                      f"({error_line(e)})"
-    return data, bad
+    return values, bad
 
 
 def check(path: str, spec: TensorSpec) -> tuple[bytes | str, str] | None:
@@ -113,27 +97,28 @@ def check(path: str, spec: TensorSpec) -> tuple[bytes | str, str] | None:
     if isinstance(pf, Exception):
         return None
     schema = pf.schema_arrow
-    for key, name in (("input.tensor", spec.tensor), ("input.id", spec.id), ("keep", spec.rank)):
-        if name is not None and schema.get_field_index(name) < 0:
-            raise InputError(f"{path}: {key}: no column {name!r}; the file has columns "
-                             f"{', '.join(schema.names)}")
-    check_rank(path, schema, spec)
+    check_columns(path, schema, spec)
     t = schema.field(spec.tensor).type
     kind = value_kind(t)
-    if kind is None:
+    if kind is None and numeric(t):
         raise InputError(f"{path}: input.decode: column {spec.tensor!r} holds {t}, not encoded "
                          "values (binary, string, or struct<bytes, path> as Hugging Face "
                          "datasets writes images): set input.decode: none for numeric tensors")
+    if kind is None:
+        raise InputError(unsupported(path, spec.tensor, t))
     if kind == "text" and spec.decode is not None and spec.decode.kind == "image":
         raise InputError(f"{path}: input.decode: column {spec.tensor!r} holds text ({t}), not "
                          "image bytes: set input.decode: text")
-    for batch in pf.iter_batches(batch_size=64, columns=[spec.tensor]):
-        data, paths = _column(batch.column(0))
-        values, bad = _resolve(data.to_pylist(), None if paths is None else paths.to_pylist(),
-                               path, spec.tensor)
-        first = next((i for i, v in enumerate(values) if i not in bad), None)
-        if first is not None:
-            return values[first], f"column {spec.tensor!r}"
+    for rg in range(pf.metadata.num_row_groups):
+        try:
+            for batch in pf.iter_batches(batch_size=64, row_groups=[rg], columns=[spec.tensor]):
+                data, paths = _column(batch.column(0))
+                values, bad = _resolve(data, paths, path, spec.tensor)
+                first = next((i for i, v in enumerate(values) if i not in bad), None)
+                if first is not None:
+                    return values[first], f"column {spec.tensor!r}"
+        except (OSError, pa.ArrowException):
+            continue  # a damaged row group: its records are reported invalid by the reader
     return None
 
 
@@ -141,8 +126,7 @@ def _values(unit: Unit, table: pa.Table, first: int, spec: TensorSpec) -> Values
     n = table.num_rows
     positions = np.arange(first, first + n, dtype=np.int64)
     data, paths = _column(table.column(spec.tensor).combine_chunks())
-    values, bad = _resolve(data.to_pylist(), None if paths is None else paths.to_pylist(),
-                           unit.path, spec.tensor)
+    values, bad = _resolve(data, paths, unit.path, spec.tensor)
     if spec.id is None:
         ids = default_ids_arrow(unit.path, positions)
     else:
@@ -170,12 +154,12 @@ def read_values(unit: Unit, spec: TensorSpec, rows: int, max_bytes: int) -> Iter
         yield Values(unit.file_index, np.empty(0, np.int64), np.empty(0, object), [], None,
                      [unreadable_file(unit.path, f"unreadable Parquet file: {error_line(pf)}")])
         return
-    stop = pf.metadata.num_rows if unit.stop is None else unit.stop
+    stop = total_rows(pf) if unit.stop is None else unit.stop
     columns = list(dict.fromkeys(c for c in (spec.tensor, spec.id, spec.rank) if c is not None))
-    for rg, first, n, table in prefetched(unit.path, pf, unit.start, stop, columns):
+    for rg, first, n, table in prefetched(unit.path, pf, unit.start, stop, columns, whole=True):
         if isinstance(table, Exception):
             positions = np.arange(first, first + n, dtype=np.int64)
-            why = f"unreadable row group {rg}: {error_line(table)}"
+            why = group_reason(rg, table)
             yield Values(unit.file_index, np.empty(0, np.int64), np.empty(0, object), [], None,
                          [InvalidRecord(int(p), i, why) for p, i in zip(
                              positions.tolist(), default_ids(unit.path, positions), strict=True)])
@@ -191,8 +175,7 @@ def values_at(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, by
     out: dict[int, bytes | str] = {}
     for offset, local, table in groups_at(path, spec.tensor, positions):
         data, paths = _column(table.column(0).combine_chunks().take(pa.array(local)))
-        values, bad = _resolve(data.to_pylist(), None if paths is None else paths.to_pylist(),
-                               path, spec.tensor)
+        values, bad = _resolve(data, paths, path, spec.tensor)
         out.update({offset + p: v for i, (p, v) in enumerate(zip(local, values, strict=True))
                     if i not in bad})
     return out

@@ -30,12 +30,23 @@ from transforms.io.formats.base import (
     default_ids,
     default_ids_arrow,
     error_line,
+    listed_names,
+    nearest_name,
     ragged_rows,
     record_nbytes,
     rows_within,
     unreadable_file,
 )
-from transforms.io.formats.parquet_files import DECODE_BYTES, open_file, read_groups, row_groups
+from transforms.io.formats.parquet_files import (
+    DECODE_BYTES,
+    check_rest,
+    group_reason,
+    open_file,
+    read_groups,
+    row_groups,
+    short_read,
+    total_rows,
+)
 from transforms.io.formats.parquet_write import write, write_notes  # noqa: F401 (the format's)
 
 _LIST_TYPES = (pa.ListType, pa.LargeListType, pa.FixedSizeListType)
@@ -60,10 +71,78 @@ def _leaf_dtype(t: pa.DataType) -> str | None:
     return name if name in DTYPE_CODES else None
 
 
-# Column types that hold encoded values (images, texts, bytes), not numbers.
-_ENCODED = (pa.types.is_struct, pa.types.is_binary, pa.types.is_large_binary,
-            pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view,
-            pa.types.is_binary_view, pa.types.is_dictionary)
+def plain_type(t: pa.DataType) -> pa.DataType:
+    """The type a dictionary-encoded (pandas categorical) or view column's values have
+    once read as plain values."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_string_view(t):
+        return pa.large_string()
+    if pa.types.is_binary_view(t):
+        return pa.large_binary()
+    return t
+
+
+def value_kind(t: pa.DataType) -> str | None:
+    """"binary", "text" or "struct" (``struct<bytes, path>``) for a column of encoded
+    values (dictionary-encoded and view columns as their values), else None."""
+    t = plain_type(t)
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return "binary"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "text"
+    if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0 and value_kind(
+            t.field("bytes").type) == "binary":
+        return "struct"
+    return None
+
+
+def numeric(t: pa.DataType) -> bool:
+    """Whether a column holds numeric tensors (numbers, or lists of them at any depth)."""
+    return _leaf_dtype(_layout(t)[1]) is not None
+
+
+def unsupported(path: str, name: str, t: pa.DataType) -> str:
+    """The one line for a tensor column that neither ``input.decode: none`` (numbers) nor
+    text, bytes or image (one encoded value per record) reads, whichever was set."""
+    if pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        return (f"{path}: input.tensor: column {name!r} holds {t}, a list view, which is not "
+                "read (pyarrow casts list views to lists wrongly): write the column as a list "
+                "(list or fixed_size_list, e.g. with Table.cast) and run again")
+    return (f"{path}: input.tensor: column {name!r} holds {t}: not numbers, and not one "
+            "string, binary or image value per record, so no input.decode reads it (lists "
+            "of strings, structs other than Hugging Face Image(), timestamps, decimals and "
+            "maps are not supported): point input.tensor at a numeric (list) column, or at a "
+            "string, binary or image column with input.decode: text, bytes or image")
+
+
+def check_columns(path: str, schema: pa.Schema, spec: TensorSpec) -> None:
+    """``input.tensor``, ``input.id`` and ``keep`` each name one column of the file (a
+    mistyped name gets the nearest one), the id column holds values that can be ids
+    (strings: the read would fail on its cast in the middle of the job) and the keep
+    column numbers."""
+    for key, name in (("input.tensor", spec.tensor), ("input.id", spec.id), ("keep", spec.rank)):
+        if name is None:
+            continue
+        found = schema.get_all_field_indices(name)
+        if len(found) > 1:
+            raise InputError(f"{path}: {key}: the file has {len(found)} columns named {name!r}, "
+                             "so the name is ambiguous: rename all but one of them (e.g. with "
+                             "Table.rename_columns) and write the file again")
+        if not found:
+            near = nearest_name(name, schema.names)
+            raise InputError(f"{path}: {key}: no column {name!r}"
+                             f"{f' (did you mean {near!r}?)' if near else ''}; the file has "
+                             f"columns {listed_names(schema.names)}")
+    if spec.id is not None:
+        t = schema.field(spec.id).type
+        try:
+            pa.array([], t).cast(pa.string())
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+            raise InputError(f"{path}: input.id: column {spec.id!r} holds {t}, which cannot "
+                             "be an id (ids are strings): name a column of strings or numbers, "
+                             "or leave input.id out (ids default to <file>:<row>)") from None
+    check_rank(path, schema, spec)
 
 
 def check(path: str, spec: TensorSpec) -> TensorSpec:
@@ -71,19 +150,16 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
     if isinstance(pf, Exception):
         return spec  # reported as invalid by read()
     schema = pf.schema_arrow
-    for key, name in (("input.tensor", spec.tensor), ("input.id", spec.id), ("keep", spec.rank)):
-        if name is not None and schema.get_field_index(name) < 0:
-            raise InputError(f"{path}: {key}: no column {name!r}; the file has columns "
-                             f"{', '.join(schema.names)}")
-    sizes, leaf = _layout(schema.field(spec.tensor).type)
+    check_columns(path, schema, spec)
+    t = schema.field(spec.tensor).type
+    sizes, leaf = _layout(t)
     dtype = _leaf_dtype(leaf)
-    if dtype is None and any(is_(leaf) for is_ in _ENCODED):
+    if dtype is None and value_kind(t) is not None:
         raise InputError(f"{path}: input.tensor: column {spec.tensor!r} holds {leaf}, not "
                          "numbers: to decode it set input.decode: image (encoded images, e.g. "
                          "Hugging Face Image()), text or bytes")
     if dtype is None:
-        raise InputError(f"{path}: input.tensor: column {spec.tensor!r} holds {leaf}, not "
-                         "numbers: point input.tensor at a numeric (list) column")
+        raise InputError(unsupported(path, spec.tensor, t))
     if spec.ragged and len(sizes) != 1:
         raise InputError(f"{path}: input.tensor: column {spec.tensor!r} holds "
                          f"{schema.field(spec.tensor).type}, not one sequence of integers per "
@@ -102,7 +178,6 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
     if spec.shape is not None and fixed is not None and fixed != tuple(spec.shape):
         raise InputError(f"{path}: input.shape: column {spec.tensor!r} holds tensors of shape "
                          f"{list(fixed)}, not {list(spec.shape)}: fix input.shape or leave it out")
-    check_rank(path, schema, spec)
     return replace(spec, dtype=dtype, shape=fixed if fixed is not None else spec.shape)
 
 
@@ -305,12 +380,15 @@ def _batches(pf: pq.ParquetFile, start: int, stop: int, columns: list[str], spec
         step = rows_within(rows, DECODE_BYTES, row_bytes)  # a batch holds whole decodes
         done, held, have = 0, [], 0
         try:
+            check_rest(pf, rg, columns)
             for b in pf.iter_batches(batch_size=step, row_groups=[rg], columns=columns):
                 if held and have + b.num_rows > rows:
                     yield rg, first + done, have, pa.Table.from_batches(held)
                     done, held, have = done + have, [], 0
                 held.append(b)
                 have += b.num_rows
+            if done + have != n:  # fewer rows than the group holds: none of it is used
+                raise short_read(pf, rg, done + have)
             if held:
                 yield rg, first + done, have, pa.Table.from_batches(held)
         except (OSError, pa.ArrowException) as e:
@@ -326,7 +404,7 @@ def _pieces(path: str, pf: pq.ParquetFile, start: int, stop: int, columns: list[
     groups = list(row_groups(pf, start, stop))
     if all(rows_within(batch_rows, batch_bytes, _row_bytes(pf, rg, spec)) >= n
            for rg, _, n in groups):
-        return read_groups(path, pf, groups, columns)
+        return read_groups(path, pf, groups, columns, whole=True)
     return ahead(_batches(pf, start, stop, columns, spec, batch_rows, batch_bytes))
 
 
@@ -337,12 +415,12 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int,
         yield Chunk.of_invalid(unit.file_index, [
             unreadable_file(unit.path, f"unreadable Parquet file: {error_line(pf)}")])
         return
-    stop = pf.metadata.num_rows if unit.stop is None else unit.stop
+    stop = total_rows(pf) if unit.stop is None else unit.stop
     columns = list(dict.fromkeys(c for c in (spec.tensor, spec.id, spec.rank) if c is not None))
     for rg, first, n, table in _pieces(unit.path, pf, unit.start, stop, columns, spec,
                                        batch_rows, batch_bytes):
         if isinstance(table, Exception):
-            why = f"unreadable row group {rg}: {error_line(table)}"
+            why = group_reason(rg, table)
             for a in range(first, first + n, batch_rows):
                 positions = np.arange(a, min(a + batch_rows, first + n), dtype=np.int64)
                 yield Chunk.of_invalid(unit.file_index, [
@@ -363,7 +441,7 @@ def groups_at(path: str, column: str, positions: list[int]
     if isinstance(pf, Exception) or not want:
         return
     local = {}
-    for rg, first, n in row_groups(pf, 0, pf.metadata.num_rows):
+    for rg, first, n in row_groups(pf, 0, total_rows(pf)):
         mine = [p - first for p in want if first <= p < first + n]
         if mine:
             local[rg] = (first, n, mine)

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from transforms.io import fs
-from transforms.io.formats.base import TensorSpec
-from transforms.io.formats.parquet_files import open_file, prefetched
+from transforms.io.formats.base import TensorSpec, error_line
+from transforms.io.formats.parquet_files import footer_note, open_file, prefetched, total_rows
 
 DICTIONARY_PAGE_LIMIT = 1 << 20  # Arrow's default: a dictionary page this big was abandoned
 # A row group that loses fewer than one row in this many is written from slices of its
@@ -30,9 +30,12 @@ SLICES_BELOW = 16
 # (it reads that codec but cannot write it); it writes no LZO at all.
 _CODECS = {"UNCOMPRESSED": "none", "SNAPPY": "snappy", "GZIP": "gzip", "BROTLI": "brotli",
            "LZ4": "lz4", "ZSTD": "zstd"}
-# Codecs pyarrow cannot write -> the nearest it can, and what the summary says about it.
-_MAPPED = {"UNKNOWN": ("lz4", "Hadoop-framed LZ4 (deprecated) written as LZ4_RAW"),
-           "LZO": ("snappy", "LZO written as SNAPPY")}
+# Codecs pyarrow cannot write -> the nearest it can, and the codec read, in words. pyarrow
+# reports the deprecated LZ4 codec as UNKNOWN whether its pages are Hadoop-framed or raw
+# LZ4 blocks (an old parquet-cpp's): it tells them apart only while decoding a page.
+_MAPPED = {"UNKNOWN": ("lz4", "LZ4_RAW", "the deprecated LZ4 codec (Hadoop-framed or raw "
+                       "blocks)"),
+           "LZO": ("snappy", "SNAPPY", "LZO")}
 # Encodings a writer can be asked for per column (others are chosen by the writer itself).
 _ENCODINGS = ("BYTE_STREAM_SPLIT", "DELTA_BINARY_PACKED", "DELTA_LENGTH_BYTE_ARRAY",
               "DELTA_BYTE_ARRAY")
@@ -43,8 +46,9 @@ def _codec(name: str, column: str) -> tuple[str, str | None]:
     pyarrow can write it, else its nearest equivalent with a note saying so."""
     if name in _CODECS:
         return _CODECS[name], None
-    codec, note = _MAPPED.get(name, ("snappy", f"codec {name} written as SNAPPY"))
-    return codec, f"column {column!r}: {note}, which pyarrow cannot write"
+    codec, written, read = _MAPPED.get(name, ("snappy", "SNAPPY", f"codec {name}"))
+    return codec, (f"column {column!r}: read as {read}, which pyarrow cannot write; "
+                   f"written as {written}")
 
 
 def _writer_plan(pf: pq.ParquetFile) -> tuple[dict, list[str]]:
@@ -57,7 +61,9 @@ def _writer_plan(pf: pq.ParquetFile) -> tuple[dict, list[str]]:
     schema = pf.schema
     physical = [schema.column(i).physical_type for i in range(len(schema))]
     options: dict = {"version": pf.metadata.format_version,
-                     "use_deprecated_int96_timestamps": "INT96" in physical}
+                     "use_deprecated_int96_timestamps": "INT96" in physical,
+                     "write_page_checksum": True,
+                     "use_compliant_nested_type": _compliant_names(pf.schema_arrow)}
     decimals = [p for i, p in enumerate(physical)
                 if schema.column(i).converted_type == "DECIMAL"]
     if decimals and all(p in ("INT32", "INT64") for p in decimals):
@@ -78,7 +84,34 @@ def _writer_plan(pf: pq.ParquetFile) -> tuple[dict, list[str]]:
     if encoding:
         options["column_encoding"] = encoding
     return {**options, "compression": names.pop() if len(names) == 1 else codecs,
-            "use_dictionary": dictionary}, notes
+            "use_dictionary": dictionary}, notes + [n for n in [footer_note(pf)] if n]
+
+
+def _compliant_names(schema: pa.Schema) -> bool:
+    """Whether lists are written with Parquet's standard child name ``element``: only when
+    the copy then reads back with the input's Arrow schema. A list child of another name
+    (``item``, which pyarrow before 13 and many Spark/Hive writers wrote; a legacy list's
+    ``array`` or field name) would come back as ``element``, so such a schema's lists are
+    written with their Arrow names. Tried on an empty copy of the schema (no rows: ~1 ms)."""
+    if not any(pa.types.is_nested(f.type) for f in schema):
+        return True
+    sink = pa.BufferOutputStream()
+    try:
+        with pq.ParquetWriter(sink, schema, use_compliant_nested_type=True) as w:
+            w.write_table(schema.empty_table())
+        back = pq.ParquetFile(pa.BufferReader(sink.getvalue())).schema_arrow
+    except (OSError, pa.ArrowException):  # a schema pyarrow cannot write: the copy says why
+        return True
+    return _names(back) == _names(schema)  # Schema.equals ignores list child names
+
+
+def _names(t: pa.Schema | pa.DataType | pa.Field) -> list[str]:
+    """Every field name of a schema or type, nested ones (list children) included."""
+    if isinstance(t, pa.Field):
+        return [t.name, *_names(t.type)]
+    fields = (list(t) if isinstance(t, pa.Schema) else
+              [t.field(i) for i in range(t.num_fields)])
+    return [n for f in fields for n in _names(f)]
 
 
 def write_notes(src: str) -> list[str]:
@@ -130,9 +163,14 @@ def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None,
 
     with fs.local_file_for(dst) as local, pq.ParquetWriter(
             local, pf.schema_arrow, **_writer_plan(pf)[0]) as out:
-        for _, _, _, table in prefetched(src, pf, 0, pf.metadata.num_rows, then=kept):
+        for rg, first, n, table in prefetched(src, pf, 0, total_rows(pf), then=kept):
             if isinstance(table, Exception):
-                continue  # every row of an unreadable group is invalid, so in `drop`
+                # every row of a group the read pass found unreadable is invalid, so in
+                # `drop`; one it read (all its columns) must not fail now
+                if np.count_nonzero((drop >= first) & (drop < first + n)) < n:
+                    raise RuntimeError(f"{src}: row group {rg} was read by the read pass "
+                                       f"but the copy cannot read it: {error_line(table)}")
+                continue
             out.write_table(table, row_group_size=max(table.num_rows, 1))
             written += table.num_rows
     return written
