@@ -16,6 +16,7 @@ counted as no record.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -234,7 +235,6 @@ def nearest_name(name: str, names: list[str]) -> str | None:
     """The name in ``names`` a typo of ``name`` most likely meant: one differing only in
     case first (``Embedding`` for ``embedding``), then one whose last ``/`` part does
     (``feat/emb`` for ``emb``), else the closest by ``difflib``."""
-
     for same in (lambda n: n.casefold() == name.casefold(),  # in a group (HDF5): its name
                  lambda n: n.rsplit("/", 1)[-1].casefold() == name.rsplit("/", 1)[-1].casefold()):
         found = [n for n in names if same(n)]
