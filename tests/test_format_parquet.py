@@ -355,6 +355,28 @@ def test_a_row_group_whose_other_column_is_unreadable_is_invalid_not_a_failed_ru
     assert kept["id"].to_pylist() == [f"r{i}" for i in [*range(100), *range(250, 300)]]
 
 
+def test_a_damaged_column_larger_than_the_read_fails_the_copy_naming_it(tmp_path, capsys):
+    """The read pass checks other columns only up to the bytes it reads itself (images
+    beside embeddings cost 15 times the read): a damaged column larger than that is found
+    by the copy, which fails the run in one line naming the row group and the error;
+    nothing is published."""
+    src = tmp_path / "in" / "a.parquet"
+    src.parent.mkdir()
+    blobs = [np.random.default_rng(i % 150).bytes(600) for i in range(300)]
+    pq.write_table(_emb_table(300, copies=150).append_column("blob", pa.array(blobs)), src,
+                   row_group_size=100, compression="none", use_dictionary=False,
+                   write_page_checksum=True)
+    start, size = _chunk_span(src, 1, "blob")
+    raw = bytearray(src.read_bytes())
+    raw[start + size - 3] ^= 0x40  # CRC: the page no longer reads
+    src.write_bytes(bytes(raw))
+    assert run_job(tmp_path, "parquet", str(src)) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nothing was published" in err[0], err
+    assert "row group 1" in err[0] and "CRC" in err[0], err[0]
+    assert not (tmp_path / "out" / "report").exists()
+
+
 def test_footer_row_count_that_disagrees_with_its_row_groups(tmp_path):
     """A footer whose num_rows is not its row groups' (parquet-testing's
     repeated_no_annotation.parquet says 0 for 6): records are read and copied by the
