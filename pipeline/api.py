@@ -9,8 +9,9 @@ here): the checks before any work (``preflight.prepare``), the Beam job whose la
 publishes the outputs and writes summary.json (``execute``), and the leases around it.
 Problems raise instead of exiting: ``ConfigError`` and ``InputError`` (one line, before
 any work; the CLI's exit 2), ``LeaseHeld`` (another run holds the output or store; exit
-2), ``JobFailed`` (the job failed while running and published nothing; exit 1; the
-original error is its ``__cause__``), ``KeyboardInterrupt`` (nothing published).
+2), ``JobFailed`` (the job failed while running and published nothing, or, failing part
+way through publishing, says what it published; exit 1; the original error is its
+``__cause__``), ``KeyboardInterrupt`` (nothing published).
 """
 
 from __future__ import annotations
@@ -42,7 +43,13 @@ try:
     from pipeline.config.sections import VECTOR_ONLY
     from pipeline.job import Job
     from pipeline.preflight import prepare
-    from pipeline.publish import Publication, clear_leftovers, own_stages, take_leases
+    from pipeline.publish import (
+        Publication,
+        PublishIncomplete,
+        clear_leftovers,
+        own_stages,
+        take_leases,
+    )
     from pipeline.report.summary import RunSummary
     from pipeline.runners.common import RunIncomplete, no_traceback
     from transforms.digests import SCHEME
@@ -64,8 +71,10 @@ _NO_ROOM = re.compile(r"\[Errno (28|122|27)\]|No space left|Disk quota exceeded|
 
 
 class JobFailed(RuntimeError):
-    """The job failed while running; nothing was published (earlier outputs are as they
-    were). The message is one line; ``__cause__`` is the original error."""
+    """The job failed while running. Nothing was published (earlier outputs are as they
+    were), unless the message says otherwise: a failure in the Publish step after it had
+    replaced the output names what was published and that a rerun of the same run id
+    completes it. The message is one line; ``__cause__`` is the original error."""
 
 
 # ------------------------------------------------------------------------- the job
@@ -208,19 +217,32 @@ def _first_line(e: BaseException) -> str:
 
 def failure_line(e: BaseException) -> str:
     """One line for a job that failed while running: the original error, and the fix
-    where it is a known one (a full disk or a file size limit)."""
-    cause = _innermost(e)
-    what = re.sub(r"^[a-z_.]+\.(\w+: )", r"\1", _first_line(cause))  # a.b.XError: -> XError:
-    ours = re.match(r"(InvalidRecordError|TooManyInvalidError|RepeatedIdsError|RunIncomplete): ",
-                    what)
+    where it is a known one (a full disk or a file size limit). Nothing was published,
+    unless the Publish step failed after it had begun replacing the output: then the line
+    says what it published (``PublishIncomplete``)."""
+    chain = [e]
+    while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    cause = next((c for c in chain if isinstance(c, PublishIncomplete)), chain[-1])
+    if isinstance(cause, PublishIncomplete):
+        what = f"PublishIncomplete: {cause}"
+    else:
+        what = re.sub(r"^[a-z_.]+\.(\w+: )", r"\1", _first_line(cause))  # a.b.X: -> X:
+    ours = re.match(r"(InvalidRecordError|TooManyInvalidError|RepeatedIdsError|RunIncomplete|"
+                    r"PublishIncomplete): ", what)
     if ours:  # the job's own errors are phrased for the user already
         what = what[ours.end():]
     elif not isinstance(cause, InvalidRecordError | RunIncomplete) and not re.match(
             r"[A-Z]\w*: ", what):
         what = f"{type(cause).__name__}: {what}"
+    partly = ours is not None and ours.group(1) == "PublishIncomplete"
     if _NO_ROOM.search(what):
-        what += (" (the disk of output.path / report is full, or a file size limit was hit: "
+        what += (" (the disk of output.path / report / store.path is full, or a file size "
+                 "limit was hit: free space first)" if partly else
+                 " (the disk of output.path / report is full, or a file size limit was hit: "
                  "free space or write the outputs elsewhere, then run again)")
+    if partly:  # "publishing stopped part way: <what was published> ...: <why>"
+        return f"the job failed while publishing; {what}"
     return f"the job failed; {UNPUBLISHED}: {what}"
 
 
@@ -309,16 +331,15 @@ def to_config(config: str | os.PathLike | Mapping[str, Any] | DedupeConfig, *,
     ``DedupeConfig``, with ``key.path=value`` overrides, ``overwrite`` (output.overwrite),
     ``run_id`` and Beam flags (``["--direct_num_workers=2"]``: runner options) applied.
     Raises ``ConfigError`` (one line naming the key)."""
-    sets = [*overrides, *(["output.overwrite=true"] if overwrite else []),
-            *([f"run_id={run_id}"] if run_id else [])]
+    sets = [*overrides, *(["output.overwrite=true"] if overwrite else [])]
     if isinstance(config, DedupeConfig):
-        if not sets and not beam_args:
+        if not sets and not beam_args and not run_id:
             return config
         config = config.model_dump(mode="json")
-    if isinstance(config, Mapping):
-        return parse_config(config, sets, beam_args)
+    if isinstance(config, Mapping):  # run_id as given (a string): not read as YAML
+        return parse_config(config, sets, beam_args, run_id)
     if isinstance(config, str | os.PathLike):
-        return load_config(config, sets, beam_args)
+        return load_config(config, sets, beam_args, run_id)
     raise ConfigError(f"config: give a YAML file path, a dict or a DedupeConfig, not "
                       f"{type(config).__name__}")
 
@@ -360,7 +381,8 @@ def run_job(config: str | os.PathLike | Mapping[str, Any] | DedupeConfig, *,
         current directory.
       overrides: ``key.path=value`` strings, as ``--set`` (values read as YAML).
       overwrite: replace an existing output and report (``--overwrite``).
-      run_id: this run's id (``--run-id``; default: today's UTC date).
+      run_id: this run's id (``--run-id``; default: today's UTC date), taken as given:
+        "0123" stays 0123, as it does with ``--set run_id=0123`` and in a YAML file.
       beam_args: Beam pipeline flags for the runner (``["--direct_num_workers=2"]``), as
         after ``--`` on the command line.
       quiet: no progress and no start line on stderr, library warnings and log records

@@ -2,11 +2,16 @@
 
 Why a pipeline step and not the driver: a Dataflow launcher returns once the job is
 submitted, so finishing a run has to happen on a worker. The order makes reruns and
-restarts safe: the old summary.json goes first (that run is no longer complete), then
-the output and report directories are swapped in, then this run's store entries are
-committed (replacing an earlier attempt of the same run id), and summary.json, which
-marks the run complete, comes last. A run killed at any point and started again with
-the same run id ends in the same state as one that never stopped.
+restarts safe: summary.json is written first, into the staged report under another name
+(``layout.PENDING_SUMMARY``), so every byte of the run is on disk before anything is
+replaced (a full disk fails the run with nothing published); then the old summary.json
+goes (that run is no longer complete), the output directory is swapped in, this run's
+store entries are committed (one small marker, replacing an earlier attempt of the same
+run id), the report directory is swapped in, and summary.json, which marks the run
+complete, is renamed into place last. The store's compaction follows (upkeep: a failure
+there leaves the run complete). A run killed at any point and started again with the
+same run id ends in the same state as one that never stopped; a failure after the
+output swap began says what was published (``PublishIncomplete``).
 
 Publish itself may run more than once for one attempt (Dataflow retries a failed work
 item, also after it published half): each directory's swap is journaled in a small
@@ -74,12 +79,25 @@ def take_leases(output: str, report_dir: str, store: str | None, run_id: str,
     return acquire_all(wanted, run_id, detached)
 
 
+class PublishIncomplete(RuntimeError):
+    """Publish failed after it had replaced something (the output swapped in, the store
+    committed, the report moved in): the message says what was published and what was
+    not, and that a rerun of the same run id completes it (``failure_line``)."""
+
+
 def publish_run(taken: dict, store_parts: list[dict], pub: Publication,
                 embed: dict | None = None) -> dict:
     """The Publish step: ``taken`` is the Report step's figures; ``store_parts`` what the
     store writers wrote for this attempt; ``embed`` summary.json's embed section (the long
     texts: ``LongRecords``). Returns the summary it wrote. Safe to call again for the
-    same attempt, after a partial or a complete first call."""
+    same attempt, after a partial or a complete first call.
+
+    Order: every byte first (summary.json as ``layout.PENDING_SUMMARY`` in the staged report),
+    then the old summary.json goes, the output is swapped in, the store attempt committed
+    (one small marker), the report swapped in and summary.json renamed into place, which
+    marks the run complete; the store's compaction comes after (upkeep: its failure
+    leaves a complete run and a store whose next commit compacts). A failure after the
+    output swap began raises ``PublishIncomplete`` naming what was published."""
     _hold_for_tests()
     done = _published(pub)
     if done is not None:  # a retried Publish of an attempt that finished
@@ -96,23 +114,110 @@ def publish_run(taken: dict, store_parts: list[dict], pub: Publication,
     for stage, final in moves:  # before anything is deleted: refuse, leave the old run whole
         if not fs.exists(layout.journal(stage)) and not pub.replace and fs.exists_under(final):
             raise FileExistsError(_appeared(final))
-    fs.delete(fs.join(pub.report, layout.SUMMARY))  # old run: no longer complete
-    for stage, final in moves:
-        fs.clear_temps_under(stage)  # every writer has finished: a temp is a killed one's
-        _move_in(stage, final)
     store = pub.header.get("store")
     if pub.store is not None:
-        store = {**store, **pub.store.commit(store_parts, {"kept": totals["kept"],
-                                                           "report": pub.report})}
+        store = {**store, **pub.store.described(store_parts)}
     summary = {**pub.header, **totals, "wall_time_s": round(time.time() - pub.started, 3),
                "output": pub.output, "report": pub.report, "files": files,
                "reference": taken["reference"], "store": store, "embed": embed,
                "report_parts": taken.get("report_parts", []),
                "near": None if taken["near"] is None else {
                    "settings": pub.near_settings, **taken["near"]}}
-    report.write_summary(pub.report, summary)
+    if not fs.exists(layout.journal(pub.report_stage)):  # the report is still all staged
+        report.write_summary(pub.report_stage, summary, layout.PENDING_SUMMARY)
+    fs.delete(fs.join(pub.report, layout.SUMMARY))  # old run: no longer complete
+    steps: list[str] = []
+    try:
+        for stage, final in moves[:1]:
+            steps.append("output")
+            fs.clear_temps_under(stage)  # every writer has finished: a temp is a killed one's
+            _move_in(stage, final)
+            steps.append("output moved")
+        if pub.store is not None:
+            pub.store.commit(store_parts, {"kept": totals["kept"], "report": pub.report})
+            steps.append("store")
+        fs.clear_temps_under(pub.report_stage)
+        _move_in(pub.report_stage, pub.report)
+        steps.append("report")
+        _mark_complete(pub.report, summary)
+    except Exception as e:
+        if "output moved" not in steps and not fs.exists(layout.journal(pub.out_stage)):
+            raise  # the swap had not begun: nothing was published
+        if pub.store is not None and "store" not in steps and _committed(pub.store):
+            steps.append("store")  # the commit failed after its marker was written
+        raise PublishIncomplete(_incomplete(pub, steps, e)) from e
+    if pub.store is not None:
+        summary = _compact(pub, summary)
     _finish(pub)
     return summary
+
+
+def _committed(store: StoreCommit) -> bool:
+    try:
+        return store.is_committed()
+    except Exception:  # the store cannot be read either: say what is known
+        return False
+
+
+def _mark_complete(report_dir: str, summary: dict) -> None:
+    """summary.json into place: the pending one renamed (no data written), or written
+    where a retried Publish finds none pending."""
+    pending = fs.join(report_dir, layout.PENDING_SUMMARY)
+    final = fs.join(report_dir, layout.SUMMARY)
+    if not fs.exists(pending):
+        report.write_summary(report_dir, summary)
+    elif fs.is_local(report_dir):
+        os.replace(pending, final)
+    else:  # one small object copied (complete when it appears), then the pending deleted
+        fs.beam_filesystems().rename([pending], [final])
+
+
+def _compact(pub: Publication, summary: dict) -> dict:
+    """The store's compaction, after the run is complete; summary.json then gets the
+    merges it made. A failure (a full disk: merges write data) leaves the run complete
+    and the store as committed (a crashed merge changes no answer): it is noted in
+    summary.json where that can still be written, and the next commit compacts."""
+    try:
+        merged = pub.store.compact()
+        if not merged:
+            return summary
+        store = {**summary["store"], "compaction_merges": merged}
+    except Exception as e:
+        store = {**summary["store"], "compaction_error": f"{type(e).__name__}: {e}"}
+    summary = {**summary, "store": store}
+    try:
+        report.write_summary(pub.report, summary)
+    except OSError:
+        pass  # the summary.json in place says the run is complete, with 0 merges
+    return summary
+
+
+def _incomplete(pub: Publication, steps: list[str], e: Exception) -> str:
+    """PublishIncomplete's message: what this attempt published before ``e``, what it
+    did not, and the fix (a rerun of the run id, which replaces all of it)."""
+    out, rep = f"output.path {pub.output}", f"the report ({pub.report})"
+    store = pub.store is not None
+    if "output moved" not in steps:
+        done = f"{out} was being replaced (it may hold part of this run's files)"
+        left = f"{rep}{' and the store were' if store else ' was'} not published"
+    elif "store" not in steps and store:
+        done = f"{out} holds this run's output"
+        left = f"the store was not updated and {rep} was not published"
+    elif "report" not in steps:
+        done = f"{out} holds this run's output" + (
+            f" and the store holds run {pub.header.get('run_id')}'s records" if store else "")
+        left = f"{rep} was not published"
+    else:
+        done = f"{out} and {rep} hold this run's results" + (
+            " and the store holds its records" if store else "")
+        left = "summary.json was not written (the run is not marked complete)"
+    again = "" if pub.replace else " with --overwrite"
+    return (f"publishing stopped part way: {done}, but {left}; run it again with the same "
+            f"run id ({pub.header.get('run_id')}){again} to finish: {_why(e)}")
+
+
+def _why(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
 
 
 def _published(pub: Publication) -> dict | None:

@@ -99,7 +99,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--overwrite", action="store_true",
                     help="same as --set output.overwrite=true")
     ap.add_argument("--run-id", metavar="ID",
-                    help="same as --set run_id=ID (default: today's UTC date)")
+                    help="this run's id, taken as typed (0123 stays 0123; default: today's UTC "
+                    "date)")
     ap.add_argument("--quiet", action="store_true",
                     help="print nothing on stderr but errors: no start line, progress or "
                          "notes; library warnings and log records below ERROR are dropped "

@@ -86,6 +86,44 @@ def test_a_key_written_twice_is_one_line(tmp_path, text, key, lines):
                                  "YAML would keep the last): keep one")
 
 
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n  # another\n", "---\n"])
+def test_an_empty_config_file_is_named_so(tmp_path, text):
+    """Not "config key 'input' is missing", which sends one looking for a typo."""
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, text))
+    assert str(e.value) == (f"config file {tmp_path / 'c.yaml'} is empty (it holds no keys): "
+                            "check the --config path, or start from configs/dedupe.yaml")
+
+
+RUN_IDS = ["0123", "0010", "0x1F", "1_000", "007", "0o17", "1.50", "true", "null", "2026_11_21",
+           "2026-11-21", "20261121"]
+
+
+@pytest.mark.parametrize("given", RUN_IDS)
+def test_run_id_is_taken_as_typed(tmp_path, given):
+    """--run-id (run_job's run_id, the schedule wrapper's TENSORDEDUP_RUN_ID), --set
+    run_id= and an unquoted run_id: in the file give the id as typed: YAML reads 0123
+    as the octal 83 and 0x1F as 31, so "0010" and "8" were one run (the second replaced
+    the first's outputs and store entries)."""
+    from pipeline.api import to_config
+
+    path = _write(tmp_path, GOOD)
+    unset = None if given == "null" else given  # in YAML (--set, the file): no id, the default
+    assert to_config(path, run_id=given).run_id == given
+    assert load_config(path, [f"run_id={given}"]).run_id == unset
+    (tmp_path / "r.yaml").write_text(f"{yaml.safe_dump(GOOD)}run_id: {given}\n")
+    assert load_config(tmp_path / "r.yaml").run_id == unset
+    # --run-id wins over the file's and --set's, as before
+    assert to_config(tmp_path / "r.yaml", overrides=["run_id=x"], run_id=given).run_id == given
+
+
+def test_run_id_that_is_not_text_in_the_file_is_one_line(tmp_path):
+    (tmp_path / "r.yaml").write_text(f"{yaml.safe_dump(GOOD)}run_id: [a, b]\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "r.yaml")
+    assert str(e.value) == "config key 'run_id': give it as a quoted string, e.g. run_id: \"0123\""
+
+
 def test_yaml_is_loaded_safely(tmp_path):
     """A python object tag must be rejected, never constructed."""
     with pytest.raises(ConfigError, match="not valid YAML"):

@@ -6,7 +6,10 @@ removed)."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -199,9 +202,10 @@ def _fail(*_a, **_k):
 @pytest.mark.parametrize("where", ["write", "store_commit", "summary"])
 def test_a_run_that_failed_half_way_finishes_correctly_when_started_again(
         tmp_path, monkeypatch, where):
-    """The failure hits the Write step (nothing published), the store commit (outputs
-    already swapped in, store not updated) or the final summary.json (store updated):
-    in each case a second start of the same run id ends as a run that never failed."""
+    """The failure hits the Write step (nothing published), the store commit (the output
+    already swapped in, store not updated) or summary.json (written before anything is
+    replaced: nothing published): in each case a second start of the same run id ends as a
+    run that never failed."""
     d1 = write_day(tmp_path, "d1", day(7, 300))
     d2 = write_day(tmp_path, "d2", day(8, 300, [x for _, x in d1]))
     assert run_day(tmp_path, "d1", "day1") == 0
@@ -212,7 +216,7 @@ def test_a_run_that_failed_half_way_finishes_correctly_when_started_again(
         assert run_day(tmp_path, "d2", "day2") == 1
     assert not (tmp_path / "out" / "report" / "day2" / "summary.json").exists()
     runs = [r.run_id for r in FingerprintStore(str(tmp_path / "store")).runs()]
-    assert runs == (["day1", "day2"] if where == "summary" else ["day1"])
+    assert runs == ["day1"]  # summary.json is written before the store commit
 
     assert run_day(tmp_path, "d2", "day2") == 0
     stored = [(i, x, "store") for i, x in d1 if i not in removals(tmp_path, "day1")]
@@ -224,6 +228,99 @@ def test_a_run_that_failed_half_way_finishes_correctly_when_started_again(
     assert runs[1].records == len(d2) - len(expect)
     leftovers = [p.name for p in (tmp_path / "out").rglob(".*")]
     assert leftovers == []
+
+
+def _at_publish(monkeypatch, tmp_path, plant) -> threading.Thread:
+    """Calls ``plant`` once the run waits inside Publish (everything staged; the test
+    hook ``publish.HOLD_ENV``), then lets Publish go on: a real fault on the disk, put
+    at a known point without timing guesses."""
+    hold = tmp_path / "hold"
+    monkeypatch.setenv(publish.HOLD_ENV, str(hold))
+
+    def helper() -> None:
+        reached, deadline = Path(f"{hold}.reached"), time.monotonic() + 120
+        while not reached.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        try:
+            plant()
+        finally:
+            hold.touch()
+    t = threading.Thread(target=helper, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("fault", ["summary-write", "store-commit", "summary-rename"])
+def test_a_failure_while_publishing_says_exactly_what_was_published(
+        tmp_path, monkeypatch, capsys, fault):
+    """Real faults on the disk (a directory where Publish writes a file, a file where the
+    store needs its run's directory; as root, a read-only folder would not stop a write):
+    - summary-write: summary.json cannot be written, as on a full disk (the sweep's case:
+      the line said "nothing was published" after the output had been replaced and the
+      store committed). It is written before anything is replaced: nothing is published.
+    - store-commit: the store's marker cannot be written: the output is in place, the store
+      and the report are not, and the line says so.
+    - summary-rename: everything but summary.json is in place, and the line says so.
+    In each case a rerun of the same run id, the fault removed, ends as a clean run."""
+    d1 = write_day(tmp_path, "d1", day(41, 64))
+    d2 = write_day(tmp_path, "d2", day(42, 64, [x for _, x in d1]))
+    assert run_day(tmp_path, "d1", "day1") == 0
+    out, rep, st = (tmp_path / "out" / "clean" / "day2", tmp_path / "out" / "report" / "day2",
+                    tmp_path / "store")
+    planted: list[Path] = []
+
+    def plant() -> None:
+        if fault == "store-commit":
+            planted.append(st / "commits" / "day2")
+            planted[0].write_text("not a directory")
+            return
+        (stage,) = (tmp_path / "out" / "report").glob(".day2.staging-*")
+        names = ["summary.json"] + (["summary.json.pending"] if fault == "summary-write" else [])
+        for name in names:  # a directory where the file goes: every write there fails
+            planted.append(stage / name)
+            planted[-1].mkdir()
+    helper = _at_publish(monkeypatch, tmp_path, plant)
+    capsys.readouterr()
+    assert run_day(tmp_path, "d2", "day2") == 1
+    helper.join()
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    runs = [r.run_id for r in FingerprintStore(str(st)).runs()]
+    if fault == "summary-write":
+        assert line.startswith("error: the job failed; nothing was published (the previous "
+                               "output, if any, is unchanged): "), line
+        assert "IsADirectoryError" in line, line
+        assert not out.exists() and not rep.exists() and runs == ["day1"]
+    else:
+        assert line.startswith("error: the job failed while publishing; publishing stopped "
+                               f"part way: output.path {out} "), line
+        why = "FileExistsError" if fault == "store-commit" else "IsADirectoryError"
+        assert f"to finish: {why}: " in line, line
+        assert "run it again with the same run id (day2) to finish" in line, line
+        assert sorted(p.name for p in out.glob("*.parquet")) == ["part-0.parquet",
+                                                                  "part-1.parquet"]
+        assert not (rep / "summary.json").is_file()
+        if fault == "store-commit":
+            assert (f"but the store was not updated and the report ({rep}) was not "
+                    "published" in line), line
+            assert runs == ["day1"]
+        else:
+            assert (f"output.path {out} and the report ({rep}) hold this run's results and "
+                    "the store holds its records, but summary.json was not written" in line)
+            assert runs == ["day1", "day2"]
+            planted = [rep / "summary.json"]  # moved in with the report
+    for p in planted:  # the disk repaired (a staged report is gone with its run)
+        if p.is_dir():
+            p.rmdir()
+        elif p.exists():
+            p.unlink()
+    monkeypatch.delenv(publish.HOLD_ENV)
+    assert run_day(tmp_path, "d2", "day2") == 0
+    stored = [(i, x, "store") for i, x in d1 if i not in removals(tmp_path, "day1")]
+    assert removals(tmp_path, "day2") == oracle(stored, d2)
+    assert [r.run_id for r in FingerprintStore(str(st)).runs()] == ["day1", "day2"]
+    assert summary(tmp_path, "day2")["store"]["committed"] is True
+    assert [p.name for p in (tmp_path / "out").rglob(".*")] == []
+    assert not (rep / "summary.json.pending").exists()
 
 
 @pytest.mark.parametrize("ref_fmt", ["hdf5", "parquet"])

@@ -368,6 +368,8 @@ def _apply_overrides(data: dict, overrides: Sequence[str]) -> None:
             raise ConfigError(f"--set {dotted}: {raw!r} is not a YAML value ({what}): write a "
                               f"plain value, or quote it as a string: --set '{dotted}=\"...\"'"
                               ) from None
+        if dotted == "run_id" and value is not None and not isinstance(value, str):
+            value = raw.strip()  # an id as typed: YAML would make 0123 the number 83
         _set_path(data, dotted, value)
 
 
@@ -384,15 +386,18 @@ def _apply_beam_flags(data: dict, args: Sequence[str]) -> None:
 
 
 def parse_config(data: Mapping[str, Any], overrides: Sequence[str] = (),
-                 beam_args: Sequence[str] = ()) -> DedupeConfig:
+                 beam_args: Sequence[str] = (), run_id: str | None = None) -> DedupeConfig:
     """A config from a mapping shaped like the YAML file, with ``key.path=value``
-    overrides and Beam flags (``["--direct_num_workers=2"]``) applied; ``data`` is not
-    changed. Raises ``ConfigError`` with one line naming the key and the fix."""
+    overrides, Beam flags (``["--direct_num_workers=2"]``) and ``run_id`` (taken as
+    given, a string: ``--run-id``) applied; ``data`` is not changed. Raises
+    ``ConfigError`` with one line naming the key and the fix."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"a config must be a mapping of keys, not {type(data).__name__}")
     data = copy.deepcopy(dict(data))
     _apply_overrides(data, overrides)
     _apply_beam_flags(data, beam_args)
+    if run_id:
+        data["run_id"] = str(run_id)
     try:
         return DedupeConfig.model_validate(data)
     except ValidationError as e:
@@ -404,7 +409,7 @@ def read_config_file(path: str | Path) -> dict:
     path = Path(path)
     try:
         text = path.read_text()
-        data = yaml.safe_load(text) or {}
+        data = yaml.safe_load(text)
     except FileNotFoundError:
         raise ConfigError(f"config file {path} not found: check the --config path") from None
     except OSError as e:  # a directory, no permission, a file where a directory should be
@@ -412,14 +417,29 @@ def read_config_file(path: str | Path) -> dict:
                           "--config path") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path} is not valid YAML: {e}".replace("\n", " ")) from None
+    if data is None:  # 0 bytes, only comments or blank lines
+        raise ConfigError(f"config file {path} is empty (it holds no keys): check the --config "
+                          "path, or start from configs/dedupe.yaml")
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of keys, not "
                           f"{type(data).__name__}")
-    twice = _repeated_key(yaml.compose(text, Loader=yaml.SafeLoader), "")
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    twice = _repeated_key(node, "")
     if twice is not None:
         raise ConfigError(f"config file {path}: key {twice[0]!r} appears twice (lines "
                           f"{twice[1]} and {twice[2]}; YAML would keep the last): keep one")
+    if data.get("run_id") is not None and not isinstance(data["run_id"], str):
+        data["run_id"] = _as_written(node, "run_id")
     return data
+
+
+def _as_written(node: yaml.Node, key: str) -> Any:
+    """A top-level key's value as the file spells it: an id YAML reads as a number, a
+    date or a boolean (``run_id: 0123`` is the octal 83) is the text the user typed."""
+    for k, v in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.value == key and isinstance(v, yaml.ScalarNode):
+            return v.value
+    raise ConfigError(f"config key {key!r}: give it as a quoted string, e.g. {key}: \"0123\"")
 
 
 def _repeated_key(node: yaml.Node | None, at: str) -> tuple[str, int, int] | None:
@@ -444,9 +464,10 @@ def _repeated_key(node: yaml.Node | None, at: str) -> tuple[str, int, int] | Non
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = (),
-                beam_args: Sequence[str] = ()) -> DedupeConfig:
-    """Read a YAML config, apply ``key.path=value`` overrides and Beam flags, validate.
+                beam_args: Sequence[str] = (), run_id: str | None = None) -> DedupeConfig:
+    """Read a YAML config, apply ``key.path=value`` overrides, Beam flags and ``run_id``
+    (a string, as given), validate.
 
     Raises ``ConfigError`` with one line naming the key or file and the fix.
     """
-    return parse_config(read_config_file(path), overrides, beam_args)
+    return parse_config(read_config_file(path), overrides, beam_args, run_id)

@@ -324,8 +324,9 @@ def totals(files: list[dict]) -> dict:
     return out
 
 
-def write_summary(report_dir: str, summary: dict) -> None:
-    """summary.json, replaced in one step (a reader never sees half of it); the Publish
-    step writes it last, so its presence marks a complete run on every filesystem."""
+def write_summary(report_dir: str, summary: dict, name: str = layout.SUMMARY) -> None:
+    """summary.json (or ``name``), replaced in one step (a reader never sees half of it);
+    the Publish step puts it in place last, so its presence marks a complete run on every
+    filesystem."""
     data = json.dumps(summary, indent=2, sort_keys=True) + "\n"
-    fs.write_bytes_atomic(fs.join(report_dir, layout.SUMMARY), data.encode())
+    fs.write_bytes_atomic(fs.join(report_dir, name), data.encode())

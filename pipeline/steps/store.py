@@ -65,13 +65,22 @@ class StoreCommit:
     attempt: object  # transforms.store.store.Attempt (picklable)
     meta: dict
 
-    def commit(self, parts: list[dict], extra: dict) -> dict:
-        """Commit, then compact (merges are due every FANIN runs of a size tier)."""
-        store = FingerprintStore(self.path)
-        store.commit(self.attempt, parts, self.meta, extra)
-        merged = store.compact()
-        return {"committed": True, "compaction_merges": merged["merges"],
+    def described(self, parts: list[dict]) -> dict:
+        """summary.json's store section once committed (the merges: ``compact``)."""
+        return {"committed": True, "compaction_merges": 0,
                 "appended": sum(p["rows"] for p in parts if p["kind"] == "exact")}
+
+    def commit(self, parts: list[dict], extra: dict) -> None:
+        """Make this attempt the run's visible one (one marker written)."""
+        FingerprintStore(self.path).commit(self.attempt, parts, self.meta, extra)
+
+    def is_committed(self) -> bool:
+        """Whether this attempt's marker is written (a commit that failed after it)."""
+        return FingerprintStore(self.path).is_committed(self.attempt)
+
+    def compact(self) -> int:
+        """Merges due (every FANIN runs of a size tier), after the commit: how many."""
+        return FingerprintStore(self.path).compact()["merges"]
 
 
 @dataclass(frozen=True)

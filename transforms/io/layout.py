@@ -51,6 +51,9 @@ FILES = "files.parquet"
 INVALID = "invalid.parquet"
 REFERENCE_INVALID = "reference_invalid.parquet"
 SUMMARY = "summary.json"
+# summary.json while it waits in the staged, then the published, report: Publish writes it
+# before replacing anything and renames it into place last (pipeline/publish.py)
+PENDING_SUMMARY = SUMMARY + ".pending"
 INDEX = "index.html"
 NEAR_DISTANCES = "near_distances"  # .png, .json, .csv
 BORDERLINE = "borderline_pairs.parquet"
@@ -59,7 +62,8 @@ FILE_ROWS = 1_000_000  # tuning.report_file_rows: a report table is one file up 
 # report files a later run's input glob must not match (checked before any work)
 REPORT_TABLES = (DUPLICATES, INVALID, SUMMARY)
 # every name a run writes at the top of a report directory (``ours``)
-REPORT_NAMES = (DUPLICATES, FILES, INVALID, REFERENCE_INVALID, SUMMARY, INDEX, BORDERLINE,
+REPORT_NAMES = (DUPLICATES, FILES, INVALID, REFERENCE_INVALID, SUMMARY, PENDING_SUMMARY,
+                INDEX, BORDERLINE,
                 *(NEAR_DISTANCES + ext for ext in (".png", ".json", ".csv")))
 PART = re.compile(r"part-\d+\.parquet")  # a report table's part file (report.parts.part_name)
 

@@ -167,6 +167,11 @@ class FingerprintStore(StoreReads):
             "extra": extra or {}}))
         self._prune(attempt.run_id, attempt.name)
 
+    def is_committed(self, attempt: Attempt) -> bool:
+        """Whether ``attempt``'s marker is written (it may be the visible one, or have been
+        replaced by a later attempt's since)."""
+        return fs.exists(self._marker(attempt.run_id, attempt.name))
+
     def committed(self, run_id: str) -> dict | None:
         """The visible commit of ``run_id`` ({"records", "committed_at"}), or None: a run
         of that id replaces it."""
