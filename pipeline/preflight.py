@@ -124,6 +124,7 @@ def _check_paths(cfg: DedupeConfig, files: list[str], root: str, output: str, re
     if cfg.store is not None:
         _check_store_apart(_location(cfg.store.path), inputs,
                            (("output.path", out), ("report", report)))
+        _check_store_place(_location(cfg.store.path), cfg.tuning.remote_timeout_s)
     for key, target in (("output.path", out), ("report", report)):
         if not fs.is_local(target) and "/" not in target.partition("://")[2]:
             raise InputError(f"{key}: {target} is a whole bucket: name a folder in it (the "
@@ -198,6 +199,64 @@ def _check_store_apart(store: str, inputs: list[str],
     if any(_within(f, store) for f in inputs):
         raise InputError(f"store.path: {store} contains input or reference files: keep the "
                          "store in a directory of its own")
+
+
+# what a fingerprint store holds at its top (transforms/store/store.py); a folder holding
+# only these and no STORE.json is a store whose first run did not commit
+STORE_NAMES = (layout.STORE_META, layout.STORE_LEASE, "commits", "runs", "compactions",
+               "compacted")
+
+
+def _check_store_place(store: str, timeout: float) -> None:
+    """store.path is a fingerprint store (it holds STORE.json) or a new or empty folder:
+    not a folder inside a store (the outer store's clean-up of its run folders deletes an
+    inner store; a path into a store by mistake, ``store/runs``, would be a new, empty
+    store that no run is checked against), not a file and not a folder of other files."""
+    outer = bounded(store, _enclosing_store, "store.path", "looking for a store around it",
+                    timeout)
+    if outer is not None:
+        raise InputError(f"store.path: {store} is inside the fingerprint store {outer} (it "
+                         f"holds {layout.STORE_META}; the outer store would delete a store "
+                         f"inside it): set store.path to {outer} to use that store, or to a "
+                         "folder outside it for a new one")
+    top = bounded(store, _top_names, "store.path", "listing what it holds", timeout)
+    if top is None:
+        raise InputError(f"store.path: {store} is a file, not a fingerprint store: set "
+                         "store.path to a new or empty folder (or an existing store's)")
+    foreign = sorted(n for n in top if n not in STORE_NAMES and not fs.is_temp(n)
+                     and not n.startswith(layout.LOCAL_PROBE))
+    if layout.STORE_META not in top and foreign:
+        more = f" and {len(foreign) - 3:,} more" if len(foreign) > 3 else ""
+        raise InputError(f"store.path: {store} is a folder of other files "
+                         f"({', '.join(foreign[:3])}{more}) and no fingerprint store (no "
+                         f"{layout.STORE_META}): set store.path to a new or empty folder for "
+                         "a new store, or to the folder that holds the store's STORE.json")
+
+
+def _enclosing_store(store: str) -> str | None:
+    """The outermost folder above ``store`` that holds a STORE.json, or None."""
+    if fs.is_local(store):
+        parents = [str(p) for p in Path(store).parents]
+    else:
+        scheme, _, rest = store.partition("://")
+        parts = rest.split("/")
+        parents = [f"{scheme}://{'/'.join(parts[:i])}" for i in range(len(parts) - 1, 0, -1)]
+    return next((p for p in reversed(parents) if fs.exists(fs.join(p, layout.STORE_META))),
+                None)
+
+
+def _top_names(store: str) -> set[str] | None:
+    """The names at the top of an existing ``store`` folder (empty when there is none),
+    or None when it is a file."""
+    if fs.is_local(store):
+        if not os.path.exists(store):
+            return set()
+        return set(os.listdir(store)) if os.path.isdir(store) else None
+    if fs.exists(fs.join(store, layout.STORE_META)):
+        return {layout.STORE_META}
+    if fs.exists(store):
+        return None
+    return {f[len(store) + 1:].split("/", 1)[0] for f in fs.match(store + "/**")}
 
 
 # A job started while a process spawned by multiprocessing imports its parent's script:

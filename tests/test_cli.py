@@ -307,6 +307,56 @@ def test_output_that_is_a_store_is_never_replaced(tmp_path, parquet_in, capsys):
     assert not (tmp_path / "r2").exists()
 
 
+@pytest.mark.parametrize("where", ["st/runs/day1", "st/runs", "st/commits/a/b", "misc",
+                                   "misc/README.md"])
+def test_store_path_inside_a_store_or_over_other_files_is_refused_before_any_work(
+        tmp_path, parquet_in, capsys, where):
+    """A store inside another store's folder was accepted, then deleted by the outer
+    store (its rerun of that run id prunes the run folder); a path into a store by
+    mistake (st/runs) was a new, empty store no run was checked against; a folder of
+    other files got a store written beside them. Each is refused: exit 2, one line naming
+    store.path and the fix, nothing written."""
+    st = tmp_path / "st"
+    assert run_job(tmp_path, "parquet", parquet_in, f"store.path={st}") == 0
+    (tmp_path / "misc").mkdir()
+    (tmp_path / "misc" / "README.md").write_text("mine")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    target = tmp_path / where
+    assert run_job(tmp_path, "parquet", parquet_in, f"store.path={target}",
+                   f"output.path={tmp_path / 'o2' / 'clean'}", f"report={tmp_path / 'o2' / 'r'}"
+                   ) == 2
+    line = one_error_line(capsys)
+    if where.startswith("st/"):
+        assert line == (f"error: store.path: {target} is inside the fingerprint store {st} "
+                        "(it holds STORE.json; the outer store would delete a store inside "
+                        f"it): set store.path to {st} to use that store, or to a folder "
+                        "outside it for a new one")
+    elif where == "misc":
+        assert line == (f"error: store.path: {target} is a folder of other files (README.md) "
+                        "and no fingerprint store (no STORE.json): set store.path to a new or "
+                        "empty folder for a new store, or to the folder that holds the "
+                        "store's STORE.json")
+    else:
+        assert line == (f"error: store.path: {target} is a file, not a fingerprint store: set "
+                        "store.path to a new or empty folder (or an existing store's)")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "o2").exists()
+
+
+def test_store_path_of_an_empty_folder_or_an_uncommitted_first_run_is_a_store(
+        tmp_path, parquet_in):
+    """What a first run killed before its commit left (runs/, no STORE.json yet) and an
+    empty folder are stores to be: accepted."""
+    (tmp_path / "st" / "runs" / "day0" / "123-abc").mkdir(parents=True)
+    (tmp_path / "empty").mkdir()
+    for i, st in enumerate(("st", "empty")):
+        assert run_job(tmp_path, "parquet", parquet_in, f"store.path={tmp_path / st}",
+                       f"output.path={tmp_path / f'o{i}' / 'clean'}",
+                       f"report={tmp_path / f'o{i}' / 'r'}") == 0
+        assert (tmp_path / st / "STORE.json").is_file()
+
+
 @pytest.mark.parametrize("key,plant", [
     ("output.path", {"my_h5/a.h5": "x", "my_h5/NOTES.txt": "notes"}),
     ("report", {"rep/thesis.tex": "important"}),
