@@ -55,7 +55,7 @@ try:
     from transforms.digests import SCHEME
     from transforms.io.formats.base import InvalidRecordError
     from transforms.io.fs import delete_tree
-    from transforms.io.lease import LeaseHeld, keep_alive, release_all
+    from transforms.io.lease import LeaseHeld, detach_all, keep_alive, release_all
 finally:
     logging.getLogger().removeFilter(_gcp_notice)
 
@@ -124,16 +124,19 @@ def execute(job: Job) -> RunSummary:
     written; under them the store's view is taken again and what dead runs left is
     cleared. The leases are renewed while the job runs and released when it ends, however
     it ends; a runner that does not block (Dataflow) hands them to its Publish step, which
-    releases them, and the summary says the job was submitted."""
+    releases them, and the summary says the job was submitted. Until the submission
+    returns they are bound to this process like any run's: a launcher killed before it
+    (SIGKILL, a scheduler's timeout) leaves no lease that blocks the next run; detached
+    (24 h, no process stands for them) only once the service has the job."""
     from pipeline.graph import build
     from pipeline.runners.common import launcher_waits
     from pipeline.runners.local import kernel_threads
 
     detached = not launcher_waits(job.cfg.runner)
     updates = job.store is not None and job.cfg.store.update
-    try:
+    try:  # bound to this process until the job is submitted (detached then: Dataflow)
         leases = take_leases(job.output, job.report, job.store.path if updates else None,
-                             job.run_id, detached)
+                             job.run_id, False)
     except OSError as e:  # no create-if-absent on this filesystem: nothing written yet
         raise LeaseHeld(str(e)) from None
     handed_over = False
@@ -154,7 +157,8 @@ def execute(job: Job) -> RunSummary:
             with stopping.pending(lambda: shutil.rmtree(temp, ignore_errors=True)):
                 build(p, job, pub)
                 if detached:
-                    result = p.run()
+                    result = p.run()  # returns once the service accepted the job
+                    detach_all(leases)  # the job's Publish releases them
                     handed_over = True
                     return RunSummary(job.run_id, job.output, job.report, submitted=True,
                                       job_id=getattr(result, "job_id", lambda: None)())
@@ -346,7 +350,12 @@ def to_config(config: str | os.PathLike | Mapping[str, Any] | DedupeConfig, *,
 
 def run_prepared(job: Job, *, quiet: bool = False, verbose: bool = False) -> RunSummary:
     """Run a checked job (``preflight.prepare``): progress on stderr unless ``quiet``
-    (bars on a terminal, lines otherwise; never bars with ``verbose``)."""
+    (bars on a terminal, lines otherwise; never bars with ``verbose``). On Dataflow the
+    launch is checked first (``runners.check_launch``: ``InputError``, nothing done)."""
+    from pipeline.runners import check_launch
+
+    with beam_quiet(verbose, quiet):  # Dataflow: the GCP libraries, the buckets answering
+        check_launch(job.cfg.runner, job.cfg.tuning.remote_timeout_s)
     was = progress.enabled
     progress.enable(not quiet, bars=False if verbose else None)
     try:

@@ -160,7 +160,8 @@ def _main(argv: list[str] | None) -> int:
         return _dry_run(job, args.plan_records)
     try:
         result = run_prepared(job, quiet=args.quiet, verbose=verbose)
-    except LeaseHeld as e:  # another run holds the output or store: nothing was touched
+    except (LeaseHeld, InputError) as e:  # another run holds the output or store, or a
+        # Dataflow launch that cannot start (its libraries, its buckets): nothing touched
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except JobFailed as e:  # one line (Beam's log: --verbose)

@@ -7,6 +7,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -77,6 +81,14 @@ def write_config(tmp_path: Path, glob: str, runner_cfg: dict) -> str:
      "config key 'runner.temp_location': '/tmp/beam' is not a Cloud Storage path: use "
      "gs://BUCKET/PATH"),
     ({"staging_location": "gs://bucket"}, "config key 'runner.staging_location'"),
+    ({"temp_location": "gs://b/tmp"},  # of the form gs://BUCKET/PATH: the name is the matter
+     "config key 'runner.temp_location': 'gs://b/tmp': 'b' is not a valid Cloud Storage bucket "
+     "name: a bucket name has 3-63 characters (up to 222 with dots, 63 between them), "
+     "lowercase letters, digits, - _ and ., and starts and ends with a letter or digit, e.g. "
+     "gs://my-bucket/tmp"),
+    ({"temp_location": "gs://My_Bucket/tmp"}, "'My_Bucket' is not a valid Cloud Storage bucket "
+                                              "name: a bucket name has 3-63 characters"),
+    ({"staging_location": f"gs://{'a' * 64}/s"}, "is not a valid Cloud Storage bucket name"),
     ({"accelerator": {"type": "nvidia-tesla-t4", "count": 0}},
      "config key 'runner.accelerator.count': 0 GPUs per worker: use 1 or more"),
     ({"accelerator": {"type": "t4"}}, "config key 'runner.accelerator.type': 't4' is not a GPU"),
@@ -102,6 +114,106 @@ def test_bad_runner_config_exits_2_with_one_line(tmp_path, parquet_in, capsys, n
     # --dry-run: a config that wrongly passed would be built offline, never submitted
     assert main(["--config", write_config(tmp_path, parquet_in, cfg), "--dry-run"]) == 2
     assert words in one_error_line(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+# --- launching: the libraries and the buckets checked, bounded, before any work -------
+
+LAUNCH = {**DATAFLOW, "temp_location": "gs://abc-bucket/tmp"}
+
+
+class _Silent:
+    """A Cloud Storage endpoint that takes connections and never answers (a network that
+    drops packets, a firewall): the client's retry loop ran for 10 minutes and more."""
+
+    def __enter__(self) -> str:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def __exit__(self, *exc) -> None:
+        self.sock.close()
+
+
+class _NoBuckets:
+    """A Cloud Storage endpoint that answers every request: 404, no such bucket."""
+
+    def __enter__(self) -> str:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class NotFound(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                body = b'{"error": {"code": 404, "message": "no such bucket"}}'
+                self.send_response(404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _launch(tmp_path: Path, glob: str, endpoint: str, *pre: str) -> tuple[int, list[str], float]:
+    """The CLI launching a Dataflow job (a process of its own: a Cloud Storage call that
+    never answers stays behind in a daemon thread), Cloud Storage at ``endpoint``."""
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": endpoint}
+    env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+    cfg = write_config(tmp_path, glob, LAUNCH)
+    code = "; ".join(["import sys", *pre, "from pipeline.run import main", "sys.exit(main())"])
+    start = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", code, "--config", cfg,
+                        "--set", "tuning.remote_timeout_s=2"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stderr.strip().splitlines(), time.monotonic() - start
+
+
+def test_a_launch_whose_bucket_does_not_answer_stops_within_the_timeout(tmp_path, parquet_in):
+    """Beam's option check asked Cloud Storage about runner.temp_location's bucket with a
+    retry that did not end (the sweep: 580 s without network, killed); the launch now asks
+    first, for at most tuning.remote_timeout_s: one line naming the key, exit 2."""
+    with _Silent() as endpoint:
+        rc, err, wall = _launch(tmp_path, parquet_in, endpoint)
+    assert rc == 2, err
+    assert err == ["error: runner.temp_location: gs://abc-bucket/tmp: no answer within 2 s "
+                   "(asking Cloud Storage for its bucket): check the network and the "
+                   "credentials (gcloud auth application-default login), or raise "
+                   "tuning.remote_timeout_s; runner.temp_location must be a bucket the job's "
+                   "account can write"]
+    assert wall < 60, wall  # the interpreter and Beam's imports, then 2 s
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_launch_to_a_bucket_that_does_not_exist_is_one_line(tmp_path, parquet_in):
+    with _NoBuckets() as endpoint:
+        rc, err, _ = _launch(tmp_path, parquet_in, endpoint)
+    assert rc == 2, err
+    assert err == ["error: runner.temp_location: gs://abc-bucket/tmp: bucket abc-bucket does "
+                   "not exist (or this account cannot see it): create it (gcloud storage "
+                   "buckets create gs://abc-bucket --location us-central1), or set "
+                   "runner.temp_location to a bucket of yours"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_launch_without_the_gcp_libraries_is_one_line_at_once(tmp_path, parquet_in):
+    """The library made missing for the launcher's process only (sys.modules: an import
+    of it fails as if it were not installed)."""
+    with _Silent() as endpoint:
+        rc, err, _ = _launch(tmp_path, parquet_in, endpoint,
+                             "sys.modules['google.cloud.storage'] = None")
+    assert rc == 2, err
+    assert err == ["error: runner.name: dataflow needs Beam's GCP libraries "
+                   "(google.cloud.storage is missing): pip install -c constraints.txt -e "
+                   "'.[dataflow]'"]
     assert not (tmp_path / "out").exists()
 
 
@@ -262,12 +374,21 @@ def test_dataflow_dry_run_with_embed_builds_the_gpu_job_offline(tmp_path, capsys
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("sets, runs", [
+    ([], "runner: local (Beam FnApiRunner in this process, 2 worker(s))"),
+    # a near job's workers are processes (runner.processes' default): it said "in this
+    # process", and the plan's memory per worker read as the whole run's
+    (["near.metric=l2", "near.threshold=1.0"], "runner: local (Beam FnApiRunner, 2 worker "
+                                               "processes)"),
+    (["near.metric=l2", "near.threshold=1.0", "runner.processes=false"],
+     "runner: local (Beam FnApiRunner in this process, 2 worker(s))"),
+])
 def test_local_dry_run_builds_the_graph_without_running_it(tmp_path, parquet_in, capsys,
-                                                           no_network):
-    cfg = write_config(tmp_path, parquet_in, {"name": "local"})
-    assert main(["--config", cfg, "--dry-run"]) == 0
+                                                           no_network, sets, runs):
+    cfg = write_config(tmp_path, parquet_in, {"name": "local", "workers": 2})
+    assert main(["--config", cfg, "--dry-run", *[a for s in sets for a in ("--set", s)]]) == 0
     out = capsys.readouterr().out
-    assert "runner: local" in out and "steps: " in out and "Fingerprint" in out
+    assert runs in out.splitlines() and "steps: " in out and "Fingerprint" in out
     assert not (tmp_path / "out").exists() and no_network == []
 
 

@@ -239,6 +239,84 @@ def test_stale_rule(tmp_path, where):
     other.release()
 
 
+# A launcher for a runner that does not wait (Dataflow) whose submission the test holds:
+# Dataflow itself cannot be reached from a test, so the job goes to a runner that stands
+# for its launcher (it returns a submitted job at once, or waits at the submission for
+# the test to kill it); the leases are the real ones, on disk.
+LAUNCHER = """
+import sys, time
+from pathlib import Path
+import apache_beam as beam
+from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineState
+from pipeline import api
+from pipeline.runners import common
+
+cfg, hold = sys.argv[1], Path(sys.argv[2])
+
+class Submitted(PipelineResult):
+    def job_id(self):
+        return "job-1"
+
+class Launcher(PipelineRunner):
+    def run_pipeline(self, pipeline, options):
+        Path(f"{hold}.submitting").touch()
+        while not hold.exists():  # the test kills the launcher here, or lets it submit
+            time.sleep(0.02)
+        return Submitted(PipelineState.RUNNING)
+
+api.beam_pipeline = lambda job: beam.Pipeline(runner=Launcher())
+common.launcher_waits = lambda runner: False  # as on Dataflow
+print(api.run_job(cfg, quiet=True).job_id)
+"""
+
+
+def _lease_files(out: Path) -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text()) for p in sorted(out.rglob(".*.lease.json"))}
+
+
+@pytest.mark.parametrize("fate", ["killed", "submitted"])
+def test_a_launcher_holds_pid_bound_leases_until_the_job_is_submitted(tmp_path, fate):
+    """A launcher killed before it submitted (SIGKILL: the sweep's scheduler timeout) left
+    24 h detached leases that refused every run for a day; now they are bound to its pid
+    until the submission returns, and detached (24 h) only then."""
+    make_input(tmp_path / "in", 1)
+    cfg = config(tmp_path, "job", tmp_path / "in", str(tmp_path / "out"))
+    hold = tmp_path / "hold"
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(cfg), str(hold)],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    wait_for(Path(f"{hold}.submitting"), launcher)
+    held = _lease_files(tmp_path)
+    assert sorted(held) == [".clean.lease.json", ".report.lease.json"]
+    for info in held.values():  # before the submission: this launcher's, like any run's
+        assert info["detached"] is False and info["pid"] == launcher.pid
+        assert info["expires"] - time.time() <= lease.TTL_S
+    if fate == "killed":
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        assert main(["--config", str(cfg), "--quiet"]) == 0  # not refused for a day
+        assert_complete(tmp_path / "out")
+        return
+    hold.touch()
+    out, err = launcher.communicate()
+    assert launcher.returncode == 0 and out.strip() == "job-1", err
+    held = _lease_files(tmp_path)
+    assert sorted(held) == [".clean.lease.json", ".report.lease.json"]
+    for info in held.values():  # the job's now, for its Publish to release
+        assert info["detached"] is True
+        assert info["expires"] - time.time() > lease.DETACHED_TTL_S - 120
+
+
+def test_renewing_never_shortens_a_detached_lease(tmp_path):
+    mine = lease.acquire(str(tmp_path / "x.lease.json"), "target", "r")
+    assert mine.detach()
+    assert mine.renew()
+    info = json.loads((tmp_path / "x.lease.json").read_text())
+    assert info["detached"] is True and info["expires"] - time.time() > lease.DETACHED_TTL_S - 60
+    mine.release()
+    assert not mine.detach()  # no longer ours
+
+
 @pytest.mark.parametrize("content", [b"", b'{"run_id": "x', b"[]"],
                          ids=["empty", "cut-short", "not-a-lease"])
 def test_an_unreadable_lease_file_is_named_so(tmp_path, where, content):

@@ -71,6 +71,14 @@ class AcceleratorConfig(Strict):
                 + (";install-nvidia-driver" if self.install_driver else ""))
 
 
+def _bucket_name(name: str) -> bool:
+    """Cloud Storage's bucket name rules (the syntax; not the reserved names)."""
+    if not re.fullmatch(r"[a-z0-9][-_a-z0-9.]*[a-z0-9]", name) or len(name) < 3:
+        return False
+    return len(name) <= 63 or ("." in name and len(name) <= 222
+                               and all(len(part) <= 63 for part in name.split(".")))
+
+
 class RunnerConfig(Strict):
     """Where the job runs. ``name: dataflow`` takes the typed keys below (checked here, one
     line each); any other Beam option goes through ``options`` unchanged."""
@@ -179,10 +187,15 @@ class RunnerConfig(Strict):
     @classmethod
     def _gcs_path(cls, v: str | None) -> str | None:
         m = re.fullmatch(r"gs://([^/]+)/(.+)", v or "")
-        if v is not None and not (m and re.fullmatch(r"[a-z0-9][-_a-z0-9.]+[a-z0-9]", m[1])):
+        if v is not None and not m:
             raise ValueError(f"{v!r} is not a Cloud Storage path: use gs://BUCKET/PATH, "
                              "e.g. gs://my-bucket/tmp (Dataflow stages and writes temp files "
                              "there)")
+        if v is not None and not _bucket_name(m[1]):
+            raise ValueError(f"{v!r}: {m[1]!r} is not a valid Cloud Storage bucket name: a "
+                             "bucket name has 3-63 characters (up to 222 with dots, 63 between "
+                             "them), lowercase letters, digits, - _ and ., and starts and ends "
+                             "with a letter or digit, e.g. gs://my-bucket/tmp")
         return v
 
     @field_validator("project")

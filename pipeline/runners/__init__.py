@@ -26,6 +26,57 @@ EXIT_FAILED, EXIT_USAGE = 1, 2
 STAGED_PIPELINE = "pipeline.pb"  # Beam's name for the staged job graph
 
 
+def gcp_missing() -> str | None:
+    """None, or one line naming the GCP library the Dataflow runner lacks and the extra
+    that brings it (Beam's DataflowRunner imports without some of them, then fails or
+    waits later)."""
+    try:
+        import google.auth  # noqa: F401
+        import google.cloud.storage  # noqa: F401
+        from apache_beam.io.gcp import gcsio  # noqa: F401
+        from apache_beam.runners.dataflow.internal import apiclient  # noqa: F401
+    except ImportError as e:
+        return (f"runner.name: dataflow needs Beam's GCP libraries ({e.name} is missing): "
+                "pip install -c constraints.txt -e '.[dataflow]'")
+    return None
+
+
+def check_launch(cfg: RunnerConfig, timeout: float) -> None:
+    """Before a Dataflow job is launched (not a dry run, which stays offline): the GCP
+    libraries are there, and Cloud Storage answers for the buckets of runner.temp_location
+    and staging_location within ``timeout`` (tuning.remote_timeout_s). Beam's own option
+    check asks about them too, with a retry that goes on for 10 minutes and more without
+    network or credentials; once they answered here it answers at once. Raises
+    ``InputError`` (one line naming the key and the fix)."""
+    if cfg.name != "dataflow":
+        return
+    from transforms.io.formats.base import InputError
+    from transforms.io.remote import bounded
+
+    if (line := gcp_missing()) is not None:
+        raise InputError(line)
+    from apache_beam.io.gcp import gcsio
+
+    options, paths = pipeline_options(cfg), dataflow_options(cfg)
+    asked: set[str] = set()
+    for key in ("temp_location", "staging_location"):
+        path = paths[key]
+        bucket = path.removeprefix("gs://").split("/", 1)[0]
+        if bucket in asked:
+            continue
+        asked.add(bucket)
+        found = bounded(path, lambda _, b=bucket: gcsio.GcsIO(pipeline_options=options)
+                        .get_bucket(b), f"runner.{key}", "asking Cloud Storage for its bucket",
+                        timeout, fix="check the network and the credentials (gcloud auth "
+                        "application-default login), or raise tuning.remote_timeout_s; "
+                        f"runner.{key} must be a bucket the job's account can write")
+        if found is None:
+            raise InputError(f"runner.{key}: {path}: bucket {bucket} does not exist (or this "
+                             "account cannot see it): create it (gcloud storage buckets create "
+                             f"gs://{bucket} --location {cfg.region}), or set runner.{key} to "
+                             "a bucket of yours")
+
+
 def pipeline_options(cfg: RunnerConfig, dry_run: bool = False):
     """Beam ``PipelineOptions``: ``runner.options`` as given plus the typed keys (on the
     local runner and Dask, ``runner.options`` win over what ``runner.workers`` sets). A dry
@@ -107,12 +158,15 @@ class DryRun:
     steps: list[str]  # top-level step names, in graph order
     transforms: int  # leaf transforms in the portable graph
     job: Any = None
+    processes: bool = False  # the local runner's workers are processes (runner.processes)
 
     def facts(self, cfg: RunnerConfig) -> list[str]:
         head = f"steps: {len(self.steps)} ({', '.join(self.steps)}), {self.transforms} transforms"
         if self.job is None:
             workers = cfg.workers or available_cores()
-            where = {"local": f" (Beam FnApiRunner in this process, {workers} worker(s))",
+            where = {"local": f" (Beam FnApiRunner, {workers} worker processes)"
+                     if self.processes else
+                     f" (Beam FnApiRunner in this process, {workers} worker(s))",
                      "dask": f" (scheduler {cfg.address})" if cfg.address else
                      f" (a local Dask cluster of {workers} processes)",
                      "portable": f" (Beam PortableRunner, job service {cfg.address})"
@@ -160,7 +214,8 @@ def build_offline(cfg: RunnerConfig, build_graph: Callable[[Any], None]) -> DryR
     build_graph(p)
     if cfg.name != "dataflow":  # not run: Beam would remove its temp directory in run()
         try:
-            return DryRun(cfg.name, *_graph_facts(p.to_runner_api()))
+            return DryRun(cfg.name, *_graph_facts(p.to_runner_api()),
+                          processes=in_processes(cfg, p.options))
         finally:
             shutil.rmtree(p.local_tempdir, ignore_errors=True)
     from apache_beam.runners.dataflow.internal import apiclient
@@ -179,13 +234,9 @@ def dry_run(job, build_graph: Callable[[Any], None]) -> int:
     """``--dry-run``: build the job, print one line per fact, exit 0. Nothing is submitted,
     written or published; a problem Beam finds in the options is one line, exit 2."""
     cfg = job.cfg.runner
-    if cfg.name == "dataflow":
-        try:
-            from apache_beam.runners.dataflow.internal import apiclient  # noqa: F401
-        except ImportError as e:
-            print(f"error: the Dataflow runner needs Beam's GCP libraries ({e.name} is "
-                  "missing): pip install -c constraints.txt -e '.[dataflow]'", file=sys.stderr)
-            return EXIT_USAGE
+    if cfg.name == "dataflow" and (line := gcp_missing()) is not None:
+        print(f"error: {line}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         built = build_offline(cfg, build_graph)
     except ValueError as e:  # Beam's option checks, e.g. "Pipeline has validations errors"

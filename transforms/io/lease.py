@@ -16,7 +16,9 @@ Stale rule (a holder that crashed must not block the next run forever):
   gone, or reused by another process: its start time differs) is stale at once;
 - a *detached* lease (a Dataflow job, where the launcher exits after submitting and the
   job's Publish step releases the lease) is stale only by expiry (``DETACHED_TTL_S``), as
-  no process on this host stands for it.
+  no process on this host stands for it. A launcher takes its leases bound to its pid
+  like any run and detaches them (``Lease.detach``) only once the job is submitted, so a
+  launcher killed before that (SIGKILL, a scheduler's timeout) blocks nothing.
 
 A stale lease is broken with a compare-and-swap (``conditional.replace_if_unchanged``): only the
 exact stale content is deleted, so two runs breaking one stale lease cannot both win. A
@@ -76,12 +78,29 @@ class Lease:
                             "taken by another run; nothing more is published: run again")
 
     def renew(self) -> bool:
-        """Push the expiry ``ttl`` seconds ahead; False if the lease is no longer ours."""
+        """Push the expiry ``ttl`` seconds ahead (never back: a lease detached meanwhile
+        keeps its day); False if the lease is no longer ours."""
         found = _read(self.path)
         if found is None or found[1].get("token") != self.token:
             return False
-        info = {**found[1], "expires": time.time() + self.ttl}
+        was = found[1].get("expires")
+        until = time.time() + self.ttl
+        info = {**found[1], "expires": max(until, was) if isinstance(was, int | float) else until}
         return conditional.replace_if_unchanged(self.path, found[0], _dumps(info))
+
+    def detach(self) -> bool:
+        """Hand the lease to a job that runs on without this process (a Dataflow job, once
+        submitted): no longer bound to this pid, it expires ``DETACHED_TTL_S`` from now
+        unless the job's Publish step releases it first. False if it is no longer ours
+        (that Publish may have released it already)."""
+        for _ in range(8):  # a renewal in between changed it: read again
+            found = _read(self.path)
+            if found is None or found[1].get("token") != self.token:
+                return False
+            info = {**found[1], "detached": True, "expires": time.time() + DETACHED_TTL_S}
+            if conditional.replace_if_unchanged(self.path, found[0], _dumps(info)):
+                return True
+        return False
 
     def release(self) -> None:
         """Delete the lease object if it is still ours (never someone else's)."""
@@ -143,6 +162,11 @@ def acquire_all(wanted: Sequence[tuple[str, str]], run_id: str, detached: bool =
         release_all(leases)
         raise
     return leases
+
+
+def detach_all(leases: Sequence[Lease]) -> None:
+    for lease in leases:
+        lease.detach()
 
 
 def release_all(leases: Sequence[Lease]) -> None:

@@ -38,10 +38,12 @@ def _reason(e: BaseException) -> str:
 
 
 def each_bounded(items: Sequence[str], fn: Callable[[str], R], key: str, what: str,
-                 timeout: float) -> list[R]:
+                 timeout: float, fix: str | None = None) -> list[R]:
     """``[fn(p) for p in items]``; remote paths in parallel, each answer awaited at most
     ``timeout`` seconds. A timeout or an error (other than an InputError, which is
-    already one line) becomes one InputError naming the path, what failed and the fix."""
+    already one line) becomes one InputError naming the path, what failed and the fix
+    (``fix``, or the network, credentials and a local path for a dry run)."""
+    fix = _remote_fix(key) if fix is None else fix
     if all(fs.is_local(p) for p in items):
         return [fn(p) for p in items]
     results: list = [None] * len(items)
@@ -65,19 +67,19 @@ def each_bounded(items: Sequence[str], fn: Callable[[str], R], key: str, what: s
     out = []
     for i, path in enumerate(items):
         if not done[i].wait(timeout):
-            raise InputError(f"{key}: {path}: no answer within {timeout:g} s ({what}): "
-                             f"{_remote_fix(key)}")
+            raise InputError(f"{key}: {path}: no answer within {timeout:g} s ({what}): {fix}")
         ok, value = results[i]
         if not ok:
             if isinstance(value, InputError):
                 raise value
-            raise InputError(f"{key}: {path}: {what} failed ({_reason(value)}): "
-                             f"{_remote_fix(key)}") from None
+            raise InputError(f"{key}: {path}: {what} failed ({_reason(value)}): {fix}"
+                             ) from None
         out.append(value)
     return out
 
 
-def bounded(path: str, fn: Callable[[str], T], key: str, what: str, timeout: float) -> T:
+def bounded(path: str, fn: Callable[[str], T], key: str, what: str, timeout: float,
+            fix: str | None = None) -> T:
     """``fn(path)``, bounded like ``each_bounded`` when ``path`` is remote."""
-    return each_bounded([path], fn, key, what, timeout)[0]
+    return each_bounded([path], fn, key, what, timeout, fix)[0]
 
