@@ -222,12 +222,14 @@ FIRST_IDS = 1_000  # ids read from the start of each of the first FIRST_ID_FILES
 FIRST_ID_FILES = 8
 
 
-def check_first_ids(files: list[str], column: str, timeout: float) -> None:
-    """Ids that repeat among the first records of the first Parquet files (a row number
-    restarting in every shard, the usual case) stop the run before any work; the job
-    checks every record's id too (``steps.ids.RepeatedIds``), after the work."""
+def check_first_ids(files: list[str], column: str) -> None:
+    """Ids that repeat among the first records of the first local Parquet files (a row
+    number restarting in every shard, the usual case) stop the run before any work; the
+    job checks every record's id too (``steps.ids.RepeatedIds``), after the work. Files
+    on an object store are left to the job: the checks before any work read their heads
+    and footers only."""
     def first_ids(path: str) -> list:
-        with pa.OSFile(path) if fs.is_local(path) else fs.open_read(path) as f:
+        with pa.OSFile(path) as f:
             try:
                 batch = next(pq.ParquetFile(f).iter_batches(batch_size=FIRST_IDS,
                                                             columns=[column]), None)
@@ -237,9 +239,8 @@ def check_first_ids(files: list[str], column: str, timeout: float) -> None:
 
     seen: dict[str, str] = {}
     repeats = []
-    for path, ids in zip(files, each_bounded(files[:FIRST_ID_FILES], first_ids, "input.id",
-                                             "reading its first ids", timeout), strict=False):
-        for row, i in enumerate(ids):
+    for path in [f for f in files if fs.is_local(f)][:FIRST_ID_FILES]:
+        for row, i in enumerate(first_ids(path)):
             here = f"{path} row {row}"
             if i in seen:
                 repeats.append((seen[i], here))

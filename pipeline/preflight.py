@@ -429,7 +429,7 @@ def prepare(cfg: DedupeConfig) -> Job:
     spec = as_sequences(cfg, cfg.input.to_spec(keep.column, cfg.tuning.decoded_chunk_bytes))
     checked = inspect_files(files, cfg.input, spec, "input.path", timeout)
     if cfg.input.format == "parquet" and spec.id is not None:
-        check_first_ids(files, spec.id, timeout)
+        check_first_ids(files, spec.id)
     first = first_known(checked)
     resolved = checked[first]
     if (cfg.near is not None and cfg.embed is None and cfg.input.format == "parquet"

@@ -354,11 +354,13 @@ def test_console_script_passes_beam_flags_after_double_dash(tmp_path):
 
 def test_beam_flags_become_runner_keys(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(config(tmp_path, runner={"options": {"a": 1}})))
-    cfg = load_config(path, ["runner.options.b=2"],
+    path.write_text(yaml.safe_dump(config(tmp_path, runner={"options": {
+        "sdk_worker_parallelism": 1}})))
+    cfg = load_config(path, ["runner.options.max_cache_memory_usage_mb=2"],
                       ["--direct_num_workers", "2", "--experiments=x", "--experiments=y",
-                       "--save_main_session", "--a=3", "--job_name=n"])
-    assert cfg.runner.options == {"a": 3, "b": 2, "direct_num_workers": 2,
+                       "--save_main_session", "--sdk_worker_parallelism=3", "--job_name=n"])
+    assert cfg.runner.options == {"sdk_worker_parallelism": 3, "max_cache_memory_usage_mb": 2,
+                                  "direct_num_workers": 2,
                                   "experiments": ["x", "y"], "save_main_session": True,
                                   "job_name": "n"}
     from pipeline.runners import pipeline_options

@@ -219,7 +219,8 @@ def test_a_launch_without_the_gcp_libraries_is_one_line_at_once(tmp_path, parque
 
 def test_dataflow_runner_spellings_and_help():
     assert RunnerConfig.model_validate({**DATAFLOW, "name": "DataflowRunner"}).name == "dataflow"
-    assert RunnerConfig.model_validate({"name": "local", "options": {"a": 1}}).options == {"a": 1}
+    assert RunnerConfig.model_validate({"name": "local", "options": {
+        "sdk_worker_parallelism": 1}}).options == {"sdk_worker_parallelism": 1}
     for key in DATAFLOW_KEYS:  # every typed key is documented for --help
         assert RunnerConfig.model_fields[key].description.startswith("dataflow: ")
 
