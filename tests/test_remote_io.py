@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from filters.manifest import Manifest
-from pipeline import graph
+from pipeline import graph, publish
 from pipeline.config import DedupeConfig
 from pipeline.preflight import prepare
 from pipeline.report import tables as report_step
@@ -159,7 +159,8 @@ def test_rerun_with_overwrite_replaces_the_remote_output(tmp_path, gcs):
 
 
 def test_failed_remote_runs_publish_nothing_or_no_summary(tmp_path, gcs, monkeypatch):
-    """A run that fails before Publish leaves the old run as it was and no staging objects;
+    """A run that fails before Publish, or in Publish before anything is replaced (its
+    summary.json cannot be written), leaves the old run as it was and no staging objects;
     one that dies after swapping its files in leaves no summary.json (the old one is gone
     too); started again, it completes."""
     url, bucket_dir = gcs
@@ -176,7 +177,11 @@ def test_failed_remote_runs_publish_nothing_or_no_summary(tmp_path, gcs, monkeyp
         assert run(*job, "output.overwrite=true") == 1
     assert {n: (bucket_dir / n).read_bytes() for n in files_below(bucket_dir)} == before
     with monkeypatch.context() as m:
-        m.setattr(report_step, "write_summary", crash)
+        m.setattr(report_step, "write_summary", crash)  # written first, before any swap
+        assert run(*job, "output.overwrite=true") == 1
+    assert {n: (bucket_dir / n).read_bytes() for n in files_below(bucket_dir)} == before
+    with monkeypatch.context() as m:
+        m.setattr(publish, "_mark_complete", crash)  # the files swapped in, then a crash
         assert run(*job, "output.overwrite=true") == 1
     assert not (bucket_dir / "out" / "report" / "summary.json").exists()
     assert (bucket_dir / "out" / "report" / "duplicates.parquet").exists()
