@@ -147,22 +147,22 @@ DRAWN = {True: "drawn uniformly from every record",
          False: f"from {SPREAD} evenly spaced places of each file"}
 
 
-def reads_whole(job: Job, rows: int) -> bool:
-    """Whether ``sample_records(job, rows)`` reads every record: at most ``WHOLE`` times
-    what it samples, so a dry run costs a few seconds, not the job's read."""
-    n = count_records(job)
-    return n <= WHOLE * rows if n is not None else \
+def reads_whole(job: Job, rows: int, counted: int | None) -> bool:
+    """Whether ``sample_records(job, rows, counted)`` reads every record (``counted``:
+    ``count_records(job)``): at most ``WHOLE`` times what it samples, so a dry run costs
+    a few seconds, not the job's read."""
+    return counted <= WHOLE * rows if counted is not None else \
         sum(_size(f) for f in job.files) <= WHOLE_BYTES
 
 
-def sample_records(job: Job, rows: int) -> Iterator[np.ndarray]:
+def sample_records(job: Job, rows: int, counted: int | None) -> Iterator[np.ndarray]:
     """Chunks of up to ``rows`` records in all, in read order (the records as the job
     reads them). The job's planner samples uniformly (by digest) over every record; a
     small input (``reads_whole``) is read whole and sampled uniformly too, so ordered
     data (sorted by label, consecutive windows of one text) is planned from what the job
     sees. A larger one is read from ``SPREAD`` evenly spaced places of each file (a named
     assumption of the plan: that they stand for the whole)."""
-    if reads_whole(job, rows):
+    if reads_whole(job, rows, counted):
         yield from _uniform(job, rows)
         return
     fmt = get_format(job.cfg.input.format, job.spec)
@@ -208,9 +208,9 @@ def _smallest(keys: list[np.ndarray], held: list[np.ndarray], rows: int
             [t[p] for t, p in zip(held, picked, strict=True) if len(p)])
 
 
-def sample_vectors(job: Job, rows: int) -> np.ndarray:
+def sample_vectors(job: Job, rows: int, counted: int | None) -> np.ndarray:
     """Up to ``rows`` tensors as (rows, values), drawn across the input."""
-    parts = [x.reshape(len(x), -1) for x in sample_records(job, rows)]
+    parts = [x.reshape(len(x), -1) for x in sample_records(job, rows, counted)]
     return np.concatenate(parts)[:rows] if parts else np.zeros((0, 1), np.float32)
 
 
@@ -230,13 +230,14 @@ def _sizes(tensors: np.ndarray) -> tuple[list[int], list[int]]:
     return sizes, values
 
 
-def measured_size(job: Job, rows: int = SIZE_SAMPLE) -> tuple[float, float, int] | None:
+def measured_size(job: Job, counted: int | None, rows: int = SIZE_SAMPLE
+                  ) -> tuple[float, float, int] | None:
     """(mean bytes, mean values, records sampled) of records whose size the spec does not
     fix (text, stored bytes, lists of no fixed size), from records drawn across the input;
     None when none could be read."""
     sizes: list[int] = []
     values: list[int] = []
-    for tensors in sample_records(job, rows):
+    for tensors in sample_records(job, rows, counted):
         b, v = _sizes(tensors)
         sizes += b
         values += v
@@ -245,7 +246,8 @@ def measured_size(job: Job, rows: int = SIZE_SAMPLE) -> tuple[float, float, int]
     return float(np.mean(sizes)), float(np.mean(values)), len(sizes)
 
 
-def near_cost(job: Job, n: int, dim: int, stored: Stored | None = None) -> NearCost:
+def near_cost(job: Job, n: int, dim: int, stored: Stored | None,
+              counted: int | None) -> NearCost:
     """The near stage's cells, joins and work for ``n`` records (the input's and the
     ``stored`` values it searches with them): the job's planner on a sample of both, or
     the closed form past ``MAX_SAMPLE_CELLS`` cells."""
@@ -253,7 +255,8 @@ def near_cost(job: Job, n: int, dim: int, stored: Stored | None = None) -> NearC
     cells = spec.cells(n, dim)
     if cells <= MAX_SAMPLE_CELLS:
         want = TRAIN_PER_CELL * cells * SAMPLE_HELD // (SAMPLE_HELD - 1) + SAMPLE_HELD
-        x = _near_sample(job, max(want, 2_000) if cells > 1 else min(n, 20_000), n, stored)
+        x = _near_sample(job, max(want, 2_000) if cells > 1 else min(n, 20_000), n, stored,
+                         counted)
         if len(x) >= 2:
             z = search_space(x, spec).astype(np.float32)
             radius = search_radius(spec, dim, value_scale(x, spec))
@@ -273,14 +276,15 @@ def near_cost(job: Job, n: int, dim: int, stored: Stored | None = None) -> NearC
     return closed_form(spec, n, dim)
 
 
-def _near_sample(job: Job, rows: int, n: int, stored: Stored | None) -> np.ndarray:
+def _near_sample(job: Job, rows: int, n: int, stored: Stored | None,
+                 counted: int | None) -> np.ndarray:
     """``rows`` search vectors drawn from the input and the store in proportion to their
     records (``n`` in all), as the job's planner samples by digest over both."""
     held = stored.values if stored is not None else 0
     if not held:
-        return sample_vectors(job, rows)
+        return sample_vectors(job, rows, counted)
     mine = max(1, round(rows * (n - held) / max(n, 1)))
-    parts = [sample_vectors(job, mine), stored_vectors(job.store, rows - mine)]
+    parts = [sample_vectors(job, mine, counted), stored_vectors(job.store, rows - mine)]
     parts = [x for x in parts if len(x)]
     width = {x.shape[1] for x in parts}
     return np.concatenate(parts) if len(width) == 1 else parts[0]
@@ -381,9 +385,10 @@ def workload(job: Job, records: int | None = None) -> Workload:
     shape, dtype = job.resolved.shape, job.resolved.dtype
     dim = math.prod(shape) if shape is not None else None
     record_bytes, sized = None, None
+    counted = count_records(job)  # once: every sample below asks whether to read all
     if dim is not None and dtype is not None:
         record_bytes = dim * np.dtype(dtype).itemsize
-    elif (mean := measured_size(job)) is not None:  # text, stored bytes, ragged lists
+    elif (mean := measured_size(job, counted)) is not None:  # text, stored bytes, ragged lists
         record_bytes, dim = max(1, round(mean[0])), max(1, round(mean[1]))
         text = job.spec.decode is not None and job.spec.decode.kind == "text"
         sized = (f"{'text' if text else 'sizes vary'}: the mean of {mean[2]:,} sampled "
@@ -391,7 +396,6 @@ def workload(job: Job, records: int | None = None) -> Workload:
     else:
         missing.append("record size: the records' size is not fixed and none could be "
                        "read to measure it: set input.shape and input.dtype")
-    counted = count_records(job)
     file_bytes = sum(_size(f) for f in job.files)
     if counted is None and records is None:
         missing.append(f"records: {job.cfg.input.format} files have no index to count "
@@ -412,7 +416,7 @@ def workload(job: Job, records: int | None = None) -> Workload:
                                         recall_sample=job.near.recall_sample,
                                         missing=missing, sized=sized, stored=held), counted)
     elif job.near is not None and n and dim:
-        near = near_cost(job, n + (held.values if held else 0), dim, held)
+        near = near_cost(job, n + (held.values if held else 0), dim, held, counted)
     return Workload(n, file_bytes, record_bytes, dim, near=near, near_spec=job.near,
                     chunking=job.chunking,
                     recall_sample=job.near.recall_sample if job.near else 0,
@@ -454,9 +458,9 @@ def _with_sets(job: Job, w: Workload, counted: int | None) -> Workload:
         w = replace(w, record_bytes=max(1, round(text)),
                     sized="text: the Parquet column's size over every record")
 
-    values = [v for chunk in sample_records(job, SAMPLE) for v in chunk]
+    values = [v for chunk in sample_records(job, SAMPLE, counted) for v in chunk]
     local = counted if counted is not None else w.records
-    whole = reads_whole(job, SAMPLE)
+    whole = reads_whole(job, SAMPLE, counted)
     cost = sets_cost(job.near, values, local, w.records, DRAWN[whole]) if values else None
     if cost is None:
         return replace(w, missing=[*w.missing, "near jaccard: no sampled record holds a "
