@@ -49,6 +49,7 @@ try:
         clear_leftovers,
         own_stages,
         take_leases,
+        what_a_stop_left,
     )
     from pipeline.report.summary import RunSummary
     from pipeline.runners.common import RunIncomplete, no_traceback
@@ -162,7 +163,7 @@ def execute(job: Job) -> RunSummary:
                     handed_over = True
                     return RunSummary(job.run_id, job.output, job.report, submitted=True,
                                       job_id=getattr(result, "job_id", lambda: None)())
-                with stopping.pending(lambda: _delete_all(own_stages(pub))), \
+                with stopping.pending(lambda: _end_stages(pub)), \
                         kernel_threads(job.cfg.runner, p.options):
                     # its state as returned: the portable runner's ``state`` asks the job
                     # service, stopped by now
@@ -195,8 +196,14 @@ def _published(job: Job, report: str, state: str | None) -> RunSummary:
     return summary
 
 
-def _delete_all(paths) -> None:
-    for path in paths:
+def _end_stages(pub: Publication) -> None:
+    """When the job ends, however: its staging goes; a stopped job's line first learns
+    what its Publish had published, if it had begun replacing the output."""
+    if stopping.stopping() is not None:
+        what = what_a_stop_left(pub)
+        if what is not None:
+            stopping.published(what)
+    for path in own_stages(pub):
         delete_tree(path)
 
 

@@ -48,6 +48,8 @@ from transforms.io.lease import Lease, acquire_all, release_all
 
 HOLD_ENV = "TENSORDEDUP_TEST_HOLD_PUBLISH"  # tests: see _hold_for_tests
 DEAF_ENV = "TENSORDEDUP_TEST_HOLD_DEAF"  # tests: the hold ignores KeyboardInterrupt
+HOLD_AT_ENV = "TENSORDEDUP_TEST_HOLD_AT"  # tests: where Publish holds (HOLD_POINTS)
+HOLD_POINTS = ("start", "output moved", "complete")
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ def publish_run(taken: dict, store_parts: list[dict], pub: Publication,
     marks the run complete; the store's compaction comes after (upkeep: its failure
     leaves a complete run and a store whose next commit compacts). A failure after the
     output swap began raises ``PublishIncomplete`` naming what was published."""
-    _hold_for_tests()
+    _hold_for_tests("start")
     done = _published(pub)
     if done is not None:  # a retried Publish of an attempt that finished
         _finish(pub)
@@ -133,6 +135,7 @@ def publish_run(taken: dict, store_parts: list[dict], pub: Publication,
             fs.clear_temps_under(stage)  # every writer has finished: a temp is a killed one's
             _move_in(stage, final)
             steps.append("output moved")
+            _hold_for_tests("output moved")
         if pub.store is not None:
             pub.store.commit(store_parts, {"kept": totals["kept"], "report": pub.report})
             steps.append("store")
@@ -145,7 +148,8 @@ def publish_run(taken: dict, store_parts: list[dict], pub: Publication,
             raise  # the swap had not begun: nothing was published
         if pub.store is not None and "store" not in steps and _committed(pub.store):
             steps.append("store")  # the commit failed after its marker was written
-        raise PublishIncomplete(_incomplete(pub, steps, e)) from e
+        raise PublishIncomplete(_incomplete(pub, steps, _why(e))) from e
+    _hold_for_tests("complete")
     if pub.store is not None:
         summary = _compact(pub, summary)
     _finish(pub)
@@ -192,9 +196,32 @@ def _compact(pub: Publication, summary: dict) -> dict:
     return summary
 
 
-def _incomplete(pub: Publication, steps: list[str], e: Exception) -> str:
-    """PublishIncomplete's message: what this attempt published before ``e``, what it
-    did not, and the fix (a rerun of the run id, which replaces all of it)."""
+def what_a_stop_left(pub: Publication) -> str | None:
+    """What a job stopped (Ctrl-C, SIGTERM: its Publish killed wherever it was) had
+    published, read from what is in place: None where the output swap had not begun
+    (nothing was published), else the words for it (the stop's line must not say
+    "nothing was published" over a replaced output)."""
+    try:
+        if _published(pub) is not None:
+            return (f"the run had published before it was stopped: output.path {pub.output} "
+                    f"and the report ({pub.report}) hold this run's results")
+        if not fs.exists(layout.journal(pub.out_stage)):
+            return None
+        steps = ["output"] + ([] if fs.exists_under(pub.out_stage) else ["output moved"])
+        if pub.store is not None and "output moved" in steps and _committed(pub.store):
+            steps.append("store")
+        if fs.exists(layout.journal(pub.report_stage)) and not fs.exists_under(
+                pub.report_stage):
+            steps.append("report")
+    except Exception:  # what is in place cannot be read: say that the swap had begun
+        steps = ["output"]
+    return _incomplete(pub, steps, None)
+
+
+def _incomplete(pub: Publication, steps: list[str], why: str | None) -> str:
+    """PublishIncomplete's message: what this attempt published before it stopped (for
+    ``why``), what it did not, and the fix (a rerun of the run id, which replaces all
+    of it)."""
     out, rep = f"output.path {pub.output}", f"the report ({pub.report})"
     store = pub.store is not None
     if "output moved" not in steps:
@@ -213,7 +240,7 @@ def _incomplete(pub: Publication, steps: list[str], e: Exception) -> str:
         left = "summary.json was not written (the run is not marked complete)"
     again = "" if pub.replace else " with --overwrite"
     return (f"publishing stopped part way: {done}, but {left}; run it again with the same "
-            f"run id ({pub.header.get('run_id')}){again} to finish: {_why(e)}")
+            f"run id ({pub.header.get('run_id')}){again} to finish" + (f": {why}" if why else ""))
 
 
 def _why(e: BaseException) -> str:
@@ -298,15 +325,16 @@ def own_stages(pub: Publication) -> Sequence[str]:
         s for s in (pub.spill, pub.removals) if s]
 
 
-def _hold_for_tests() -> None:
+def _hold_for_tests(point: str) -> None:
     """Tests only: with ``$TENSORDEDUP_TEST_HOLD_PUBLISH`` set to a path, Publish announces
-    itself (``<path>.reached``) and waits until that path exists, so a test can start a
+    itself (``<path>.reached``) at ``point`` (``$TENSORDEDUP_TEST_HOLD_AT``, one of
+    HOLD_POINTS; unset: its start) and waits until that path exists, so a test can start a
     rival run or kill this one at a known point without timing guesses. With
     ``$TENSORDEDUP_TEST_HOLD_DEAF`` set it also swallows KeyboardInterrupt, as a library
     that catches it would (a stopped command must end anyway: ``pipeline.stopping``),
     and says so (``<path>.swallowed``)."""
     hold = os.environ.get(HOLD_ENV)
-    if not hold:
+    if not hold or os.environ.get(HOLD_AT_ENV, "start") != point:
         return
     wake = threading.Event()
     deadline = time.monotonic() + 600

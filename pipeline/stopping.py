@@ -44,8 +44,20 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM in the main thread: unwinds like Ctrl-C (nothing published)."""
 
 
+_published: str | None = None  # what a job stopped while publishing had published
+
+
+def published(what: str) -> None:
+    """The job was stopped after its Publish began replacing the output: the stop's line
+    says ``what`` it published, not that nothing was."""
+    global _published
+    _published = what
+
+
 def line(signum: int) -> str:
     """The one line a stopped job prints."""
+    if _published is not None:
+        return f"{_NAMES.get(signum, 'stopped')}: {_published}"
     return (f"{_NAMES.get(signum, 'stopped')}: nothing was published (earlier outputs are "
             "unchanged); run the same command again to redo the job")
 
@@ -318,8 +330,9 @@ def handled(*, exits: bool, say: Callable[[str], None] | None = None) -> Iterato
             raise Terminated()
         raise KeyboardInterrupt()
 
-    global _said
+    global _said, _published
     _Watcher.signalled, _Watcher.stderr_fd, _said = None, None, threading.Lock()
+    _published = None
     excepthook = threading.excepthook
 
     def quiet_when_stopping(args) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.publish import DEAF_ENV, HOLD_ENV
+from pipeline.publish import DEAF_ENV, HOLD_AT_ENV, HOLD_ENV
 from tests import slowfs
 from tests.jobkit import assert_clean, interruptible, tagged_processes, write_input
 from tests.test_preflight import snapshot
@@ -142,6 +142,40 @@ def test_a_signal_while_the_job_runs_stops_it_at_once(tmp_path, near_input, isol
     assert (code, err) == ({signal.SIGINT: 130, signal.SIGTERM: 143}[signum], [LINES[signum]])
     assert took < FIRST_S, took
     assert_nothing_left(tmp_path, before, *isolated)
+
+
+@pytest.mark.parametrize("point", ["output moved", "complete"])
+def test_a_stop_after_the_output_was_replaced_says_what_was_published(
+        tmp_path, near_input, isolated, point):
+    """Ctrl-C inside Publish after the swap had begun (its worker process killed there):
+    the line says what is in place, as a failure there does, and a rerun finishes the
+    run. Before, it said "nothing was published" over a replaced output, and over a
+    finished run."""
+    import json
+
+    cfg = config(tmp_path, str(near_input / "*.parquet"), run_id="r7")
+    hold = tmp_path / "hold"
+    proc = start(cfg, env={HOLD_ENV: str(hold), HOLD_AT_ENV: point})
+    wait_for(hold.with_name("hold.reached"), proc)
+    send(proc, signal.SIGINT)
+    code, err, _ = ended(proc, time.monotonic(), FIRST_S)
+    out, rep = tmp_path / "out" / "clean", tmp_path / "out" / "report"
+    assert sorted(p.name for p in out.iterdir()) == ["p0.parquet", "p1.parquet", "p2.parquet"]
+    if point == "output moved":
+        assert (code, err) == (130, [
+            f"interrupted: publishing stopped part way: output.path {out} holds this run's "
+            f"output, but the report ({rep}) was not published; run it again with the same "
+            "run id (r7) to finish"])
+        assert not (rep / "summary.json").exists()
+        assert start(cfg).wait(timeout=WAIT_S) == 0
+    else:
+        assert (code, err) == (130, [
+            f"interrupted: the run had published before it was stopped: output.path {out} "
+            f"and the report ({rep}) hold this run's results"])
+    summary = json.loads((rep / "summary.json").read_text())
+    assert (summary["run_id"], summary["read"]) == ("r7", 12000)
+    assert [p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".")] == []
+    assert_clean(*isolated)
 
 
 # The command's process, held inside its imports where Beam's begin (a finder that
