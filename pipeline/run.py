@@ -115,12 +115,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "capacity plan (time, shuffle, spill, memory, worker-hours; "
                          "docs/scale.md) and exit; nothing is submitted, written or "
                          "published")
-    ap.add_argument("--plan-records", type=int, metavar="N",
+    ap.add_argument("--plan-records", type=_count, metavar="N",
                     help="--dry-run: plan for N records of the input's kind (e.g. the input "
-                         "is a local sample of the full data set)")
+                         "is a local sample of the full data set); 1e9 and 1_000_000 are "
+                         "numbers too")
     args = ap.parse_args(ours)
     args.beam_args = beam_args
     return args
+
+
+def _count(text: str) -> int:
+    """A whole number as people write large ones: 1000000, 1_000_000, 1e9, 2.5e6."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of records") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of records")
+    return int(value)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -139,11 +139,16 @@ def test_plan_counts_the_spill_reads_on_an_object_store(tmp_path, vectors):
 
 
 def test_plan_records_scales_a_sample_to_the_full_set(tmp_path, vectors, capsys):
+    """N as people write large numbers (1e8 was refused as "invalid int value")."""
     code, _, _ = dry_run(tmp_path, config(tmp_path, vectors, near=False),
-                         "--plan-records", "100000000")
+                         "--plan-records", "1e8")
     out = capsys.readouterr().out
     assert code == 0 and figure(out, "input").startswith("100,000,000 records")
     assert seconds(figure(out, "wall time")) > 60
+    with pytest.raises(SystemExit) as e:
+        dry_run(tmp_path, config(tmp_path, vectors, near=False), "--plan-records", "2.5")
+    assert e.value.code == 2
+    assert "'2.5' is not a whole number of records" in capsys.readouterr().err
 
 
 def test_dataflow_plan_names_workers_and_assumptions(tmp_path, vectors):
