@@ -166,6 +166,7 @@ def test_every_float_key_refuses_non_finite_and_absurd_values(tmp_path, value):
 @pytest.mark.parametrize("name,line", [
     ("daks", "'daks' is not a runner: did you mean dask?"),
     ("Dask", "'Dask' is not a runner: did you mean dask?"),
+    ("Portable", "'Portable' is not a runner: did you mean portable?"),
     ("DaskRunner", "'DaskRunner' is not a runner: did you mean dask?"),
     ("FlinkRuner", "'FlinkRuner' is not a runner: did you mean FlinkRunner?"),
     ("xyzzy", "'xyzzy' is not a runner: use one of local, dask, portable, dataflow, a Beam "

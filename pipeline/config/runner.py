@@ -144,11 +144,12 @@ class RunnerConfig(Strict):
     def _known_runner(cls, v: str) -> str:
         """One of ours, a Beam runner Beam resolves by name (as its ``create_runner`` does:
         the class name in any case, with or without ``Runner``), or a dotted class path;
-        anything else is a misspelling, refused before any work."""
+        anything else is a misspelling, refused before any work. One of ours in other
+        case is one too ("Portable" was Beam's bare PortableRunner: no job service)."""
         if v in RUNNERS or "." in v:
             return v
         beam = {name.lower(): name for name in _beam_runner_names()}
-        if v.lower() in beam or f"{v.lower()}runner" in beam:
+        if v.lower() not in RUNNERS and (v.lower() in beam or f"{v.lower()}runner" in beam):
             return v
         near = (difflib.get_close_matches(v.lower().removesuffix("runner"), RUNNERS, n=1,
                                           cutoff=0.6)
