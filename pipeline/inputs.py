@@ -165,9 +165,17 @@ def _not_the_format(files: list[str], unknown: list[tuple[str, bytes]], fmt: str
     what = (f"{path} is not a {name} file" if len(unknown) == 1 else
             f"{len(unknown)} of {len(files)} files are not {name} files, e.g. {path}")
     it = "it" if len(unknown) == 1 else "them"
+    table = _table_text(path, head)
     if not head:
         fix = (f"remove {it} or write {it} again ({name} writers never write 0 bytes, even "
                "for no records: an interrupted write or copy?)")
+    elif table and len(unknown) == len(files):  # the user's data, in a format not read
+        fix = (f"{table} is not read: write it as Parquet first, e.g. python -c \"import "
+               f"pyarrow.{_READERS[table]} as r, pyarrow.parquet as pq; pq.write_table("
+               f"r.read_{_READERS[table]}('{posixpath.basename(path)}'), "
+               f"'{_stem(posixpath.basename(path))}.parquet')\", and set {key} to the "
+               "Parquet files" + ("" if fmt == "parquet" else
+                                  f" and {key.partition('.')[0]}.format: parquet"))
     elif fnmatch.fnmatch(posixpath.basename(path), glob):
         fix = f"remove {it}, or replace {it} with the {name} files meant"
     else:
@@ -177,6 +185,24 @@ def _not_the_format(files: list[str], unknown: list[tuple[str, bytes]], fmt: str
 
 
 _MARKERS = ("_SUCCESS", "_committed_*", "_started_*", "*.crc")
+_READERS = {"JSON lines": "json", "CSV": "csv"}
+_TABLE_NAMES = (("JSON lines", ("*.jsonl", "*.ndjson", "*.json")), ("CSV", ("*.csv",)))
+
+
+def _table_text(path: str, head: bytes) -> str | None:
+    """"JSON lines" or "CSV" where a file is one (by its name, .gz / .bz2 too, which
+    pyarrow's readers decompress; or JSON objects a line), else None."""
+    base = posixpath.basename(path).lower().removesuffix(".gz").removesuffix(".bz2")
+    for kind, globs in _TABLE_NAMES:
+        if any(fnmatch.fnmatch(base, g) for g in globs):
+            return kind
+    return "JSON lines" if head.lstrip()[:1] == b"{" else None
+
+
+def _stem(name: str) -> str:
+    for ext in (".gz", ".bz2", ".jsonl", ".ndjson", ".json", ".csv"):
+        name = name.removesuffix(ext)
+    return name
 
 
 def _is_marker(path: str) -> bool:

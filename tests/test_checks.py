@@ -71,6 +71,38 @@ def _stray(path: Path, kind: str) -> None:
         path.write_bytes(imagekit.encode(photo_crops(1, 64, 64)[0], "PNG"))
 
 
+@pytest.mark.parametrize("fmt,name", [("parquet", "docs.jsonl.gz"), ("hdf5", "docs.jsonl"),
+                                      ("parquet", "labels.csv")])
+def test_json_lines_or_csv_input_is_told_how_to_convert(tmp_path, capsys, fmt, name):
+    """The texts a user has as JSON lines (or a CSV): exit 2 before any work with the
+    command that writes them as Parquet, which, run as given, makes an input the job
+    reads."""
+    import gzip
+    import subprocess
+
+    texts = [(ROOT / "README.md").read_text()[:400 * (i % 3 + 1)] for i in range(30)]
+    rows = "".join(json.dumps({"id": f"r{i}", "text": t}) + "\n" for i, t in enumerate(texts))
+    if name.endswith(".csv"):
+        rows = "id,value\n" + "".join(f"r{i},{i % 7}\n" for i in range(30))
+    path = tmp_path / "in" / name
+    path.parent.mkdir()
+    path.write_bytes(gzip.compress(rows.encode()) if name.endswith(".gz") else rows.encode())
+    assert run_job(tmp_path, fmt, str(path), input={"tensor": "text", "decode": "text"}) == 2
+    (err,) = capsys.readouterr().err.splitlines()
+    kind = "CSV" if name.endswith(".csv") else "JSON lines"
+    assert f"{kind} is not read: write it as Parquet first, e.g. python -c " in err, err
+    assert err.endswith(" and input.format: parquet") == (fmt == "hdf5"), err
+    command = err.split('python -c "')[1].split('"')[0]
+    subprocess.run([sys.executable, "-c", command], cwd=path.parent, check=True)
+    converted = pq.read_table(path.parent / (name.split(".")[0] + ".parquet"))
+    assert converted.num_rows == 30 and converted.column_names == ["id", "value" if
+                                                                     kind == "CSV" else "text"]
+    if kind == "JSON lines":  # the input the job reads now
+        (path.parent / name).unlink()
+        assert run_job(tmp_path, "parquet", str(path.parent / "*.parquet"),
+                       input={"tensor": "text", "decode": "text", "id": "id"}) == 0
+
+
 @pytest.mark.parametrize("fmt,name,kind,words", [
     ("parquet", "README.md", "readme", "it is text: '# tensordedup'"),
     ("parquet", "labels.csv", "csv", "it is text: 'id,value'"),
