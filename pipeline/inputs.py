@@ -36,7 +36,9 @@ PARQUET_MAGIC = b"PAR1"
 PARQUET_ENCRYPTED = b"PARE"  # a Parquet file with an encrypted footer
 _FORMAT_NAMES = {"parquet": "Parquet", "tfrecord": "TFRecord", "hdf5": "HDF5"}
 # What a file that is none of the formats is, for the one line that refuses it.
-_OTHER_KINDS = ((b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"),
+_OTHER_KINDS = ((b"ARROW1", "an Arrow IPC file"),
+                (b"\xff\xff\xff\xff", "an Arrow IPC stream or other binary data"),
+                (b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"),
                 (b"GIF8", "a GIF image"), (b"PK\x03\x04", "a ZIP archive"),
                 (b"\x1f\x8b", "a gzip file that holds no TFRecord"),
                 (b"\x93NUMPY", "a NumPy .npy file"), (b"%PDF", "a PDF document"))
@@ -165,17 +167,18 @@ def _not_the_format(files: list[str], unknown: list[tuple[str, bytes]], fmt: str
     what = (f"{path} is not a {name} file" if len(unknown) == 1 else
             f"{len(unknown)} of {len(files)} files are not {name} files, e.g. {path}")
     it = "it" if len(unknown) == 1 else "them"
-    table = _table_text(path, head)
+    table = _table_kind(path, head)
     if not head:
         fix = (f"remove {it} or write {it} again ({name} writers never write 0 bytes, even "
                "for no records: an interrupted write or copy?)")
     elif table and len(unknown) == len(files):  # the user's data, in a format not read
+        base = posixpath.basename(path)
+        module, read = _READS[table]
         fix = (f"{table} is not read: write it as Parquet first, e.g. python -c \"import "
-               f"pyarrow.{_READERS[table]} as r, pyarrow.parquet as pq; pq.write_table("
-               f"r.read_{_READERS[table]}('{posixpath.basename(path)}'), "
-               f"'{_stem(posixpath.basename(path))}.parquet')\", and set {key} to the "
-               "Parquet files" + ("" if fmt == "parquet" else
-                                  f" and {key.partition('.')[0]}.format: parquet"))
+               f"pyarrow.{module} as r, pyarrow.parquet as pq; pq.write_table(r."
+               f"{read.format(base)}, '{_stem(base)}.parquet')\", and set {key} to the "
+               "Parquet files" + (
+                   "" if fmt == "parquet" else f" and {key.partition('.')[0]}.format: parquet"))
     elif fnmatch.fnmatch(posixpath.basename(path), glob):
         fix = f"remove {it}, or replace {it} with the {name} files meant"
     else:
@@ -185,13 +188,21 @@ def _not_the_format(files: list[str], unknown: list[tuple[str, bytes]], fmt: str
 
 
 _MARKERS = ("_SUCCESS", "_committed_*", "_started_*", "*.crc")
-_READERS = {"JSON lines": "json", "CSV": "csv"}
+# Tables in formats the job does not read, and how pyarrow reads each (the fix's command)
+_READS = {"JSON lines": ("json", "read_json('{}')"), "CSV": ("csv", "read_csv('{}')"),
+          "an Arrow IPC stream (Hugging Face save_to_disk)": ("ipc",
+                                                              "open_stream('{}').read_all()"),
+          "an Arrow IPC file": ("ipc", "open_file('{}').read_all()")}
 _TABLE_NAMES = (("JSON lines", ("*.jsonl", "*.ndjson", "*.json")), ("CSV", ("*.csv",)))
 
 
-def _table_text(path: str, head: bytes) -> str | None:
-    """"JSON lines" or "CSV" where a file is one (by its name, .gz / .bz2 too, which
-    pyarrow's readers decompress; or JSON objects a line), else None."""
+def _table_kind(path: str, head: bytes) -> str | None:
+    """A table in a format the job does not read (a key of ``_READS``), by the file's
+    name (.gz / .bz2 too, which pyarrow's readers decompress) or its first bytes."""
+    if head.startswith(b"ARROW1"):
+        return "an Arrow IPC file"
+    if head.startswith(b"\xff\xff\xff\xff") and len(head) > 8:
+        return "an Arrow IPC stream (Hugging Face save_to_disk)"
     base = posixpath.basename(path).lower().removesuffix(".gz").removesuffix(".bz2")
     for kind, globs in _TABLE_NAMES:
         if any(fnmatch.fnmatch(base, g) for g in globs):
@@ -200,7 +211,7 @@ def _table_text(path: str, head: bytes) -> str | None:
 
 
 def _stem(name: str) -> str:
-    for ext in (".gz", ".bz2", ".jsonl", ".ndjson", ".json", ".csv"):
+    for ext in (".gz", ".bz2", ".jsonl", ".ndjson", ".json", ".csv", ".arrow", ".feather"):
         name = name.removesuffix(ext)
     return name
 

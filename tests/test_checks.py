@@ -72,7 +72,7 @@ def _stray(path: Path, kind: str) -> None:
 
 
 @pytest.mark.parametrize("fmt,name", [("parquet", "docs.jsonl.gz"), ("hdf5", "docs.jsonl"),
-                                      ("parquet", "labels.csv")])
+                                      ("parquet", "labels.csv"), ("parquet", "data.arrow")])
 def test_json_lines_or_csv_input_is_told_how_to_convert(tmp_path, capsys, fmt, name):
     """The texts a user has as JSON lines (or a CSV): exit 2 before any work with the
     command that writes them as Parquet, which, run as given, makes an input the job
@@ -87,9 +87,14 @@ def test_json_lines_or_csv_input_is_told_how_to_convert(tmp_path, capsys, fmt, n
     path = tmp_path / "in" / name
     path.parent.mkdir()
     path.write_bytes(gzip.compress(rows.encode()) if name.endswith(".gz") else rows.encode())
+    if name.endswith(".arrow"):  # as Hugging Face's save_to_disk writes a dataset
+        table = pa.table({"id": [f"r{i}" for i in range(30)], "text": texts})
+        with pa.ipc.new_stream(str(path), table.schema) as w:
+            w.write_table(table)
     assert run_job(tmp_path, fmt, str(path), input={"tensor": "text", "decode": "text"}) == 2
     (err,) = capsys.readouterr().err.splitlines()
-    kind = "CSV" if name.endswith(".csv") else "JSON lines"
+    kind = {"csv": "CSV", "arrow": "an Arrow IPC stream (Hugging Face save_to_disk)"}.get(
+        name.split(".")[-1], "JSON lines")
     assert f"{kind} is not read: write it as Parquet first, e.g. python -c " in err, err
     assert err.endswith(" and input.format: parquet") == (fmt == "hdf5"), err
     command = err.split('python -c "')[1].split('"')[0]
@@ -97,7 +102,7 @@ def test_json_lines_or_csv_input_is_told_how_to_convert(tmp_path, capsys, fmt, n
     converted = pq.read_table(path.parent / (name.split(".")[0] + ".parquet"))
     assert converted.num_rows == 30 and converted.column_names == ["id", "value" if
                                                                      kind == "CSV" else "text"]
-    if kind == "JSON lines":  # the input the job reads now
+    if kind != "CSV":  # the input the job reads now
         (path.parent / name).unlink()
         assert run_job(tmp_path, "parquet", str(path.parent / "*.parquet"),
                        input={"tensor": "text", "decode": "text", "id": "id"}) == 0
