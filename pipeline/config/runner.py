@@ -261,6 +261,25 @@ class RunnerConfig(Strict):
         return v
 
     @model_validator(mode="after")
+    def _local_workers_flag(self) -> RunnerConfig:
+        """Beam's ``direct_num_workers`` on the local runner is ``runner.workers`` (the
+        README's own example flag): alone, Beam ran one worker in its in-memory mode and
+        said so only in a log line the job hides."""
+        n = self.options.get("direct_num_workers")
+        if self.name != "local" or n is None or "direct_running_mode" in self.options:
+            return self
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"runner.options.direct_num_workers: {n!r} is not a number of "
+                             "workers: give N >= 1 (0: every core), or set runner.workers: N")
+        n = n or None  # Beam's 0: the cores
+        if self.workers is not None and n != self.workers:
+            raise ValueError(f"runner.options.direct_num_workers: {n} and runner.workers: "
+                             f"{self.workers} disagree: keep one (runner.workers: N)")
+        self.options = {k: v for k, v in self.options.items() if k != "direct_num_workers"}
+        self.workers = n
+        return self
+
+    @model_validator(mode="after")
     def _dataflow_complete(self) -> RunnerConfig:
         if self.name == "portable" and self.address is not None and self.workers is not None:
             raise ValueError("runner.workers: the job service at runner.address starts the "
