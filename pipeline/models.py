@@ -104,10 +104,14 @@ class SentenceTransformerHandler(ModelHandler):
 
     def load_model(self) -> Any:
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as transformers_logging
 
         key = (self.path, pick_device(self.device))
         with _LOADING:
             if key not in _LOADED:
+                # the job shows its own progress (none with --quiet): transformers' bar
+                # ("Loading weights") went to stderr in every worker, --quiet or not
+                transformers_logging.disable_progress_bar()
                 _LOADED[key] = SentenceTransformer(key[0], device=key[1])
             return _LOADED[key]
 

@@ -58,13 +58,15 @@ def text_job(path: Path, texts: list[str], prefix: str, model: str, batch_size: 
             "near": {"metric": "cosine", "threshold": 0.15}}
 
 
-def test_minilm_finds_paraphrases_and_copies_on_raw_text(tmp_path, minilm):
+def test_minilm_finds_paraphrases_and_copies_on_raw_text(tmp_path, minilm, capfd):
+    """Also: --quiet is quiet with a model (transformers drew its "Loading weights" bar)."""
     from sentence_transformers import SentenceTransformer
 
     texts = SENTENCES + [t for _, t in PARAPHRASES.values()] + [SENTENCES[i] for i in
                                                                   COPIES.values()]
     cfg = text_job(tmp_path / "texts.parquet", texts, "s", minilm, 8)
     assert run(tmp_path, cfg) == 0
+    assert capfd.readouterr().err == ""
     report = tmp_path / "out" / "report"
     dups = pq.read_table(report / "duplicates.parquet").to_pylist()
     got = {d["row"]: (d["duplicate_of_row"], d["kind"]) for d in dups}
