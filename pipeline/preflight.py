@@ -181,9 +181,18 @@ def _check_ours(key: str, target: str, found: list[str] | None,
     foreign = [f for f in found if not layout.ours(f, shards is None, shards or [])]
     if foreign:
         more = f" and {len(foreign) - 3:,} more" if len(foreign) > 3 else ""
-        raise InputError(f"{key}: {target} holds files tensordedup does not write there "
-                         f"({', '.join(foreign[:3])}{more}), and a run replaces only its "
-                         f"own output: choose another {key}, or delete it yourself")
+        shards = all(f.rsplit("/", 1)[-1].partition(".")[2] in _SHARD_EXTENSIONS
+                     for f in foreign)
+        what = "another input.format's clean shards?" if shards else "files of your own?"
+        raise InputError(f"{key}: {target} holds files this run would not write there "
+                         f"({', '.join(foreign[:3])}{more}: {what}), and a run replaces "
+                         f"only its own kind of output: choose another {key}, or delete "
+                         "them yourself")
+
+
+# What clean shards of any input format are called (``_check_ours``' words for them)
+_SHARD_EXTENSIONS = {"parquet", "h5", "hdf5", "tfrecord", "tfrecord.gz", "tfrecord.zlib",
+                     "tfrecords"}
 
 
 def _check_store_apart(store: str, inputs: list[str],

@@ -92,7 +92,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                  "(typed runner keys on Dataflow: --project, --region, ...), over the "
                  "config's: e.g. " + prog + " --config c.yaml -- --direct_num_workers=2"
                + "\n\nPaths are relative to the current directory. Exit codes: 0 done, "
-                 "1 the job failed, 2 bad config or input.")
+                 "1 the job failed, 2 bad config or input (before any work), 130 "
+                 "interrupted (Ctrl-C), 143 stopped by SIGTERM.")
     ap.add_argument("--config", required=True, help="YAML job config (see keys below)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key, e.g. --set keep=last (repeatable)")

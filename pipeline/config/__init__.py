@@ -222,7 +222,8 @@ def describe_keys(model: type[BaseModel] = DedupeConfig, prefix: str = "") -> li
                    else f"default {field.get_default(call_default_factory=True)!r}")
         if "default" not in text:  # a default the description explains says it there
             text += f" ({default})"
-        lines.append(f"  {key:<22} {text}")
+        # a key longer than the column gets a line of its own: the columns stay aligned
+        lines.append(f"  {key:<22} {text}" if len(key) <= 22 else f"  {key}\n  {'':<22} {text}")
     return lines
 
 

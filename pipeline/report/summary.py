@@ -168,8 +168,7 @@ def human_summary(s: dict) -> str:
     lines = [f"run {s['run_id']}: read {s['read']:,} records: kept {s['kept']:,}, removed "
              f"{sum(removed.values()):,} ({how}), invalid {s['invalid']:,} in "
              f"{s['wall_time_s']:.1f} s" + _long_texts(s.get("embed")),
-             f"clean shards: {s['output']}/ "
-             f"({sum(f['output'] is not None for f in s['files'])} files)",
+             f"clean shards: {s['output']}/ ({_files(s)})",
              f"report: {s['report']}/ (index.html, {_table(s, 'duplicates.parquet')}, "
              f"files.parquet, {_table(s, 'invalid.parquet')}, summary.json"
              + (", near_distances.png/.json/.csv, borderline_pairs.parquet" if s.get("near")
@@ -212,3 +211,8 @@ def human_summary(s: dict) -> str:
                 line += f"; {st['compaction_merges']} compaction merge(s)"
         lines.append(line)
     return "\n".join(lines)
+
+
+def _files(s: dict) -> str:
+    n = sum(f["output"] is not None for f in s["files"])
+    return f"{n} file" if n == 1 else f"{n:,} files"
