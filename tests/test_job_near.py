@@ -364,3 +364,8 @@ def test_recall_removed_counts_what_keep_order_leaves_in(tmp_path, capsys):
     assert exact_distance(x[pairs[:, 0]], x[pairs[:, 1]], spec)[1].all()  # precision 1
     out = capsys.readouterr().out
     assert f"recall_removed {r['recall_removed']:.4f}" in out and "against the records kept" in out
+    if r["mode"] == "exact" and not r["recall"]["unsure"]:  # a check that agrees
+        assert (f"recall 1.0000 (exact mode: every pair within the threshold is compared; a "
+                f"brute-force check of the decisions against the records kept agrees on all "
+                f"{earlier.sum():,} of ") in out and "95% interval 0." not in out.split(
+                    "recall_removed")[0], out

@@ -621,6 +621,16 @@ def test_stratified_judgement_weights_each_stratum_by_its_size():
     assert floored.recall == pytest.approx(1 - 5 / 40) and floored.low > r.low
     line = recall.recall_line(floored.as_dict())
     assert "2 of the sample drawn among the 10 capped records" in line
+    # every decision right: in exact mode said as a check that agrees (sweep: an interval
+    # of 0.9876-1.0 there read as possible misses), elsewhere as the sample's interval
+    right = recall.judge(truth, sampled, {**removed, (0, 1): ((0, 11), 0.1)}).as_dict()
+    assert right["recall"] == 1.0 and right["low"] < 1.0
+    exact, bounded = (recall.recall_line(right, m) for m in ("exact", "bounded"))
+    assert exact.startswith("recall 1.0000 (exact mode: every pair within the threshold is "
+                            "compared; a brute-force check of the decisions against the "
+                            "records kept agrees on all 3 of 4 sampled records")
+    assert "95% interval" not in exact.split("recall_removed")[0]
+    assert bounded.startswith(f"recall 1.0000 (95% interval {right['low']:.4f}-1.0000; 3 of 4")
 
 
 # --- the search itself ------------------------------------------------------------------

@@ -170,10 +170,13 @@ def _growth(sizes: list[int], ys: list[float], n: float) -> float:
 
 
 def sets_cost(spec: NearSpec, values: list, local: int, records: int,
-              drawn: str = "drawn uniformly from every record") -> SetsCost | None:
+              drawn: str = "drawn uniformly from every record",
+              shares: tuple[float, float] | None = None) -> SetsCost | None:
     """The stage's figures for ``records`` records of an input of ``local`` records
     sampled as ``values`` (texts or integer sequences as the job reads them, in read
-    order; ``drawn``: how, in words); None when no sampled record holds a unit."""
+    order; ``drawn``: how, in words); None when no sampled record holds a unit.
+    ``shares``: the input's shares of records with a unit and of distinct ones among
+    them, counted over every record (``values`` then holds distinct records only)."""
     sh = spec.shingles
     sets = record_sets(values, sh)
     ok = np.flatnonzero(~sets.empty)
@@ -186,7 +189,7 @@ def sets_cost(spec: NearSpec, values: list, local: int, records: int,
     distinct = np.sort(np.fromiter(seen.values(), np.int64, len(seen)))
     sets = sets.take(distinct)
     s = len(distinct)
-    valid, unique = len(ok) / len(values), s / len(ok)
+    valid, unique = shares if shares is not None else (len(ok) / len(values), s / len(ok))
     entering = records * valid  # the records the stage sees (exact copies too)
     mode, why = spec.mode, f"near.mode: {spec.mode}"
     prefix = None
@@ -211,7 +214,7 @@ def sets_cost(spec: NearSpec, values: list, local: int, records: int,
     sizes = sorted({max(1, s // p) for p in PARTS})
     measured = [_stats(sets, rank, rec, keys, sig, np.sort(order[:m]), spec) for m in sizes]
     target = local * valid * unique  # the input's distinct records
-    if s >= target:  # the whole input was sampled
+    if s >= round(target):  # the whole input was sampled
         at = dict(measured[-1])
         how = f"the job's kernels on all {s:,} distinct records"
     else:

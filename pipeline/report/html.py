@@ -290,7 +290,7 @@ def _near_html(near: dict | None, png_bytes: bytes | None) -> str:
         if h:
             facts.append(("pairs within tolerance", f"{h['pairs']['n']:,}"))
     if s:
-        facts.append(("recall", recall_line(s.get("recall"))))
+        facts.append(("recall", recall_line(s.get("recall"), s.get("mode"))))
     table = "".join(f'<tr><th>{html.escape(k)}</th><td data-near="{html.escape(k)}">'
                     f"{html.escape(str(v))}</td></tr>" for k, v in facts)
     img = ""

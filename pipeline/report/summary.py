@@ -125,9 +125,10 @@ class RunSummary:
         rows += [(f"removed ({k})", f"{v:,}") for k, v in self.removed.items() if v]
         rows += [("invalid", f"{self.invalid_count:,}")]
         if self.near:
-            rows.append(("near", f"{self.near.get('mode')} search in {self.near.get('cells'):,} "
-                                 f"cell(s); {recall_line(self.near['recall'])}"
-                         if self.near.get("recall") else str(self.near.get("mode"))))
+            mode = self.near.get("mode")
+            rows.append(("near", f"{mode} search in {self.near.get('cells'):,} "
+                                 f"cell(s); {recall_line(self.near['recall'], mode)}"
+                         if self.near.get("recall") else str(mode)))
         rows += [("output", self.output), ("report", self.report)]
         if self.wall_time_s is not None:
             rows.append(("time", f"{self.wall_time_s:.1f} s"))
@@ -185,11 +186,11 @@ def human_summary(s: dict) -> str:
                    else "prefix-filter join")
             lines.append(f"near: jaccard >= {n['threshold_jaccard']:g} over {n['unit']} "
                          f"{n['size']}-grams, {n['mode']} ({how}); {n['compared']:,} pairs "
-                         f"verified; {recall_line(n['recall'])}")
+                         f"verified; {recall_line(n['recall'], n['mode'])}")
         else:
             how = f", at most {n['probes']} per record" if n["mode"] == "bounded" else ""
             lines.append(f"near: {n['mode']} search in {n['cells']:,} cell(s){how}; "
-                         f"{recall_line(n['recall'])}")
+                         f"{recall_line(n['recall'], n['mode'])}")
     if s.get("reference"):
         r = s["reference"]
         lost = len(r.get("unreadable_files") or [])

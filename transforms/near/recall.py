@@ -285,14 +285,30 @@ def _strata_words(strata: dict | None) -> str:
             "records, the only ones bounded mode can miss, and weighted by their share")
 
 
-def recall_line(r: dict | None) -> str:
-    """One line for a ``Recall.as_dict()``."""
+def recall_line(r: dict | None, mode: str | None = None) -> str:
+    """One line for a ``Recall.as_dict()``; ``mode`` exact: a check that agrees is said
+    as such (recall is 1.0 by construction there; an interval read as possible misses)."""
     if r is None:
         return "recall not measured (recall_sample: 0)"
     if r["recall"] is None:
         return (f"recall not measured: none of {r['sampled']:,} sampled records has a near "
                 "duplicate")
-    line = (f"recall {r['recall']:.4f} (95% interval {r['low']:.4f}-{r['high']:.4f}; "
+    if mode == "exact" and r["recall"] == 1.0 and not r.get("unsure"):
+        line = (f"recall 1.0000 (exact mode: every pair within the threshold is compared; "
+                f"a brute-force check of the decisions against the records kept agrees on "
+                f"all {r['with_partners']:,} of {r['sampled']:,} sampled records that have "
+                "an earlier near duplicate)")
+    else:
+        line = _sampled_line(r)
+    if r.get("recall_removed") is None:  # a summary written before recall_removed
+        return line
+    return (f"{line}; recall_removed {r['recall_removed']:.4f} ("
+            f"{r['removed_low']:.4f}-{r['removed_high']:.4f}: {r['removed']:,} of them "
+            "removed, kept or not their earlier near duplicate)")
+
+
+def _sampled_line(r: dict) -> str:
+    return (f"recall {r['recall']:.4f} (95% interval {r['low']:.4f}-{r['high']:.4f}; "
             f"{r['with_partners']:,} of {r['sampled']:,} sampled records have an earlier near "
             "duplicate, their decisions checked by brute force against the records kept"
             + _strata_words(r.get("strata"))
@@ -300,8 +316,3 @@ def recall_line(r: dict | None) -> str:
                "latest partners only, all removed: misses at the interval's lower end"
                if r.get("unsure") else "")
             + ")")
-    if r.get("recall_removed") is None:  # a summary written before recall_removed
-        return line
-    return (f"{line}; recall_removed {r['recall_removed']:.4f} ("
-            f"{r['removed_low']:.4f}-{r['removed_high']:.4f}: {r['removed']:,} of them "
-            "removed, kept or not their earlier near duplicate)")
