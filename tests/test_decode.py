@@ -390,3 +390,26 @@ def test_null_text_is_reported_as_no_text(tmp_path):
                                        "decode": kind}, max_invalid_fraction=1.0) == 0
         _, invalid, _ = reports(tmp_path / column)
         assert [r["reason"] for r in invalid] == [f"column {column!r}: {words}"]
+
+
+def test_damaged_images_at_the_start_are_invalid_records_not_a_wrong_setting(tmp_path, capsys):
+    """A partly downloaded shard: its first 12 of 60 JPEGs truncated (most of the first 20
+    the check tries; 20%, within max_invalid_fraction). They start as JPEGs do, so the
+    setting is right: the job runs and reports them (it stopped before any work, advising
+    decode: bytes or text). Values of another kind still tell a wrong setting. A 0-byte
+    value's reason says so."""
+    jpegs = [encode(im, "JPEG", quality=90) for im in crops(60, seed=8)]
+    values = [j[:len(j) // 2] for j in jpegs[:12]] + jpegs[12:59] + [b""]
+    pq.write_table(pa.table({"img": pa.array(values, pa.binary())}), tmp_path / "a.parquet")
+    assert run(tmp_path, {"format": "parquet", "path": str(tmp_path / "a.parquet"),
+                          "tensor": "img", "decode": "image"}, max_invalid_fraction=0.25) == 0
+    _, invalid, summary = reports(tmp_path)
+    reasons = {int(r["record_id"].rsplit(":", 1)[1]): r["reason"] for r in invalid}
+    assert sorted(reasons) == [*range(12), 59] and summary["kept"] == 47
+    assert all("truncated JPEG" in reasons[i] for i in range(12)), reasons
+    assert reasons[59].endswith("(it is empty: 0 bytes)"), reasons[59]
+    texts = [b"caption %d" % i for i in range(20)]
+    pq.write_table(pa.table({"img": pa.array(texts, pa.binary())}), tmp_path / "b.parquet")
+    assert run(tmp_path, {"format": "parquet", "path": str(tmp_path / "b.parquet"),
+                          "tensor": "img", "decode": "image"}) == 2
+    assert "is no image" in capsys.readouterr().err

@@ -135,8 +135,9 @@ def open_image(data: bytes, max_pixels: int, draft: tuple[int, int] | None = Non
             if kind is not None:
                 raise BadImage(f"corrupt or truncated {kind} image (its header cannot be "
                                f"read; {len(data):,} bytes)") from None
-            raise BadImage(f"not a JPEG, PNG, GIF, BMP or WebP image (it starts with "
-                           f"{bytes(data[:8])!r})") from None
+            raise BadImage("not a JPEG, PNG, GIF, BMP or WebP image (" + (
+                f"it starts with {bytes(data[:8])!r})" if len(data) else "it is empty: 0 bytes)")
+            ) from None
         w, h = im.size
         if w * h > max_pixels:
             raise BadImage(f"image of {w} x {h} = {w * h:,} pixels is over the limit of "
