@@ -55,7 +55,7 @@ try:
     from pipeline.runners.common import RunIncomplete, no_traceback
     from transforms.digests import SCHEME
     from transforms.io.formats.base import InvalidRecordError
-    from transforms.io.fs import delete_tree
+    from transforms.io.fs import close_tree, delete_tree
     from transforms.io.lease import LeaseHeld, detach_all, keep_alive, release_all
 finally:
     logging.getLogger().removeFilter(_gcp_notice)
@@ -199,12 +199,13 @@ def _published(job: Job, report: str, state: str | None) -> RunSummary:
 def _end_stages(pub: Publication) -> None:
     """When the job ends, however: its staging goes; a stopped job's line first learns
     what its Publish had published, if it had begun replacing the output."""
-    if stopping.stopping() is not None:
+    stopped = stopping.stopping() is not None
+    if stopped:
         what = what_a_stop_left(pub)
         if what is not None:
             stopping.published(what)
-    for path in own_stages(pub):
-        delete_tree(path)
+    for path in own_stages(pub):  # a stopped job's threads may still be writing there
+        (close_tree if stopped else delete_tree)(path)
 
 
 def _innermost(e: BaseException) -> BaseException:

@@ -318,3 +318,38 @@ def test_ctrl_c_cancels_the_work_on_a_cluster_given_by_address(tmp_path, near_in
     out = tmp_path / "out"
     assert snapshot(out) == before
     assert sorted(p.name for p in out.iterdir()) == ["clean", "report"]
+
+
+def test_a_stopped_jobs_spill_stays_gone_while_its_threads_still_write(tmp_path):
+    """The local runner's worker threads cannot be killed: one that spills a chunk after
+    the stop deleted the spill folder made it again (a sweep found the folder beside the
+    output after 2 of 9 stops). Deleted for good, the folder refuses their writes, in
+    every way the job's writers make files; other folders are written as before."""
+    from transforms.io import fs
+
+    spill = tmp_path / ".clean.staging-1-2.near"
+    fs.write_scratch(str(spill / "values" / "0.values"), b"chunk 0")
+    wrote, go, errors = threading.Event(), threading.Event(), []
+
+    def worker() -> None:  # a bundle still running when the stop's cleanup ran
+        wrote.set()
+        go.wait(WAIT_S)
+        for write in (lambda: fs.write_scratch(str(spill / "values" / "1.values"), b"1"),
+                      lambda: fs.makedirs(str(spill / "cells")),
+                      lambda: fs.local_file_for(str(spill / "cells" / "c.arrow")).__enter__()):
+            try:
+                write()
+            except OSError as e:
+                errors.append(str(e))
+
+    t = threading.Thread(target=worker)
+    t.start()
+    wrote.wait(WAIT_S)
+    fs.close_tree(str(spill))
+    go.set()
+    t.join(WAIT_S)
+    assert not spill.exists()
+    assert len(errors) == 3 and all("the job that writes here was stopped" in e
+                                    for e in errors), errors
+    fs.write_scratch(str(tmp_path / ".clean.staging-1-3.near" / "values" / "0.values"), b"0")
+    assert (tmp_path / ".clean.staging-1-3.near" / "values" / "0.values").read_bytes() == b"0"
