@@ -413,3 +413,33 @@ def test_damaged_images_at_the_start_are_invalid_records_not_a_wrong_setting(tmp
     assert run(tmp_path, {"format": "parquet", "path": str(tmp_path / "b.parquet"),
                           "tensor": "img", "decode": "image"}) == 2
     assert "is no image" in capsys.readouterr().err
+
+
+def test_flat_pictures_in_other_containers_are_exact_copies_in_bytes_mode(tmp_path):
+    """Blank and placeholder pictures (one colour) saved again as PNG, BMP, JPEG, WebP,
+    GIF: near search never finds a flat picture near anything, so with exact_on: bytes
+    every copy was kept. Their exact digest is their pixels' in both modes: the same
+    removals as exact_on: pixels, which the Pillow-decoded pixels say (the oracle). Photo
+    tiles still compare by bytes (a PNG and a BMP of one tile: not an exact copy)."""
+    white, grey = np.full((64, 64, 3), 255, np.uint8), np.full((64, 64, 3), 200, np.uint8)
+    small_white = np.full((48, 64, 3), 255, np.uint8)  # another size: never a copy
+    tile = crops(1, seed=9)[0]
+    values = [encode(white), encode(white, "BMP"), encode(white, "JPEG", quality=90),
+              encode(white, "WEBP", lossless=True), encode(grey), encode(grey, "JPEG",
+                                                                        quality=75),
+              encode(grey, "GIF"), encode(small_white), encode(tile), encode(tile, "BMP")]
+    decoded = [np.asarray(Image.open(__import__("io").BytesIO(v)).convert("RGB"))
+               for v in values]
+    want = oracle_exact(decoded[:8])  # the flat ones: copies by their pixels
+    assert len(want) == 5
+    pq.write_table(pa.table({"img": pa.array(values, pa.binary())}), tmp_path / "a.parquet")
+    got = {}
+    for mode in ("pixels", "bytes"):
+        assert run(tmp_path, {"format": "parquet", "path": str(tmp_path / "a.parquet"),
+                              "tensor": "img", "decode": "image", "resize": [32, 32],
+                              "exact_on": mode},
+                   near={"metric": "correlation", "threshold": 0.02},
+                   output={"path": str(tmp_path / "out" / "clean"), "overwrite": True}) == 0
+        dups, _, _ = reports(tmp_path)
+        got[mode] = {d["row"]: d["duplicate_of_row"] for d in dups if d["kind"] == "exact"}
+    assert got["bytes"] == want and got["pixels"] == {**want, 9: 8}

@@ -112,6 +112,11 @@ def decode_value(value: bytes | str, spec: TensorSpec, full: bool = False
                                  max_pixels=dec.max_pixels, draft=by_bytes and not full)
     digest = (fingerprint_uint8(data, (len(data),)) if by_bytes
               else fingerprint_uint8(pixels, pixels.shape))
+    if by_bytes and _flat(small):  # maybe one colour: then its pixels' digest (below)
+        whole, _ = decode_image(data, channels=dec.channels or (3 if dec.resize else None),
+                                max_pixels=dec.max_pixels)
+        if _flat(whole):
+            digest = fingerprint_uint8(whole, whole.shape)
     if dense(spec) and not full:
         want = decoded_shape(spec)
         if small.shape != want:
@@ -120,6 +125,15 @@ def decode_value(value: bytes | str, spec: TensorSpec, full: bool = False
                            "other sizes")
         return small, digest
     return pixels, digest
+
+
+def _flat(im: np.ndarray) -> bool:
+    """One colour (every channel constant): a blank or placeholder picture. With
+    ``exact_on: bytes`` its exact digest is its pixels', as without: near search never
+    finds a flat picture near anything (no pattern), so its copies in other containers
+    (the most re-posted pictures of scraped sets) were all kept."""
+    flat = im.reshape(-1, im.shape[-1] if im.ndim == 3 else 1)
+    return bool((flat == flat[:1]).all())
 
 
 def _decode(value: bytes | str, spec: TensorSpec) -> tuple[Any, bytes] | str:
