@@ -360,9 +360,9 @@ def test_beam_flags_become_runner_keys(tmp_path):
                       ["--direct_num_workers", "2", "--experiments=x", "--experiments=y",
                        "--save_main_session", "--sdk_worker_parallelism=3", "--job_name=n"])
     assert cfg.runner.options == {"sdk_worker_parallelism": 3, "max_cache_memory_usage_mb": 2,
-                                  "direct_num_workers": 2,
                                   "experiments": ["x", "y"], "save_main_session": True,
                                   "job_name": "n"}
+    assert cfg.runner.workers == 2  # direct_num_workers on the local runner
     from pipeline.runners import pipeline_options
 
     opts = pipeline_options(cfg.runner).get_all_options()

@@ -37,10 +37,10 @@ def test_good_config_loads_with_defaults(tmp_path):
 
 def test_set_overrides_any_key(tmp_path):
     sets = ["keep={max: score}", "input.shape=[2, 3]", "exact=false",
-            "runner.options.direct_num_workers=2"]
+            "runner.options.max_cache_memory_usage_mb=2"]
     cfg = load_config(_write(tmp_path, GOOD), sets)
     assert cfg.keep == KeyColumn(max="score") and cfg.input.shape == [2, 3]
-    assert cfg.exact is False and cfg.runner.options == {"direct_num_workers": 2}
+    assert cfg.exact is False and cfg.runner.options == {"max_cache_memory_usage_mb": 2}
 
 
 @pytest.mark.parametrize("change,words", [
@@ -222,8 +222,8 @@ def test_config_from_a_mapping(tmp_path):
     from pipeline.config import parse_config
 
     data = {**GOOD, "input": dict(GOOD["input"])}
-    cfg = parse_config(data, ["keep=last"], ["--direct_num_workers=2"])
-    assert cfg.keep == "last" and cfg.runner.options == {"direct_num_workers": 2}
+    cfg = parse_config(data, ["keep=last"], ["--sdk_location=container"])
+    assert cfg.keep == "last" and cfg.runner.options == {"sdk_location": "container"}
     assert data == {**GOOD, "input": GOOD["input"]}  # the mapping given is not changed
     with pytest.raises(ConfigError, match="must be a mapping"):
         parse_config(["input"])
@@ -246,8 +246,8 @@ def test_beam_options_beam_does_not_define_are_refused(tmp_path, flag, words):
         parse_config({**GOOD}, [], [flag])
     cfg = parse_config({**GOOD}, [], ["--direct_num_workers=2", "--dask_client_address=x",
                                       "--experiments=a", "--sdk_location=container"])
-    assert set(cfg.runner.options) == {"direct_num_workers", "dask_client_address",
-                                       "experiments", "sdk_location"}
+    assert set(cfg.runner.options) == {"dask_client_address", "experiments", "sdk_location"}
+    assert cfg.runner.workers == 2  # direct_num_workers on the local runner
 
 
 @pytest.mark.parametrize("metric,threshold,words", [

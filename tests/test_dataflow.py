@@ -281,7 +281,7 @@ def test_local_runner_options_pass_through_and_blocking():
 
     local = RunnerConfig.model_validate({"options": {"direct_num_workers": 2}})
     got = runner.pipeline_options(local, dry_run=True).get_all_options(drop_default=True)
-    assert got["direct_num_workers"] == 2  # as given: runner.options win over runner.workers
+    assert got["direct_num_workers"] == 2  # taken as runner.workers: 2 on the local runner
     assert isinstance(runner.make_pipeline(local).runner, FnApiRunner)
     assert common.launcher_waits(local)
     assert not common.launcher_waits(RunnerConfig.model_validate(DATAFLOW))  # launchers return
