@@ -48,8 +48,7 @@ from transforms.io.lease import Lease, acquire_all, release_all
 
 HOLD_ENV = "TENSORDEDUP_TEST_HOLD_PUBLISH"  # tests: see _hold_for_tests
 DEAF_ENV = "TENSORDEDUP_TEST_HOLD_DEAF"  # tests: the hold ignores KeyboardInterrupt
-HOLD_AT_ENV = "TENSORDEDUP_TEST_HOLD_AT"  # tests: where Publish holds (HOLD_POINTS)
-HOLD_POINTS = ("start", "output moved", "complete")
+HOLD_AT_ENV = "TENSORDEDUP_TEST_HOLD_AT"  # tests: where Publish holds (_hold_for_tests)
 
 
 @dataclass(frozen=True)
@@ -327,8 +326,8 @@ def own_stages(pub: Publication) -> Sequence[str]:
 
 def _hold_for_tests(point: str) -> None:
     """Tests only: with ``$TENSORDEDUP_TEST_HOLD_PUBLISH`` set to a path, Publish announces
-    itself (``<path>.reached``) at ``point`` (``$TENSORDEDUP_TEST_HOLD_AT``, one of
-    HOLD_POINTS; unset: its start) and waits until that path exists, so a test can start a
+    itself (``<path>.reached``) at ``point`` (``$TENSORDEDUP_TEST_HOLD_AT``: "start", the
+    default, "output moved" or "complete") and waits until that path exists, so a test can start a
     rival run or kill this one at a known point without timing guesses. With
     ``$TENSORDEDUP_TEST_HOLD_DEAF`` set it also swallows KeyboardInterrupt, as a library
     that catches it would (a stopped command must end anyway: ``pipeline.stopping``),

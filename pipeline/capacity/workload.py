@@ -183,18 +183,24 @@ def sample_records(job: Job, rows: int, counted: int | None) -> Iterator[np.ndar
 def _uniform(job: Job, rows: int) -> Iterator[np.ndarray]:
     """``rows`` records drawn uniformly from every record of the input (the smallest of
     a random key per record), in read order."""
-    fmt = get_format(job.cfg.input.format, job.spec)
     rng = np.random.default_rng(0)
     keys: list[np.ndarray] = []
     held: list[np.ndarray] = []
+    for tensors in _every_chunk(job):
+        keys.append(rng.random(len(tensors)))
+        held.append(tensors)
+        if sum(map(len, keys)) > 2 * rows:  # keep the smallest ``rows`` keys
+            keys, held = _smallest(keys, held, rows)
+    yield from _smallest(keys, held, rows)[1]
+
+
+def _every_chunk(job: Job) -> Iterator[np.ndarray]:
+    """The records of every file, chunk by chunk, in read order."""
+    fmt = get_format(job.cfg.input.format, job.spec)
     for i, path in enumerate(job.files):
         for unit in fmt.plan(path, i, 1 << 62, job.spec):
             for chunk in fmt.read(unit, job.spec, job.chunking.chunk_rows):
-                keys.append(rng.random(len(chunk.tensors)))
-                held.append(chunk.tensors)
-                if sum(map(len, keys)) > 2 * rows:  # keep the smallest ``rows`` keys
-                    keys, held = _smallest(keys, held, rows)
-    yield from _smallest(keys, held, rows)[1]
+                yield chunk.tensors
 
 
 def _smallest(keys: list[np.ndarray], held: list[np.ndarray], rows: int
@@ -220,30 +226,26 @@ def _distinct_sample(job: Job, rows: int) -> tuple[list, tuple[float, float] | N
 
     from transforms.near.sets import blank_rows
 
-    fmt = get_format(job.cfg.input.format, job.spec)
     shingles = job.near.shingles
     total = valid = 0
     seen: set[int] = set()
     held: dict[int, tuple[int, object]] = {}  # hash -> (first seen, value)
-    for i, path in enumerate(job.files):
-        for unit in fmt.plan(path, i, 1 << 62, job.spec):
-            for chunk in fmt.read(unit, job.spec, job.chunking.chunk_rows):
-                values = chunk.tensors
-                total += len(values)
-                try:
-                    ok = np.flatnonzero(~blank_rows(values, shingles))
-                except TypeError:  # values of the other kind: sets_cost says so
-                    ok = np.arange(len(values))
-                valid += len(ok)
-                for j in ok.tolist():
-                    v = values[j]
-                    h = xxhash.xxh3_64_intdigest(v.encode() if isinstance(v, str)
-                                                 else np.asarray(v).tobytes())
-                    if h not in seen:
-                        seen.add(h)
-                        held[h] = (len(seen), v)
-                if len(held) > 2 * rows:
-                    held = {h: held[h] for h in sorted(held)[:rows]}
+    for values in _every_chunk(job):
+        total += len(values)
+        try:
+            ok = np.flatnonzero(~blank_rows(values, shingles))
+        except TypeError:  # values of the other kind: sets_cost says so
+            ok = np.arange(len(values))
+        valid += len(ok)
+        for j in ok.tolist():
+            v = values[j]
+            h = xxhash.xxh3_64_intdigest(v.encode() if isinstance(v, str)
+                                         else np.asarray(v).tobytes())
+            if h not in seen:
+                seen.add(h)
+                held[h] = (len(seen), v)
+        if len(held) > 2 * rows:
+            held = {h: held[h] for h in sorted(held)[:rows]}
     kept = sorted(held[h] for h in sorted(held)[:rows])  # in read order: the keep order
     shares = (valid / total, len(seen) / valid) if valid else None
     return [v for _, v in kept], shares
