@@ -190,6 +190,33 @@ def test_nearest_distances_match_brute_force():
     assert (within == (dist <= 0.2)).all() and within.sum() >= 4
 
 
+@pytest.mark.parametrize("metric", ["cosine", "l2", "correlation"])
+def test_nearest_distances_pick_the_float64_nearest_among_near_ties(metric):
+    """Crowds of copies 3e-4 apart (768 values): the float32 products cannot order a
+    row's neighbours, and which one they picked changed with BLAS's threads (the
+    report's borderline_pairs.parquet differed between runners). The nearest is the
+    float64 nearest, ties to the first row, whatever the threads."""
+    from transforms.cores import threads
+
+    rng = np.random.default_rng(11)
+    base = rng.standard_normal((40, 768))
+    x = np.concatenate([b + 3e-4 * rng.standard_normal((12, 768)) for b in base])
+    x = x[rng.permutation(len(x))].astype(np.float32)
+    spec = NearSpec(metric, threshold=1.0 if metric == "l2" else 0.05,
+                    **({"channels": 3} if metric == "correlation" else {}))
+    radius = near.search_radius(spec, 768, 0.0)
+    z = near.search_vectors(x, spec, radius, x.mean(axis=0).astype(np.float64))
+    rows = np.arange(len(x))
+    d = np.stack([exact_distance(np.repeat(x[i:i + 1], len(x), 0), x, spec)[0] for i in rows])
+    np.fill_diagonal(d, np.inf)
+    for n in (1, 2):
+        with threads(n):
+            nb, dist, within = nearest_distances(x, z, rows, spec, radius)
+        assert (nb == d.argmin(axis=1)).all()
+        np.testing.assert_array_equal(dist, d.min(axis=1))
+        assert within.all()
+
+
 def test_cosine_search_radius_covers_the_rounding_of_one_minus_cos():
     """Two float32 rows 2.5e-8 apart as unit vectors whose 1 - cos rounds to 0 in float64:
     within any cosine tolerance as the job verifies it, so exact mode must find them even

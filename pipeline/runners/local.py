@@ -28,6 +28,7 @@ from typing import Any
 
 from pipeline.config.runner import RunnerConfig
 from pipeline.runners.common import (
+    THREAD_VARS,
     WORKER_LOG_ENV,
     available_cores,
     avoid_flush_race,
@@ -40,7 +41,6 @@ from pipeline.runners.common import (
 )
 from transforms.io import periodic
 
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 # Beam's warning that in-memory mode ignores the worker count: the local process runner
 # keeps that mode's name while it starts its own worker processes.
 _IN_MEMORY_WARNING = "If direct_num_workers is not equal to 1"

@@ -1,6 +1,13 @@
 """The nearest-neighbour sample behind the report's distance histogram: each sampled
 record's nearest other record in its cell, found from the search's own products (no pair
-listed, so a crowd costs no more) and verified in float64."""
+listed, so a crowd costs no more) and verified in float64.
+
+The float32 products cannot order two neighbours whose distances differ by less than
+their rounding, and that rounding depends on how BLAS splits the work (its threads):
+the same job picked another of two JPEG copies 5.196e-5 and 5.201e-5 from a picture
+with one worker than with two, and borderline_pairs.parquet differed between runners.
+So every row within the rounding of the float32 nearest is verified, and the nearest in
+float64 wins (ties: the first row)."""
 
 from __future__ import annotations
 
@@ -8,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from transforms.near.search import Vectors, pairs_within, rows_for
+from transforms.near.search import Vectors, augmented_limit, pairs_within, rows_for
 from transforms.near.verify import directed, flat_rows, verify_rows
 
 if TYPE_CHECKING:
@@ -33,11 +40,63 @@ def nearest_distances(x: np.ndarray, z: Vectors, rows: np.ndarray, spec: NearSpe
                            for a in range(0, len(rows), step)])
     if spec.metric in ("cosine", "correlation"):
         best = _with_direction(x, z, rows, best, radius, spec)
-    has = best >= 0
+    has = np.flatnonzero(best >= 0)
     d, ab, ba = verify_rows(x, rows[has], x, best[has], spec)
     dist[has] = np.where(np.isnan(d), np.inf, d)
     within[has] = ab | ba
+    for a in range(0, len(has), step):
+        _nearest_in_float64(x, z, rows, has[a:a + step], best, dist, within, spec)
     return best, dist, within
+
+
+TIES = 1024  # rows verified per sampled row at most (a crowd of copies apart by less
+# than float32 rounding: any of them is as near; past this many, the first rows)
+
+
+def _nearest_in_float64(x: np.ndarray, z: Vectors, rows: np.ndarray, some: np.ndarray,
+                        best: np.ndarray, dist: np.ndarray, within: np.ndarray,
+                        spec: NearSpec) -> None:
+    """For ``rows[some]``: every row whose search-space distance may be no more than the
+    float32 nearest's (``augmented``'s proven bound, each row at its own radius: the
+    stored vectors' float64 distance to that nearest, widened by their rounding), verified
+    in float64; the nearest of them replaces ``best`` (``dist``, ``within``) in place."""
+    if not len(some):
+        return
+    q = z.take(rows[some])
+    dim, dtype = q.v.shape[1], q.v.dtype
+    gap = np.linalg.norm(q.v.astype(np.float64) - z.v[best[some]].astype(np.float64), axis=1)
+    top = float(z.norm.max(initial=0))
+    limit = augmented_limit(q.norm, top, gap * (1 + 1e-12) + 2.02 * z.u * (q.norm + top),
+                            dim, dtype)
+    qa = np.empty((len(q.v), dim + 2), dtype)
+    qa[:, :dim], qa[:, dim], qa[:, dim + 1] = q.v, (limit - q.norm ** 2) / 2, 1
+    found: list[tuple[np.ndarray, np.ndarray]] = []
+    taken = np.zeros(len(some), np.int64)
+    cols = rows_for(z.v.itemsize * max(dim + 2, len(some)), 64 << 20, len(z.v), 64)
+    for c in range(0, len(z.v), cols):
+        ya = np.empty((min(cols, len(z.v) - c), dim + 2), dtype)
+        ya[:, :dim], ya[:, dim], ya[:, dim + 1] = z.v[c:c + cols], 1, -(z.norm[c:c + cols] ** 2) / 2
+        hit = qa @ ya.T >= 0
+        own = rows[some] - c
+        inside = np.flatnonzero((own >= 0) & (own < len(ya)))
+        hit[inside, own[inside]] = False  # a row is not its own neighbour
+        hit[taken >= TIES] = False
+        for r in np.flatnonzero(taken + hit.sum(axis=1) > TIES):  # a crowd: its first rows
+            hit[r, np.flatnonzero(hit[r])[TIES - taken[r]:]] = False
+        taken += hit.sum(axis=1)
+        i, j = np.nonzero(hit)
+        found.append((i, j + c))
+    i, j = (np.concatenate(f) for f in zip(*found, strict=True))
+    d, ab, ba = verify_rows(x, rows[some][i], x, j, spec)
+    d = np.where(np.isnan(d), np.inf, d)
+    o = np.lexsort((j, d, i))  # float64 distance, then the first row
+    i, j, d, w = i[o], j[o], d[o], (ab | ba)[o]
+    head = np.r_[True, i[1:] != i[:-1]]
+    i, j, d, w = i[head], j[head], d[head], w[head]
+    better = d < dist[some[i]]
+    better |= np.isfinite(d) & (d == dist[some[i]]) & (j < best[some[i]])
+    t = some[i[better]]
+    best[t], dist[t], within[t] = j[better], d[better], w[better]
 
 
 def _with_direction(x: np.ndarray, z: Vectors, rows: np.ndarray, best: np.ndarray,
