@@ -501,3 +501,29 @@ print(n, w, "tensorflow" in sys.modules)
                          check=True, cwd=__import__("os").getcwd()).stdout.split()
     assert out == ["3", "2", "False"]
     assert _tf_read(str(tmp_path / "out.tfrecord")) == [records[0], records[2]]
+
+
+def test_a_second_thread_waits_for_the_whole_tensorflow_import():
+    """Two bundles' threads reading TFRecord features at once: the second asked while the
+    first was importing TensorFlow and got the partly initialised module ("partially
+    initialized module 'tensorflow' has no attribute 'float32'": 8 of 14 runs with two
+    workers failed). It waits for the import now, as a plain import would."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import sys, threading
+from transforms.io.formats.tfrecord_parse import _tf
+first = threading.Thread(target=_tf)
+first.start()
+while "tensorflow" not in sys.modules:  # the first thread's import has begun
+    pass
+tf = _tf()
+print(tf.float32.name, tf.io.FixedLenFeature.__name__)
+first.join()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=os.getcwd(), timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["float32", "FixedLenFeature"]
