@@ -126,16 +126,18 @@ class DedupeConfig(Strict):
     @model_validator(mode="after")
     def _near_needs_a_distance(self) -> DedupeConfig:
         """Distances need one shape and numbers that mean something: no near stage on
-        images of many sizes, nor on stored bytes or text without an embedding."""
+        images without a size to compare them at, nor on stored bytes or text without an
+        embedding."""
         src = self.input
         if self.near is not None and self.near.metric == "jaccard":
             return self._jaccard_input()
         if self.near is None or src.decode == "none":
             return self
         if src.decode == "image" and src.resize is None and src.shape is None:
-            raise ValueError("near: decoded images of different sizes cannot be compared by "
-                             "distance: set input.resize: [height, width] (or input.shape: "
-                             "[h, w, c] when every image has that shape)")
+            raise ValueError("near: decoded images are compared at one size, which the job "
+                             "does not learn by reading every image first: set input.resize: "
+                             "[height, width] (or input.shape: [h, w, c] when every image "
+                             "has that shape)")
         if src.decode in ("bytes", "text") and self.embed is None:
             raise ValueError(f"near: input.decode: {src.decode} values have no distance until"
                              " they are embedded: add an embed section, or remove near (exact "
