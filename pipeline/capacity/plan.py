@@ -47,6 +47,8 @@ DEFAULT_RATES = Path(__file__).with_name("rates.json")
 # interpreter: measured, 2 of them ran the 300k x 128 check no faster than one (15.3 s
 # against 15.8 s), so its steps take one core's time however many threads it runs.
 ONE_WORKER = ("plan", "merge", "report", "store")
+POOLED = ("decode",)  # on every core even in the local runner's threads: Pillow decodes
+# in a pool of threads (``transforms.io.formats.encoded``) and releases the GIL
 # A fingerprint store (docs/runs.md): its stored values are read on one worker (the
 # "store" step, at the read step's rates: Parquet files of values), and each new digest's
 # lookup reads a bucket of a digest segment: 18 us a read when each needs its own
@@ -145,6 +147,8 @@ def units(w: Workload, out_bytes: float | None = None) -> dict[str, dict[str, fl
         share = WINDOW_SHARE if width != d else 1.0  # projected: blocks paired, fewer pairs
         u["recall"] = {"madd": s * ns * width * share, "score": s * ns * share, "record": ns}
         u["merge"] = {"run": 1, "record": ns}  # a fixed part, and the open records (~n)
+    if w.decode_s:  # timed by the dry run itself, in seconds
+        u["decode"] = {"second": n * w.decode_s}
     return u
 
 
@@ -173,11 +177,12 @@ def step_seconds(rates: Rates, u: dict[str, dict[str, float]]) -> dict[str, floa
 
 def _rates_of(rates: Rates, step: str) -> dict[str, float]:
     """A step's rates; a store's steps, which the rates file does not measure, at the
-    read step's (its stored values) and ``LOOKUP_READ_S`` (its digest lookups)."""
+    read step's (its stored values) and ``LOOKUP_READ_S`` (its digest lookups); the
+    images' decoding in the seconds the dry run timed (``workload.decode_seconds``)."""
     if step in rates.steps:
         return rates.steps[step]
-    return {"store": rates.steps.get("read", {}), "lookup": {"read": LOOKUP_READ_S}}.get(
-        step, {})
+    return {"store": rates.steps.get("read", {}), "lookup": {"read": LOOKUP_READ_S},
+            "decode": {"second": 1.0}}.get(step, {})
 
 
 @dataclass(frozen=True)
@@ -272,7 +277,7 @@ def predict(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> Capaci
         cpu = step_seconds(rates, {step: amounts})[step]
         if step in ONE_WORKER:
             steps[step] = cpu / (c.plan_cores if step == "plan" else 1)
-        elif c.threads:
+        elif c.threads and step not in POOLED:
             steps[step] = cpu
         else:
             steps[step] = cpu / (c.workers * c.cores)
@@ -357,6 +362,9 @@ def lines(w: Workload, c: Cluster, rates: Rates, remote_spill: bool) -> list[str
     out = [f"capacity plan ({c.runner}, {workers}; rates: {rates.measured}):",
            f"  input: {w.records:,} records of {w.dim:,} values ({_size(w.record_bytes)} each"
            + (f", {w.sized}" if w.sized else "") + f"), {_size(w.file_bytes)} in files"]
+    if w.decode_timed:
+        out.append(f"  decode: {w.decode_s * 1e6:,.0f} us of one core per image, timed here on "
+                   f"{w.decode_timed:,} of the first file's images (not in the rates)")
     if w.stored is not None:
         out.append(w.stored.line())
     if near is not None:
