@@ -8,6 +8,7 @@ and the job writes what the kernel decides, from Parquet, TFRecord and HDF5.
 from __future__ import annotations
 
 import json
+import re
 from fractions import Fraction
 from pathlib import Path
 
@@ -817,3 +818,42 @@ def test_a_near_copy_names_the_protected_set_before_a_nearer_one_of_the_run():
                    protected=np.array([True, False, False]), tier=tier)
         assert d.removed.tolist() == [2] and d.kept.tolist() == [dup]
         assert d.j[0] == pytest.approx(j[2, dup])
+
+
+@pytest.mark.parametrize("near", [{"metric": "jaccard", "threshold": 0.8}, None])
+def test_a_string_column_with_bytes_that_are_not_utf8_makes_invalid_records(tmp_path, corpus,
+                                                                            near):
+    """Writers that do not validate (Spark, Hive, C++) leave bytes that are not UTF-8 in
+    a Parquet string column, which pyarrow reads without a word: each such value is an
+    invalid record with the reason, as in a binary column. The whole job failed (exit
+    1, "UnicodeDecodeError ... [while running 'Read/ReadChunks/Run']")."""
+    texts = [t.encode() for t in corpus[:200]]
+    bad = {3: "Le caf\xe9 est chaud".encode("latin-1"), 50: b"\xed\xa0\x80 a lone surrogate",
+           120: b"\xc0\xaf overlong"}
+    values = [bad.get(i, t) for i, t in enumerate(texts)]
+    offsets = np.cumsum([0] + [len(v) for v in values]).astype(np.int32)
+    col = pa.Array.from_buffers(pa.string(), len(values),
+                                [None, pa.py_buffer(offsets.tobytes()),
+                                 pa.py_buffer(b"".join(values))])
+    ids = [f"doc{i}" for i in range(len(values))]
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"id": ids, "doc": col}), tmp_path / "in" / "part0.parquet",
+                   row_group_size=64)
+    cfg = {"input": {"format": "parquet", "path": str(tmp_path / "in" / "*.parquet"),
+                     "tensor": "doc", "id": "id", "decode": "text"},
+           "output": {"path": str(tmp_path / "out")}, "report": str(tmp_path / "report"),
+           **({"near": near} if near else {})}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["--config", str(tmp_path / "job.yaml"), "--quiet"]) == 0
+    s = json.loads((tmp_path / "report" / "summary.json").read_text())
+    removed = sum(v for k, v in s.items() if k.startswith("removed_"))
+    assert s["read"] == s["kept"] + removed + s["invalid"] == len(values)
+    assert s["invalid"] == len(bad)
+    invalid = pq.read_table(tmp_path / "report" / "invalid.parquet").to_pylist()
+    assert {r["record_id"] for r in invalid} == {f"doc{i}" for i in bad}
+    assert all(re.search(r"not UTF-8 text \(invalid (start|continuation) byte at byte \d+\)",
+                         r["reason"]) for r in invalid)
+    good = [v.decode() for i, v in enumerate(values) if i not in bad]
+    kept = pq.read_table(tmp_path / "out").column("doc").to_pylist()
+    want = {f"doc{i}" for i in range(len(values)) if i not in bad} - set(_removals(tmp_path))
+    assert len(kept) == len(want) and set(kept) <= set(good)

@@ -68,11 +68,32 @@ def _column(col: pa.Array) -> tuple[pa.Array, pa.Array | None]:
     return col, None
 
 
+def _python_values(data: pa.Array) -> list:
+    """The column's values as Python objects. A string column's value that is not UTF-8
+    (writers that do not validate leave them: Spark, Hive, C++) stays bytes, which
+    decoding reports as an invalid record with the reason, as in a binary column: the
+    whole column's conversion failed the job ("UnicodeDecodeError ... [while running
+    'Read/ReadChunks/Run']", naming no file, row or column)."""
+    try:
+        return data.to_pylist()
+    except UnicodeDecodeError:
+        raw = data.cast(pa.large_binary() if pa.types.is_large_string(data.type)
+                        else pa.binary())  # no copy, no check
+    values = raw.to_pylist()
+    for i, v in enumerate(values):
+        if v is not None:
+            try:
+                values[i] = v.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+    return values
+
+
 def _resolve(data: pa.Array, paths: pa.Array | None, file: str, name: str
              ) -> tuple[list, dict[int, str]]:
     """Values with a path-only row's file read in; {row: reason} for the unusable rows."""
     bad: dict[int, str] = {}
-    values, where = data.to_pylist(), None if paths is None else paths.to_pylist()
+    values, where = _python_values(data), None if paths is None else paths.to_pylist()
     null = ("null (no bytes and no path)" if paths is not None else
             "null (no text)" if value_kind(data.type) == "text" else "null (no bytes)")
     for i, v in enumerate(values):
