@@ -176,6 +176,44 @@ def test_blank_short_and_normalised_records():
     assert cjk.sizes.tolist() == [10, 9] and jaccard(cjk.row(0), cjk.row(1)) == 9 / 10
 
 
+@pytest.mark.parametrize("invisible", ["\u00ad", "\u200b", "\u200c", "\u200d", "\u2060",
+                                       "\ufeff", "\u200f"])
+def test_invisible_format_characters_do_not_split_words(corpus, invisible):
+    """Soft hyphens (HTML &shy; in scraped news and e-books), zero-width spaces and
+    joiners, the word joiner, a BOM, direction marks: NFKC keeps them and each split a
+    word, so a copy with one in every third word was no near copy (J 0.02-0.49). They
+    are dropped by normalize, in words and in characters."""
+    text = next(t for t in corpus if t.isascii() and len(t.split()) > 40)
+    words = text.split()
+    other = " ".join(w[:len(w) // 2] + invisible + w[len(w) // 2:] if k % 3 == 0 else w
+                     for k, w in enumerate(words))
+    for sh in (Shingles("word"), Shingles("char")):
+        sets = record_sets([text, other], sh)
+        assert jaccard(sets.row(0), sets.row(1)) == 1.0, sh
+    assert blank_rows([invisible * 3], Shingles("word")).tolist() == [True]
+    raw = record_sets([text, other], Shingles("word", normalize=False))
+    assert jaccard(raw.row(0), raw.row(1)) < 1.0  # as stored: another text
+
+
+def test_emoji_only_texts_have_no_word_and_emoji_are_no_words():
+    """The emoji presentation selector U+FE0F is a mark (Mn): after an emoji it made a
+    word of its own, so every emoji-only text was the word "\ufe0f" and all of them near
+    copies of each other at J 1 (a sweep: "🔥❤️🔥" removed as a copy of "❤️"). A mark
+    with no letter or digit before it is no word: such texts have nothing to compare
+    (invalid, as "★★★★☆" was), and an emoji inside a text is no word."""
+    sh = Shingles("word")
+    emoji = ["❤️", "🔥❤️🔥", "👍 ❤️ 🎉", "✔️", "⚠️ ⚠️", "★★★★☆", "\u0301\u0302"]
+    assert blank_rows(emoji, sh).tolist() == [True] * len(emoji)
+    sets = record_sets(["I ❤️ NY and you", "I NY and you", "école", "e\u0301cole", "1️⃣ 2️⃣"],
+                       sh)
+    assert jaccard(sets.row(0), sets.row(1)) == 1.0
+    assert jaccard(sets.row(2), sets.row(3)) == 1.0  # a mark after its letter stays
+    assert not blank_rows(["1️⃣ 2️⃣"], sh)[0] and len(sets.row(4)) == 1
+    found = find_near_sets(["❤️ a", "🔥 a"], np.arange(2), 0.8, Shingles("word", 1),
+                           mode="exact")
+    assert found.removed.tolist() == [1]  # the word "a" is what they share
+
+
 @pytest.mark.parametrize("space", ["\u00a0", "\u2003", "\u3000", "\v", "\u2028", "\x85",
                                    "\x1c"])
 def test_unicode_whitespace_separates_words_and_collapses(corpus, space):
