@@ -392,6 +392,26 @@ def test_null_text_is_reported_as_no_text(tmp_path):
         assert [r["reason"] for r in invalid] == [f"column {column!r}: {words}"]
 
 
+def test_utf16_text_is_invalid_with_a_reason_that_names_it(tmp_path):
+    """Texts written as UTF-16 (Windows tools, `str.encode("utf-16")`) in a binary column:
+    invalid records whose reason names the byte-order mark and the fix, where it said only
+    "invalid start byte at byte 0"."""
+    src = tmp_path / "a.parquet"
+    texts = ["The first text of the set", "A second and different one", "Third"]
+    pq.write_table(pa.table({"t": pa.array([texts[0].encode(), texts[1].encode("utf-16"),
+                                            texts[2].encode("utf-16-be").join([b"\xfe\xff", b""]),
+                                            b"caf\xe9"])}), src)
+    (tmp_path / "out").mkdir()
+    assert run(tmp_path / "out", {"format": "parquet", "path": str(src), "tensor": "t",
+                                  "decode": "text"}, max_invalid_fraction=1.0) == 0
+    _, invalid, summary = reports(tmp_path / "out")
+    assert summary["invalid"] == 3
+    reasons = [r["reason"] for r in invalid]
+    assert reasons[:2] == ["'t': not UTF-8 text (invalid start byte at byte 0; it starts with a "
+                           "UTF-16 byte-order mark: write the texts as UTF-8)"] * 2
+    assert "UTF-16" not in reasons[2] and "not UTF-8 text" in reasons[2]
+
+
 def test_damaged_images_at_the_start_are_invalid_records_not_a_wrong_setting(tmp_path, capsys):
     """A partly downloaded shard: its first 12 of 60 JPEGs truncated (most of the first 20
     the check tries; 20%, within max_invalid_fraction). They start as JPEGs do, so the

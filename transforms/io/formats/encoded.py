@@ -100,7 +100,10 @@ def decode_value(value: bytes | str, spec: TensorSpec, full: bool = False
             try:
                 value = value.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise BadImage(f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+                utf16 = value[:2] in (b"\xff\xfe", b"\xfe\xff")  # its byte-order mark
+                raise BadImage(f"not UTF-8 text ({e.reason} at byte {e.start}"
+                               + ("; it starts with a UTF-16 byte-order mark: write the "
+                                  "texts as UTF-8" if utf16 else "") + ")") from None
         utf8 = value.encode("utf-8")
         return value, fingerprint_uint8(utf8, (len(utf8),))
     data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
