@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from transforms.near.search import Vectors, augmented_limit, pairs_within, rows_for
+from transforms.near.search import Vectors, augmented, pairs_within, rows_for
 from transforms.near.verify import directed, flat_rows, verify_rows
 
 if TYPE_CHECKING:
@@ -63,19 +63,13 @@ def _nearest_in_float64(x: np.ndarray, z: Vectors, rows: np.ndarray, some: np.nd
     if not len(some):
         return
     q = z.take(rows[some])
-    dim, dtype = q.v.shape[1], q.v.dtype
     gap = np.linalg.norm(q.v.astype(np.float64) - z.v[best[some]].astype(np.float64), axis=1)
-    top = float(z.norm.max(initial=0))
-    limit = augmented_limit(q.norm, top, gap * (1 + 1e-12) + 2.02 * z.u * (q.norm + top),
-                            dim, dtype)
-    qa = np.empty((len(q.v), dim + 2), dtype)
-    qa[:, :dim], qa[:, dim], qa[:, dim + 1] = q.v, (limit - q.norm ** 2) / 2, 1
+    radius = gap * (1 + 1e-12) + 2.02 * z.u * (q.norm + float(z.norm.max(initial=0)))
     found: list[tuple[np.ndarray, np.ndarray]] = []
     taken = np.zeros(len(some), np.int64)
-    cols = rows_for(z.v.itemsize * max(dim + 2, len(some)), 64 << 20, len(z.v), 64)
+    cols = rows_for(z.v.itemsize * max(q.v.shape[1] + 2, len(some)), 64 << 20, len(z.v), 64)
     for c in range(0, len(z.v), cols):
-        ya = np.empty((min(cols, len(z.v) - c), dim + 2), dtype)
-        ya[:, :dim], ya[:, dim], ya[:, dim + 1] = z.v[c:c + cols], 1, -(z.norm[c:c + cols] ** 2) / 2
+        qa, ya, _ = augmented(q, z.rows(slice(c, c + cols)), radius)
         hit = qa @ ya.T >= 0
         own = rows[some] - c
         inside = np.flatnonzero((own >= 0) & (own < len(ya)))

@@ -169,11 +169,12 @@ def on_device(gpu: Callable[[], T], cpu: Callable[[], T], what: str) -> T:
     return cpu()
 
 
-def augmented(q: Vectors, y: Vectors, radius: float
+def augmented(q: Vectors, y: Vectors, radius: float | np.ndarray
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(q', y', T) with q'_i . y'_j = (T_i - D_ij) / 2 + rounding, where D_ij = |q_i|^2 +
-    |y_j|^2 - 2 q_i.y_j is the squared distance and T_i the query's threshold: one matrix
-    product and one sign test per pair, no other pass over the distances.
+    |y_j|^2 - 2 q_i.y_j is the squared distance and T_i the query's threshold (``radius``:
+    one for all, or one per query row): one matrix product and one sign test per pair,
+    no other pass over the distances.
 
     The two extra terms per product raise the rounding bound by g (|a_i| + |b_j|) <=
     g (T_i + |q_i|^2 + |y_j|^2) / 2, covered by widening T_i by the factor (1 + 2 g)."""
