@@ -200,10 +200,12 @@ def test_emoji_only_texts_have_no_word_and_emoji_are_no_words():
     word of its own, so every emoji-only text was the word "\ufe0f" and all of them near
     copies of each other at J 1 (a sweep: "🔥❤️🔥" removed as a copy of "❤️"). A mark
     with no letter or digit before it is no word: such texts have nothing to compare
-    (invalid, as "★★★★☆" was), and an emoji inside a text is no word."""
+    (invalid, as "★★★★☆" was), and an emoji inside a text is no word. Characters too:
+    the selector alone was a text of one character there."""
     sh = Shingles("word")
     emoji = ["❤️", "🔥❤️🔥", "👍 ❤️ 🎉", "✔️", "⚠️ ⚠️", "★★★★☆", "\u0301\u0302"]
     assert blank_rows(emoji, sh).tolist() == [True] * len(emoji)
+    assert blank_rows(emoji, Shingles("char")).tolist() == [True] * len(emoji)  # symbols
     sets = record_sets(["I ❤️ NY and you", "I NY and you", "école", "e\u0301cole", "1️⃣ 2️⃣"],
                        sh)
     assert jaccard(sets.row(0), sets.row(1)) == 1.0

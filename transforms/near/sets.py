@@ -182,16 +182,6 @@ def _short_runs(starts: np.ndarray, lengths: np.ndarray, units: np.ndarray) -> n
     return acc
 
 
-def nfkc(texts: pa.Array) -> pa.Array:
-    """Unicode NFKC by Python's ``unicodedata``: pyarrow 25's ``utf8_normalize`` returns
-    the decomposed form for "NFKC" (a voiced kana became two characters). ASCII texts
-    are NFKC already and skip it."""
-    if pc.all(pc.string_is_ascii(texts)).as_py() in (True, None):
-        return texts
-    return pa.array([None if t is None else unicodedata.normalize("NFKC", t)
-                     for t in texts.to_pylist()], texts.type)
-
-
 # whitespace as Python's str.split sees it: RE2's \s is ASCII [\t\n\f\r ] only, so a
 # no-break space, an em space or a line separator (U+2028) were parts of words
 SPACE = r"[\s\x0b\x1c-\x1f\x{85}\p{Z}]"
@@ -203,26 +193,32 @@ def by_whitespace(shingles: Shingles) -> bool:
     return (shingles.unit, shingles.normalize) in (("word", False), ("char", True))
 
 
-def unformatted(texts: pa.Array) -> pa.Array:
-    """NFKC without the invisible format characters (category Cf: soft hyphen, zero-width
-    space and joiners, word joiner, byte-order mark, direction marks), which NFKC keeps:
-    each split a word ("hyphen" U+00AD "ation" was two words), so a scraped copy with
-    soft hyphens or zero-width spaces was no near copy (J 0.02-0.49 for every third word)."""
-    t = nfkc(texts)
-    if pc.all(pc.string_is_ascii(t)).as_py() in (True, None):
-        return t
-    return pc.replace_substring_regex(t, r"\p{Cf}+", "")
-
-
 # a mark with no letter or digit before it (after a symbol, a space, or first): the emoji
 # presentation selector U+FE0F is one, so every emoji-only text was the one word "\ufe0f"
 # and all of them near copies of each other at J 1
 _ORPHAN_MARKS = r"(^|[^\p{L}\p{M}\p{N}])\p{M}+"
 
 
+def unformatted(texts: pa.Array) -> pa.Array:
+    """Unicode NFKC, without the invisible format characters and without marks that
+    follow no letter, mark or digit (``_ORPHAN_MARKS``). NFKC by Python's
+    ``unicodedata``: pyarrow 25's ``utf8_normalize`` returns the decomposed form for
+    "NFKC" (a voiced kana became two characters). Format characters (category Cf: soft
+    hyphen, zero-width space and joiners, word joiner, byte-order mark, direction marks),
+    which NFKC keeps, each split a word ("hyphen" U+00AD "ation" was two words), so a
+    scraped copy with soft hyphens or zero-width spaces was no near copy (J 0.02-0.49
+    for every third word). ASCII texts hold none of these and skip it all."""
+    if pc.all(pc.string_is_ascii(texts)).as_py() in (True, None):
+        return texts
+    t = pa.array([None if v is None else unicodedata.normalize("NFKC", v)
+                  for v in texts.to_pylist()], texts.type)
+    t = pc.replace_substring_regex(t, r"\p{Cf}+", "")
+    return pc.replace_substring_regex(t, _ORPHAN_MARKS, r"\1")
+
+
 def normalized(texts: pa.Array) -> pa.Array:
-    """NFKC, format characters dropped, lower case, punctuation and symbols as spaces,
-    whitespace collapsed."""
+    """``unformatted``, lower case, punctuation and symbols as spaces, whitespace
+    collapsed."""
     t = unformatted(texts)
     t = pc.utf8_lower(t)
     t = pc.replace_substring_regex(t, r"[\p{P}\p{S}]", " ")
@@ -249,8 +245,6 @@ def text_sets(texts: Sequence[str] | pa.Array, shingles: Shingles) -> Sets:
     if shingles.unit == "word":
         if shingles.normalize:  # NFKC, lower case; words: runs of letters, marks, digits
             arr = pc.utf8_lower(unformatted(arr))  # that start with a letter or digit
-            if pc.all(pc.string_is_ascii(arr)).as_py() not in (True, None):
-                arr = pc.replace_substring_regex(arr, _ORPHAN_MARKS, r"\1")
             if pc.any(pc.match_substring_regex(arr, _IDEOGRAPHS)).as_py():  # each a word
                 arr = pc.replace_substring_regex(arr, f"({_IDEOGRAPHS})", r" \1 ")
             split = pc.split_pattern_regex(arr, r"[^\p{L}\p{M}\p{N}]+")
