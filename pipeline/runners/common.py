@@ -25,9 +25,9 @@ from pipeline.config.runner import RunnerConfig
 RELAY_S = 0.1  # how often the workers' forwarded progress is read
 
 
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # set to 1 in
-# worker processes that share the cores: each one's BLAS spinning a thread per core
-# against the others' cost the 1M x 384 near job 128 s of CPU against 80 s
+ONE_THREAD = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+# the environment of worker processes that share the cores: each one's BLAS spinning a
+# thread per core against the others' cost the 1M x 384 near job 128 s of CPU against 80 s
 
 WORKER_LOG_ENV = "TENSORDEDUP_WORKER_LOG"  # worker_log()'s answer, for the workers
 

@@ -7,7 +7,7 @@ second (a futex wake-up each, costly on a VM); measured on 1M x 384 at cosine 0.
 cores, the cells took 18-19.6 s on two threads, 14.4 s on one, 9.8 s on two processes
 (docs/pipeline.md#runners). What the workers need and Beam's own command does not give
 them: this interpreter and the project's import paths (``worker_env``), one BLAS/OpenMP
-thread per call (``THREAD_VARS``: the processes share the cores) and one Parquet row
+thread per call (``ONE_THREAD``: the processes share the cores) and one Parquet row
 group read ahead each (``kernel_threads`` does both for threads), their progress shown
 by the launcher (``Relay``) and their log lines below warnings kept off the terminal
 (``python -m pipeline.processes``: Beam's SDK worker with a quiet handler; this module
@@ -28,7 +28,7 @@ from typing import Any
 
 from pipeline.config.runner import RunnerConfig
 from pipeline.runners.common import (
-    THREAD_VARS,
+    ONE_THREAD,
     WORKER_LOG_ENV,
     available_cores,
     avoid_flush_race,
@@ -94,7 +94,7 @@ def _local_workers() -> Iterator[str]:
     """The shell command that starts one local worker process, valid inside the block
     (its progress file lives in a directory removed after it)."""
     tmp = tempfile.mkdtemp(prefix="tensordedup-workers-")
-    env = {v: "1" for v in THREAD_VARS}
+    env = dict(ONE_THREAD)
     env[WORKER_LOG_ENV] = worker_log()
     shared = worker_env()
     for k in ("PYTHONPATH", "MALLOC_ARENA_MAX", "MIMALLOC_PURGE_DELAY"):

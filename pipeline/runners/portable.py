@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any
 
-from pipeline.runners.common import THREAD_VARS, Relay, progress_relay, worker_env
+from pipeline.runners.common import ONE_THREAD, Relay, progress_relay, worker_env
 
 START_TIMEOUT_S = 60.0  # a service's first answer: it imports Beam (seconds when loaded)
 STOP_TIMEOUT_S = 10.0  # SIGTERM, then SIGKILL
@@ -147,7 +147,7 @@ class Services:
         show = logging.getLogger("apache_beam").isEnabledFor(logging.WARNING)  # not --quiet-ed
         env = worker_env()
         if self._workers > 1:  # workers that share the cores, as the local runner's
-            env.update({v: "1" for v in THREAD_VARS})
+            env.update(ONE_THREAD)
         if self._need_pool:  # the workers' progress, shown here
             self._relay, forward = progress_relay(self.tmp)
             env.update(forward)
