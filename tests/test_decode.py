@@ -412,6 +412,33 @@ def test_utf16_text_is_invalid_with_a_reason_that_names_it(tmp_path):
     assert "UTF-16" not in reasons[2] and "not UTF-8 text" in reasons[2]
 
 
+def test_utf16_text_without_a_byte_order_mark_is_invalid_not_one_letter_words(tmp_path):
+    """UTF-16 of ASCII text without its byte-order mark (`encode("utf-16-le")`) is valid
+    UTF-8 with a NUL after every letter: it was read as a text of one-letter words and
+    compared so. Now invalid with the reason, in a binary column and a string column
+    alike; a text with one stray NUL is still a text."""
+    texts = ["the quick brown fox jumps over the lazy dog and runs away",
+             "a lazy dog jumps over the quick brown fox and then sleeps",
+             "one stray\0NUL in a text stays a text"]
+    values = [texts[2].encode(), texts[0].encode("utf-16-le"), texts[1].encode("utf-16-be")]
+    for column in ("b", "s"):
+        src = tmp_path / f"{column}.parquet"
+        data = (pa.array(values) if column == "b" else
+                pa.array([v.decode("utf-8") for v in values], pa.string()))
+        pq.write_table(pa.table({column: data}), src)
+        out = tmp_path / column
+        out.mkdir()
+        assert run(out, {"format": "parquet", "path": str(src), "tensor": column,
+                         "decode": "text"}, max_invalid_fraction=1.0,
+                   near={"metric": "jaccard", "threshold": 0.8}) == 0
+        duplicates, invalid, summary = reports(out)
+        assert (summary["kept"], summary["invalid"], duplicates) == (1, 2, [])
+        n = len(texts[0]) * 2
+        assert [r["reason"] for r in invalid] == [
+            f"{column!r}: not UTF-8 text ({n // 2} of its {n} characters are NUL, as in "
+            "UTF-16 text without a byte-order mark: write the texts as UTF-8)"] * 2
+
+
 def test_damaged_images_at_the_start_are_invalid_records_not_a_wrong_setting(tmp_path, capsys):
     """A partly downloaded shard: its first 12 of 60 JPEGs truncated (most of the first 20
     the check tries; 20%, within max_invalid_fraction). They start as JPEGs do, so the

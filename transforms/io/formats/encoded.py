@@ -104,6 +104,11 @@ def decode_value(value: bytes | str, spec: TensorSpec, full: bool = False
                 raise BadImage(f"not UTF-8 text ({e.reason} at byte {e.start}"
                                + ("; it starts with a UTF-16 byte-order mark: write the "
                                   "texts as UTF-8" if utf16 else "") + ")") from None
+        nul = value.count("\0")
+        if nul * 4 >= len(value) > 0:  # UTF-16 of ASCII decodes as UTF-8, a NUL per letter
+            raise BadImage(f"not UTF-8 text ({nul:,} of its {len(value):,} characters are "
+                           "NUL, as in UTF-16 text without a byte-order mark: write the "
+                           "texts as UTF-8)")
         utf8 = value.encode("utf-8")
         return value, fingerprint_uint8(utf8, (len(utf8),))
     data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
