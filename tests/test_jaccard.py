@@ -528,6 +528,35 @@ def test_a_large_chunks_sets_take_memory_of_their_size_not_ten_times_it(unit):
     assert peak <= 2 * got.hashes.nbytes + 64 * sets_module.SLICE_UNITS, (peak, got.hashes.nbytes)
 
 
+def test_signatures_of_a_large_chunk_are_made_in_slices_of_records(monkeypatch):
+    """MinHash signatures went over all of a chunk's shingles at once per permutation: a
+    product and a shift per shingle, 3 arrays of 512 MB for char 24-grams of 64 MB of
+    text. Now SLICE_UNITS shingles' worth of records at a time: numpy memory within the
+    signatures plus a few slices' products, and the same values as the whole at once and
+    as each record's minimum by hand."""
+    from transforms.near.sets import _perm_coefficients, signatures
+
+    rng = np.random.default_rng(3)
+    sizes = rng.integers(1, 16_000, 1_000)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    sets = Sets(offsets, rng.integers(0, 2**64, int(offsets[-1]), np.uint64),
+                np.zeros(len(sizes), bool))
+    tracemalloc.start()
+    try:
+        got = signatures(sets, 8)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= got.nbytes + 24 * sets_module.SLICE_UNITS < sets.hashes.nbytes, peak
+    monkeypatch.setattr(sets_module, "SLICE_UNITS", 1 << 40)
+    assert np.array_equal(signatures(sets, 8), got)
+    a, b = _perm_coefficients(8)
+    for r in (0, 1, 999):
+        with np.errstate(over="ignore"):
+            want = [int(((sets.row(r) * a[i] + b[i]) >> np.uint64(32)).min()) for i in range(8)]
+        assert got[r].tolist() == want
+
+
 def test_pairs_of_groups_and_their_jaccards_are_exact(corpus):
     """``group_pairs`` lists each pair of co-members once, whatever groups repeat it;
     ``pair_jaccards`` equals the set Jaccard, also where two hashes share the 40 bits

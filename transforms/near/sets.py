@@ -391,16 +391,22 @@ def record_sets(values: Sequence, shingles: Shingles) -> Sets:
     integer arrays for token; ``SLICE_UNITS`` units at a time, so the memory a chunk
     takes on its way to its sets does not grow with the chunk."""
     one = token_sets if shingles.unit == "token" else text_sets
-    ends = np.cumsum(_unit_counts(values, shingles.unit))
+    cuts = _slices(np.cumsum(_unit_counts(values, shingles.unit)))
+    if len(cuts) <= 1:
+        return one(values, shingles)
+    return Sets.concat([one(values[a:b], shingles) for a, b in cuts])
+
+
+def _slices(ends: np.ndarray) -> list[tuple[int, int]]:
+    """[a, b) runs of consecutive records of about SLICE_UNITS units each (one record
+    alone may hold more), given each record's cumulative units ``ends``."""
     cuts, a = [], 0
-    while a < len(values):
+    while a < len(ends):
         base = int(ends[a - 1]) if a else 0
         b = max(int(np.searchsorted(ends, base + SLICE_UNITS, side="right")), a + 1)
         cuts.append((a, b))
         a = b
-    if len(cuts) <= 1:
-        return one(values, shingles)
-    return Sets.concat([one(values[a:b], shingles) for a, b in cuts])
+    return cuts
 
 
 # --------------------------------------------------------------------- MinHash and LSH
@@ -447,14 +453,15 @@ def signatures(sets: Sets, permutations: int, device: str = "cpu") -> np.ndarray
         return on_device(lambda: signatures_torch(sets, permutations, torch.device("cuda")),
                          lambda: signatures(sets, permutations, "cpu"), "MinHash signatures")
     a, b = _perm_coefficients(permutations)
-    n = len(sets)
-    out = np.empty((n, permutations), np.uint32)
-    starts = sets.offsets[:-1]
-    h = sets.hashes
-    with np.errstate(over="ignore"):
-        for i in range(permutations):
-            v = (h * a[i] + b[i]) >> np.uint64(32)
-            out[:, i] = np.minimum.reduceat(v, starts).astype(np.uint32)
+    out = np.empty((len(sets), permutations), np.uint32)
+    off = sets.offsets
+    for lo, hi in _slices(off[1:] - off[0]):  # records of SLICE_UNITS shingles at a time:
+        h = sets.hashes[off[lo]:off[hi]]  # a product per shingle of a 64 MB chunk of text
+        starts = off[lo:hi] - off[lo]  # in char 24-grams was 3 arrays of 512 MB
+        with np.errstate(over="ignore"):
+            for i in range(permutations):
+                v = (h * a[i] + b[i]) >> np.uint64(32)
+                out[lo:hi, i] = np.minimum.reduceat(v, starts).astype(np.uint32)
     return out
 
 
