@@ -855,6 +855,24 @@ def test_above_the_plan_sample_the_job_equals_the_kernel(tmp_path):
     assert s["removed_near"] > 1000
 
 
+def test_the_library_takes_a_tables_text_column_as_a_list_of_its_texts(corpus):
+    """``find_near_sets(table["text"], ...)``: a pyarrow column (chunked, or one array)
+    was refused as "unit word takes texts, got StringScalar"; now the same result as the
+    texts in a list, and unit token on it is refused as on a list of texts."""
+    texts = [*corpus[:300], None]
+    rank = np.arange(len(texts))
+    want = find_near_sets(texts, rank, 0.8)
+    whole = pa.array(texts, pa.string())
+    for column in (pa.chunked_array([whole.slice(0, 100), whole.slice(100)]),
+                   whole.cast(pa.large_string())):
+        got = find_near_sets(column, rank, 0.8)
+        assert len(got.removed) > 0 and got.mode == want.mode
+        for name in ("removed", "kept", "j", "invalid"):
+            assert np.array_equal(getattr(got, name), getattr(want, name)), name
+        with pytest.raises(TypeError, match="unit token takes integer sequences, got texts"):
+            find_near_sets(column, rank, 0.8, Shingles(unit="token"))
+
+
 def test_the_library_checks_its_arguments_as_the_job_does(corpus):
     texts = corpus[:50]
     with pytest.raises(ValueError, match=r"in \(0, 1\]"):

@@ -239,7 +239,8 @@ def _word_hashes(words: pa.Array) -> np.ndarray:
 
 def text_sets(texts: Sequence[str] | pa.Array, shingles: Shingles) -> Sets:
     """The shingle sets of texts (``unit`` word or char)."""
-    arr = texts if isinstance(texts, pa.Array) else pa.array(list(texts), pa.large_string())
+    arr = (texts if isinstance(texts, pa.Array | pa.ChunkedArray) else
+           pa.array(list(texts), pa.large_string()))
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if shingles.unit == "word":
@@ -355,7 +356,9 @@ def blank_reason(unit: str) -> str:
 def unit_refusal(values: Sequence | np.ndarray, shingles: Shingles) -> str | None:
     """Why records of one kind (texts, or integer sequences: a chunk holds one) have no
     sets of ``shingles.unit`` (None: they have)."""
-    kind = next((v for v in values if v is not None), None)
+    arrow_texts = isinstance(values, pa.Array | pa.ChunkedArray) and (  # a table's column
+        pa.types.is_string(values.type) or pa.types.is_large_string(values.type))
+    kind = "" if arrow_texts else next((v for v in values if v is not None), None)
     if kind is None or (shingles.unit == "token") != isinstance(kind, str):
         return None
     if shingles.unit == "token":
@@ -381,8 +384,8 @@ def _unit_counts(values: Sequence | np.ndarray, unit: str) -> np.ndarray:
     if isinstance(values, pa.Array | pa.ChunkedArray):
         chars = pc.fill_null(pc.binary_length(values), 0).to_numpy(zero_copy_only=False)
     else:
-        chars = np.fromiter((0 if v is None else len(v) for v in values), np.int64,
-                            len(values))
+        chars = np.fromiter((len(v) if isinstance(v, str | bytes) else 0 for v in values),
+                            np.int64, len(values))
     return chars // _CHARS_PER_UNIT[unit]
 
 
