@@ -42,6 +42,7 @@ from pipeline.inputs import (
 from pipeline.job import Job
 from pipeline.steps.store import open_view, store_meta
 from transforms.io import fs, layout
+from transforms.io.conditional import lease_refusal
 from transforms.io.formats.base import InputError, TensorSpec
 from transforms.io.remote import bounded
 from transforms.near.search import use_cuda
@@ -121,6 +122,10 @@ def _check_paths(cfg: DedupeConfig, files: list[str], root: str, output: str, re
     local = fs.is_local(cfg.input.path)
     pattern = str(Path(cfg.input.path).absolute()) if local else _location(cfg.input.path)
     out, report = _location(output), _location(report)
+    store = ((("store.path", _location(cfg.store.path)),) if cfg.store is not None else ())
+    for key, target in (("output.path", out), ("report", report), *store):
+        if refused := lease_refusal(target):
+            raise InputError(f"{key}: {target}: {refused}")
     if cfg.store is not None:
         _check_store_apart(_location(cfg.store.path), inputs,
                            (("output.path", out), ("report", report)))

@@ -465,3 +465,24 @@ def test_publish_retried_ends_like_one_clean_run(tmp_path, monkeypatch, retry):
         results.append(_snapshot(local, store))
         assert {f.split("/")[0] for f in files_below(local / "out")} == {"clean", "report"}
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("key, path", [("store.path", "s3://bucket/store"),
+                                       ("output.path", "s3://bucket/out"),
+                                       ("report", "hdfs://namenode/report")])
+def test_a_path_that_cannot_hold_a_lease_is_one_line_before_any_work(tmp_path, capsys, key,
+                                                                     path):
+    """s3:// and hdfs:// offer no create-if-absent write, so no run can hold a lease
+    there: an s3:// store was listed first and refused as a network or credentials
+    failure (gcloud advice for an S3 path, "Must provide one of client or options"), and
+    an hdfs:// output stopped with a traceback (hdfs not installed). Now one line naming
+    the key and the fix, exit 2, and nothing written locally."""
+    make_input(tmp_path / "in", 1)
+    cfg = config(tmp_path, "job", tmp_path / "in", str(tmp_path / "out"), str(tmp_path / "st"))
+    assert main(["--config", str(cfg), "--quiet", "--set", f"{key}={path}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    scheme = path.partition("://")[0]
+    assert err == [f"error: {key}: {path}: {scheme}:// offers no create-if-absent write, "
+                   "which the one-writer lease needs: use a local path or gs:// for outputs, "
+                   "reports and stores"]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "st").exists()

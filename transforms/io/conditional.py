@@ -134,14 +134,29 @@ class _GcsConditional:
             return None
 
 
+def lease_refusal(path: str) -> str | None:
+    """Why a run cannot hold a lease at ``path`` (None: it can), without touching the
+    network: checked before any work, where an s3:// store was first listed and refused
+    as a network or credentials failure ("Must provide one of client or options"), and
+    an hdfs:// output stopped with a traceback."""
+    try:
+        _conditional(path)
+    except OSError as e:
+        return str(e)
+    return None
+
+
 def _conditional(path: str):
     if is_local(path):
         return _LocalConditional
-    own = beam_filesystems().get_filesystem(path)
-    if hasattr(own, "create_exclusive") and hasattr(own, "replace_if_unchanged"):
-        return own
     scheme = beam_filesystems().get_scheme(path)
     if scheme == "gs":
         return _GcsConditional
+    try:
+        own = beam_filesystems().get_filesystem(path)
+    except Exception as e:  # noqa: BLE001 (Beam's own: an extra not installed, no options)
+        own = e
+    if hasattr(own, "create_exclusive") and hasattr(own, "replace_if_unchanged"):
+        return own
     raise OSError(f"{scheme}:// offers no create-if-absent write, which the one-writer lease "
                   "needs: use a local path or gs:// for outputs, reports and stores")
