@@ -391,3 +391,22 @@ def test_delete_files_is_one_call_and_ignores_missing_files(tmp_path, gcs, monke
     monkeypatch.setattr(fakefs.FakeObjectStore, "delete", refuse)
     with pytest.raises(OSError):
         fs.delete_files([f"{url}/old/stuck"])
+
+
+@pytest.mark.parametrize("path, fix", [
+    ("hdfs://namenode/data/*.parquet", "install what the message names to read hdfs:// "
+     "paths, or --set input.path=<a local path>"),
+    ("s3://bucket/data/*.parquet", "check the network and the credentials (AWS credentials, "
+     "or Beam's --s3_* options after --; tuning.remote_timeout_s sets the wait)")])
+def test_an_input_on_another_object_store_is_told_its_own_fix(tmp_path, capsys, path, fix):
+    """Every failure to list a remote input advised gcloud's login, for s3:// too, and for
+    hdfs:// where Beam's hadoop extra is not installed: each scheme gets its own fix."""
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(yaml.safe_dump({"input": {"format": "parquet", "path": path, "tensor": "emb"},
+                                   "output": {"path": str(tmp_path / "out")},
+                                   "report": str(tmp_path / "report")}))
+    assert main(["--config", str(cfg), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: input.path: {path}: listing the files "
+                                               "failed (") and fix in err[0], err
+    assert "gcloud" not in err[0]

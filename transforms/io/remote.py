@@ -23,18 +23,29 @@ R = TypeVar("R")
 REMOTE_WORKERS = 8
 
 
-def _remote_fix(key: str) -> str:
-    return (f"check the network and the credentials (gcloud auth application-default login; "
-            f"tuning.remote_timeout_s sets the wait), or, for an offline --dry-run, --set "
-            f"{key}=<a local path>")
+# how each object store's credentials are given (gcloud's advice was printed for s3://)
+_CREDENTIALS = {"gs": "gcloud auth application-default login",
+                "s3": "AWS credentials, or Beam's --s3_* options after --"}
+
+
+def _remote_fix(key: str, path: str = "", error: BaseException | None = None) -> str:
+    if isinstance(error, ImportError) or "Failed to import" in str(error or ""):
+        return (f"install what the message names to read {path.partition('://')[0]}:// "
+                f"paths, or --set {key}=<a local path>")
+    how = _CREDENTIALS.get(path.partition("://")[0], "that filesystem's credentials")
+    return (f"check the network and the credentials ({how}; tuning.remote_timeout_s sets "
+            f"the wait), or, for an offline --dry-run, --set {key}=<a local path>")
+
+
+def _inner(e: BaseException) -> BaseException:
+    """The real error: Beam's BeamIOError wraps one per path."""
+    inner = list(getattr(e, "exception_details", None) or {})
+    return e.exception_details[inner[0]] if isinstance(e, BeamIOError) and inner else e
 
 
 def _reason(e: BaseException) -> str:
-    """A filesystem error as one line; Beam's BeamIOError wraps the real one per path."""
-    inner = list(getattr(e, "exception_details", None) or {})
-    if isinstance(e, BeamIOError) and inner:
-        e = e.exception_details[inner[0]]
-    return error_line(e)
+    """A filesystem error as one line."""
+    return error_line(_inner(e))
 
 
 def each_bounded(items: Sequence[str], fn: Callable[[str], R], key: str, what: str,
@@ -43,7 +54,7 @@ def each_bounded(items: Sequence[str], fn: Callable[[str], R], key: str, what: s
     ``timeout`` seconds. A timeout or an error (other than an InputError, which is
     already one line) becomes one InputError naming the path, what failed and the fix
     (``fix``, or the network, credentials and a local path for a dry run)."""
-    fix = _remote_fix(key) if fix is None else fix
+    given = fix
     if all(fs.is_local(p) for p in items):
         return [fn(p) for p in items]
     results: list = [None] * len(items)
@@ -67,11 +78,13 @@ def each_bounded(items: Sequence[str], fn: Callable[[str], R], key: str, what: s
     out = []
     for i, path in enumerate(items):
         if not done[i].wait(timeout):
+            fix = given or _remote_fix(key, path)
             raise InputError(f"{key}: {path}: no answer within {timeout:g} s ({what}): {fix}")
         ok, value = results[i]
         if not ok:
             if isinstance(value, InputError):
                 raise value
+            fix = given or _remote_fix(key, path, _inner(value))
             raise InputError(f"{key}: {path}: {what} failed ({_reason(value)}): {fix}"
                              ) from None
         out.append(value)
