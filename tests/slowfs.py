@@ -52,6 +52,16 @@ class _Misbehaving(LocalFileSystem):
     def delete(self, paths):
         self._fail(paths[0])
 
+    # Conditional writes, as gs:// offers them: without these the lease check refuses the
+    # scheme before any call is made, and the misbehaviour under test is never reached.
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        self._fail(path)
+        return False
+
+    def replace_if_unchanged(self, path: str, expected: bytes, data: bytes | None) -> bool:
+        self._fail(path)
+        return False
+
 
 class HangingFileSystem(_Misbehaving):
     """``hangfs://``: no call ever answers (until ``RELEASE`` is set)."""
