@@ -122,14 +122,13 @@ def _check_paths(cfg: DedupeConfig, files: list[str], root: str, output: str, re
     local = fs.is_local(cfg.input.path)
     pattern = str(Path(cfg.input.path).absolute()) if local else _location(cfg.input.path)
     out, report = _location(output), _location(report)
-    store = ((("store.path", _location(cfg.store.path)),) if cfg.store is not None else ())
-    for key, target in (("output.path", out), ("report", report), *store):
-        if refused := lease_refusal(target):
+    store = None if cfg.store is None else _location(cfg.store.path)
+    for key, target in (("output.path", out), ("report", report), ("store.path", store)):
+        if target is not None and (refused := lease_refusal(target)):
             raise InputError(f"{key}: {target}: {refused}")
-    if cfg.store is not None:
-        _check_store_apart(_location(cfg.store.path), inputs,
-                           (("output.path", out), ("report", report)))
-        _check_store_place(_location(cfg.store.path), cfg.tuning.remote_timeout_s)
+    if store is not None:
+        _check_store_apart(store, inputs, (("output.path", out), ("report", report)))
+        _check_store_place(store, cfg.tuning.remote_timeout_s)
     for key, target in (("output.path", out), ("report", report)):
         if not fs.is_local(target) and "/" not in target.partition("://")[2]:
             raise InputError(f"{key}: {target} is a whole bucket: name a folder in it (the "

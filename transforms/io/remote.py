@@ -29,7 +29,7 @@ _CREDENTIALS = {"gs": "gcloud auth application-default login",
 
 
 def _remote_fix(key: str, path: str = "", error: BaseException | None = None) -> str:
-    if isinstance(error, ImportError) or "Failed to import" in str(error or ""):
+    if isinstance(error, ImportError):
         return (f"install what the message names to read {path.partition('://')[0]}:// "
                 f"paths, or --set {key}=<a local path>")
     how = _CREDENTIALS.get(path.partition("://")[0], "that filesystem's credentials")

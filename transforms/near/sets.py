@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
+from transforms.io.formats.base import byte_slices
 from transforms.near.recall import splitmix64
 from transforms.near.search import on_device, to_device, use_cuda
 from transforms.near.spec import NearSpec, Shingles, check_rank
@@ -394,22 +395,10 @@ def record_sets(values: Sequence, shingles: Shingles) -> Sets:
     integer arrays for token; ``SLICE_UNITS`` units at a time, so the memory a chunk
     takes on its way to its sets does not grow with the chunk."""
     one = token_sets if shingles.unit == "token" else text_sets
-    cuts = _slices(np.cumsum(_unit_counts(values, shingles.unit)))
+    cuts = byte_slices(_unit_counts(values, shingles.unit), len(values), SLICE_UNITS)
     if len(cuts) <= 1:
         return one(values, shingles)
     return Sets.concat([one(values[a:b], shingles) for a, b in cuts])
-
-
-def _slices(ends: np.ndarray) -> list[tuple[int, int]]:
-    """[a, b) runs of consecutive records of about SLICE_UNITS units each (one record
-    alone may hold more), given each record's cumulative units ``ends``."""
-    cuts, a = [], 0
-    while a < len(ends):
-        base = int(ends[a - 1]) if a else 0
-        b = max(int(np.searchsorted(ends, base + SLICE_UNITS, side="right")), a + 1)
-        cuts.append((a, b))
-        a = b
-    return cuts
 
 
 # --------------------------------------------------------------------- MinHash and LSH
@@ -458,9 +447,11 @@ def signatures(sets: Sets, permutations: int, device: str = "cpu") -> np.ndarray
     a, b = _perm_coefficients(permutations)
     out = np.empty((len(sets), permutations), np.uint32)
     off = sets.offsets
-    for lo, hi in _slices(off[1:] - off[0]):  # records of SLICE_UNITS shingles at a time:
-        h = sets.hashes[off[lo]:off[hi]]  # a product per shingle of a 64 MB chunk of text
-        starts = off[lo:hi] - off[lo]  # in char 24-grams was 3 arrays of 512 MB
+    # Records of SLICE_UNITS shingles at a time: a product per shingle of a 64 MB chunk
+    # of text in char 24-grams was 3 arrays of 512 MB.
+    for lo, hi in byte_slices(np.diff(off), len(sets), SLICE_UNITS):
+        h = sets.hashes[off[lo]:off[hi]]
+        starts = off[lo:hi] - off[lo]
         with np.errstate(over="ignore"):
             for i in range(permutations):
                 v = (h * a[i] + b[i]) >> np.uint64(32)

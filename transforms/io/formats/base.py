@@ -215,6 +215,21 @@ def rows_within(rows: int, max_bytes: int | None, row_bytes: float | None) -> in
     return max(1, min(rows, int(max_bytes // row_bytes)))
 
 
+def byte_slices(lengths: np.ndarray, rows: int, max_bytes: int) -> list[tuple[int, int]]:
+    """[start, stop) slices of consecutive values, each at most ``rows`` values and, unless
+    one value alone is larger, at most ``max_bytes`` in all of ``lengths`` (bytes for
+    encoded images; any unit, e.g. the shingles of texts, for other callers)."""
+    out, a, n = [], 0, len(lengths)
+    ends = np.cumsum(lengths, dtype=np.int64)
+    while a < n:
+        base = ends[a - 1] if a else 0
+        b = int(np.searchsorted(ends, base + max_bytes, side="right"))
+        b = min(max(b, a + 1), a + rows, n)
+        out.append((a, b))
+        a = b
+    return out
+
+
 def error_line(e: BaseException) -> str:
     """An exception as one line for an invalid-record reason: "Type: message"."""
     return f"{type(e).__name__}: {e}".replace("\n", " ")

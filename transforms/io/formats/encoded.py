@@ -58,20 +58,6 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL
 
 
-def byte_slices(lengths: np.ndarray, rows: int, max_bytes: int) -> list[tuple[int, int]]:
-    """[start, stop) slices of consecutive values, each at most ``rows`` values and, unless
-    one value alone is larger, at most ``max_bytes`` bytes."""
-    out, a, n = [], 0, len(lengths)
-    ends = np.cumsum(lengths, dtype=np.int64)
-    while a < n:
-        base = ends[a - 1] if a else 0
-        b = int(np.searchsorted(ends, base + max_bytes, side="right"))
-        b = min(max(b, a + 1), a + rows, n)
-        out.append((a, b))
-        a = b
-    return out
-
-
 def dense(spec: TensorSpec) -> bool:
     """Whether every decoded value has one shape: images resized, or of ``input.shape``."""
     dec = spec.decode

@@ -24,12 +24,12 @@ from transforms.io.formats.base import (
     TensorSpec,
     Unit,
     Values,
+    byte_slices,
     default_ids,
     default_ids_arrow,
     error_line,
     unreadable_file,
 )
-from transforms.io.formats.encoded import byte_slices
 from transforms.io.formats.parquet import (
     check_columns,
     groups_at,
