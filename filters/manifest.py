@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -57,6 +58,11 @@ def _id_strings(ids: Sequence | np.ndarray | pa.Array) -> pa.Array:
                         "record ids: pass [id]")
     if isinstance(ids, pa.ChunkedArray):
         ids = ids.combine_chunks()
+    pandas = sys.modules.get("pandas")
+    if pandas is not None and isinstance(ids, pandas.Series | pandas.Index):
+        # pd.NA (nullable Int64, string) and NaN are nulls: missing ids
+        ids = pa.array(ids, from_pandas=True) if ids.dtype != object else [
+            None if pandas.isna(i) else i for i in ids]
     if not isinstance(ids, pa.Array):
         if hasattr(ids, "numpy"):  # a torch or tf tensor of ids
             ids = ids.numpy()

@@ -29,6 +29,7 @@ import dataclasses
 import itertools
 import json
 import os
+import zipfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -396,8 +397,17 @@ class OnlineDedup:
     @classmethod
     def load(cls, path: str | os.PathLike) -> OnlineDedup:
         """A state saved by ``save`` (no pickles are read)."""
-        with np.load(path, allow_pickle=False) as z:
+        with open(path, "rb") as f:  # numpy's own refusal of anything else offers pickle
+            npz = f.read(4) == b"PK\x03\x04"
+        try:
+            if not npz:
+                raise ValueError("not an .npz archive")
+            z = np.load(path, allow_pickle=False)
             meta = json.loads(str(z["meta"]))
+        except (ValueError, KeyError, zipfile.BadZipFile) as e:
+            raise ValueError(f"{path}: not a state that OnlineDedup.save wrote ({e})"
+                             ) from None
+        with z:
             if meta.get("version") != STATE_VERSION:
                 raise ValueError(f"{path}: state version {meta.get('version')} is not "
                                  f"{STATE_VERSION}")

@@ -46,7 +46,11 @@ def stream_values(batch: Any, unit: str) -> list:
     """A batch of records as the shingler takes them: ``str`` texts (bytes decoded as
     UTF-8, as tf.data hands strings over), or 1-d integer arrays for ``unit`` token.
     Accepts lists, numpy / tf / torch arrays (a 2-d integer array is a batch of
-    sequences of one length; each record flattened) and pyarrow arrays."""
+    sequences of one length; each record flattened) and pyarrow arrays; one text alone
+    is refused (iterated, it would be a batch of characters)."""
+    if isinstance(batch, str | bytes):
+        raise TypeError(f"a batch of records, not one {type(batch).__name__} "
+                        f"({batch[:40]!r}): pass [text]")
     if hasattr(batch, "to_pylist"):
         batch = batch.to_pylist()
     elif hasattr(batch, "numpy"):

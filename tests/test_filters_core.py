@@ -181,6 +181,14 @@ def test_state_of_another_version_is_refused(tmp_path):
     np.savez(tmp_path / "s.npz", **arrays)
     with pytest.raises(ValueError, match="state version 99"):
         OnlineDedup.load(tmp_path / "s.npz")
+    (tmp_path / "text.npz").write_text("not a state")
+    (tmp_path / "other.npz").write_bytes((tmp_path / "s.npz").read_bytes()[:200])
+    np.savez(tmp_path / "arrays.npz", x=np.zeros(3))
+    for name, why in (("text", "not an .npz archive"), ("other", ""), ("arrays", "meta")):
+        with pytest.raises(ValueError, match="not a state that OnlineDedup.save wrote") as e:
+            OnlineDedup.load(tmp_path / f"{name}.npz")
+        assert why in str(e.value) and "pickle" not in str(e.value)  # numpy's advice was
+        # to load it unsafely with allow_pickle
 
 
 # --- manifest --------------------------------------------------------------------------
@@ -249,6 +257,12 @@ def test_manifest_null_float_and_foreign_ids(tmp_path, monkeypatch):
     assert np.array(ids, object)[m.keep_mask(ids)].tolist() == list(clean)
     as_ints = [None if i is None else int(i) for i in ids]
     assert m.keep_mask(as_ints).tolist() == m.keep_mask(ids).tolist()
+    pd = pytest.importorskip("pandas")  # the fix the float refusal names, and pandas' NA
+    for series in (pd.Series(as_ints, dtype="Int64"), pd.Series(ids, dtype="string"),
+                   pd.Series(ids, dtype=object), pd.Index(as_ints, dtype="Int64")):
+        assert m.keep_mask(series).tolist() == m.keep_mask(ids).tolist()
+    with pytest.raises(TypeError, match=r"astype\('Int64'\)"):
+        m.keep_mask(pd.Series(as_ints, dtype=float))
     assert Manifest.load(tmp_path / "out" / "report", drop_invalid=False).keep_mask(ids)[17]
     for bad in (np.array([1.0, 2.0]), [0.0], "12"):
         with pytest.raises(TypeError, match="record ids|not a sequence"):

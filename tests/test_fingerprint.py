@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from transforms.digests import DIGEST_DTYPE
-from transforms.fingerprint import fingerprint, fingerprint_batch
+from transforms.fingerprint import fingerprint, fingerprint_batch, quantized_fingerprint
 
 NUMPY_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
                 np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128]
@@ -172,6 +172,27 @@ def test_tf_string_and_ragged_rejected():
         fingerprint(tf.constant(["a"]))
     with pytest.raises(TypeError, match="RaggedTensor"):
         fingerprint(tf.ragged.constant([[1], [2, 3]]))
+
+
+def test_values_a_digest_cannot_see_are_refused_by_name():
+    """A masked array's hidden values, a meta tensor's missing ones and a step given as
+    text were fingerprinted (two arrays that show the same values got different digests),
+    or failed in torch with no fix named."""
+    shown = np.ma.array([1.0, 2.0, 3.0], mask=[0, 1, 0])
+    for f in (fingerprint, lambda m: fingerprint_batch(m[None])):
+        with pytest.raises(TypeError, match="masked"):
+            f(shown)
+    assert fingerprint(np.ma.array([1.0, 2.0])) == fingerprint(np.array([1.0, 2.0]))
+    assert fingerprint(shown.filled(0.0)) == fingerprint(np.array([1.0, 0.0, 3.0]))
+    meta = torch.empty(2, 3, device="meta")
+    for f in (lambda: fingerprint(meta[0]), lambda: fingerprint_batch(meta),
+              lambda: fingerprint_batch(meta, backend="torch")):
+        with pytest.raises(TypeError, match="meta tensor holds no values"):
+            f()
+    with pytest.raises(TypeError, match="step must be a number, got str"):
+        quantized_fingerprint(np.ones(3), "0.1")
+    assert quantized_fingerprint(np.ones(3), np.float32(0.5)) == \
+        quantized_fingerprint(np.ones(3), 0.5)
 
 
 def test_batch_needs_a_first_axis():

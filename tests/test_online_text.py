@@ -148,6 +148,9 @@ def test_none_records_are_passed_on_and_the_others_decided_as_without_them(corpu
 
 
 def test_values_of_the_wrong_kind_are_refused_by_name():
+    for one in ("one text, read as a batch of its characters", b"one text"):
+        with pytest.raises(TypeError, match=r"not one (str|bytes).*pass \[text\]"):
+            OnlineDedup(near=_spec("word", "bounded")).keep_mask(one)
     with pytest.raises(TypeError, match="texts"):
         OnlineDedup(near=_spec("word", "bounded")).keep_mask(np.arange(6.0).reshape(3, 2))
     with pytest.raises(TypeError, match="integer sequences"):

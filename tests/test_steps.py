@@ -114,7 +114,7 @@ def test_dedup_over_record_batches_keeps_batches():
 def test_dedup_over_dicts_reports_unusable_records():
     good = np.arange(12, dtype=np.float32).reshape(3, 4)
     records = [{"id": "a", "emb": good[0]}, {"id": "b", "emb": good[0].copy()},
-               {"id": "c", "emb": "not a tensor"}, {"id": "d"},
+               {"id": "c", "emb": "not a tensor"}, {"id": "d"}, {"id": "g", "emb": None},
                {"id": "e", "emb": [[1.0, 2.0], [3.0]]}, {"id": "f", "emb": good[1]}]
     for i, r in enumerate(records):
         r["i"] = i
@@ -126,9 +126,11 @@ def test_dedup_over_dicts_reports_unusable_records():
                     equal_to([("b", "exact")]), label="removed")
 
         def reasons(rows):
-            assert sorted(r["record_id"] for r in rows) == ["c", "d", "e"]
+            assert sorted(r["record_id"] for r in rows) == ["c", "d", "e", "g"]
             assert all(r["reason"] and r["record"]["id"] == r["record_id"] for r in rows)
-            assert any("emb" in r["reason"] for r in rows if r["record_id"] == "d")
+            why = {r["record_id"]: r["reason"] for r in rows}
+            assert "emb" in why["d"]
+            assert why["g"] == "ValueError: field 'emb': null", why["g"]  # was "dtype object"
         assert_that(out[INVALID], check(reasons), label="invalid")
 
 

@@ -36,9 +36,18 @@ FLOAT_BITS: dict[str, tuple[type, int, int, int]] = {
 _COMPONENT = {"complex32": "float16", "complex64": "float32", "complex128": "float64"}
 
 
+def refuse_meta(t: Any) -> None:
+    """TypeError for a torch tensor on the meta device (a shape without values): torch's
+    own "Cannot copy out of meta tensor" names no fix."""
+    if t.device.type == "meta":
+        raise TypeError("a meta tensor holds no values to fingerprint: materialise it first "
+                        "(e.g. .to_empty(device='cpu') and load its values)")
+
+
 def _torch_to_numpy(t: Any) -> tuple[np.ndarray, str]:
     import torch
 
+    refuse_meta(t)
     if t.layout != torch.strided:
         raise TypeError(f"unsupported torch layout {t.layout}: convert with .to_dense() first")
     if t.is_quantized:
@@ -95,6 +104,10 @@ def to_numpy(x: Any) -> tuple[np.ndarray, str]:
             raise TypeError(f"unsupported tensor type {type(x).__name__}: convert to dense first")
         if isinstance(x, (tf.Tensor, tf.Variable)):
             return _tf_to_numpy(x)
+    if isinstance(x, np.ma.MaskedArray) and np.ma.getmask(x).any():
+        raise TypeError("a masked array with masked values: the values under the mask would "
+                        "be fingerprinted as if shown; pass .filled(<value>) or the "
+                        ".compressed() values")
     try:
         arr = np.asarray(x)
     except ValueError as e:

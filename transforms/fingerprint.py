@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import sys
 from typing import Any
 
@@ -33,7 +34,8 @@ def _batch(batch: Any) -> tuple[np.ndarray, str]:
 
 def _is_device_tensor(x: Any) -> bool:
     torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor) and x.device.type != "cpu"
+    return torch is not None and isinstance(x, torch.Tensor) and (
+        x.device.type not in ("cpu", "meta"))  # meta holds no values: refused by to_numpy
 
 
 def fingerprint_batch(batch: Any, *, backend: str = "auto") -> np.ndarray:
@@ -116,6 +118,8 @@ def quantize(arr: np.ndarray, name: str, step: float, normalize: bool) -> np.nda
 
 
 def _check_step(step: float) -> float:
+    if isinstance(step, bool) or not isinstance(step, numbers.Real):  # "0.1" is no step
+        raise TypeError(f"step must be a number, got {type(step).__name__} {step!r}")
     step = float(step)
     if not (math.isfinite(step) and step > 0):
         raise ValueError(f"step must be a finite number > 0, got {step}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from transforms.canonical import FLOAT_BITS, header
+from transforms.canonical import FLOAT_BITS, header, refuse_meta
 from transforms.digests import DIGEST_DTYPE, hash_rows, header_key, pack_digests
 from transforms.xxh3 import torch_ops, xxh3_128_rows
 
@@ -64,6 +64,7 @@ def fingerprint_batch_torch(batch: torch.Tensor) -> np.ndarray:
         raise TypeError(f"backend='torch' needs a torch.Tensor, got {type(batch).__name__}")
     if batch.dtype not in _NAMES:
         raise TypeError(f"unsupported dtype {batch.dtype}")
+    refuse_meta(batch)
     if batch.layout != torch.strided or batch.is_quantized:
         raise TypeError(f"unsupported torch tensor ({batch.layout}, dtype {batch.dtype})")
     if batch.dim() == 0:

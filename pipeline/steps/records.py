@@ -86,6 +86,8 @@ def dict_chunks(index: int, records: list[Mapping[str, Any]], spec: TensorSpec,
                     ranks[i] = float(r[spec.rank])
                 groups.setdefault(("text",), []).append((i, rid, x))
                 continue
+            if r[spec.tensor] is None:  # as the job says of a null value, not "dtype object"
+                raise ValueError(f"field {spec.tensor!r}: null")
             x, dtype = to_numpy(r[spec.tensor])
             if spec.shape is not None and tuple(x.shape) != tuple(spec.shape):
                 raise ValueError(f"shape {list(x.shape)} != {list(spec.shape)}")
