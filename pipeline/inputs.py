@@ -434,11 +434,22 @@ def list_files(pattern: str, key: str, timeout: float, fmt: str = "parquet") -> 
     return files
 
 
+CHAR_SET_BYTES = 8  # a char n-gram set holds one 8-byte hash per character of its text
+
+
 def as_sequences(cfg: DedupeConfig, spec: TensorSpec) -> TensorSpec:
-    """Jaccard over numbers compares integer sequences of any length: read as such
-    (``TensorSpec.ragged``), one chunk per read batch, not one per length."""
-    if cfg.near is not None and cfg.near.metric == "jaccard" and spec.decode is None:
+    """What the jaccard stage reads. Over numbers, integer sequences of any length
+    (``TensorSpec.ragged``), one chunk per read batch, not one per length. With char
+    shingles, chunks of 1/CHAR_SET_BYTES of ``tuning.decoded_chunk_bytes`` of text, so
+    that a chunk's sets stay within it: a 64 MB chunk's were 512 MB, and its run's peak
+    above max(3 GB, 3x the text) on files of one row group."""
+    if cfg.near is None or cfg.near.metric != "jaccard":
+        return spec
+    if spec.decode is None:
         return replace(spec, ragged=True)
+    if cfg.near.shingles is not None and cfg.near.shingles.unit == "char":
+        return replace(spec, decode=replace(
+            spec.decode, chunk_bytes=max(1, spec.decode.chunk_bytes // CHAR_SET_BYTES)))
     return spec
 
 

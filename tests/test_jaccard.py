@@ -999,3 +999,36 @@ def test_a_string_column_with_bytes_that_are_not_utf8_makes_invalid_records(tmp_
     kept = pq.read_table(tmp_path / "out").column("doc").to_pylist()
     want = {f"doc{i}" for i in range(len(values)) if i not in bad} - set(_removals(tmp_path))
     assert len(kept) == len(want) and set(kept) <= set(good)
+
+
+@pytest.mark.parametrize("unit", ["word", "char"])
+def test_a_chunk_of_texts_shingles_to_sets_within_the_decoded_chunk_bytes(tmp_path, unit):
+    """Real sources in one row group (as pandas and pq.write_table write them): a chunk
+    held decoded_chunk_bytes of text whatever the unit, and char sets hold an 8-byte hash
+    per character, so a 64 MB chunk became 512 MB of sets per worker (the run's peak above
+    max(3 GB, 3x the text)). Read as the job reads them, each chunk's sets fit the budget
+    (one record alone may exceed it), every record once and in order."""
+    from pipeline.config import parse_config
+    from pipeline.inputs import as_sequences
+    from transforms.io.formats import get_format
+    from transforms.io.formats.base import Chunking
+
+    texts = package_texts(300)
+    path = tmp_path / "texts.parquet"
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=len(texts))
+    budget = sum(len(t.encode()) for t in texts) // 6
+    cfg = parse_config({
+        "input": {"format": "parquet", "path": str(path), "tensor": "text", "decode": "text"},
+        "output": {"path": str(tmp_path / "out")}, "report": str(tmp_path / "report"),
+        "near": {"metric": "jaccard", "threshold": 0.8, "shingles": {"unit": unit}},
+        "tuning": {"decoded_chunk_bytes": budget}})
+    spec = as_sequences(cfg, cfg.input.to_spec(None, cfg.tuning.decoded_chunk_bytes))
+    f, rows = get_format("parquet", spec), Chunking().chunk_rows
+    chunks = [c for u in f.plan(str(path), 0, rows, f.check(str(path), spec))
+              for c in f.read(u, spec, rows)]
+    assert np.array_equal(np.concatenate([c.positions for c in chunks]), np.arange(len(texts)))
+    assert [t for c in chunks for t in c.tensors] == texts
+    sizes = [record_sets(list(c.tensors), Shingles(unit=unit)).hashes.nbytes for c in chunks]
+    longest = max(record_sets([t], Shingles(unit=unit)).hashes.nbytes for t in texts)
+    assert max(sizes) <= budget + longest, (max(sizes), budget)
+    assert len(chunks) <= 4 * sum(sizes) // budget + 1  # and not cut finer than it needs

@@ -136,7 +136,8 @@ class TuningConfig(Strict):
     shards: int = Field(16, gt=0, description="shuffle shards of the digest group-by")
     decoded_chunk_bytes: int = Field(Decode.chunk_bytes, gt=0, description="input.decode: a chunk "
                                      "holds at most this many decoded (and encoded) bytes, "
-                                     "whatever its rows")
+                                     "whatever its rows; with jaccard char shingles, of "
+                                     "sets: 1/8 of it in text")
     report_file_rows: int = Field(
         layout.FILE_ROWS, ge=0, description="report/duplicates.parquet and invalid.parquet are one "
         "file each while they hold at most this many rows (the report's worker joins the "
