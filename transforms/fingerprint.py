@@ -34,8 +34,7 @@ def _batch(batch: Any) -> tuple[np.ndarray, str]:
 
 def _is_device_tensor(x: Any) -> bool:
     torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor) and (
-        x.device.type not in ("cpu", "meta"))  # meta holds no values: refused by to_numpy
+    return torch is not None and isinstance(x, torch.Tensor) and x.device.type != "cpu"
 
 
 def fingerprint_batch(batch: Any, *, backend: str = "auto") -> np.ndarray:
