@@ -144,6 +144,47 @@ def test_a_signal_while_the_job_runs_stops_it_at_once(tmp_path, near_input, isol
     assert_nothing_left(tmp_path, before, *isolated)
 
 
+def started_workers(tag: str) -> list[int]:
+    """The local runner's worker processes of the run tagged ``tag``."""
+    found = []
+    for pid in tagged_processes(tag):
+        try:
+            if b"pipeline.processes" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:  # gone meanwhile
+            pass
+    return found
+
+
+@pytest.mark.parametrize(("runner", "when"), [("processes", "workers starting"),
+                                              ("processes", "held"), ("portable", "held"),
+                                              ("dask", "held")])
+def test_processes_the_job_started_end_when_it_is_killed_outright(tmp_path, near_input,
+                                                                  isolated, runner, when):
+    """SIGKILL (the OOM killer, ``kill -9``) runs none of the command's code: the worker
+    processes, services and cluster it started must notice by themselves, within the
+    first signal's 5 s, whether they were starting or working (Publish held). Before,
+    local worker processes started just before the kill kept retrying their launcher's
+    gRPC address for 2 minutes."""
+    tag, _ = isolated
+    cfg = config(tmp_path, str(near_input / "*.parquet"))
+    hold = tmp_path / "hold"
+    proc = start(cfg, *RUNNERS[runner], env={HOLD_ENV: str(hold)})
+    if when == "held":
+        wait_for(hold.with_name("hold.reached"), proc)
+    deadline = time.monotonic() + WAIT_S
+    while not (started_workers(tag) if when == "workers starting"
+               else set(tagged_processes(tag)) - {proc.pid}):
+        assert proc.poll() is None and time.monotonic() < deadline, "no process started"
+        threading.Event().wait(0.01)
+    t0 = time.monotonic()
+    proc.kill()
+    proc.wait()
+    while left := tagged_processes(tag):
+        assert time.monotonic() - t0 < FIRST_S, left
+        threading.Event().wait(0.05)
+
+
 @pytest.mark.parametrize("point", ["output moved", "complete"])
 def test_a_stop_after_the_output_was_replaced_says_what_was_published(
         tmp_path, near_input, isolated, point):

@@ -28,7 +28,13 @@ import threading
 import time
 from typing import Any
 
-from pipeline.runners.common import ONE_THREAD, Relay, progress_relay, worker_env
+from pipeline.runners.common import (
+    ONE_THREAD,
+    Relay,
+    on_parent_gone,
+    progress_relay,
+    worker_env,
+)
 
 START_TIMEOUT_S = 60.0  # a service's first answer: it imports Beam (seconds when loaded)
 STOP_TIMEOUT_S = 10.0  # SIGTERM, then SIGKILL
@@ -328,15 +334,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         print(f"{args.kind}: serving on localhost:{port} (Ctrl-C stops)", flush=True)
     if args.parent is not None:
-        threading.Thread(target=_watch_parent, args=(args.parent, stop), daemon=True).start()
+        on_parent_gone(args.parent, stop.set)
     stop.wait()
     shutdown()
     if args.kind == "jobs":
         os._exit(0)  # a job still running holds non-daemon threads: do not wait for them
     # the pool returns: its exit handler stops the workers it started
-
-
-def _watch_parent(parent: int, stop: threading.Event) -> None:
-    while not stop.wait(1.0):
-        if os.getppid() != parent:
-            stop.set()
