@@ -19,6 +19,7 @@ import pytest
 from pipeline import publish
 from pipeline.report import tables as report
 from pipeline.report.summary import human_summary
+from pipeline.run import main
 from pipeline.steps import store, write
 from tests.jobkit import EXT, read_output, run_job, write_input
 from tests.oracle import canonical_key
@@ -165,7 +166,7 @@ def test_successive_runs_dedup_against_everything_kept_before(tmp_path, fanin):
     assert len(units) == (2 if fanin == 2 else 3)  # day1 + day2 merged into one at fanin 2
 
 
-def test_rerun_of_a_run_id_replaces_its_outputs_and_store_entries(tmp_path, fanin):
+def test_rerun_of_a_run_id_replaces_its_outputs_and_store_entries(tmp_path, fanin, capsys):
     d1 = write_day(tmp_path, "d1", day(4, 300))
     d2 = write_day(tmp_path, "d2", day(5, 300, [x for _, x in d1]))
     assert run_day(tmp_path, "d1", "day1") == 0
@@ -177,6 +178,14 @@ def test_rerun_of_a_run_id_replaces_its_outputs_and_store_entries(tmp_path, fani
         str(tmp_path / "store")).meta())
     assert f"already committed {len(first_kept):,} records" in view.replacing_line()
     assert store.open_view(view.path, "day3", view.meta).replacing_line() is None
+    # --dry-run of the rerun says so too (it had said nothing), and changes nothing
+    capsys.readouterr()
+    assert main(["--config", str(tmp_path / "job.yaml"), "--dry-run", "--run-id", "day2"]) == 0
+    said = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("store:")]
+    assert said == [f"store: run id day2 already committed {len(first_kept):,} records "
+                    f"({view.replaces['committed_at'][:19]} UTC); this run would replace "
+                    "them. A different batch needs its own run id (--run-id)"]
+    assert (tmp_path / "out" / "report" / "day2" / "duplicates.parquet").read_bytes() == first
     assert run_day(tmp_path, "d2", "day2") == 0  # same id: replaces, no --overwrite needed
     again = summary(tmp_path, "day2")
     assert again["store"]["replaces_records"] == len(first_kept)

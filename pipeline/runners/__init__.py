@@ -249,4 +249,6 @@ def dry_run(job, build_graph: Callable[[Any], None]) -> int:
     print("\n".join(built.facts(cfg)))
     if job.embed is not None:  # the model was loaded once by the checks
         print(job.embed.describe())
+    if job.store is not None and (line := job.store.replacing_line(dry_run=True)):
+        print(line)
     return 0

@@ -100,15 +100,18 @@ class StoreView:
                 "committed": False, "appended": 0,
                 "replaces_records": None if self.replaces is None else self.replaces["records"]}
 
-    def replacing_line(self) -> str | None:
-        """A rerun of a committed run id replaces its records: said before any work, since
-        a second batch run under the same (default: today's) id would drop the first's."""
+    def replacing_line(self, dry_run: bool = False) -> str | None:
+        """A rerun of a committed run id replaces its records: said before any work (and
+        by ``--dry-run``), since a second batch run under the same (default: today's) id
+        would drop the first's."""
         if self.replaces is None:
             return None
         r = self.replaces
         return (f"store: run id {self.run_id} already committed {r['records']:,} records "
-                f"({r['committed_at'][:19]} UTC); this run replaces them. A different batch "
-                "needs its own run id (--run-id): Ctrl-C now to keep them")
+                f"({r['committed_at'][:19]} UTC); this run "
+                f"{'would replace' if dry_run else 'replaces'} them. A different batch "
+                "needs its own run id (--run-id)"
+                + ("" if dry_run else ": Ctrl-C now to keep them"))
 
     def matching(self, batch: KeyBatch, keep: str) -> KeyBatch:
         """Stored records whose digests occur among this run's rows of ``batch``."""
