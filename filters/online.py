@@ -396,18 +396,18 @@ class OnlineDedup:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> OnlineDedup:
-        """A state saved by ``save`` (no pickles are read)."""
-        with open(path, "rb") as f:  # numpy's own refusal of anything else offers pickle
-            npz = f.read(4) == b"PK\x03\x04"
-        try:
-            if not npz:
-                raise ValueError("not an .npz archive")
-            z = np.load(path, allow_pickle=False)
-            meta = json.loads(str(z["meta"]))
-        except (ValueError, KeyError, zipfile.BadZipFile) as e:
-            raise ValueError(f"{path}: not a state that OnlineDedup.save wrote ({e})"
-                             ) from None
-        with z:
+        """A state saved by ``save`` (no pickles are read). The file is closed on every way
+        out: numpy's loader left it open when it refused a damaged archive."""
+        with open(path, "rb") as f:
+            try:
+                if f.read(4) != b"PK\x03\x04":  # numpy's refusal of anything else offers pickle
+                    raise ValueError("not an .npz archive")
+                f.seek(0)
+                z = np.load(f, allow_pickle=False)
+                meta = json.loads(str(z["meta"]))
+            except (ValueError, KeyError, zipfile.BadZipFile) as e:
+                raise ValueError(f"{path}: not a state that OnlineDedup.save wrote ({e})"
+                                 ) from None
             if meta.get("version") != STATE_VERSION:
                 raise ValueError(f"{path}: state version {meta.get('version')} is not "
                                  f"{STATE_VERSION}")
@@ -431,7 +431,7 @@ class OnlineDedup:
                 bounds = np.cumsum(np.r_[0, z["block_rows"]])
                 for lo, hi in itertools.pairwise(bounds.tolist()):
                     self._remember_block(values[lo:hi])
-        return self
+            return self
 
     def _remember_block(self, x: np.ndarray) -> None:
         self._blocks.append(_NearBlock(x, search_vectors(x, self.near, 0.0, dtype=np.float32)))

@@ -4,6 +4,8 @@ and OnlineDedup (stream state), against the batch job's output and a brute-force
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -184,11 +186,17 @@ def test_state_of_another_version_is_refused(tmp_path):
     (tmp_path / "text.npz").write_text("not a state")
     (tmp_path / "other.npz").write_bytes((tmp_path / "s.npz").read_bytes()[:200])
     np.savez(tmp_path / "arrays.npz", x=np.zeros(3))
-    for name, why in (("text", "not an .npz archive"), ("other", ""), ("arrays", "meta")):
+    np.savez(tmp_path / "prose.npz", meta=np.array("not json"))
+    for name, why in (("text", "not an .npz archive"), ("other", ""), ("arrays", "meta"),
+                      ("prose", "Expecting value")):
         with pytest.raises(ValueError, match="not a state that OnlineDedup.save wrote") as e:
             OnlineDedup.load(tmp_path / f"{name}.npz")
         assert why in str(e.value) and "pickle" not in str(e.value)  # numpy's advice was
         # to load it unsafely with allow_pickle
+        if Path("/proc/self/fd").exists():  # the archive was left open (e's frames held it)
+            held = [fd for fd in os.listdir("/proc/self/fd")
+                    if os.path.realpath(f"/proc/self/fd/{fd}") == str(tmp_path / f"{name}.npz")]
+            assert held == [], name
 
 
 # --- manifest --------------------------------------------------------------------------
