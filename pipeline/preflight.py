@@ -58,11 +58,12 @@ def _probe_dir(target: str) -> str:
     return str(parent)
 
 
-def _check_writable(key: str, target: str, timeout: float) -> None:
-    """Create and delete a probe file where the run stages ``target``: a read-only
-    directory is found now, not when the job publishes after all its work."""
+def _check_writable(key: str, target: str, timeout: float, inside: bool = False) -> None:
+    """Create and delete a probe file where the run stages ``target`` (``inside`` it
+    where it exists: a store is written into): a read-only directory, or a file where a
+    directory must be made, is found now, not when the job publishes after all its work."""
     if fs.is_local(target):
-        where = _probe_dir(target)
+        where = target if inside and os.path.isdir(target) else _probe_dir(target)
         if not os.path.isdir(where):
             raise InputError(f"{key}: {where} is a file, not a directory: choose another {key}")
         try:
@@ -452,6 +453,8 @@ def prepare(cfg: DedupeConfig) -> Job:
     _check_paths(cfg, files, root, output, report, refs.files if refs else [], replace)
     for key, target in (("output.path", output), ("report", report)):
         _check_writable(key, target, timeout)
+    if cfg.store is not None and cfg.store.update:
+        _check_writable("store.path", cfg.store.path, timeout, inside=True)
     embed = embedding(cfg.embed)
     image = resolved.decode is not None and resolved.decode.kind == "image"
     near = near_spec(cfg, "float32" if embed else resolved.dtype,
@@ -462,8 +465,9 @@ def prepare(cfg: DedupeConfig) -> Job:
     store = None
     if cfg.store is not None:
         meta = store_meta(resolved, near, _settings(resolved, embed))
-        store = bounded(cfg.store.path, lambda path: open_view(path, run_id, meta),
-                         "store.path", "reading the store", timeout)
+        store = bounded(cfg.store.path,
+                        lambda path: open_view(path, run_id, meta, cfg.store.update),
+                        "store.path", "reading the store", timeout)
     return Job(cfg=cfg, files=files, root=root, spec=spec, resolved=resolved, keep=keep,
                chunking=cfg.tuning.chunking(), output=output, report=report, run_id=run_id,
                attempt=f"{os.getpid()}-{time.time_ns()}", replace=replace, near=near,

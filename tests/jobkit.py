@@ -89,15 +89,18 @@ def read_output(fmt: str, path: Path, shape: tuple[int, ...], dtype=np.float32
         return ([b.decode() for b in h["id"][:]], h["emb"][:], h["label"][:])
 
 
-def run_job(tmp_path: Path, fmt: str, input_glob: str, *sets: str, **overrides) -> int:
-    """Run ``python -m pipeline.run`` in-process with a config for ``input_glob``."""
+def run_job(tmp_path: Path, fmt: str, input_glob: str, *sets: str, args: tuple = (),
+            **overrides) -> int:
+    """Run ``python -m pipeline.run`` in-process with a config for ``input_glob`` (``args``:
+    more command-line arguments, e.g. ``("--dry-run",)``)."""
     cfg = {"input": {"format": fmt, "path": input_glob, "tensor": "emb", "id": "id",
                      **overrides.pop("input", {})},
            "output": {"path": str(tmp_path / "out" / "clean")},
            "report": str(tmp_path / "out" / "report"), **overrides}
     cfg_path = tmp_path / "job.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
-    return main(["--config", str(cfg_path), "--quiet", *[a for s in sets for a in ("--set", s)]])
+    return main(["--config", str(cfg_path), "--quiet", *args,
+                 *[a for s in sets for a in ("--set", s)]])
 
 
 def report(tmp_path: Path) -> tuple[pa.Table, pa.Table]:

@@ -93,7 +93,7 @@ def write_day(tmp_path, name: str, x: np.ndarray, fmt: str = "parquet", files: i
     return list(zip(ids, x, strict=True))
 
 
-def run_day(tmp_path, name: str, run_id: str, *sets: str, **cfg) -> int:
+def run_day(tmp_path, name: str, run_id: str, *sets: str, args: tuple = (), **cfg) -> int:
     cfg.setdefault("store", {"path": str(tmp_path / "store")})
     cfg.setdefault("near", {"metric": "l2", "threshold": THRESHOLD})
     cfg["output"] = {"path": str(tmp_path / "out" / "clean" / "{run_id}")}
@@ -101,7 +101,7 @@ def run_day(tmp_path, name: str, run_id: str, *sets: str, **cfg) -> int:
     # the tests patch steps in this process (store.FANIN, simulated crashes): the near
     # job's local workers must be its threads, not processes of their own
     return run_job(tmp_path, "parquet", str(tmp_path / name / "*.parquet"), f"run_id={run_id}",
-                   "runner.processes=false", *sets, **cfg)
+                   "runner.processes=false", *sets, args=args, **cfg)
 
 
 def removals(tmp_path, run_id: str) -> dict[str, tuple[str, str]]:
@@ -202,6 +202,65 @@ def test_rerun_of_a_run_id_replaces_its_outputs_and_store_entries(tmp_path, fani
     assert run_day(tmp_path, "d3", "day3") == 0
     assert removals(tmp_path, "day3") == oracle(stored, d3)
     assert not list((tmp_path / "out" / "clean").glob(".*"))  # no staging left behind
+
+
+def test_check_only_runs_see_every_commit_and_need_a_store(tmp_path, capsys):
+    """``store.update: false`` (a leakage or history check) appends nothing and replaces
+    nothing, so it is checked against every committed run, its own run id's too: under
+    the day's (default) run id after the day's commit it had skipped that commit's
+    records while saying it replaced them. A store that is not there (a typo) stops it,
+    where it had checked against nothing and exited 0."""
+    d1 = write_day(tmp_path, "d1", day(14, 300))
+    d2 = write_day(tmp_path, "d2", day(15, 300, [x for _, x in d1]))
+    assert run_day(tmp_path, "d1", "day1") == 0
+    stored = [(i, x, "store") for i, x in d1 if i not in removals(tmp_path, "day1")]
+    capsys.readouterr()
+    assert run_day(tmp_path, "d2", "day1", "store.update=false") == 0
+    assert "replace" not in capsys.readouterr().err
+    assert removals(tmp_path, "day1") == oracle(stored, d2)
+    assert any(k == "store_exact" for k, _ in removals(tmp_path, "day1").values())
+    described = summary(tmp_path, "day1")["store"]
+    assert (described["earlier_runs"], described["replaces_records"]) == (1, None)
+    assert [r.run_id for r in FingerprintStore(str(tmp_path / "store")).runs()] == ["day1"]
+
+    typo = tmp_path / "stroe"
+    assert run_day(tmp_path, "d2", "day2", "store.update=false", store={"path": str(typo)}) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: store.path: no fingerprint store at {typo} (no STORE.json), and a check-only "
+        "run (store.update: false) checks against an existing one: fix store.path, or set "
+        "store.update: true to start a store"]
+    assert not typo.exists()
+
+
+def test_stores_that_cannot_be_written_or_read_stop_the_run_before_any_work(tmp_path, capsys):
+    """Each a one-line exit 2 naming store.path, --dry-run included: a file where the
+    store's folder would be made (it was a raw "[Errno 20] Not a directory" once the job
+    had started), a damaged settings file or commit marker (a JSON traceback, exit 1)."""
+    d1 = write_day(tmp_path, "d1", day(16, 200))
+    (tmp_path / "afile").write_text("not a folder")
+    for args in ((), ("--dry-run",)):
+        assert run_day(tmp_path, "d1", "day1", store={"path": str(tmp_path / "afile" / "st")},
+                       args=args) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"error: store.path: {tmp_path / 'afile'} is a file, not a directory: choose "
+            "another store.path"]
+    assert run_day(tmp_path, "d1", "day1") == 0
+    meta = tmp_path / "store" / "STORE.json"
+    marker = next((tmp_path / "store" / "commits" / "day1").glob("*.json"))
+    good = meta.read_bytes(), marker.read_bytes()
+    for damaged, text in ((meta, b""), (marker, good[1][:50])):
+        damaged.write_bytes(text)
+        for args in ((), ("--dry-run",)):
+            capsys.readouterr()
+            assert run_day(tmp_path, "d1", "day2", args=args) == 2
+            err = capsys.readouterr().err.splitlines()
+            assert len(err) == 1 and err[0].startswith(
+                f"error: store.path: {damaged} is damaged ({len(text):,} bytes, not JSON: "), err
+            assert err[0].endswith("restore it from a copy, or use a new store path")
+        meta.write_bytes(good[0])
+        marker.write_bytes(good[1])
+    assert run_day(tmp_path, "d1", "day2") == 0  # restored: the store works as before
+    assert set(removals(tmp_path, "day2")) == set(d for d, _ in d1)
 
 
 def _fail(*_a, **_k):

@@ -27,6 +27,7 @@ from pipeline.steps.elements import (
 )
 from transforms.digests import SCHEME
 from transforms.exact import NEW, STORE, Keep, keep_order
+from transforms.io import layout
 from transforms.io.formats.base import InputError, TensorSpec
 from transforms.near.sets import Sets, by_whitespace
 from transforms.near.space import finite_rows
@@ -90,6 +91,12 @@ class StoreView:
     meta: dict
     plan: LookupPlan  # the runs committed before this run started, and their segments
     replaces: dict | None = None  # this run id's earlier commit, which this run replaces
+    update: bool = True  # the run appends (it then never matches its own run id's records)
+
+    @property
+    def own(self) -> str | None:
+        """The run id whose records this run is not checked against (``open_view``)."""
+        return self.run_id if self.update else None
 
     @property
     def earlier(self) -> tuple[str, ...]:
@@ -104,8 +111,8 @@ class StoreView:
         """A rerun of a committed run id replaces its records: said before any work (and
         by ``--dry-run``), since a second batch run under the same (default: today's) id
         would drop the first's."""
-        if self.replaces is None:
-            return None
+        if self.replaces is None or not self.replaces["records"]:
+            return None  # nothing to keep: a rerun of a run that kept no record
         r = self.replaces
         return (f"store: run id {self.run_id} already committed {r['records']:,} records "
                 f"({r['committed_at'][:19]} UTC); this run "
@@ -128,14 +135,14 @@ class StoreView:
     def vectors(self, keep: str) -> Iterator[VecBatch]:
         """Every stored value (all earlier runs) as protected rows for the near stage."""
         for (words, ids, runs, x), where in _stored(
-                FingerprintStore(self.path).vectors(self.run_id), keep):
+                FingerprintStore(self.path).vectors(self.own), keep):
             yield VecBatch(words, *where, ids, x, runs)
 
     def sets(self, keep: str, folder: str) -> Iterator[SetBatch]:
         """Every stored shingle set (a jaccard store) as protected rows for the near
         stage, spilled to ``folder`` as the stage reads them."""
         for (words, ids, runs, offsets, hashes), where in _stored(
-                FingerprintStore(self.path).sets(self.run_id), keep):
+                FingerprintStore(self.path).sets(self.own), keep):
             yield SetBatch(words, *where, ids, Sets(offsets, hashes, np.zeros(len(ids), bool)),
                            run=runs).spill(folder)
 
@@ -146,7 +153,7 @@ class StoreView:
     def refreshed(self) -> StoreView:
         """The view as of now: taken again once the run holds the store's lease, so it
         includes every run committed before (a plan made earlier could miss one)."""
-        return open_view(self.path, self.run_id, self.meta)
+        return open_view(self.path, self.run_id, self.meta)  # (runs that append only)
 
     def clear_attempts(self) -> None:
         """Remove attempts of this run id that a killed run left uncommitted."""
@@ -166,16 +173,24 @@ def _stored(batches: Iterator[tuple], keep: str) -> Iterator[tuple[tuple, tuple]
         yield batch, (prio, order, fi, pos)
 
 
-def open_view(path: str, run_id: str, meta: dict) -> StoreView:
-    """Check the store against this run (raises InputError, one line) and fix its view."""
+def open_view(path: str, run_id: str, meta: dict, update: bool = True) -> StoreView:
+    """Check the store against this run (raises InputError, one line) and fix its view.
+    A run that appends (``update``) is checked against every run but its own run id's,
+    which it replaces; a check-only run against every committed run, its own id's too
+    (it replaces nothing: a same-day check after the day's commit had skipped that
+    commit's records while saying it replaced them), and needs a store to exist."""
     store = FingerprintStore(path)
     try:
+        if not update and store.meta() is None:
+            raise StoreError(f"no fingerprint store at {path} (no {layout.STORE_META}), and a "
+                             "check-only run (store.update: false) checks against an existing "
+                             "one: fix store.path, or set store.update: true to start a store")
         store.check_compatible(meta)
-        plan = store.plan(exclude_run=run_id)
-        replaces = store.committed(run_id)
+        plan = store.plan(exclude_run=run_id if update else None)
+        replaces = store.committed(run_id) if update else None
     except StoreError as e:
         raise InputError(f"store.path: {e}") from None
-    return StoreView(path, run_id, meta, plan, replaces)
+    return StoreView(path, run_id, meta, plan, replaces, update)
 
 
 class StoreVectors(beam.PTransform):

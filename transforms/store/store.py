@@ -103,7 +103,7 @@ class FingerprintStore(StoreReads):
         path = self._file(layout.STORE_META)
         if not fs.exists(path):
             return None
-        doc = json.loads(fs.read_bytes(path))
+        doc = _json_doc(path)
         if doc.get("format") != FORMAT or doc.get("version") != VERSION:
             raise StoreError(f"{path} is not a version-{VERSION} fingerprint store (format "
                              f"{doc.get('format')!r}, version {doc.get('version')!r}): use a "
@@ -348,11 +348,26 @@ def _read_markers(pattern: str) -> list[dict]:
     docs = []
     for path in fs.match(pattern):
         try:
-            docs.append(json.loads(fs.read_bytes(path)))
+            docs.append(_json_doc(path))
         except OSError:
             if fs.exists(path):
                 raise
     return docs
+
+
+def _json_doc(path: str) -> dict:
+    """A store's JSON file (its settings, a commit marker), or StoreError naming it: both
+    are written whole, at once, so a damaged one was changed from outside."""
+    data = fs.read_bytes(path)
+    try:
+        doc = json.loads(data)
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise StoreError(f"{path} is damaged ({len(data):,} bytes, not JSON: {e}): restore "
+                         "it from a copy, or use a new store path") from None
+    if not isinstance(doc, dict):
+        raise StoreError(f"{path} is damaged (JSON, but not an object): restore it from a "
+                         "copy, or use a new store path")
+    return doc
 
 
 def _check_run_id(run_id: str) -> None:
