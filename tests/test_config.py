@@ -212,6 +212,50 @@ def test_unknown_keys_suggest_the_nearest_known_key(tmp_path, change, line):
     assert str(e.value) == line
 
 
+@pytest.mark.parametrize(("sets", "line"), [
+    (["store=/data/store"], "config key 'store' is a section, not a value (got "
+     "'/data/store'): give its keys, e.g. --set store.path=... or store: {path: ...} in the "
+     "YAML (keys under store: path, update)"),
+    (["near.metric=jaccard", "near.threshold=0.8", "near.shingles=5"],
+     "config key 'near.shingles' is a section, not a value (got 5): give its keys, e.g. --set "
+     "near.shingles.unit=... or near.shingles: {unit: ...} in the YAML (keys under "
+     "near.shingles: unit, size, normalize, permutations, bands)"),
+])
+def test_a_value_where_a_section_goes_names_its_keys(tmp_path, sets, line):
+    """`--set store=PATH` (a natural first guess) was "Input should be a valid dictionary
+    or instance of StoreConfig": the class name, no fix."""
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, GOOD), sets)
+    assert str(e.value) == line
+
+
+def test_paths_starting_with_a_tilde_are_in_the_home_folder(tmp_path, monkeypatch):
+    """YAML is not a shell: ``~/out`` was taken as it stood, and the job made a folder
+    named ``~`` in the current directory (``rm -rf ~`` away from a disaster)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cfg = load_config(_write(tmp_path, GOOD), ["input.path=~/in/*.parquet", "output.path=~/o",
+                                               "report=~/r", "store.path=~/s",
+                                               "reference=[{format: parquet, path: ~/ref.pq, "
+                                               "tensor: emb}]"])
+    home = tmp_path / "home"
+    assert (cfg.input.path, cfg.output.path, cfg.report, cfg.store.path,
+            cfg.reference[0].path) == (f"{home}/in/*.parquet", f"{home}/o", f"{home}/r",
+                                       f"{home}/s", f"{home}/ref.pq")
+    assert load_config(_write(tmp_path, GOOD), ["output.path=gs://b/~o"]).output.path == (
+        "gs://b/~o")
+
+
+def test_run_id_in_the_store_path_is_refused(tmp_path):
+    """A store is shared by every run; '{run_id}' is not replaced there, and a folder
+    named 'st_{run_id}' was made and used as the store."""
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, GOOD), ["store.path=/data/st_{run_id}"])
+    assert str(e.value) == (
+        "config key 'store.path': '{run_id}' is replaced in output.path and report, not "
+        "here: a store is the one folder every run shares (each run is checked against the "
+        "runs before it): remove it from store.path")
+
+
 def test_unknown_key_from_set_suggests_too(tmp_path):
     with pytest.raises(ConfigError, match=r"^unknown key near\.treshold: did you mean "
                                           r"near\.threshold\?$"):

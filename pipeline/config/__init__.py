@@ -25,6 +25,7 @@ from pydantic import (
 from pipeline.config.runner import DATAFLOW_KEYS, RunnerConfig
 from pipeline.config.sections import (
     EmbedConfig,
+    HomePath,
     InputConfig,
     KeyColumn,
     NearConfig,
@@ -65,7 +66,7 @@ class DedupeConfig(Strict):
         "first", description="which record of a group survives: first | last | "
         "{max: column} | {min: column}")
     output: OutputConfig
-    report: str = Field(description="directory for duplicates.parquet, invalid.parquet, "
+    report: HomePath = Field(description="directory for duplicates.parquet, invalid.parquet, "
                         "summary.json")
     near: NearConfig | None = Field(None, description="near-duplicate stage (off when absent)")
     embed: EmbedConfig | None = Field(None, description="embed each record with your model on "
@@ -258,6 +259,15 @@ def _dotted(parts: Sequence[str | int]) -> str:
     return out
 
 
+def _section_at(parts: Sequence[str]) -> type[BaseModel] | None:
+    """The model of the config section at ``parts`` ("near", "store"), or None."""
+    model: type[BaseModel] | None = DedupeConfig
+    for part in parts:
+        field = model.model_fields.get(part) if model is not None else None
+        model = None if field is None else _sub_model(field.annotation)
+    return model
+
+
 def _unknown_key(loc: tuple) -> str:
     """One line for a key the schema does not have, with the nearest known key at the
     same level (difflib) when there is one close enough, else the keys of that level."""
@@ -303,6 +313,14 @@ def _describe(err: ValidationError) -> str:
         return msg.removeprefix("Value error, ")
     if kind == "missing":
         return f"config key '{key}' is missing: add it (see --help)"
+    if kind in ("model_type", "model_attributes_type", "dict_type") and (
+            section := _section_at(parts)) is not None:
+        # `--set store=/data/store`: pydantic named its class ("instance of StoreConfig")
+        named = [k for k, f in section.model_fields.items() if f.is_required()] or list(
+            section.model_fields)
+        return (f"config key '{key}' is a section, not a value (got {first['input']!r}): give "
+                f"its keys, e.g. --set {key}.{named[0]}=... or {key}: {{{named[0]}: ...}} in "
+                f"the YAML (keys under {key}: {', '.join(section.model_fields)})")
     if kind == "finite_number":
         return f"config key '{key}': {first['input']!r} is not a finite number: give a number"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):

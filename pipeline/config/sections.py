@@ -4,9 +4,17 @@ the strict base every config model shares; ``pipeline.config`` assembles them in
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from transforms.canonical import DTYPE_CODES
 from transforms.io import layout
@@ -24,6 +32,15 @@ from transforms.near.spec import (
 # overflow float32 once squared: refused, like NaN and inf (``allow_inf_nan=False``).
 
 
+
+def _home(path: str) -> str:
+    """A leading ``~`` is the user's home, as in a shell (YAML is not one): taken as it
+    stood, ``~/out`` made a folder named ``~`` in the current directory."""
+    return os.path.expanduser(path) if path.startswith("~") else path
+
+
+HomePath = Annotated[str, AfterValidator(_home)]  # a path key: local, or any Beam filesystem
+
 class Strict(BaseModel):
     """Every config model's base: an unknown key is an error, not ignored."""
 
@@ -37,7 +54,7 @@ _DECODED = {"image": "uint8 pixels", "bytes": "a uint8 vector of the stored byte
 class InputConfig(Strict):
     format: Literal["parquet", "tfrecord", "hdf5"] = Field(
         description="file format of the input: parquet | tfrecord | hdf5")
-    path: str = Field(description="glob of input files: a local path or any Beam filesystem "
+    path: HomePath = Field(description="glob of input files: a local path or any Beam filesystem "
                       "(gs://, s3://); '{run_id}' is replaced by the run id")
     tensor: str = Field(description="Parquet column / tf.train.Example feature / HDF5 dataset")
     id: str | None = Field(None, description="column/feature with a record id; "
@@ -116,7 +133,7 @@ class KeyColumn(Strict):
 
 
 class OutputConfig(Strict):
-    path: str = Field(description="directory for clean shards (same format as the input)")
+    path: HomePath = Field(description="directory for clean shards (same format as the input)")
     overwrite: bool = Field(False, description="replace an existing output.path and report "
                             "(only once the new run has succeeded)")
 
@@ -298,7 +315,7 @@ class EmbedConfig(Strict):
         description="sentence-transformers (a model folder or Hub name: texts, or images "
         "for CLIP-like models) | torchscript (a torch.jit.save file called on a stacked "
         "batch of the records' tensors)")
-    path: str = Field(description="the model: a local folder, a Hub name "
+    path: HomePath = Field(description="the model: a local folder, a Hub name "
                       "(sentence-transformers) or a .pt file (torchscript)")
     batch_size: int = Field(64, gt=0, le=65536, description="records per model call")
     device: Literal["auto", "cpu", "cuda"] = Field(
@@ -323,8 +340,17 @@ class EmbedConfig(Strict):
 
 
 class StoreConfig(Strict):
-    path: str = Field(description="fingerprint store: a directory (local or any Beam "
+    path: HomePath = Field(description="fingerprint store: a directory (local or any Beam "
                       "filesystem, e.g. gs://) holding the digests (and, with near, the values) "
                       "of every record kept by earlier runs; inputs are deduplicated against it")
     update: bool = Field(True, description="append this run's kept records to the store once "
                          "the run has succeeded (false: only check against it)")
+
+    @field_validator("path")
+    @classmethod
+    def _shared(cls, path: str) -> str:
+        if "{run_id}" in path:  # it is not replaced there: a folder named so, every run's
+            raise ValueError("'{run_id}' is replaced in output.path and report, not here: "
+                             "a store is the one folder every run shares (each run is checked "
+                             "against the runs before it): remove it from store.path")
+        return path
