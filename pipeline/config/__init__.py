@@ -259,29 +259,24 @@ def _dotted(parts: Sequence[str | int]) -> str:
     return out
 
 
-def _section_at(parts: Sequence[str]) -> type[BaseModel] | None:
-    """The model of the config section at ``parts`` ("near", "store"), or None."""
+def _section_at(loc: Sequence[str | int]) -> type[BaseModel] | None:
+    """The model of the config section at pydantic's ``loc`` ("near", "store",
+    "reference", 0), or None where there is none."""
     model: type[BaseModel] | None = DedupeConfig
-    for part in parts:
-        field = model.model_fields.get(part) if model is not None else None
-        model = None if field is None else _sub_model(field.annotation)
+    for part in loc:
+        if part == "KeyColumn":  # pydantic's tag for keep's mapping form
+            model = KeyColumn
+        elif not isinstance(part, int):  # an int: a list's item, of the list's model
+            field = model.model_fields.get(part) if model is not None else None
+            model = None if field is None else _sub_model(field.annotation)
     return model
 
 
 def _unknown_key(loc: tuple) -> str:
     """One line for a key the schema does not have, with the nearest known key at the
     same level (difflib) when there is one close enough, else the keys of that level."""
-    model: type[BaseModel] | None = DedupeConfig
-    parts: list[str | int] = []
-    for part in loc[:-1]:
-        if part == "KeyColumn":  # pydantic's tag for keep's mapping form
-            model = KeyColumn
-        elif isinstance(part, int):
-            parts.append(part)
-        else:
-            parts.append(part)
-            field = model.model_fields.get(part) if model is not None else None
-            model = None if field is None else _sub_model(field.annotation)
+    model = _section_at(loc[:-1])
+    parts = [p for p in loc[:-1] if p != "KeyColumn"]
     name = str(loc[-1])
     where = _dotted([*parts, name])
     known = list(model.model_fields) if model is not None else []
@@ -313,8 +308,8 @@ def _describe(err: ValidationError) -> str:
         return msg.removeprefix("Value error, ")
     if kind == "missing":
         return f"config key '{key}' is missing: add it (see --help)"
-    if kind in ("model_type", "model_attributes_type", "dict_type") and (
-            section := _section_at(parts)) is not None:
+    if kind in ("model_type", "model_attributes_type", "dict_type") and (section := _section_at(
+            [p for p in first["loc"] if not str(p).startswith("function-")])) is not None:
         # `--set store=/data/store`: pydantic named its class ("instance of StoreConfig")
         named = [k for k, f in section.model_fields.items() if f.is_required()] or list(
             section.model_fields)

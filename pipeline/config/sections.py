@@ -32,7 +32,6 @@ from transforms.near.spec import (
 # overflow float32 once squared: refused, like NaN and inf (``allow_inf_nan=False``).
 
 
-
 def _home(path: str) -> str:
     """A leading ``~`` is the user's home, as in a shell (YAML is not one): taken as it
     stood, ``~/out`` made a folder named ``~`` in the current directory."""
@@ -40,6 +39,7 @@ def _home(path: str) -> str:
 
 
 HomePath = Annotated[str, AfterValidator(_home)]  # a path key: local, or any Beam filesystem
+
 
 class Strict(BaseModel):
     """Every config model's base: an unknown key is an error, not ignored."""

@@ -153,7 +153,7 @@ class StoreView:
     def refreshed(self) -> StoreView:
         """The view as of now: taken again once the run holds the store's lease, so it
         includes every run committed before (a plan made earlier could miss one)."""
-        return open_view(self.path, self.run_id, self.meta)  # (runs that append only)
+        return open_view(self.path, self.run_id, self.meta, self.update)
 
     def clear_attempts(self) -> None:
         """Remove attempts of this run id that a killed run left uncommitted."""
@@ -181,11 +181,10 @@ def open_view(path: str, run_id: str, meta: dict, update: bool = True) -> StoreV
     commit's records while saying it replaced them), and needs a store to exist."""
     store = FingerprintStore(path)
     try:
-        if not update and store.meta() is None:
+        if store.check_compatible(meta) is None and not update:
             raise StoreError(f"no fingerprint store at {path} (no {layout.STORE_META}), and a "
                              "check-only run (store.update: false) checks against an existing "
                              "one: fix store.path, or set store.update: true to start a store")
-        store.check_compatible(meta)
         plan = store.plan(exclude_run=run_id if update else None)
         replaces = store.committed(run_id) if update else None
     except StoreError as e:

@@ -110,12 +110,13 @@ class FingerprintStore(StoreReads):
                              "new store path or the tensordedup version that wrote it")
         return doc["meta"]
 
-    def check_compatible(self, meta: dict) -> None:
+    def check_compatible(self, meta: dict) -> dict | None:
         """Raise ``StoreError`` if the store was built with other settings (digests or
-        values of another scheme, dtype or shape cannot be compared)."""
+        values of another scheme, dtype or shape cannot be compared); else the store's
+        settings (``meta``: None before its first commit)."""
         stored = self.meta()
         if stored is None:
-            return
+            return None
         given = json.loads(json.dumps(meta))
         diffs = [f"{k}: store {_show(stored, k)}, this run {_show(given, k)}"
                  for k in sorted(set(stored) | set(given)) if _show(stored, k) != _show(given, k)]
@@ -123,6 +124,7 @@ class FingerprintStore(StoreReads):
             raise StoreError(f"fingerprint store {self.path} was built with other settings "
                              f"({'; '.join(diffs)}): use a new store path, or this store's "
                              "settings")
+        return stored
 
     # runs
 
