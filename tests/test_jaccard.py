@@ -713,7 +713,10 @@ def test_the_store_removes_near_copies_of_earlier_runs(tmp_path, corpus, capsys)
     second = corpus[150:] + [edited(k["doc"], 0.02, rng, vocab) for k in kept1[:20]] + [
         kept1[3]["doc"]]
     ids2 = [f"b{i}" for i in range(len(second))]
-    assert _run(tmp_path, "r2", ids2, second, near, store=store, run_id="r2") == 0
+    # the recall sample is drawn among run 2's texts only (stored ones are never judged:
+    # drawn among all, it shrank as the store grew)
+    assert _run(tmp_path, "r2", ids2, second, {**near, "recall_sample": 40}, store=store,
+                run_id="r2") == 0
     table = pq.read_table(tmp_path / "r2" / "report" / "duplicates.parquet").to_pylist()
     got = {r["record_id"]: (r["duplicate_of"], r["kind"], r["distance"]) for r in table}
     assert {r["duplicate_of_run"] for r in table if r["kind"].startswith("store")} == {"r1"}
@@ -737,6 +740,7 @@ def test_the_store_removes_near_copies_of_earlier_runs(tmp_path, corpus, capsys)
     s = json.loads((tmp_path / "r2" / "report" / "summary.json").read_text())
     for kind in ("store_exact", "store_near", "near", "exact"):
         assert s[f"removed_{kind}"] == sum(v[1] == kind for v in want.values())
+    assert s["near"]["recall"]["sampled"] == 40
     capsys.readouterr()
     other = {**near, "shingles": {"unit": "char"}}
     assert _run(tmp_path, "r3", ["c0"], [corpus[0]], other, store=store, run_id="r3") == 2

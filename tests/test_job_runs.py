@@ -232,6 +232,26 @@ def test_check_only_runs_see_every_commit_and_need_a_store(tmp_path, capsys):
     assert not typo.exists()
 
 
+
+def test_the_recall_sample_is_drawn_among_this_runs_records_whatever_the_store_holds(
+        tmp_path):
+    """Stored records are never removed, so never judged: drawn among stored and new
+    records alike, the recall sample shrank as the store grew (a fourth day: 401 of the
+    2,000 asked for, and its interval widened). It is drawn among this run's records."""
+    d1 = write_day(tmp_path, "d1", day(16, 3000))
+    d2 = write_day(tmp_path, "d2", day(17, 400, [x for _, x in d1]))
+    assert run_day(tmp_path, "d1", "day1") == 0
+    assert run_day(tmp_path, "d2", "day2", "near.recall_sample=120") == 0
+    stored = [(i, x, "store") for i, x in d1 if i not in removals(tmp_path, "day1")]
+    assert removals(tmp_path, "day2") == oracle(stored, d2)
+    s = summary(tmp_path, "day2")
+    check_accounting(s)
+    searched = s["read"] - s["removed_exact"] - s["removed_store_exact"]  # reach near
+    recall = s["near"]["recall"]
+    # about 120 of the ~350 records of day 2 (the rate: 120 / those records); drawn among
+    # all ~3,000 they were about 14
+    assert 85 <= recall["sampled"] <= min(160, searched), (recall, searched)
+    assert recall["with_partners"] > 0 and recall["recalled"] == recall["with_partners"]
 def test_stores_that_cannot_be_written_or_read_stop_the_run_before_any_work(tmp_path, capsys):
     """Each a one-line exit 2 naming store.path, --dry-run included: a file where the
     store's folder would be made (it was a raw "[Errno 20] Not a directory" once the job

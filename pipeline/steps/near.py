@@ -111,6 +111,7 @@ class SampleForPlan(beam.CombineFn):
     def add_input(self, acc: Sample, batch: VecBatch) -> Sample:
         acc.widths = _one_size(acc.widths | {batch.width})
         acc.n += len(batch)
+        acc.fresh += int(np.count_nonzero(~is_protected(batch.prio)))
         if self.spec.metric == "allclose":  # its radius needs the largest |value|
             batch = batch.loaded()
             acc.scale = max(acc.scale, value_scale(batch.x, self.spec))
@@ -143,7 +144,7 @@ class SampleForPlan(beam.CombineFn):
         progress.note(f"near: {parts.mode} search in {len(parts):,} cell(s)"
                       + (f" ({_cost_line(parts)})" if parts.prediction else ""))
         rows, capped = acc.recall.sample(sample.shape[1], self.recall_folder,
-                                         lambda c: self._draw(c, parts, acc.n))
+                                         lambda c: self._draw(c, parts, acc.fresh))
         return first_written(self.agree_at, Plan(
             parts, acc.n, max(1, acc.n // HISTOGRAM_ROWS), rows, capped))
 
@@ -157,8 +158,7 @@ class SampleForPlan(beam.CombineFn):
             return in_sample(rows.words, n, size), None
         capped = assign(search_vectors(rows.x, self.spec, parts.radius, parts.mean,
                                        np.float32), parts).capped
-        mine = ~is_protected(rows.prio)
-        share = float(capped[mine].mean()) if mine.any() else 0.0
+        share = float(capped.mean()) if len(capped) else 0.0  # (rows: this run's only)
         return draw(rows.words, n, size, capped, share), capped
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from pipeline.steps.elements import VecBatch
 from pipeline.steps.near_cells import collapse
+from transforms.exact import is_protected
 from transforms.io import fs
 from transforms.near.find import sample_cap
 from transforms.near.recall import in_sample
@@ -54,7 +55,8 @@ class Sample:
     rows wait in a local spill file names them (file, rows) instead of carrying their
     values: two workers' samples of 134 MB each took 4.6 s to move to the merge at
     1M x 384 (and were the crowds job's peak); their references take a few MB.
-    ``recall``: the recall sample's candidates."""
+    ``recall``: the recall sample's candidates, drawn among the ``fresh`` rows (this
+    run's, not a store's or reference's: those are never removed, so never judged)."""
 
     lo: list[np.ndarray]  # (k,) uint64 digest word, per part
     v: list[np.ndarray | None]  # (k, d) float32 rows of the search space, or None ...
@@ -64,6 +66,7 @@ class Sample:
     scale: float = 0.0
     below: int = 1 << 64
     widths: set[int] = field(default_factory=set)  # values per record (one, or an error)
+    fresh: int = 0  # rows not protected
 
     def cap(self) -> int:
         return sample_cap(next(iter(self.widths), 1))
@@ -80,14 +83,14 @@ class Sample:
             with np.errstate(over="ignore"):  # beyond float32: inf, left out by the plan
                 self.v.append(None if ref is not None else search_space(
                     batch.picked(pick).x, spec).astype(np.float32))
-        self.recall.add(batch, self.n)
+        self.recall.add(batch, self.fresh)
         if sum(len(p) for p in self.lo) > self.cap() * 5 // 4:
             self.compact()
 
     def compact(self) -> Sample:
         """Keep the ``cap`` smallest digests (the first row of each), part by part, and
         the recall candidates still below the rate of ``n`` rows."""
-        self.recall.cut(self.n)
+        self.recall.cut(self.fresh)
         if not self.lo:
             return self
         lo = np.concatenate(self.lo)
@@ -113,7 +116,8 @@ class Sample:
                       [p for a in accs for p in a.ref],
                       RecallRows.merged([a.recall for a in accs]), sum(a.n for a in accs),
                       max(a.scale for a in accs), min(a.below for a in accs),
-                      set().union(*(a.widths for a in accs))).compact()
+                      set().union(*(a.widths for a in accs)),
+                      sum(a.fresh for a in accs)).compact()
 
     def rows(self, spec: NearSpec) -> np.ndarray:
         """The sample's search-space rows, float32, in digest order (values read back
@@ -144,7 +148,9 @@ class RecallRows:
     refs: list[Ref | None] = field(default_factory=list)
 
     def add(self, batch: VecBatch, n: int) -> None:
-        pick = np.flatnonzero(in_sample(batch.words, n, self.size))
+        """A chunk's candidates among its rows not protected (``n`` of them so far)."""
+        pick = np.flatnonzero(in_sample(batch.words, n, self.size)
+                              & ~is_protected(batch.prio))
         if len(pick):
             ref = _ref_of(batch, pick)
             self.refs.append(ref)

@@ -98,6 +98,12 @@ def _best_per_digest(b: SetBatch) -> SetBatch:
     return b.take(np.sort(o[np.r_[True, (w[1:] != w[:-1]).any(axis=1)]]))
 
 
+def _joined(acc: SetBatch | None, batch: SetBatch, k: int) -> SetBatch:
+    """``acc`` and a batch's bottom-k rows, cut to the bottom k."""
+    mine = _bottom(batch, k)
+    return mine if acc is None else _bottom(SetBatch.concat([acc, mine]), k)
+
+
 def _bottom(b: SetBatch, k: int) -> SetBatch:
     """The rows of the k smallest digest hashes (one row per digest)."""
     b = _best_per_digest(b)
@@ -125,6 +131,7 @@ class _Acc:
     n: int  # records seen
     plan: SetBatch | None  # the bottom-k rows so far, their sets in memory
     unit: str | None = None  # the first batch's unit
+    recall: SetBatch | None = None  # the bottom-k of this run's records (not protected)
 
 
 class PlanSets(beam.CombineFn):
@@ -132,7 +139,7 @@ class PlanSets(beam.CombineFn):
 
     def __init__(self, spec: NearSpec):
         self.spec = spec
-        self.k = max(PLAN_SAMPLE if spec.mode != "bounded" else 0, spec.recall_sample)
+        self.k = PLAN_SAMPLE if spec.mode != "bounded" else 0  # the mode's sample
 
     def create_accumulator(self) -> _Acc:
         return _Acc(0, None)
@@ -140,18 +147,25 @@ class PlanSets(beam.CombineFn):
     def add_input(self, acc: _Acc, batch: SetBatch) -> _Acc:
         acc.n += len(batch)
         acc.unit = acc.unit or batch.unit
+        if self.k or self.spec.recall_sample:
+            batch = batch.loaded()
         if self.k:
-            mine = _bottom(batch.loaded(), self.k)
-            acc.plan = mine if acc.plan is None else _bottom(SetBatch.concat([acc.plan, mine]),
-                                                             self.k)
+            acc.plan = _joined(acc.plan, batch, self.k)
+        if self.spec.recall_sample:  # drawn among this run's records only: with a store,
+            # drawn among all, the sample shrank as the store grew (1,871 to 401 in 4 days)
+            acc.recall = _joined(acc.recall, batch.take(np.flatnonzero(
+                ~is_protected(batch.prio))), self.spec.recall_sample)
         return acc
 
     def merge_accumulators(self, accs: Iterable[_Acc]) -> _Acc:
         accs = list(accs)
         parts = [a.plan for a in accs if a.plan is not None]
+        recall = [a.recall for a in accs if a.recall is not None]
         return _Acc(sum(a.n for a in accs),
                     _bottom(SetBatch.concat(parts), self.k) if parts else None,
-                    next((a.unit for a in accs if a.unit), None))
+                    next((a.unit for a in accs if a.unit), None),
+                    _bottom(SetBatch.concat(recall), self.spec.recall_sample)
+                    if recall else None)
 
     def extract_output(self, acc: _Acc) -> SetPlan:
         spec, sh = self.spec, self.spec.shingles
@@ -162,10 +176,7 @@ class PlanSets(beam.CombineFn):
             mode, why = _auto_mode(acc.plan, acc.n, spec.threshold, frequent)
         bands, rows = lsh_params(spec.threshold, sh.permutations, sh.bands) \
             if mode == "bounded" else (0, 0)
-        sample = None
-        if acc.plan is not None and spec.recall_sample:
-            sample = _bottom(acc.plan, spec.recall_sample)
-            sample = sample.take(np.flatnonzero(~is_protected(sample.prio)))
+        sample = acc.recall if acc.recall is not None and len(acc.recall) else None
         if mode == "bounded":
             curve = expected_pairs(bands, rows, spec.threshold)
             how = (f"MinHash-LSH, {bands} bands x {rows} rows: a pair at J = "
