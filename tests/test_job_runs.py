@@ -252,6 +252,33 @@ def test_the_recall_sample_is_drawn_among_this_runs_records_whatever_the_store_h
     # all ~3,000 they were about 14
     assert 85 <= recall["sampled"] <= min(160, searched), (recall, searched)
     assert recall["with_partners"] > 0 and recall["recalled"] == recall["with_partners"]
+def test_a_stopped_runs_attempt_is_removed_by_the_next_run_whatever_its_run_id(tmp_path):
+    """A run stopped after its workers wrote to the store leaves an attempt no reader
+    sees (d x 4 bytes a record for a near store); it was removed only when that run id
+    ran again, and a dated run id never does. The next run to update the store removes
+    it, whatever its run id; the committed runs stay whole."""
+    d1 = write_day(tmp_path, "d1", day(18, 300))
+    d2 = write_day(tmp_path, "d2", day(19, 300, [x for _, x in d1]))
+    assert run_day(tmp_path, "d1", "day1") == 0
+    root = tmp_path / "store"
+    lost = FingerprintStore(str(root)).begin("day1b")  # stopped before its commit
+    words = np.arange(40, dtype=np.uint64).reshape(20, 2)
+    lost.write_exact(0, words, pa.array([f"x{i}" for i in range(20)]))
+    lost.write_vectors(0, words, pa.array([f"x{i}" for i in range(20)]),
+                       np.ones((20, DIM), np.float32))
+    retry = FingerprintStore(str(root)).begin("day1")  # and a rerun of day1, stopped too
+    retry.write_exact(0, words, pa.array([f"y{i}" for i in range(20)]))
+    visible = {r.run_id: r.attempt for r in FingerprintStore(str(root)).runs()}
+    assert run_day(tmp_path, "d2", "day2") == 0
+    stored = [(i, x, "store") for i, x in d1 if i not in removals(tmp_path, "day1")]
+    assert removals(tmp_path, "day2") == oracle(stored, d2)
+    left = {p.relative_to(root / "runs").parts[:2] for p in (root / "runs").rglob("*")
+            if p.is_file()}
+    after = {r.run_id: r.attempt for r in FingerprintStore(str(root)).runs()}
+    assert left == set(after.items()) and after == {**visible, "day2": after["day2"]}
+    assert not (root / "runs" / "day1b").exists() or not any((root / "runs" / "day1b").iterdir())
+
+
 def test_stores_that_cannot_be_written_or_read_stop_the_run_before_any_work(tmp_path, capsys):
     """Each a one-line exit 2 naming store.path, --dry-run included: a file where the
     store's folder would be made (it was a raw "[Errno 20] Not a directory" once the job

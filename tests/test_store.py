@@ -72,7 +72,7 @@ def commit_run(store: FingerprintStore, run_id: str, words: np.ndarray, ids: pa.
                parts: int = 3, x: np.ndarray | None = None, meta: dict = META,
                model: Model | None = None, split=None) -> str:
     """One run as the job does it: clean up, begin, write parts, commit."""
-    store.cleanup_uncommitted(run_id)
+    store.cleanup_uncommitted()
     attempt = store.begin(run_id)
     split = np.array_split(np.arange(len(words)), parts) if split is None else split
     stats = []
@@ -168,8 +168,7 @@ def test_uncommitted_attempt_is_invisible_and_cleaned_up(root):
     queries = np.concatenate([old, new])
     assert answers(store, queries) == model.expect(queries)
     assert [(r.run_id, r.attempt) for r in store.runs()] == [("r", kept)]
-    store.cleanup_uncommitted("r")
-    store.cleanup_uncommitted("never")
+    store.cleanup_uncommitted()  # every run id's, not only the next run's
     assert {p.split("/")[-2] for p in attempt_files(root, "r")} == {kept}
     assert len(markers(root, "r")) == 1 and attempt_files(root, "never") == []
     assert answers(store, queries) == model.expect(queries)
@@ -200,7 +199,7 @@ def test_crash_during_commit_shows_one_attempt(root, monkeypatch, crash):
     (visible,) = [r for r in fresh.runs() if r.run_id == "r"]
     queries = np.concatenate([old, new])
     assert answers(fresh, queries) == model.expect(queries)  # the new attempt only
-    fresh.cleanup_uncommitted("r")
+    fresh.cleanup_uncommitted()
     assert {p.split("/")[-2] for p in attempt_files(root, "r")} == {visible.attempt}
     assert answers(fresh, queries) == model.expect(queries)
 

@@ -156,8 +156,8 @@ class StoreView:
         return open_view(self.path, self.run_id, self.meta, self.update)
 
     def clear_attempts(self) -> None:
-        """Remove attempts of this run id that a killed run left uncommitted."""
-        FingerprintStore(self.path).cleanup_uncommitted(self.run_id)
+        """Remove the attempts killed runs left uncommitted (any run id's)."""
+        FingerprintStore(self.path).cleanup_uncommitted()
 
 
 def _stored(batches: Iterator[tuple], keep: str) -> Iterator[tuple[tuple, tuple]]:

@@ -182,12 +182,20 @@ class FingerprintStore(StoreReads):
         return None if m is None else {"records": m["records"],
                                        "committed_at": m["committed_at"]}
 
-    def cleanup_uncommitted(self, run_id: str) -> None:
-        """Delete the attempts of ``run_id`` that are not its visible one (crashed or
-        abandoned writes); the visible attempt, if any, stays."""
-        _check_run_id(run_id)
-        visible = self._committed(run_id).get(run_id)
-        self._prune(run_id, visible["attempt"] if visible else None)
+    def cleanup_uncommitted(self) -> None:
+        """Delete every run id's attempts that are not its visible one (crashed or
+        abandoned writes, d x 4 bytes a record for a near store); visible attempts stay.
+        Only for a run that holds the store's lease: no other writer can be under way.
+        Every run id's, as a stopped run's attempt was left until that run id ran again
+        (a dated run id: never)."""
+        visible = self._committed("*")
+        prefix = self._file("runs")
+        ids = {p[len(prefix):].lstrip("/").split("/")[0]
+               for p in fs.match(fs.join(prefix, "**"))}
+        ids |= {p.rstrip("/").split("/")[-2] for p in fs.match(self._file("commits", "*", "*"))}
+        for run_id in sorted(ids):
+            m = visible.get(run_id)
+            self._prune(run_id, m["attempt"] if m else None)
 
     # reads: plan, lookup and vectors (StoreReads, transforms.store.reads)
 
