@@ -282,7 +282,8 @@ def test_a_stopped_runs_attempt_is_removed_by_the_next_run_whatever_its_run_id(t
 def test_stores_that_cannot_be_written_or_read_stop_the_run_before_any_work(tmp_path, capsys):
     """Each a one-line exit 2 naming store.path, --dry-run included: a file where the
     store's folder would be made (it was a raw "[Errno 20] Not a directory" once the job
-    had started), a damaged settings file or commit marker (a JSON traceback, exit 1)."""
+    had started), a damaged settings file or commit marker (a JSON traceback, exit 1), a
+    settings file lost from a store that holds runs (the next run's dtype relabelled it)."""
     d1 = write_day(tmp_path, "d1", day(16, 200))
     (tmp_path / "afile").write_text("not a folder")
     for args in ((), ("--dry-run",)):
@@ -306,6 +307,15 @@ def test_stores_that_cannot_be_written_or_read_stop_the_run_before_any_work(tmp_
             assert err[0].endswith("restore it from a copy, or use a new store path")
         meta.write_bytes(good[0])
         marker.write_bytes(good[1])
+    meta.unlink()  # lost: a run of float64 values had relabelled the store as float64
+    wide = write_day(tmp_path, "d64", day(16, 50).astype(np.float64))
+    assert len(wide) == 50
+    for args in ((), ("--dry-run",)):
+        assert run_day(tmp_path, "d64", "day2", args=args) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"error: store.path: {meta} is missing, but the store holds committed runs: "
+            "restore it from a copy, or use a new store path"]
+    meta.write_bytes(good[0])
     assert run_day(tmp_path, "d1", "day2") == 0  # restored: the store works as before
     assert set(removals(tmp_path, "day2")) == set(d for d, _ in d1)
 

@@ -102,6 +102,10 @@ class FingerprintStore(StoreReads):
         """The settings the store was built with (None before the first commit)."""
         path = self._file(layout.STORE_META)
         if not fs.exists(path):
+            if fs.match(self._file("commits", "*", "*.json")):  # not a new store: one
+                # that lost its settings would take values of any kind and relabel itself
+                raise StoreError(f"{path} is missing, but the store holds committed runs: "
+                                 "restore it from a copy, or use a new store path")
             return None
         doc = _json_doc(path)
         if doc.get("format") != FORMAT or doc.get("version") != VERSION:
