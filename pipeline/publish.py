@@ -44,7 +44,7 @@ from pathlib import Path
 from pipeline.report import tables as report
 from pipeline.steps.store import StoreCommit
 from transforms.io import fs, layout
-from transforms.io.lease import Lease, acquire_all, release_all
+from transforms.io.lease import Lease, acquire_all, holder, release_all
 
 HOLD_ENV = "TENSORDEDUP_TEST_HOLD_PUBLISH"  # tests: see _hold_for_tests
 DEAF_ENV = "TENSORDEDUP_TEST_HOLD_DEAF"  # tests: the hold ignores KeyboardInterrupt
@@ -70,14 +70,25 @@ class Publication:
     release_leases: bool = False  # the driver does not wait (Dataflow): Publish releases
 
 
-def take_leases(output: str, report_dir: str, store: str | None, run_id: str,
-                detached: bool) -> list[Lease]:
-    """The run's one-writer leases: its output and report directories, and the store it
-    commits to (if any); all or none (``LeaseHeld`` names the holder)."""
+def wanted_leases(output: str, report_dir: str, store: str | None) -> list[tuple[str, str]]:
+    """The run's one-writer leases, (lease path, what it guards): its output and report
+    directories, and the store it commits to (if any)."""
     wanted = [(layout.dir_lease(output), output), (layout.dir_lease(report_dir), report_dir)]
     if store is not None:
         wanted.append((layout.store_lease(store), f"fingerprint store {store}"))
-    return acquire_all(wanted, run_id, detached)
+    return wanted
+
+
+def take_leases(output: str, report_dir: str, store: str | None, run_id: str,
+                detached: bool) -> list[Lease]:
+    """``wanted_leases``, all or none (``LeaseHeld`` names the holder)."""
+    return acquire_all(wanted_leases(output, report_dir, store), run_id, detached)
+
+
+def held_lines(output: str, report_dir: str, store: str | None) -> list[str]:
+    """What a dry run says of the leases a run would take: those a live run holds now."""
+    return [f"a run now would be refused: {line}" for path, target in
+            wanted_leases(output, report_dir, store) if (line := holder(path, target))]
 
 
 class PublishIncomplete(RuntimeError):

@@ -56,6 +56,7 @@ try:
         )
         from pipeline.config import ConfigError, describe_keys
         from pipeline.preflight import prepare
+        from pipeline.publish import held_lines
         from pipeline.runners.common import end_process, fewer_malloc_arenas, imports_frozen
         from transforms.io.formats.base import InputError
         from transforms.io.lease import LeaseHeld
@@ -215,6 +216,9 @@ def _dry_run(job, records: int | None) -> int:
     code = dry_run(job, lambda p: build(p, job, publication(job)))
     if code == 0:
         say("\n".join(plan_lines(job, records, rates)))
+        updates = job.store is not None and job.cfg.store.update
+        for line in held_lines(job.output, job.report, job.store.path if updates else None):
+            say(line)
     return code
 
 

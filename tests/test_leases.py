@@ -170,6 +170,11 @@ def test_two_runs_on_one_store_commit_one_at_a_time(tmp_path, where):
     rc, err = finish(spawn(cfg2, "--run-id", "day2"))
     assert_one_line_refusal(rc, err, "day1", f"fingerprint store {store}")
     assert files_below(local / "two") == []  # refused before writing anything
+    dry = spawn(cfg2, "--run-id", "day2", "--dry-run")  # says so (it was silent)
+    said, _ = dry.communicate()
+    held = [ln for ln in said.splitlines() if ln.startswith("a run now would be refused: ")]
+    assert dry.returncode == 0 and len(held) == 1, said
+    assert f"fingerprint store {store} is in use by run day1 " in held[0], held
     hold.touch()
     assert finish(first)[0] == 0
     rc, err = finish(spawn(cfg2, "--run-id", "day2"))  # once day1 is done: sees its records

@@ -164,6 +164,13 @@ def acquire_all(wanted: Sequence[tuple[str, str]], run_id: str, detached: bool =
     return leases
 
 
+def holder(path: str, target: str) -> str | None:
+    """``acquire``'s refusal if a live run holds the lease at ``path`` now, else None
+    (nothing taken: for a dry run)."""
+    found = _read(path)
+    return None if found is None or stale(found[1]) else refusal(path, target, found[1])
+
+
 def detach_all(leases: Sequence[Lease]) -> None:
     for lease in leases:
         lease.detach()
