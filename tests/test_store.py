@@ -442,3 +442,28 @@ def test_commit_retried_ends_like_one_commit(root, monkeypatch, first):
     assert {p.split("/")[-2] for p in attempt_files(root, "b")} == {attempt.name}
     queries = np.concatenate([old, new])
     assert answers(store, queries) == model.expect(queries)
+
+
+def test_a_file_removed_under_a_reader_is_one_line_naming_it(root):
+    """A check-only run takes no lease: a run that updates the store meanwhile may
+    compact it (its digest segments merged, then deleted) or replace a run (its values
+    deleted). The reader's lookup with the plan it fixed, or its read of stored values,
+    then names the file and what happened, where it was a bare FileNotFoundError."""
+    rng = np.random.default_rng(21)
+    store = FingerprintStore(root)
+    words = [rand_words(rng, 50) for _ in range(3)]
+    for k, w in enumerate(words):
+        commit_run(store, f"r{k}", w, ids_for(f"r{k}", 50), parts=1,
+                   x=rng.normal(size=(50, 4)).astype(np.float32))
+    plan = store.plan()  # the reader's fixed view
+    values = store.vectors(batch_rows=10)
+    next(values)  # reading r0's values
+    store.compact(fanin=3)  # the writer's upkeep deletes the segments the plan names
+    with pytest.raises(StoreError, match=r"exact-\d+\.seg was removed while this run read "
+                       r"the store: another run updated it meanwhile .*: run this one again"):
+        store.lookup(np.concatenate(words), plan=plan)
+    commit_run(store, "r1", words[1], ids_for("r1b", 50), parts=1,
+               x=rng.normal(size=(50, 4)).astype(np.float32))  # r1 rerun: old values go
+    with pytest.raises(StoreError, match=r"vectors-\d+\.parquet was removed while this run "
+                       "read the store"):
+        list(values)

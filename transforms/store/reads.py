@@ -5,6 +5,7 @@ pruned digest lookups, and the stored values; mixed into ``FingerprintStore``
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 & co. with numpy: np.dtype("bfloat16"))
@@ -16,6 +17,23 @@ from transforms.io import fs
 from transforms.store import segment as digest_segment
 from transforms.store.parts import DTYPE_KEY, batch_words, digest_key, stored_words
 from transforms.store.segment import keys_of
+
+
+class StoreError(ValueError):
+    """The store cannot be used as asked (other settings, unknown format, missing part)."""
+
+
+@contextmanager
+def _still_there(path: str) -> Iterator[None]:
+    """A stored file removed under a reader: a run that updates the store compacted it or
+    replaced a run meanwhile (a check-only run takes no lease). One line that says so, not
+    a bare FileNotFoundError."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise StoreError(f"{path} was removed while this run read the store: another run "
+                         "updated it meanwhile (a check-only run, store.update: false, does "
+                         "not wait for one): run this one again") from None
 
 
 @dataclass(frozen=True)
@@ -82,7 +100,8 @@ class StoreReads:
             if a == b:
                 continue
             stats["segments_opened"] += 1
-            hits = digest_segment.search(seg.path, keys[a:b], stats)
+            with _still_there(seg.path):
+                hits = digest_segment.search(seg.path, keys[a:b], stats)
             serves = {(r, at): k for r, at, k in seg.serves}
             rank_of = np.array([serves.get(tuple(p), -1) for p in hits.runs], np.int64)
             r = rank_of[hits.run]
@@ -112,7 +131,8 @@ class StoreReads:
         for run in self.runs(exclude=exclude_run):
             run_id = pa.scalar(run.run_id, pa.string())
             for part in run.vector_parts:
-                with fs.open_read(self._data(run, part["file"])) as f:
+                path = self._data(run, part["file"])
+                with _still_there(path), fs.open_read(path) as f:
                     pf = pq.ParquetFile(f)
                     dtype = np.dtype(pf.schema_arrow.metadata[DTYPE_KEY].decode())
                     for batch in pf.iter_batches(batch_size=batch_rows):
@@ -130,7 +150,8 @@ class StoreReads:
         for run in self.runs(exclude=exclude_run):
             run_id = pa.scalar(run.run_id, pa.string())
             for part in run.vector_parts:
-                with fs.open_read(self._data(run, part["file"])) as f:
+                path = self._data(run, part["file"])
+                with _still_there(path), fs.open_read(path) as f:
                     pf = pq.ParquetFile(f)
                     for batch in pf.iter_batches(batch_size=batch_rows):
                         col = batch["sets"]

@@ -49,7 +49,13 @@ import pyarrow as pa
 from transforms.io import fs, layout
 from transforms.store import segment as digest_segment
 from transforms.store.parts import DTYPE_KEY, Attempt, digest_bounds, digest_key
-from transforms.store.reads import LookupPlan, SegmentRef, StoreReads, compaction_pairs
+from transforms.store.reads import (
+    LookupPlan,
+    SegmentRef,
+    StoreError,
+    StoreReads,
+    compaction_pairs,
+)
 from transforms.store.segment import range_part
 
 # The store's public names; Attempt, SegmentRef, LookupPlan and DTYPE_KEY are defined in
@@ -61,10 +67,6 @@ FORMAT = "tensordedup-fingerprint-store"
 VERSION = 2
 FANIN = 4  # compaction: this many units of one size tier merge into one of the next
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]{0,99}")
-
-
-class StoreError(ValueError):
-    """The store cannot be used as asked (other settings, unknown format, missing part)."""
 
 
 @dataclass(frozen=True)
