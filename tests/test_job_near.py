@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -183,6 +184,24 @@ def test_keep_last_decides_near_survivors(tmp_path):
     dups, _ = report(tmp_path)
     want_exact, want_near = expected(parts, spec, keep="last")
     assert by_kind(dups, "exact") == want_exact and by_kind(dups, "near") == want_near
+
+
+def test_bounded_mode_on_one_cells_records_says_it_searched_exactly(tmp_path):
+    """Records that fit one cell are all compared with each other, whatever near.mode
+    asks: the run says so (summary.json's reason, the progress line) where it had
+    searched exactly without a word under mode: bounded."""
+    parts, spec = dataset(5, "cosine")
+    assert run(tmp_path, "parquet", parts, spec, near={"mode": "bounded"}) == 0
+    dups, _ = report(tmp_path)
+    want_exact, want_near = expected(parts, spec)
+    assert by_kind(dups, "exact") == want_exact and by_kind(dups, "near") == want_near
+    s = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())["near"]
+    n = sum(len(ids) for ids, _ in parts)
+    assert (s["mode"], s["cells"]) == ("exact", 1), s
+    assert re.fullmatch(r"near\.mode: bounded needs more than one cell: \d+ records fit one "
+                        r"\(near\.single_index_rows: 20,000\), where every record is "
+                        r"compared with every other", s["reason"]), s["reason"]
+    assert 0 < s["records_searched"] <= n
 
 
 def test_nonfinite_invalid_goes_to_the_report(tmp_path):

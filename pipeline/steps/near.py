@@ -141,8 +141,15 @@ class SampleForPlan(beam.CombineFn):
         with cores.threads(None):  # the rest of the job waits on the plan
             parts = plan(sample, acc.n, radius, self.spec.mode, self.spec.probes, cells,
                          progress=_say, levels=self.spec.levels)
+        if cells <= 1 and self.spec.mode != "exact":  # said, not silently exact
+            parts.reason = (("auto chose exact: " if self.spec.mode == "auto" else
+                             "near.mode: bounded needs more than one cell: ")
+                            + f"{acc.n:,} records fit one (near.single_index_rows: "
+                            f"{self.spec.single_index_rows:,}), where every record is "
+                            "compared with every other")
         progress.note(f"near: {parts.mode} search in {len(parts):,} cell(s)"
-                      + (f" ({_cost_line(parts)})" if parts.prediction else ""))
+                      + (f" ({_cost_line(parts)})" if parts.prediction else
+                         f" ({parts.reason})" if cells <= 1 else ""))
         rows, capped = acc.recall.sample(sample.shape[1], self.recall_folder,
                                          lambda c: self._draw(c, parts, acc.fresh))
         return first_written(self.agree_at, Plan(
