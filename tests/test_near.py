@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from decimal import Decimal, localcontext
 from pathlib import Path
 
 import numpy as np
@@ -894,3 +895,53 @@ def test_top_columns_of_a_crowd_block_are_the_largest_non_negative_entries(cols)
         pos = np.sort(m[r][m[r] >= 0])[::-1][:32]
         assert len(set(j[i == r])) == len(got)
         assert np.array_equal(got, pos)
+
+
+def _decimal_l2(a, b) -> Decimal:
+    with localcontext() as c:
+        c.prec = 60
+        return sum(((Decimal(float(p)) - Decimal(float(q))) ** 2 for p, q in zip(a, b,
+                                                                             strict=True)),
+                   Decimal(0)).sqrt()
+
+
+def _decimal_cos_distance(a, b) -> Decimal:
+    with localcontext() as c:
+        c.prec = 60
+        da, db = [Decimal(float(v)) for v in a], [Decimal(float(v)) for v in b]
+        dot = sum((p * q for p, q in zip(da, db, strict=True)), Decimal(0))
+        na = sum((p * p for p in da), Decimal(0)).sqrt()
+        nb = sum((q * q for q in db), Decimal(0)).sqrt()
+        return 1 - dot / (na * nb)
+
+
+def test_distances_near_the_ends_of_float64_are_measured_not_rounded_to_0_or_nan():
+    """The verification squared float64 differences: below about 1e-154 they rounded to
+    0, so rows 2e-200 apart were removed at l2 1e-250 as at distance 0.0 (a removal
+    beyond the threshold), and 1 - cos of rows of 1e200 was NaN (never within: their
+    near copies were kept, in exact mode). Against distances in 60-digit decimals."""
+    rng = np.random.default_rng(11)
+    base = rng.normal(size=(6, 4))
+    rows = np.concatenate([base * s for s in (1e-300, 1e-200, 1e-160, 1.0, 1e160, 1e200)])
+    rows = np.concatenate([rows, rows * (1 + 1e-9 * rng.normal(size=rows.shape)),
+                           np.zeros((1, 4))])
+    i, j = np.triu_indices(len(rows), 1)
+    d, _ = exact_distance(rows[i], rows[j], NearSpec("l2", threshold=1.0))
+    truth = np.array([float(_decimal_l2(rows[p], rows[q])) for p, q in zip(i, j, strict=True)])
+    assert np.all(np.abs(d - truth) <= 1e-14 * truth), np.max(np.abs(d - truth) / truth)
+    live = np.any(rows[i] != 0, axis=1) & np.any(rows[j] != 0, axis=1)
+    d, _ = exact_distance(rows[i[live]], rows[j[live]], NearSpec("cosine", threshold=0.5))
+    truth = np.array([float(_decimal_cos_distance(rows[p], rows[q]))
+                      for p, q in zip(i[live], j[live], strict=True)])
+    assert np.all(np.abs(d - truth) <= 1e-14), np.max(np.abs(d - truth))
+
+    tiny = np.array([[1e-300, 0, 0, 0], [2e-300, 0, 0, 0], [1e-200] * 4, [0.0] * 4])
+    spec = NearSpec("l2", threshold=1e-250, mode="exact")
+    r = find_near(tiny, np.arange(4), spec)
+    # 1e-300 apart: within; 1e-200 apart from the zero row and 2e-200 from the rest: not
+    assert dict(zip(r.removed.tolist(), r.kept.tolist(), strict=True)) == {1: 0, 3: 0}
+    copies = np.concatenate([base * 1e200, base * 2e200, base * 1e-200])  # same directions
+    r = find_near(copies, np.arange(len(copies)), NearSpec("cosine", threshold=0.01,
+                                                           mode="exact"))
+    assert dict(zip(r.removed.tolist(), r.kept.tolist(), strict=True)) == {
+        k + 6 * c: k for c in (1, 2) for k in range(6)}

@@ -18,7 +18,7 @@ import numpy as np
 
 from transforms.near.search import Vectors, centred, centred_blocks, precision_for
 from transforms.near.spec import NearSpec
-from transforms.near.verify import centred_channels, flat_rows
+from transforms.near.verify import centred_channels, flat_rows, pow2_scaled
 
 
 def finite_rows(x: np.ndarray) -> np.ndarray:
@@ -35,6 +35,7 @@ def search_space(x: np.ndarray, spec: NearSpec) -> np.ndarray:
     else:
         x64 = np.array(x, dtype=np.float64)
     if spec.metric in ("cosine", "correlation"):
+        x64 = pow2_scaled(x64)[0]  # the same unit vectors, and rows of 1e200 or 1e-200 too
         norms = np.sqrt(np.einsum("ij,ij->i", x64, x64))
         x64 /= np.where(norms == 0, 1, norms)[:, None]
     return x64

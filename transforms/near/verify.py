@@ -62,6 +62,18 @@ def directed(x: np.ndarray, spec: NearSpec) -> np.ndarray:
     return np.any(x != 0, axis=1)
 
 
+def pow2_scaled(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows scaled by a power of two each, so that the largest |value| is in [0.5, 1);
+    that power's exponent per row). Exact: a row of normal floats gets the same bits back
+    from any product or norm scaled back, while squares of rows near 1e-160 or 1e160 no
+    longer round to 0 or inf (the l2 of two rows 2e-200 apart read 0.0, and 1 - cos of
+    rows of 1e200 NaN). Rows of zeros, or with NaN or inf, are left as they are."""
+    m = np.abs(x).max(axis=1, initial=0.0)
+    _, e = np.frexp(m)
+    e = np.where(np.isfinite(m) & (m > 0), e, 0)
+    return np.ldexp(x, -e[:, None]), e
+
+
 def exact_distance(a: np.ndarray, b: np.ndarray, spec: NearSpec
                    ) -> tuple[np.ndarray, np.ndarray]:
     """(distance, within) for row pairs, in float64; ``b`` is the kept (reference) record.
@@ -76,9 +88,12 @@ def exact_distance(a: np.ndarray, b: np.ndarray, spec: NearSpec
     else:
         a, b = a.astype(np.float64), b.astype(np.float64)
     if spec.metric == "l2":
-        d = np.linalg.norm(a - b, axis=1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            diff, e = pow2_scaled(a - b)
+        d = np.ldexp(np.linalg.norm(diff, axis=1), e)
         return d, d <= spec.threshold
     if spec.metric in ("cosine", "correlation"):
+        (a, _), (b, _) = pow2_scaled(a), pow2_scaled(b)  # 1 - cos does not see the scale
         with np.errstate(invalid="ignore", divide="ignore"):
             cos = (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
         d = 1.0 - np.clip(cos, -1.0, 1.0)
