@@ -35,8 +35,12 @@ def search_space(x: np.ndarray, spec: NearSpec) -> np.ndarray:
     else:
         x64 = np.array(x, dtype=np.float64)
     if spec.metric in ("cosine", "correlation"):
-        x64 = pow2_scaled(x64)[0]  # the same unit vectors, and rows of 1e200 or 1e-200 too
-        norms = np.sqrt(np.einsum("ij,ij->i", x64, x64))
+        sq = np.einsum("ij,ij->i", x64, x64)
+        odd = np.flatnonzero(~(sq >= 2.0 ** -960) | (sq == np.inf))  # 0, tiny, inf, NaN
+        if len(odd):  # rows of 1e200 or 1e-200: scaled first (exact), the same directions
+            x64[odd] = pow2_scaled(x64[odd])[0]
+            sq[odd] = np.einsum("ij,ij->i", x64[odd], x64[odd])
+        norms = np.sqrt(sq)
         x64 /= np.where(norms == 0, 1, norms)[:, None]
     return x64
 
