@@ -10,7 +10,6 @@ files themselves are opened by ``pipeline.inputs``; remote calls are bounded by
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import multiprocessing
 import os
@@ -143,7 +142,7 @@ def _check_paths(cfg: DedupeConfig, files: list[str], root: str, output: str, re
                              "outputs elsewhere (output never overwrites input)")
         names = ([layout.output_shard(f, root) for f in files] if key == "output.path"
                  else layout.REPORT_TABLES)
-        if any(fnmatch.fnmatch(fs.join(target, n), pattern) for n in names):
+        if any(fs.glob_names(pattern, fs.join(target, n)) for n in names):
             raise InputError(f"{key}: {target} is matched by input.path {cfg.input.path!r}, so "
                              "a later run would read its own output: write outputs elsewhere")
         exists = bounded(target, fs.exists_under, key, "checking whether it exists",

@@ -109,6 +109,19 @@ def test_output_inside_input_is_refused(tmp_path, parquet_in, capsys):
     assert "matched by input.path" in one_error_line(capsys)
 
 
+def test_an_output_beside_the_inputs_that_the_glob_does_not_reach_is_taken(tmp_path,
+                                                                              parquet_in):
+    """``in/*.parquet`` names no file of ``in/clean/`` (``*`` stays within a folder, as
+    the input's glob reads it): the commonest layout was refused as "matched by
+    input.path" (the check used fnmatch, whose ``*`` crosses "/"). The rerun reads the
+    inputs only, not the first run's output."""
+    for run in (1, 2):
+        assert run_job(tmp_path, "parquet", parquet_in, f"output.path={tmp_path / 'in' / 'clean'}",
+                       f"report={tmp_path / 'in' / 'report'}", "output.overwrite=true") == 0
+        s = json.loads((tmp_path / "in" / "report" / "summary.json").read_text())
+        assert (s["read"], s["kept"], s["removed_exact"]) == (10, 5, 5), (run, s)
+
+
 def test_existing_output_needs_overwrite(tmp_path, parquet_in, capsys):
     assert run_job(tmp_path, "parquet", parquet_in) == 0
     first = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())

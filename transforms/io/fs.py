@@ -210,6 +210,12 @@ def _glob_regex(pattern: str) -> re.Pattern:
     return re.compile("".join(out), re.S)
 
 
+def glob_names(pattern: str, path: str) -> bool:
+    """Whether ``glob`` of ``pattern`` would name ``path`` (were it there): ``*`` within
+    one path component, as there (fnmatch's ``*`` crosses "/")."""
+    return _glob_regex(pattern).fullmatch(path) is not None
+
+
 def exists_under(path: str) -> bool:
     """Whether ``path`` is a file or a directory, or (object stores, which have no
     directories) some object's name starts with ``path/``."""
