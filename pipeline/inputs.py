@@ -357,8 +357,9 @@ def check_one_size(path: str, source: InputConfig, timeout: float) -> None:
         f"values ({len(values):,} sizes; the most common, {common:,}, {share:.0%} of them); "
         "distances compare records of one size: set input.shape to compare the records of "
         "that size (the others are then reported invalid), or add an embed section to "
-        "compare embeddings of the records, or remove near (exact dedup needs none); set "
-        "similarity for token sequences (near.metric: jaccard) is planned, not yet there")
+        "compare embeddings of the records, or set near.metric: jaccard (with "
+        "near.threshold, e.g. 0.8) for the similarity of token sequences, or remove near "
+        "(exact dedup needs none)")
 
 
 def first_known(resolved: list[TensorSpec]) -> int:

@@ -51,6 +51,10 @@ def one_error_line(capsys) -> str:
     (("near.metric=cosine", "near.threshold=.nan"), {}, "'near.threshold': nan is not a finite"),
     (("near.metric=l2", "near.threshold=1.0e+300"), {}, "'near.threshold': 1e+300 is out of range"),
     (("near.metric=cosine", "near.threshold=3"), {}, "cosine distance is at most 2"),
+    (("near.metric=l2", "near.threshold=true"), {},  # it was taken as 1.0
+     "config key 'near.threshold': a number is needed, not true"),
+    (("near.metric=l2", "near.threshold=5e-324"), {},  # the job failed in its Report step
+     "near.threshold 4.94066e-324 is below the smallest normal float64 (2.225e-308)"),
     (("near.metric=cosine", "near.threshold=0.1", "near.index=hnsw", "near.device=cuda"), {},
      "near.index hnsw searches each cell with a FAISS index on the CPU"),
     (("near.metric=allclose", "near.atol=-1"), {}, "'near.atol': -1 is out of range"),

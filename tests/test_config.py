@@ -303,6 +303,8 @@ def test_beam_options_beam_does_not_define_are_refused(tmp_path, flag, words):
     ("allclose", 5.0, "near.threshold 5 applies to l2, cosine, correlation and jaccard"),
     ("jaccard", 1.5, "for jaccard it is the minimum Jaccard similarity, in (0, 1]"),
     ("jaccard", None, "metric jaccard needs near.threshold"),
+    ("l2", 5e-324, "below the smallest normal float64 (2.225e-308)"),  # the report's
+    ("cosine", 1e-310, "below the smallest normal float64"),  # histogram failed after the work
 ])
 def test_near_spec_refuses_the_thresholds_the_config_refuses(metric, threshold, words):
     """The library's NearSpec accepted these (find_near then removed nothing, or every

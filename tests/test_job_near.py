@@ -211,7 +211,8 @@ def test_nonfinite_invalid_goes_to_the_report(tmp_path):
     dups, invalid = report(tmp_path)
     bad = {i for i, t in values(parts).items() if not np.isfinite(t).all()}
     assert set(invalid["record_id"].to_pylist()) == bad and len(bad) == 6
-    assert all("NaN or inf" in r for r in invalid["reason"].to_pylist())
+    assert all("NaN or inf" in r and "set near.nonfinite: keep to keep" in r
+               for r in invalid["reason"].to_pylist())
     finite = [([i for i in ids if i not in bad], ts[np.isfinite(ts).all(axis=1)])
               for ids, ts in parts]
     want_exact, want_near = expected(finite, spec)
@@ -335,6 +336,7 @@ def test_ragged_lists_need_a_shape_for_near(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "set input.shape" in err[0]
     assert f"hold {DIM // 2:,} to {DIM:,} values" in err[0]
+    assert "set near.metric: jaccard" in err[0] and "planned" not in err[0]  # (it is there)
     assert not (tmp_path / "out").exists()
     assert run_job(tmp_path, "parquet", glob, "max_invalid_fraction=0.5",
                    near=near_config(spec), input={"shape": [DIM]}) == 0

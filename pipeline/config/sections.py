@@ -266,6 +266,13 @@ class NearConfig(Strict):
     borderline_pairs: int = Field(500, ge=0, description="pairs just inside and just outside "
                                   "the tolerance sampled into borderline_pairs.parquet (each)")
 
+    @field_validator("threshold", "atol", "rtol", mode="before")
+    @classmethod
+    def _a_number(cls, v: object) -> object:
+        if isinstance(v, bool):  # YAML's true read as 1.0: a threshold of 1 by accident
+            raise ValueError(f"a number is needed, not {str(v).lower()}")
+        return v
+
     @model_validator(mode="after")
     def _threshold_for_distances(self) -> NearConfig:
         if refused := threshold_refusal(self.metric, self.threshold):

@@ -90,7 +90,7 @@ class ReadChunks(beam.DoFn):
                 chunk = chunk.reported_invalid(
                     ~finite_rows(chunk.tensors.reshape(len(chunk.positions), -1)),
                     "NaN or inf values cannot be compared by distance (near.nonfinite: "
-                    "invalid; set keep to keep such records)")
+                    "invalid; set near.nonfinite: keep to keep such records)")
             if self.blank is not None and len(chunk.positions):
                 chunk = chunk.reported_invalid(
                     blank_rows(chunk.tensors, self.blank), blank_reason(self.blank.unit))

@@ -289,7 +289,7 @@ def recall_line(r: dict | None, mode: str | None = None) -> str:
     """One line for a ``Recall.as_dict()``; ``mode`` exact: a check that agrees is said
     as such (recall is 1.0 by construction there; an interval read as possible misses)."""
     if r is None:
-        return "recall not measured (recall_sample: 0)"
+        return "recall not measured (near.recall_sample: 0, or no record to sample)"
     if r["recall"] is None:
         return (f"recall not measured: none of {r['sampled']:,} sampled records has a near "
                 "duplicate")

@@ -77,6 +77,9 @@ def complex_refusal(dtype: str) -> str | None:
 MAX_TOLERANCE = 1e18  # above: no tolerance at all (every pair within), overflows float32 squared
 
 
+SMALLEST_NORMAL = 2.2250738585072014e-308  # float64: below, distances lose their digits
+
+
 def threshold_refusal(metric: str, threshold: float | None) -> str | None:
     """Why ``threshold`` (None or 0: not given) means nothing for ``metric`` (None: it
     does). One rule for the job's config and the library's ``NearSpec``: a threshold they
@@ -94,6 +97,10 @@ def threshold_refusal(metric: str, threshold: float | None) -> str | None:
         return f"metric {metric} needs a threshold > 0 (near.threshold)"
     if not 0 < threshold <= MAX_TOLERANCE:  # NaN too
         return f"near.threshold must be a number > 0, got {threshold:g}"
+    if metric != "jaccard" and threshold < SMALLEST_NORMAL:
+        return (f"near.threshold {threshold:g} is below the smallest normal float64 "
+                f"({SMALLEST_NORMAL:.4g}): distances that small are not measured; use a "
+                "larger value")
     if metric == "jaccard" and threshold > 1:
         return (f"near.threshold {threshold:g}: for jaccard it is the minimum Jaccard "
                 "similarity, in (0, 1] (e.g. 0.8)")
