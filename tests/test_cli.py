@@ -126,6 +126,21 @@ def test_an_output_beside_the_inputs_that_the_glob_does_not_reach_is_taken(tmp_p
         assert (s["read"], s["kept"], s["removed_exact"]) == (10, 5, 5), (run, s)
 
 
+def test_a_cosine_threshold_below_float64s_resolution_is_warned_of(tmp_path, parquet_in,
+                                                                    capsys):
+    """1 - cos of 4 float64 values is rounded by about 12 x 2^-52 (2.7e-15): at 1e-16 a
+    removal can be beyond the threshold in exact arithmetic (Sweep J: 8 of 80), silently;
+    at 1e-6 no word."""
+    assert run_job(tmp_path, "parquet", parquet_in, "near.metric=cosine",
+                   "near.threshold=1e-16") == 0
+    err = capsys.readouterr().err
+    assert ("warning: near.threshold 1e-16 is below what float64 resolves of 1 - cos over 4 "
+            "values (about 2.7e-15)") in err, err
+    assert run_job(tmp_path, "parquet", parquet_in, "near.metric=cosine",
+                   "near.threshold=1e-6", "output.overwrite=true") == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_existing_output_needs_overwrite(tmp_path, parquet_in, capsys):
     assert run_job(tmp_path, "parquet", parquet_in) == 0
     first = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
