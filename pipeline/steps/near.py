@@ -134,7 +134,7 @@ class SampleForPlan(beam.CombineFn):
         sample = acc.rows(self.spec)
         radius = search_radius(self.spec, sample.shape[1], acc.scale)
         cells = self.spec.cells(acc.n, sample.shape[1])
-        if cells > 1:
+        if cells > 1 and len(sample) > 1:  # (one distinct value: one cell, no k-means)
             progress.note(f"near: planning about {cells:,} cells from {len(sample):,} "
                           f"sampled records of {acc.n:,} (k-means, then the cost of each "
                           "mode)")
