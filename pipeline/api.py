@@ -236,16 +236,19 @@ def failure_line(e: BaseException) -> str:
     while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
         chain.append(chain[-1].__cause__ or chain[-1].__context__)
     cause = next((c for c in chain if isinstance(c, PublishIncomplete)), chain[-1])
+    lost = None if isinstance(cause, PublishIncomplete) else stopping.lost_worker()
     if isinstance(cause, PublishIncomplete):
         what = f"PublishIncomplete: {cause}"
+    elif lost is not None:  # the job's own error is then the end of a stream: "Empty: Empty"
+        what = lost
     else:
         what = re.sub(r"^[a-z_.]+\.(\w+: )", r"\1", _first_line(cause))  # a.b.X: -> X:
     ours = re.match(r"(InvalidRecordError|TooManyInvalidError|RepeatedIdsError|RunIncomplete|"
                     r"PublishIncomplete): ", what)
     if ours:  # the job's own errors are phrased for the user already
         what = what[ours.end():]
-    elif not isinstance(cause, InvalidRecordError | RunIncomplete) and not re.match(
-            r"[A-Z]\w*: ", what):
+    elif not isinstance(cause, InvalidRecordError | RunIncomplete) and lost is None and (
+            not re.match(r"[A-Z]\w*: ", what)):
         what = f"{type(cause).__name__}: {what}"
     partly = ours is not None and ours.group(1) == "PublishIncomplete"
     if _NO_ROOM.search(what):

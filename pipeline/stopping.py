@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -95,6 +96,27 @@ def verbose(on: bool) -> None:
     go down (the default silences it: the stop is one line)."""
     global _verbose
     _verbose = on
+
+
+_WORKER_EXIT = re.compile(r"Worker subprocess exited with return code (-?\d+)")
+_lost: list[int] = []  # return codes of local worker processes that ended under the job
+
+
+def lost_worker() -> str | None:
+    """What ended a local worker process under the job, for the failure's line (the
+    job's own error is then only the end of a stream: "Empty"), or None."""
+    if not _lost:
+        return None
+    code = _lost[0]
+    how = f"exit code {code}"
+    if code < 0:
+        try:
+            how = f"signal {-code}, {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"signal {-code}"
+    return (f"a worker process of the job ended under it ({how}"
+            + (": out of memory, or killed from outside" if code == -signal.SIGKILL else "")
+            + "): run again (with fewer runner.workers, or more memory, if it was memory)")
 
 
 class _Cleanups:
@@ -334,11 +356,18 @@ def handled(*, exits: bool, say: Callable[[str], None] | None = None) -> Iterato
     _Watcher.signalled, _Watcher.stderr_fd, _said = None, None, threading.Lock()
     _published = None
     excepthook = threading.excepthook
+    _lost.clear()
 
     def quiet_when_stopping(args) -> None:
         # the threads that waited on the killed processes raise as they go (Beam's
-        # "Worker subprocess exited with return code -9"): the stop is the one line
-        if _Watcher.signalled is None:
+        # "Worker subprocess exited with return code -9", gRPC's streams): the stop is
+        # the one line; a worker that died under a running job is kept for the failure's
+        # line (``lost_worker``), its threads' tracebacks only with --verbose
+        died = _WORKER_EXIT.search(str(args.exc_value))
+        if died:
+            _lost.append(int(died.group(1)))
+        ours = died or type(args.exc_value).__module__.split(".")[0] == "grpc"
+        if _Watcher.signalled is None and (_verbose or not ours):
             excepthook(args)
 
     old_fd = signal.set_wakeup_fd(watcher.write, warn_on_full_buffer=False)

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import yaml
 
+from pipeline import stopping
 from pipeline.publish import DEAF_ENV, HOLD_AT_ENV, HOLD_ENV
 from tests import slowfs
 from tests.jobkit import assert_clean, interruptible, tagged_processes, write_input
@@ -183,6 +184,39 @@ def test_processes_the_job_started_end_when_it_is_killed_outright(tmp_path, near
     while left := tagged_processes(tag):
         assert time.monotonic() - t0 < FIRST_S, left
         threading.Event().wait(0.05)
+
+
+def test_a_worker_process_that_died_under_the_job_is_named_by_the_failure_line(monkeypatch):
+    """Beam's threads that waited on a local worker process killed under the job (the OOM
+    killer, ``kill -9``) raise as they go: their tracebacks (2-3, with --quiet too) came
+    before a failure line that ended "...: Empty: Empty" (Sweep K). Inside the job's
+    handling they are kept back (--verbose prints them), the return code is kept, and
+    the failure line names it; any other thread's error still reaches the hook."""
+    import grpc
+
+    from pipeline.api import failure_line
+
+    def raising(e: BaseException) -> None:
+        t = threading.Thread(target=lambda: (_ for _ in ()).throw(e), name="run_worker")
+        t.start()
+        t.join()
+
+    printed = []  # what reaches the hook the job found (Python's prints a traceback)
+    monkeypatch.setattr(threading, "excepthook", lambda args: printed.append(args.exc_value))
+    with stopping.handled(exits=False):
+        raising(RuntimeError("Worker subprocess exited with return code -9"))
+        raising(grpc.RpcError())
+        assert printed == []
+        raising(ValueError("a bug in a thread of ours"))
+        assert [str(e) for e in printed] == ["a bug in a thread of ours"]
+        line = failure_line(RuntimeError("Empty"))
+    assert line == (
+        "the job failed; nothing was published (the previous output, if any, is unchanged): "
+        "a worker process of the job ended under it (signal 9, SIGKILL: out of memory, or "
+        "killed from outside): run again (with fewer runner.workers, or more memory, if it "
+        "was memory)")
+    with stopping.handled(exits=False):  # the next job starts with none
+        assert failure_line(RuntimeError("Empty")).endswith("RuntimeError: Empty")
 
 
 @pytest.mark.parametrize("point", ["output moved", "complete"])
