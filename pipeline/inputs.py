@@ -120,9 +120,13 @@ def _shows_format(path: str, head: bytes, fmt: str) -> bool:
     return False
 
 
-def _head(path: str) -> bytes:
-    with fs.open_ranged(path) as f:  # on gs:// a plain read would fetch 16 MB per file
-        return f.read(HEAD_BYTES)
+def _head(path: str, key: str) -> bytes:
+    try:
+        with fs.open_ranged(path) as f:  # on gs:// a plain read would fetch 16 MB per file
+            return f.read(HEAD_BYTES)
+    except PermissionError as e:  # a traceback from the checks, before any work
+        raise InputError(f"{key}: {path} cannot be read ({e.strerror or e}): give this "
+                         "user read access, or leave the file out of the glob") from None
 
 
 def _check_sniffed(files: list[str], found: list[Sniffed | None], source: InputConfig,
@@ -294,7 +298,7 @@ def inspect_files(files: list[str], source: InputConfig, spec: TensorSpec, key: 
     fmt = get_format(source.format, spec)
 
     def one(path: str) -> tuple[Sniffed | None, TensorSpec | bytes]:
-        head = _head(path)
+        head = _head(path, key)
         found = sniff(head)
         if found is not None and found.format != source.format:
             return found, head  # reported for all files at once below

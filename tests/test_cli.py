@@ -141,6 +141,35 @@ def test_a_cosine_threshold_below_float64s_resolution_is_warned_of(tmp_path, par
     assert "warning" not in capsys.readouterr().err
 
 
+def test_an_input_file_this_user_cannot_read_is_one_line_before_any_work(tmp_path,
+                                                                          parquet_in):
+    """A file of the glob without read permission: a 38-line traceback from the checks
+    (Sweep K). Root reads it anyway, so as root the command runs without the capability
+    that lets it (setpriv), as another user would."""
+    import shutil
+
+    blocked = tmp_path / "in" / "b.parquet"
+    shutil.copy(tmp_path / "in" / "a.parquet", blocked)
+    blocked.chmod(0)
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(json.dumps({"input": {"format": "parquet", "path": parquet_in,
+                                         "tensor": "emb", "id": "id"},
+                               "output": {"path": str(tmp_path / "out")},
+                               "report": str(tmp_path / "rep")}))
+    argv = [sys.executable, "-m", "pipeline.run", "--config", str(cfg), "--quiet"]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root without setpriv: root reads any file")
+        caps = "-dac_override,-dac_read_search"
+        argv = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}", *argv]
+    done = subprocess.run(argv, cwd=Path(__file__).parent.parent, capture_output=True,
+                          text=True, timeout=300)
+    assert (done.returncode, done.stderr.splitlines()) == (2, [
+        f"error: input.path: {blocked} cannot be read (Permission denied): give this user "
+        "read access, or leave the file out of the glob"]), done.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "rep").exists()
+
+
 def test_existing_output_needs_overwrite(tmp_path, parquet_in, capsys):
     assert run_job(tmp_path, "parquet", parquet_in) == 0
     first = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
