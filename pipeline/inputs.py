@@ -416,8 +416,16 @@ def list_files(pattern: str, key: str, timeout: float, fmt: str = "parquet") -> 
         what = (f"{link} is a broken symbolic link" if len(found.broken_links) == 1 else
                 f"{len(found.broken_links)} of the paths it matches are broken symbolic "
                 f"links, e.g. {link}")
-        raise InputError(f"{key}: {what} (to {os.readlink(link)!r}, which does not exist): "
-                         "fix or remove the link")
+        to = os.readlink(link)
+        loop = os.path.lexists(os.path.join(os.path.dirname(link), to))
+        raise InputError(f"{key}: {what} (to {to!r}, which "
+                         + ("leads back to a link already followed: a loop" if loop else
+                            "does not exist") + "): fix or remove the link")
+    if found.special:
+        more = len(found.special) - 1
+        raise InputError(f"{key}: {found.special[0]} is not a file (a FIFO, socket or "
+                         f"device){f', nor are {more:,} more' if more else ''}: leave it out "
+                         "of the glob")
     if not files and [d.rstrip("/") for d in found.directories] == [pattern.rstrip("/")]:
         base = pattern.rstrip("/")
         raise InputError(f"{key}: {pattern!r} is a directory: name its files with a glob, "

@@ -304,7 +304,8 @@ def pq_rows(path) -> list[dict]:
 def test_glob_matching_folders_links_or_spark_markers_is_refused(tmp_path, capsys):
     """What a glob matches but would not read is said, never skipped silently: a Spark
     ``out.parquet/`` folder of part files under ``*.parquet``, a broken symbolic link
-    (matched or named), and Spark's ``_SUCCESS`` / ``.crc`` files under ``*``."""
+    (matched or named; a loop of links), a FIFO, and Spark's ``_SUCCESS`` / ``.crc`` files
+    under ``*``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -339,6 +340,19 @@ def test_glob_matching_folders_links_or_spark_markers_is_refused(tmp_path, capsy
         line = one_error_line(capsys)
         assert f"{links / 'gone.parquet'} is a broken symbolic link" in line, line
         assert "no files match" not in line
+    (links / "gone.parquet").unlink()  # a loop of links: said as one (Sweep K: "does not
+    (links / "a.parquet").symlink_to("b.parquet")  # exist" of a link that exists)
+    (links / "b.parquet").symlink_to("a.parquet")
+    assert run_job(tmp_path, "parquet", str(links / "*.parquet")) == 2
+    assert "(to 'b.parquet', which leads back to a link already followed: a loop)" in (
+        one_error_line(capsys))
+    (links / "a.parquet").unlink()
+    (links / "b.parquet").unlink()
+    os.mkfifo(links / "pipe.parquet")  # skipped without a word, exit 0 (Sweep K)
+    assert run_job(tmp_path, "parquet", str(links / "*.parquet")) == 2
+    assert one_error_line(capsys) == (
+        f"error: input.path: {links / 'pipe.parquet'} is not a file (a FIFO, socket or "
+        "device): leave it out of the glob")
 
 
 @pytest.mark.parametrize("store", ["out/report", "out/clean", "out/clean/store", "out"])

@@ -138,11 +138,12 @@ def glob(pattern: str) -> list[str]:
 class GlobMatches(NamedTuple):
     """What a glob matched: its files, and what it matched that is not read: directories
     none of whose files it matched (a Spark ``out.parquet/`` folder of part files under
-    ``*.parquet``) and symbolic links to nothing."""
+    ``*.parquet``), symbolic links to nothing, and what is no file at all (a FIFO)."""
 
     files: list[str]
     directories: list[str]
     broken_links: list[str]
+    special: list[str] = []  # FIFOs, sockets, devices (local): no file to read
 
 
 def glob_matches(pattern: str) -> GlobMatches:
@@ -157,7 +158,9 @@ def glob_matches(pattern: str) -> GlobMatches:
         files = sorted(p for p in paths if os.path.isfile(p))
         broken = sorted(p for p in paths if os.path.islink(p) and not os.path.exists(p))
         folders = [] if last_any else sorted(p for p in paths if os.path.isdir(p))
-        return GlobMatches(files, _unread(folders, files, os.sep), broken)
+        special = sorted(p for p in paths if os.path.exists(p) and not os.path.isfile(p)
+                         and not os.path.isdir(p))
+        return GlobMatches(files, _unread(folders, files, os.sep), broken, special)
     prefix = re.match(r"[^[*?]*", pattern).group(0)
     if prefix == pattern:
         if beam_filesystems().exists(pattern):
