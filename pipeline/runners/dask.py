@@ -331,7 +331,10 @@ class OwnCluster:
 
         from pipeline.runners.common import WORKER_LOG_ENV, progress_relay, worker_log
 
-        logging.getLogger("distributed").setLevel(logging.WARNING)  # no INFO per worker
+        # no INFO per worker, and without --verbose no warning: a lost worker's "Key lost
+        # during replication" came 37 times before the failure's one line (Sweep K)
+        logging.getLogger("distributed").setLevel(
+            logging.WARNING if worker_log() == "all" else logging.ERROR)
         self.tmp = tempfile.mkdtemp(prefix="tensordedup-dask-")
         self.relay = None
         env = {} if _WORKER_LOG_ENV in os.environ else {_WORKER_LOG_ENV: WORKER_LOG_LEVEL}
