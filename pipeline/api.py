@@ -67,6 +67,8 @@ VERBOSE_ENV = "TENSORDEDUP_VERBOSE"
 # what a failed run left: its failure comes before (or is) the Publish step
 UNPUBLISHED = "nothing was published (the previous output, if any, is unchanged)"
 # errno values of a write that ran out of room: ENOSPC, EDQUOT, EFBIG (a file size limit)
+_NO_MEMORY = re.compile(r"MemoryError|Unable to allocate|Cannot allocate memory|"
+                        r"std::bad_alloc|out of memory", re.I)
 _NO_ROOM = re.compile(r"\[Errno (28|122|27)\]|No space left|Disk quota exceeded|File too large",
                       re.I)
 
@@ -256,6 +258,9 @@ def failure_line(e: BaseException) -> str:
                  "limit was hit: free space first)" if partly else
                  " (the disk of output.path / report is full, or a file size limit was hit: "
                  "free space or write the outputs elsewhere, then run again)")
+    if lost is None and _NO_MEMORY.search(what):  # (a lost worker's line says it)
+        what += (" (out of memory: run with fewer runner.workers, or smaller "
+                 "tuning.chunk_bytes, or on a machine with more memory)")
     if partly:  # "publishing stopped part way: <what was published> ...: <why>"
         return f"the job failed while publishing; {what}"
     return f"the job failed; {UNPUBLISHED}: {what}"

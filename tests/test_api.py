@@ -115,6 +115,21 @@ def test_a_worker_traceback_becomes_the_line_it_raised():
                          "double") and "Traceback" not in line
 
 
+def test_a_worker_out_of_memory_says_what_to_change():
+    """numpy's ``_ArrayMemoryError`` in a worker under a memory limit was the line, with
+    no hint (Sweep K)."""
+    from pipeline.api import failure_line
+
+    remote = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n"
+              "numpy.core._exceptions._ArrayMemoryError: Unable to allocate 16.0 MiB for an "
+              "array with shape (65536, 64) and data type float32 [while running 'Near']")
+    assert failure_line(RuntimeError(remote)).endswith(
+        "_ArrayMemoryError: Unable to allocate 16.0 MiB for an array with shape (65536, 64) "
+        "and data type float32 (out of memory: run with fewer runner.workers, or smaller "
+        "tuning.chunk_bytes, or on a machine with more memory)")
+    assert "out of memory" not in failure_line(RuntimeError("ValueError: a bad value"))
+
+
 def test_near_run_reports_settings_and_recall(tmp_path):
     parts, spec = near_dataset(1, "l2")
     write_files("parquet", tmp_path / "in", parts)
