@@ -162,7 +162,7 @@ class FingerprintStore(StoreReads):
         if fs.exists(self._marker(attempt.run_id, attempt.name)):
             # committed by an earlier call (a retried Publish): keep that marker and its
             # place in the commit order, finish what may not have been done
-            self._prune(attempt.run_id, attempt.name)
+            self._prune(attempt.run_id, {attempt.run_id: attempt.name})
             return
         prior = self._committed(attempt.run_id).get(attempt.run_id)
         ns = max(time.time_ns(), prior["committed_ns"] + 1 if prior else 0)
@@ -173,7 +173,7 @@ class FingerprintStore(StoreReads):
                 timespec="microseconds"),
             "records": sum(p["rows"] for p in exact), "exact": exact, "vectors": vectors,
             "extra": extra or {}}))
-        self._prune(attempt.run_id, attempt.name)
+        self._prune(attempt.run_id, {attempt.run_id: attempt.name})
 
     def is_committed(self, attempt: Attempt) -> bool:
         """Whether ``attempt``'s marker is written (it may be the visible one, or have been
@@ -194,14 +194,7 @@ class FingerprintStore(StoreReads):
         Only for a run that holds the store's lease: no other writer can be under way.
         Every run id's, as a stopped run's attempt was left until that run id ran again
         (a dated run id: never)."""
-        visible = self._committed("*")
-        prefix = self._file("runs")
-        ids = {p[len(prefix):].lstrip("/").split("/")[0]
-               for p in fs.match(fs.join(prefix, "**"))}
-        ids |= {p.rstrip("/").split("/")[-2] for p in fs.match(self._file("commits", "*", "*"))}
-        for run_id in sorted(ids):
-            m = visible.get(run_id)
-            self._prune(run_id, m["attempt"] if m else None)
+        self._prune("*", {r: m["attempt"] for r, m in self._committed("*").items()})
 
     # reads: plan, lookup and vectors (StoreReads, transforms.store.reads)
 
@@ -345,18 +338,21 @@ class FingerprintStore(StoreReads):
                                  f"{attempt.name}: it was never written; rerun the job")
         return parts
 
-    def _prune(self, run_id: str, keep: str | None) -> None:
-        """Delete every attempt of ``run_id`` but ``keep``: markers (and leftover temporary
-        markers) first, so each turns invisible before its files go."""
-        keep_marker = self._marker(run_id, keep) if keep else None
+    def _prune(self, run_id: str, keep: dict[str, str]) -> None:
+        """Delete every attempt of ``run_id`` ("*": of every run id) but the one ``keep``
+        names for its run id: markers (and leftover temporary markers) first, so each
+        turns invisible before its files go. One listing of each kind, whatever the run
+        ids."""
         for path in fs.match(self._file("commits", run_id, "*")):
-            if path != keep_marker:
+            rid = path.rstrip("/").split("/")[-2]
+            if rid not in keep or path != self._marker(rid, keep[rid]):
                 fs.delete_tree(path)
-        prefix = self._file("runs", run_id)
-        attempts = {p[len(prefix):].lstrip("/").split("/")[0]
-                    for p in fs.match(fs.join(prefix, "**"))}
-        for name in sorted(attempts - {keep}):
-            fs.delete_tree(fs.join(prefix, name))
+        prefix = self._file("runs")
+        attempts = {tuple(p[len(prefix):].lstrip("/").split("/")[:2])
+                    for p in fs.match(fs.join(prefix, run_id, "**"))}
+        for rid, name in sorted(attempts):
+            if keep.get(rid) != name:
+                fs.delete_tree(fs.join(prefix, rid, name))
 
 
 def _read_markers(pattern: str) -> list[dict]:
