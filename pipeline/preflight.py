@@ -45,6 +45,7 @@ from transforms.io.conditional import lease_refusal
 from transforms.io.formats.base import InputError, TensorSpec
 from transforms.io.remote import bounded
 from transforms.near.search import use_cuda
+from transforms.near.space import cosine_rounding
 from transforms.near.spec import NearSpec, complex_refusal, unit_for
 
 
@@ -342,19 +343,13 @@ def near_spec(cfg: DedupeConfig, dtype: str | None, channels: int = 1,
                          f"{math.prod(shape):,} {dtype} values, each across its whole "
                          "range), so every record would be a near copy of the first: use a "
                          f"threshold below {top:,.1f} (a small share of it for near copies)")
-    floor = _resolved_cosine(shape)
-    if n.metric in ("cosine", "correlation") and floor and n.threshold < floor:
+    if n.metric in ("cosine", "correlation") and shape is not None and (
+            n.threshold < (floor := cosine_rounding(math.prod(shape)))):
         print(f"warning: near.threshold {n.threshold:g} is below what float64 resolves of "
               f"1 - cos over {math.prod(shape):,} values (about {floor:.2g}): pairs that "
               "close are decided by rounding, and a removal may be up to that far apart",
               file=sys.stderr)  # even with --quiet: it may remove what is beyond it
     return n.to_spec(channels)
-
-
-def _resolved_cosine(shape: tuple[int, ...] | None) -> float | None:
-    """The rounding of a float64 1 - cos over records of ``shape``: (d + 8) 2^-52, the
-    bound ``near.space.search_radius`` allows for (None: shape unknown)."""
-    return None if shape is None else (math.prod(shape) + 8) * 2.0 ** -52
 
 
 

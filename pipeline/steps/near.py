@@ -43,7 +43,6 @@ from pipeline.steps.near_merge import (
 from pipeline.steps.near_sample import RecallRows, Sample
 from pipeline.steps.tagged import SplitOutputs
 from transforms import cores
-from transforms.exact import is_protected
 from transforms.io import fs, layout, spill
 from transforms.io.agreed import first_written
 from transforms.near.find import may_stratify, stratified, true_partners
@@ -111,7 +110,6 @@ class SampleForPlan(beam.CombineFn):
     def add_input(self, acc: Sample, batch: VecBatch) -> Sample:
         acc.widths = _one_size(acc.widths | {batch.width})
         acc.n += len(batch)
-        acc.fresh += int(np.count_nonzero(~is_protected(batch.prio)))
         if self.spec.metric == "allclose":  # its radius needs the largest |value|
             batch = batch.loaded()
             acc.scale = max(acc.scale, value_scale(batch.x, self.spec))

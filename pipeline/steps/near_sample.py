@@ -72,7 +72,8 @@ class Sample:
         return sample_cap(next(iter(self.widths), 1))
 
     def add(self, batch: VecBatch, spec: NearSpec) -> None:
-        """A chunk's rows that may be in either sample (``n`` already counts them)."""
+        """A chunk's rows that may be in either sample (``n`` already counts them,
+        ``fresh`` counts them here)."""
         lo = batch.words[:, 1]
         full = self.below < 1 << 64
         pick = np.flatnonzero(lo < np.uint64(self.below)) if full else np.arange(len(lo))
@@ -83,7 +84,9 @@ class Sample:
             with np.errstate(over="ignore"):  # beyond float32: inf, left out by the plan
                 self.v.append(None if ref is not None else search_space(
                     batch.picked(pick).x, spec).astype(np.float32))
-        self.recall.add(batch, self.fresh)
+        mine = ~is_protected(batch.prio)  # the recall judges this run's records only
+        self.fresh += int(np.count_nonzero(mine))
+        self.recall.add(batch, self.fresh, mine)
         if sum(len(p) for p in self.lo) > self.cap() * 5 // 4:
             self.compact()
 
@@ -147,10 +150,10 @@ class RecallRows:
     parts: list[VecBatch] = field(default_factory=list)  # values, or none and a ref
     refs: list[Ref | None] = field(default_factory=list)
 
-    def add(self, batch: VecBatch, n: int) -> None:
-        """A chunk's candidates among its rows not protected (``n`` of them so far)."""
-        pick = np.flatnonzero(in_sample(batch.words, n, self.size)
-                              & ~is_protected(batch.prio))
+    def add(self, batch: VecBatch, n: int, mine: np.ndarray) -> None:
+        """A chunk's candidates among its rows not protected (``mine``; ``n`` of them
+        so far)."""
+        pick = np.flatnonzero(in_sample(batch.words, n, self.size) & mine)
         if len(pick):
             ref = _ref_of(batch, pick)
             self.refs.append(ref)

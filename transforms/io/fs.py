@@ -157,9 +157,9 @@ def glob_matches(pattern: str) -> GlobMatches:
         paths = _glob.glob(pattern, recursive=True)
         files = sorted(p for p in paths if os.path.isfile(p))
         broken = sorted(p for p in paths if os.path.islink(p) and not os.path.exists(p))
-        folders = [] if last_any else sorted(p for p in paths if os.path.isdir(p))
-        special = sorted(p for p in paths if os.path.exists(p) and not os.path.isfile(p)
-                         and not os.path.isdir(p))
+        dirs = {p for p in paths if os.path.isdir(p)}
+        folders = [] if last_any else sorted(dirs)
+        special = sorted(set(paths) - set(files) - dirs - set(broken))  # what else exists
         return GlobMatches(files, _unread(folders, files, os.sep), broken, special)
     prefix = re.match(r"[^[*?]*", pattern).group(0)
     if prefix == pattern:

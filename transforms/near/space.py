@@ -50,6 +50,11 @@ def value_scale(x: np.ndarray, spec: NearSpec) -> float:
     return float(np.abs(x).max(initial=0)) if spec.metric == "allclose" else 0.0
 
 
+def cosine_rounding(dim: int) -> float:
+    """How far a float64 1 - cos over ``dim`` values may be from its exact value."""
+    return (dim + 8) * 2.0 ** -52
+
+
 def search_radius(spec: NearSpec, dim: int, scale: float) -> float:
     """L2 radius in the search space such that every pair within the user's tolerance is
     inside it (float rounding of the search is bounded separately, per pair)."""
@@ -62,7 +67,7 @@ def search_radius(spec: NearSpec, dim: int, scale: float) -> float:
         # like any other (``near.search.thresholds``).
         # The verified 1 - cos is rounded too (cos within ~(d + 2) 2^-52 of its value): a
         # pair measured within t may be t + that apart, which matters when t is tiny
-        slack = (dim + 8) * 2.0 ** -52
+        slack = cosine_rounding(dim)
         return math.sqrt(2 * (spec.threshold + slack)) * (1 + 1e-12) + (dim + 8) * 2.0 ** -50
     if spec.metric == "l2":
         return spec.threshold * (1 + 1e-12)
