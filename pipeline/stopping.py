@@ -41,6 +41,32 @@ EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 _NAMES = {signal.SIGINT: "interrupted", signal.SIGTERM: "stopped by SIGTERM"}
 
 
+LAUNCHER_ENV = "TENSORDEDUP_LAUNCHER"  # the launcher's process id, for its local workers
+PARENT_POLL_S = 0.2  # how often a started process looks whether its launcher is still there
+
+
+def on_parent_gone(parent: int, then: Callable[[], object]) -> None:
+    """Call ``then`` from a daemon thread once ``parent`` is no longer this process's
+    parent. A launcher killed with SIGKILL (the OOM killer, ``kill -9``, a scheduler's
+    last resort) runs no code, so what it started must notice by itself: local worker
+    processes waited up to 2 minutes on their gRPC stream, holding their memory."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        then()
+
+    threading.Thread(target=watch, name="tensordedup-parent", daemon=True).start()
+
+
+def ends_with_launcher() -> None:
+    """A local worker process (``LAUNCHER_ENV`` set) ends once its launcher is gone.
+    Called before the worker imports Beam and the project: those imports take seconds on
+    a busy machine, and a worker started just before its launcher was killed outright
+    outlived it by that long (CI, 2 cores under load)."""
+    if LAUNCHER_ENV in os.environ:
+        on_parent_gone(int(os.environ[LAUNCHER_ENV]), lambda: os._exit(1))
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM in the main thread: unwinds like Ctrl-C (nothing published)."""
 

@@ -7,7 +7,8 @@ and under TYPE_CHECKING count alike):
 - pipeline/steps/ (the public Beam steps) imports no runner and nothing of the job: only
   other steps, ``pipeline.progress``, ``pipeline.models`` and transforms/;
 - each runner module imports, of the project, only ``pipeline/runners/common.py``, the
-  steps, the config's types, ``pipeline.progress`` and transforms/ (the runners' package
+  steps, the config's types, ``pipeline.progress``, ``pipeline.stopping`` (the standard
+  library only: how a started process ends) and transforms/ (the runners' package
   ``pipeline.runners`` is the one place that picks among them);
 - no import cycle; no private name (``_x``) imported from another module.
 """
@@ -102,7 +103,7 @@ RUNNER_MODULES = [m for m in MODULES if m.startswith("pipeline.runners.")]
 @pytest.mark.parametrize("module", RUNNER_MODULES)
 def test_a_runner_imports_only_common_steps_config_and_kernels(module):
     allowed = ("pipeline.runners.common", "pipeline.steps", "pipeline.config",
-               "pipeline.progress", "transforms")
+               "pipeline.progress", "pipeline.stopping", "transforms")
     assert sorted(t for t in GRAPH[module] if not _within(t, *allowed)) == []
 
 

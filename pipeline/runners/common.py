@@ -18,8 +18,6 @@ import logging
 import os
 import sys
 import threading
-import time
-from collections.abc import Callable
 from typing import NoReturn
 
 from pipeline.config.runner import RunnerConfig
@@ -32,23 +30,6 @@ ONE_THREAD = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_N
 # thread per core against the others' cost the 1M x 384 near job 128 s of CPU against 80 s
 
 WORKER_LOG_ENV = "TENSORDEDUP_WORKER_LOG"  # worker_log()'s answer, for the workers
-LAUNCHER_ENV = "TENSORDEDUP_LAUNCHER"  # the launcher's process id, for its local workers
-PARENT_POLL_S = 1.0  # how often a started process looks whether its launcher is still there
-
-
-def on_parent_gone(parent: int, then: Callable[[], object]) -> None:
-    """Call ``then`` from a daemon thread once ``parent`` is no longer this process's
-    parent. A launcher killed with SIGKILL (the OOM killer, ``kill -9``, a scheduler's
-    last resort) runs no code, so what it started must notice by itself: local worker
-    processes waited up to 2 minutes on their gRPC stream, holding their memory."""
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(PARENT_POLL_S)
-        then()
-
-    threading.Thread(target=watch, name="tensordedup-parent", daemon=True).start()
-
-
 def worker_env() -> dict[str, str]:
     """The environment of worker processes: this interpreter first on PATH (Beam's pool
     starts each worker as ``python -c ...``) and this process's import paths outside the

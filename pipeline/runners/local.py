@@ -26,9 +26,9 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
+from pipeline import stopping
 from pipeline.config.runner import RunnerConfig
 from pipeline.runners.common import (
-    LAUNCHER_ENV,
     ONE_THREAD,
     WORKER_LOG_ENV,
     available_cores,
@@ -36,7 +36,6 @@ from pipeline.runners.common import (
     end_process,
     glibc,
     imports_frozen,
-    on_parent_gone,
     progress_relay,
     worker_env,
     worker_log,
@@ -98,7 +97,7 @@ def _local_workers() -> Iterator[str]:
     tmp = tempfile.mkdtemp(prefix="tensordedup-workers-")
     env = dict(ONE_THREAD)
     env[WORKER_LOG_ENV] = worker_log()
-    env[LAUNCHER_ENV] = str(os.getpid())  # the worker's parent: the exec below keeps it
+    env[stopping.LAUNCHER_ENV] = str(os.getpid())  # the worker's parent: the exec below keeps it
     shared = worker_env()
     for k in ("PYTHONPATH", "MALLOC_ARENA_MAX", "MIMALLOC_PURGE_DELAY"):
         env[k] = shared[k]
@@ -186,8 +185,6 @@ def main() -> None:
 
     imports_frozen()
     finished_outputs_dropped()
-    if LAUNCHER_ENV in os.environ:  # a launcher killed outright does not stop its workers
-        on_parent_gone(int(os.environ[LAUNCHER_ENV]), lambda: os._exit(1))
     with freed_memory_released(), ahead.at_once(1):  # one row group ahead per worker
         sdk_worker_main.main(sys.argv)
     end_process(0)  # the runner waits for this process to end before the job does

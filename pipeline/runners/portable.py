@@ -28,10 +28,10 @@ import threading
 import time
 from typing import Any
 
+from pipeline import stopping
 from pipeline.runners.common import (
     ONE_THREAD,
     Relay,
-    on_parent_gone,
     progress_relay,
     worker_env,
 )
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         print(f"{args.kind}: serving on localhost:{port} (Ctrl-C stops)", flush=True)
     if args.parent is not None:
-        on_parent_gone(args.parent, stop.set)
+        stopping.on_parent_gone(args.parent, stop.set)
     stop.wait()
     shutdown()
     if args.kind == "jobs":
