@@ -186,6 +186,30 @@ def test_processes_the_job_started_end_when_it_is_killed_outright(tmp_path, near
         threading.Event().wait(0.05)
 
 
+def test_worker_processes_killed_while_one_runs_publish_fail_the_job(tmp_path, near_input,
+                                                                    isolated):
+    """Every local worker process SIGKILLed (the OOM killer) while one of them runs
+    Publish (held): Beam waited on the dead worker's answer with no timeout, and the
+    job was still running 120 s later (Sweep K). Now the requests to a worker that ended
+    fail: one line naming the lost worker, exit 1, nothing published, nothing left."""
+    tag, _ = isolated
+    cfg = config(tmp_path, str(near_input / "*.parquet"))
+    before = snapshot(tmp_path / "out")
+    hold = tmp_path / "hold"
+    proc = start(cfg, *RUNNERS["processes"], env={HOLD_ENV: str(hold)})
+    wait_for(hold.with_name("hold.reached"), proc)
+    workers = started_workers(tag)
+    assert len(workers) == 2, workers
+    t0 = time.monotonic()
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    code, err, took = ended(proc, t0, FIRST_S)
+    assert code == 1 and len(err) == 1, err
+    assert "a worker process of the job ended under it (signal 9, SIGKILL" in err[0], err
+    assert took < FIRST_S, took
+    assert_nothing_left(tmp_path, before, *isolated)
+
+
 def test_a_worker_process_that_died_under_the_job_is_named_by_the_failure_line(monkeypatch):
     """Beam's threads that waited on a local worker process killed under the job (the OOM
     killer, ``kill -9``) raise as they go: their tracebacks (2-3, with --quiet too) came
