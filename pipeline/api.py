@@ -238,7 +238,8 @@ def failure_line(e: BaseException) -> str:
     while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
         chain.append(chain[-1].__cause__ or chain[-1].__context__)
     cause = next((c for c in chain if isinstance(c, PublishIncomplete)), chain[-1])
-    lost = None if isinstance(cause, PublishIncomplete) else stopping.lost_worker()
+    lost = (None if isinstance(cause, PublishIncomplete)
+            else stopping.lost_worker("\n".join(str(c) for c in chain)))
     if isinstance(cause, PublishIncomplete):
         what = f"PublishIncomplete: {cause}"
     elif lost is not None:  # the job's own error is then the end of a stream: "Empty: Empty"

@@ -128,21 +128,34 @@ _WORKER_EXIT = re.compile(r"Worker subprocess exited with return code (-?\d+)")
 _lost: list[int] = []  # return codes of local worker processes that ended under the job
 
 
-def lost_worker() -> str | None:
-    """What ended a local worker process under the job, for the failure's line (the
-    job's own error is then only the end of a stream: "Empty"), or None."""
-    if not _lost:
+WORKER_GONE = "a worker process ended while the job ran (its control stream closed)"
+# what the job's error says when a worker's connection ended: the runners' requests to a
+# worker whose control stream closed (WORKER_GONE), Beam's data plane ("Channel closed
+# prematurely.", the portable runner's pool)
+_CONNECTION_LOST = re.compile(re.escape(WORKER_GONE) + r"|Channel closed prematurely")
+
+
+def lost_worker(error: str = "") -> str | None:
+    """What ended a worker process under the job, for the failure's line (the job's own
+    error is then only the end of a stream: "Empty", "Channel closed prematurely"), or
+    None: the local runner's worker's exit code or signal where Beam said it, else
+    whether ``error`` says a worker's connection ended."""
+    if _lost:
+        code = _lost[0]
+        how = f"exit code {code}"
+        if code < 0:
+            try:
+                how = f"signal {-code}, {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"signal {-code}"
+        if code == -signal.SIGKILL:
+            how += ": out of memory, or killed from outside"
+    elif _CONNECTION_LOST.search(error):
+        how = "its connection closed: out of memory, or killed from outside"
+    else:
         return None
-    code = _lost[0]
-    how = f"exit code {code}"
-    if code < 0:
-        try:
-            how = f"signal {-code}, {signal.Signals(-code).name}"
-        except ValueError:
-            how = f"signal {-code}"
-    return (f"a worker process of the job ended under it ({how}"
-            + (": out of memory, or killed from outside" if code == -signal.SIGKILL else "")
-            + "): run again (with fewer runner.workers, or more memory, if it was memory)")
+    return (f"a worker process of the job ended under it ({how}): run again (with fewer "
+            "runner.workers, or more memory, if it was memory)")
 
 
 class _Cleanups:

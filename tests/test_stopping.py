@@ -145,12 +145,13 @@ def test_a_signal_while_the_job_runs_stops_it_at_once(tmp_path, near_input, isol
     assert_nothing_left(tmp_path, before, *isolated)
 
 
-def started_workers(tag: str) -> list[int]:
-    """The local runner's worker processes of the run tagged ``tag``."""
+def started_workers(tag: str, command: bytes = b"pipeline.processes") -> list[int]:
+    """The SDK worker processes of the run tagged ``tag``: the local runner's by
+    default, the portable runner's pool's with ``command=b"SdkHarness"``."""
     found = []
     for pid in tagged_processes(tag):
         try:
-            if b"pipeline.processes" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if command in Path(f"/proc/{pid}/cmdline").read_bytes():
                 found.append(pid)
         except OSError:  # gone meanwhile
             pass
@@ -186,26 +187,31 @@ def test_processes_the_job_started_end_when_it_is_killed_outright(tmp_path, near
         threading.Event().wait(0.05)
 
 
+@pytest.mark.parametrize(("runner", "command"), [("processes", b"pipeline.processes"),
+                                                 ("portable", b"SdkHarness")])
 def test_worker_processes_killed_while_one_runs_publish_fail_the_job(tmp_path, near_input,
-                                                                    isolated):
-    """Every local worker process SIGKILLed (the OOM killer) while one of them runs
-    Publish (held): Beam waited on the dead worker's answer with no timeout, and the
-    job was still running 120 s later (Sweep K). Now the requests to a worker that ended
-    fail: one line naming the lost worker, exit 1, nothing published, nothing left."""
+                                                                    isolated, runner,
+                                                                    command):
+    """Every SDK worker process SIGKILLed (the OOM killer) while one of them runs Publish
+    (held), local runner or the portable runner's pool: Beam waited on the dead worker's
+    answer with no timeout, and the job was still running 120 s later (Sweep K). Now
+    the requests to a worker whose control stream ended fail: one line naming the lost
+    worker, exit 1, nothing published, nothing left."""
     tag, _ = isolated
     cfg = config(tmp_path, str(near_input / "*.parquet"))
     before = snapshot(tmp_path / "out")
     hold = tmp_path / "hold"
-    proc = start(cfg, *RUNNERS["processes"], env={HOLD_ENV: str(hold)})
+    proc = start(cfg, *RUNNERS[runner], env={HOLD_ENV: str(hold)})
     wait_for(hold.with_name("hold.reached"), proc)
-    workers = started_workers(tag)
+    workers = started_workers(tag, command)
     assert len(workers) == 2, workers
     t0 = time.monotonic()
     for pid in workers:
         os.kill(pid, signal.SIGKILL)
     code, err, took = ended(proc, t0, FIRST_S)
     assert code == 1 and len(err) == 1, err
-    assert "a worker process of the job ended under it (signal 9, SIGKILL" in err[0], err
+    assert "a worker process of the job ended under it (" in err[0], err
+    assert "out of memory, or killed from outside): run again" in err[0], err
     assert took < FIRST_S, took
     assert_nothing_left(tmp_path, before, *isolated)
 

@@ -20,6 +20,7 @@ import sys
 import threading
 from typing import NoReturn
 
+from pipeline import stopping
 from pipeline.config.runner import RunnerConfig
 
 RELAY_S = 0.1  # how often the workers' forwarded progress is read
@@ -248,6 +249,39 @@ def flush_race_problem() -> str | None:
                       getattr(data_plane, "SizeBasedBufferingClosableOutputStream", ())):
         return "apache_beam.runners.worker.data_plane's buffering streams have changed"
     return None
+
+
+def waits_end_with_their_worker() -> None:
+    """Beam's runner waits on a worker's answer with no timeout, so a worker process
+    killed outright (the OOM killer, ``kill -9``) while it ran a step that no other
+    worker's failure ends (Publish) left the job waiting for ever, on the local runner's
+    processes and the portable runner's pool alike (Sweep K). Once a worker's control
+    stream has ended (its process gone, or the runner done with it), the requests in
+    flight on it and any sent to it later fail (``stopping.WORKER_GONE``). Process-wide, once,
+    before a runner is built."""
+    from apache_beam.runners.portability.fn_api_runner import worker_handlers
+
+    conn = worker_handlers.ControlConnection
+    if getattr(conn, "_fails_when_ended", False):
+        return
+    read = conn._read
+
+    def _read(self) -> None:
+        try:
+            read(self)
+        finally:
+            gone, push = RuntimeError(stopping.WORKER_GONE), self.push
+
+            def push_failed(request):
+                future = push(request)
+                if future is not None:  # not the runner's own end-of-stream marker
+                    future.abort(gone)
+                return future
+
+            self.push = push_failed
+            self.abort(gone)
+
+    conn._read, conn._fails_when_ended = _read, True
 
 
 def avoid_flush_race() -> str | None:

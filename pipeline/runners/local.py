@@ -23,7 +23,6 @@ import shlex
 import shutil
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,6 +37,7 @@ from pipeline.runners.common import (
     glibc,
     imports_frozen,
     progress_relay,
+    waits_end_with_their_worker,
     worker_env,
     worker_log,
 )
@@ -123,7 +123,7 @@ def local_process_runner():
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner, fn_runner
     from apache_beam.transforms.environments import SubprocessSDKEnvironment
 
-    _waits_end_with_their_worker()
+    waits_end_with_their_worker()
 
     class LocalProcesses(FnApiRunner):
         def run_pipeline(self, pipeline, options):
@@ -140,45 +140,6 @@ def local_process_runner():
                 beam_log.removeFilter(quiet)
 
     return LocalProcesses()
-
-
-def _waits_end_with_their_worker() -> None:
-    """Beam's handler of subprocess workers, whose requests in flight fail once their
-    worker process has ended. Beam waits on a worker's answer with no timeout, so a
-    worker killed outright (the OOM killer, ``kill -9``) while it ran a step that no
-    other worker's failure ends (Publish) left the job waiting for ever (Sweep K); now
-    its requests in flight and any sent to it later fail, and the job fails in one line
-    naming the lost worker (``stopping.lost_worker``). Beam's own handler otherwise:
-    registered once per process."""
-    from apache_beam.portability import python_urns
-    from apache_beam.runners.portability.fn_api_runner import worker_handlers
-
-    base = worker_handlers.SubprocessSdkWorkerHandler
-    registered = worker_handlers.WorkerHandler._registered_environments
-    if registered[python_urns.SUBPROCESS_SDK][0] is not base:
-        return
-
-    class WaitsEnd(base):
-        def start_worker(self) -> None:
-            super().start_worker()
-            threading.Thread(target=self._fail_waits, name="tensordedup-worker-ended",
-                             daemon=True).start()
-
-        def _fail_waits(self) -> None:
-            self.worker_thread.join()  # its process ended (after its exception, if any)
-            ended = RuntimeError("a local worker process ended while the job ran")
-            conn, push = self.control_conn, self.control_conn.push
-
-            def push_failed(request):  # a later bundle sent to it: failed, not waited on
-                future = push(request)
-                future.abort(ended)
-                return future
-
-            conn.push = push_failed
-            conn.abort(ended)
-
-    worker_handlers.WorkerHandler.register_environment(
-        python_urns.SUBPROCESS_SDK, bytes)(WaitsEnd)
 
 
 def _drop(*texts: str):

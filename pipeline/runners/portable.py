@@ -32,7 +32,9 @@ from pipeline import stopping
 from pipeline.runners.common import (
     ONE_THREAD,
     Relay,
+    avoid_flush_race,
     progress_relay,
+    waits_end_with_their_worker,
     worker_env,
 )
 
@@ -283,9 +285,8 @@ def _serve_jobs(port: int, staging_dir: str | None, workers: int) -> tuple[int, 
     from apache_beam.runners.portability import local_job_service
     from apache_beam.runners.portability.fn_api_runner import fn_runner
 
-    from pipeline.runners.common import avoid_flush_race
-
     avoid_flush_race()  # a Beam it does not apply to: the launcher warned already
+    waits_end_with_their_worker()
 
     class Job(local_job_service.BeamJob):
         def _invoke_runner(self):  # as Beam's, with the worker count
