@@ -945,3 +945,55 @@ def test_distances_near_the_ends_of_float64_are_measured_not_rounded_to_0_or_nan
                                                            mode="exact"))
     assert dict(zip(r.removed.tolist(), r.kept.tolist(), strict=True)) == {
         k + 6 * c: k for c in (1, 2) for k in range(6)}
+
+
+
+def int_rows(dtype, random_bases: int = 5) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """64-bit integer rows at the ends of their range and beyond 2^53 (far apart from
+    each other), each base followed by copies moved by a few units: (rows, [(copy, its
+    base)])."""
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(3)
+    bases = [[info.max - 5] * 3, [info.min + 5] * 3, [(1 << 53) + 1] * 3,
+             *rng.integers(info.max // 4, info.max // 2, (random_bases, 3), dtype=dtype).tolist()]
+    rows, pairs = [], []
+    for b in bases:
+        home = len(rows)
+        rows.append(b)
+        for step in ([1, 0, 0], [-1, 1, 0], [2, 0, 0], [1, 1, 1], [0, 0, -3]):
+            # toward the middle of the range: every moved value still fits the dtype
+            pairs.append((len(rows), home))
+            rows.append([v - s if v > 0 else v + abs(s) for v, s in zip(b, step, strict=True)])
+    return np.array(rows, dtype), pairs
+
+
+def int_truth(rows: np.ndarray, pairs: list[tuple[int, int]], spec: NearSpec) -> dict:
+    """{copy: (its base, within, distance)} in Python's exact integers, for l2 1.5 or
+    allclose with atol 1 (rtol 0)."""
+    truth = {}
+    for c, b in pairs:
+        diff = [int(p) - int(q) for p, q in zip(rows[c].tolist(), rows[b].tolist(), strict=True)]
+        squares = sum(v * v for v in diff)
+        truth[c] = (b, squares * 4 <= 9 if spec.metric == "l2" else max(map(abs, diff)) <= 1,
+                    squares ** 0.5 if spec.metric == "l2" else max(map(abs, diff)))
+    return truth
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint64])
+@pytest.mark.parametrize("spec", [NearSpec("l2", threshold=1.5),
+                                  NearSpec("allclose", atol=1.0, rtol=0.0)])
+def test_64_bit_integers_beyond_2_53_are_measured_exactly(dtype, spec):
+    """int64 / uint64 values above 2^53 were subtracted as float64, which drops their low
+    bits: rows 2^53 + 1 and 2^53 + 2 measured 0.0 apart, so at l2 1.5 a copy moved by
+    2 in one value or 1 in three was removed (a removal beyond the threshold), and near
+    the int64 ends every copy was. Against Python's exact integers: each copy is removed
+    exactly when its true distance to its base is within (no other pair is near)."""
+    rows, pairs = int_rows(dtype)
+    exact = int_truth(rows, pairs, spec)
+    d, within = exact_distance(rows[[c for c, _ in pairs]], rows[[b for _, b in pairs]], spec)
+    assert within.tolist() == [exact[c][1] for c, _ in pairs]
+    assert d.tolist() == pytest.approx([exact[c][2] for c, _ in pairs], rel=1e-15)
+    assert 0 < sum(w for _, w, _ in exact.values()) < len(pairs)  # both sides of the line
+    r = find_near(rows, np.arange(len(rows)), spec)
+    assert dict(zip(r.removed.tolist(), r.kept.tolist(), strict=True)) == {
+        c: b for c, (b, w, _) in exact.items() if w}

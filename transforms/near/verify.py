@@ -74,6 +74,19 @@ def pow2_scaled(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ldexp(x, -e[:, None]), e
 
 
+def difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a - b`` in float64, rounded once. 64-bit integers above 2^53 lose their low bits
+    as float64 (rows 2^53 and 2^53 + 1 measured 0.0 apart and were removed at l2 0.5),
+    so they are subtracted in 32-bit halves, each exact in float64, and summed once."""
+    if {a.dtype.kind, b.dtype.kind} <= {"i", "u"} and 8 in (a.dtype.itemsize, b.dtype.itemsize):
+        low = np.uint64(0xFFFFFFFF)
+        hi = (a >> 32).astype(np.float64) - (b >> 32).astype(np.float64)
+        lo = ((a.astype(np.uint64) & low).astype(np.float64)
+              - (b.astype(np.uint64) & low).astype(np.float64))
+        return hi * 2.0 ** 32 + lo
+    return a.astype(np.float64) - b.astype(np.float64)
+
+
 def exact_distance(a: np.ndarray, b: np.ndarray, spec: NearSpec
                    ) -> tuple[np.ndarray, np.ndarray]:
     """(distance, within) for row pairs, in float64; ``b`` is the kept (reference) record.
@@ -83,23 +96,25 @@ def exact_distance(a: np.ndarray, b: np.ndarray, spec: NearSpec
     row is flat: never within); allclose: the largest |a_i - b_i|, within when
     numpy.isclose(a, b, rtol, atol) holds everywhere.
     """
-    if spec.metric == "correlation":
-        a, b = centred_channels(a, spec.channels), centred_channels(b, spec.channels)
-    else:
-        a, b = a.astype(np.float64), b.astype(np.float64)
+    a, b = flat_rows(a), flat_rows(b)
     if spec.metric == "l2":
         with np.errstate(over="ignore", invalid="ignore"):
-            diff, e = pow2_scaled(a - b)
+            diff, e = pow2_scaled(difference(a, b))
         d = np.ldexp(np.linalg.norm(diff, axis=1), e)
         return d, d <= spec.threshold
-    if spec.metric in ("cosine", "correlation"):
-        (a, _), (b, _) = pow2_scaled(a), pow2_scaled(b)  # 1 - cos does not see the scale
-        with np.errstate(invalid="ignore", divide="ignore"):
-            cos = (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-        d = 1.0 - np.clip(cos, -1.0, 1.0)
-        return d, d <= spec.threshold
-    diff = np.abs(a - b)
-    return diff.max(axis=1, initial=0.0), (diff <= spec.atol + spec.rtol * np.abs(b)).all(axis=1)
+    if spec.metric == "allclose":
+        diff = np.abs(difference(a, b))
+        return (diff.max(axis=1, initial=0.0),
+                (diff <= spec.atol + spec.rtol * np.abs(b.astype(np.float64))).all(axis=1))
+    if spec.metric == "correlation":
+        a, b = centred_channels(a, spec.channels), centred_channels(b, spec.channels)
+    else:  # cosine
+        a, b = a.astype(np.float64), b.astype(np.float64)
+    (a, _), (b, _) = pow2_scaled(a), pow2_scaled(b)  # 1 - cos does not see the scale
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cos = (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    d = 1.0 - np.clip(cos, -1.0, 1.0)
+    return d, d <= spec.threshold
 
 
 def verify(xa: np.ndarray, xb: np.ndarray, spec: NearSpec
