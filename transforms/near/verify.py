@@ -79,6 +79,8 @@ def difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     as float64 (rows 2^53 and 2^53 + 1 measured 0.0 apart and were removed at l2 0.5),
     so they are subtracted in 32-bit halves, each exact in float64, and summed once."""
     if {a.dtype.kind, b.dtype.kind} <= {"i", "u"} and 8 in (a.dtype.itemsize, b.dtype.itemsize):
+        a, b = (v.astype(np.int64 if v.dtype.kind == "i" else np.uint64, copy=False)
+                for v in (a, b))
         low = np.uint64(0xFFFFFFFF)
         hi = (a >> 32).astype(np.float64) - (b >> 32).astype(np.float64)
         lo = ((a.astype(np.uint64) & low).astype(np.float64)
