@@ -84,6 +84,30 @@ def test_near_and_nearest_equal_brute_force(seed):
             assert d.get_near(q, "missing", atol=atol, rtol=rtol) == "missing"
 
 
+def test_64_bit_integer_keys_beyond_2_53_are_compared_exactly():
+    """As float64, 2^62 + 1 and 2^62 + 2 are 0.0 apart: the dict would match a key one unit
+    off at atol 0.5 and call it the nearest at distance 0. Checked against Python's integers,
+    across int64, uint64 and int32 keys of one shape."""
+    rng = np.random.default_rng(0)
+    big = [int(v) for v in rng.integers(2**60, 2**62, 30)]
+    keys = ([np.array([v, -v, v + 7], np.int64) for v in big]
+            + [np.array([v, v + 1, 2**64 - 1 - v], np.uint64) for v in big[:10]]
+            + [np.array([3, -4, 5], np.int32)])
+    d = TensorDict((k, i) for i, k in enumerate(keys))
+    exact = [[int(x) for x in k] for k in keys]
+    for j, base in enumerate(exact[:40:3]):
+        q = [x + (1 if n == 1 else 0) for n, x in enumerate(base)]  # one unit off
+        query = np.array(q, keys[j * 3].dtype)
+        for atol in (0.5, 1.0):  # one unit off: none within 0.5, its own key within 1
+            want = sorted(i for i, k in enumerate(exact)
+                          if all(abs(a - b) <= atol for a, b in zip(k, q, strict=True)))
+            got = d.near(query, atol=atol, rtol=0)
+            assert sorted(m.value for m in got) == want
+            assert all(m.distance == 1.0 for m in got)
+        best = d.nearest(query)
+        assert (best.value, best.distance) == (j * 3, 1.0)
+
+
 def test_decoy_just_outside_tolerance_is_not_returned():
     d = TensorDict([(np.array([1.0, 1.0]), "key")])
     assert d.get_near(np.array([1.0 + 0.9e-3, 1.0]), atol=1e-3, rtol=0) == "key"

@@ -5,7 +5,8 @@ A ``TensorKey`` hashes and compares by the exact fingerprint (value, dtype,
 shape) and keeps its own read-only copy of the values, so mutating the original
 tensor afterwards cannot corrupt a dict. ``TensorDict`` accepts numpy, torch and
 TensorFlow tensors interchangeably as keys and adds tolerance lookups that are
-exact: candidates are checked elementwise in float64, never rounded or bucketed.
+exact: candidates are checked elementwise in float64 (64-bit integers subtracted
+exactly, as the job does), never rounded or bucketed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from transforms.canonical import row_shape, to_numpy
 from transforms.fingerprint import fingerprint_array
+from transforms.near.verify import difference
 
 
 class TensorKey:
@@ -73,14 +75,25 @@ class Match(NamedTuple):
     distance: float
 
 
-def _as_float64(key: TensorKey) -> np.ndarray:
-    """Values of a key as a flat float64 (or complex128) vector for tolerance comparisons."""
+def _flat(key: TensorKey) -> np.ndarray:
+    """Values of a key as a flat vector for tolerance comparisons: integers as int64 or
+    uint64 (``verify.difference`` subtracts them exactly: float64 drops the low bits of
+    values above 2^53), complex as complex128, the rest as float64."""
     arr = key.array
     if key.dtype == "complex32":
         return np.ascontiguousarray(arr.astype(np.float64)).view(np.complex128).reshape(-1)
     if np.iscomplexobj(arr):
         return arr.astype(np.complex128).reshape(-1)
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.int64 if arr.dtype.kind == "i" else np.uint64).reshape(-1)
     return arr.astype(np.float64).reshape(-1)
+
+
+def _minus(m: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Rows of ``m`` minus ``q``, each difference rounded once."""
+    if np.iscomplexobj(m) or np.iscomplexobj(q):
+        return m.astype(np.complex128) - q.astype(np.complex128)
+    return difference(m, q)
 
 
 class TensorDict(MutableMapping):
@@ -89,7 +102,7 @@ class TensorDict(MutableMapping):
     ``d[t] = v`` stores ``v`` under ``TensorKey(t)``; two tensors are the same key
     exactly when they have the same dtype, shape and values (-0.0 equals 0.0, all
     NaNs are equal). ``get_near`` and ``nearest`` search keys of the same shape
-    across dtypes, comparing values in float64.
+    across dtypes, comparing values in float64 (64-bit integers subtracted exactly).
     """
 
     def __init__(self, items: Any = ()):
@@ -123,21 +136,32 @@ class TensorDict(MutableMapping):
     def __repr__(self) -> str:
         return f"TensorDict({len(self)} keys)"
 
-    def _candidates(self, shape: tuple[int, ...]) -> tuple[list[TensorKey], np.ndarray]:
+    def _candidates(self, shape: tuple[int, ...]) -> tuple[list[TensorKey], list[tuple]]:
+        """Keys of ``shape`` and their values stacked by kind: (positions, matrix) each."""
         entry = self._by_shape.get(shape)
         if entry is None:
             keys = [k for k in self._data if k.shape == shape]
-            vectors = [_as_float64(k) for k in keys]
-            width = int(np.prod(shape, dtype=np.int64))
-            matrix = np.stack(vectors) if vectors else np.empty((0, width))
-            entry = (keys, matrix)
+            by_dtype: dict[np.dtype, list[int]] = {}
+            vectors = [_flat(k) for k in keys]
+            for i, v in enumerate(vectors):
+                by_dtype.setdefault(v.dtype, []).append(i)
+            groups = [(np.array(ix), np.stack([vectors[i] for i in ix]))
+                      for ix in by_dtype.values()]
+            entry = (keys, groups)
             self._by_shape[shape] = entry
         return entry
 
     def _query(self, t: Any) -> tuple[TensorKey, list[TensorKey], np.ndarray, np.ndarray]:
+        """The query's key, the keys of its shape, their differences from it (rows) and
+        its values."""
         query = self._key(t)
-        keys, matrix = self._candidates(query.shape)
-        return query, keys, matrix, _as_float64(query)
+        keys, groups = self._candidates(query.shape)
+        q = _flat(query)
+        complex_ = np.iscomplexobj(q) or any(np.iscomplexobj(m) for _, m in groups)
+        diff = np.empty((len(keys), q.size), np.complex128 if complex_ else np.float64)
+        for ix, m in groups:
+            diff[ix] = _minus(m, q)
+        return query, keys, diff, q
 
     def near(self, t: Any, *, atol: float = 1e-8, rtol: float = 1e-5) -> list[Match]:
         """All stored keys ``k`` of ``t``'s shape with ``|k - t| <= atol + rtol * |t|``
@@ -145,12 +169,12 @@ class TensorDict(MutableMapping):
 
         An exact match (same digest) is always included with distance 0.0, even with NaNs.
         """
-        query, keys, matrix, q = self._query(t)
+        query, keys, diff, q = self._query(t)
         if not keys:
             return []
-        close = np.abs(matrix - q) <= atol + rtol * np.abs(q)
+        close = np.abs(diff) <= atol + rtol * np.abs(q.astype(diff.dtype))
         hits = np.flatnonzero(close.all(axis=1))
-        out = [Match(keys[i], self._data[keys[i]], float(np.linalg.norm(matrix[i] - q)))
+        out = [Match(keys[i], self._data[keys[i]], float(np.linalg.norm(diff[i])))
                for i in hits]
         if query in self._data and all(m.key != query for m in out):
             out.append(Match(query, self._data[query], 0.0))
@@ -169,14 +193,14 @@ class TensorDict(MutableMapping):
 
         Raises ``KeyError`` if no key has that shape, ``ValueError`` if ``t`` has NaNs.
         """
-        query, keys, matrix, q = self._query(t)
+        query, keys, diff, q = self._query(t)
         if query in self._data:
             return Match(query, self._data[query], 0.0)
-        if np.isnan(q).any():
+        if q.dtype.kind in "fc" and np.isnan(q).any():
             raise ValueError("nearest() needs a query without NaN values")
         if not keys:
             raise KeyError(f"no key with shape {query.shape}")
-        dist = np.linalg.norm(matrix - q, axis=1)
+        dist = np.linalg.norm(diff, axis=1)
         dist = np.where(np.isnan(dist), np.inf, dist)
         i = int(np.argmin(dist))
         return Match(keys[i], self._data[keys[i]], float(dist[i]))
