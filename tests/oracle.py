@@ -217,23 +217,47 @@ def planted_stream(seed: int, n: int, d: int, copies: int, nans: int, zeros: int
     return x[rng.permutation(len(x))]
 
 
+def _may_be_within(flat: np.ndarray, spec: NearSpec, rows: slice) -> np.ndarray:
+    """(rows, rows.stop) bool: which pairs of ``rows`` with the rows up to ``rows.stop``
+    may be within tolerance, from a float64 Gram matrix with a margin far above its
+    rounding (a few ``d * eps`` of the norms); ``exact_distance`` decides each. NaN (zero
+    norms, overflow) counts as maybe. Metrics without a Gram form: every pair."""
+    a, b = flat[rows], flat[:rows.stop]
+    if spec.metric not in ("l2", "cosine"):
+        return np.ones((len(a), len(b)), bool)
+    margin = 64 * (flat.shape[1] + 2) * np.finfo(np.float64).eps
+    with np.errstate(all="ignore"):
+        na, nb = (a * a).sum(axis=1)[:, None], (b * b).sum(axis=1)[None, :]
+        dot = a @ b.T
+        if spec.metric == "l2":
+            far = na + nb - 2 * dot > spec.threshold ** 2 + margin * (na + nb)
+        else:
+            far = 1 - dot / np.sqrt(na * nb) > spec.threshold + margin
+    return ~far
+
+
 def kept_set_oracle(x: np.ndarray, spec: NearSpec) -> dict[int, int]:
     """{removed row: kept row} for representative grouping without listing pairs: rows in
     order, each compared (float64, ``exact_distance``) with every row kept so far; within
     tolerance of one -> removed in favour of the nearest (ties: the earlier). Cheap where
     many rows are copies of few (crowds: the kept rows are few), so it checks crowds of
-    thousands that ``near_oracle`` would list millions of pairs for."""
+    thousands that ``near_oracle`` would list millions of pairs for. Pairs a Gram matrix
+    puts far beyond the tolerance are skipped (``_may_be_within``)."""
     flat = x.reshape(len(x), -1).astype(np.float64)
-    kept: list[int] = []
+    finite = np.isfinite(flat).all(axis=1)
+    kept = np.zeros(len(x), bool)
     out: dict[int, int] = {}
-    for r in np.flatnonzero(np.isfinite(flat).all(axis=1)).tolist():
-        if kept:
-            k = np.array(kept)
-            d, ok = exact_distance(np.broadcast_to(flat[r], (len(k), flat.shape[1])),
-                                   flat[k], spec)
-            if ok.any():
-                hit = np.flatnonzero(ok)
-                out[r] = int(k[hit[np.lexsort((k[hit], d[hit]))[0]]])
-                continue
-        kept.append(r)
+    for start in range(0, len(x), 256):
+        maybe = _may_be_within(flat, spec, slice(start, min(len(x), start + 256)))
+        for r in np.flatnonzero(finite[start:start + 256]).tolist():
+            r += start
+            k = np.flatnonzero(maybe[r - start, :r] & kept[:r])
+            if len(k):
+                d, ok = exact_distance(np.broadcast_to(flat[r], (len(k), flat.shape[1])),
+                                       flat[k], spec)
+                if ok.any():
+                    hit = np.flatnonzero(ok)
+                    out[r] = int(k[hit[np.lexsort((k[hit], d[hit]))[0]]])
+                    continue
+            kept[r] = True
     return out
