@@ -400,10 +400,16 @@ def _with_run_id(cfg: DedupeConfig, run_id: str) -> DedupeConfig:
 # cells cost memory: 100k images of 64x64x3 uint8 peaked at 3.50 GB on two processes
 # against 2.91 GB on two threads (their bound: 3.4 GB).
 PROCESS_ROW_BYTES = 4096
+# ... and over at least this many bytes of input files: two processes' start (imports of
+# Beam and numpy, 2 s idle, 5 s beside other work) costs more than they gain below it. A
+# near job over 64-d float32 on 2 cores, threads against processes: 2,000 records 7.3 s
+# against 9.2 s, 50,000 9.7 s against 10.7 s, 120,000 (33 MB) 13.0 s against 13.4 s,
+# 300,000 20.4 s against 19.5 s.
+PROCESS_INPUT_BYTES = 32 << 20
 
 
 def _local_defaults(cfg: DedupeConfig, exact_only: bool, embeds: bool,
-                   row_bytes: int | None) -> DedupeConfig:
+                   row_bytes: int | None, input_bytes: int | None) -> DedupeConfig:
     """``runner.workers`` unset on the local runner: one worker for an exact-only job over
     stored tensors. Its steps keep both cores busy themselves (row groups read ahead,
     two files copied at once), and the data plane between parallel local workers costs
@@ -411,8 +417,9 @@ def _local_defaults(cfg: DedupeConfig, exact_only: bool, embeds: bool,
     worker and 27.5 s on two (docs/pipeline.md). Decoding, embedding and the near search
     gain from parallel workers: they keep all cores. ``runner.processes`` unset: worker
     processes for a near job without a model over records of at most PROCESS_ROW_BYTES
-    (or of a size it cannot tell before reading them; ``pipeline.runners.local`` says why),
-    threads otherwise (one model in one process serves every thread)."""
+    (or of a size it cannot tell before reading them; ``pipeline.runners.local`` says why)
+    in input files of PROCESS_INPUT_BYTES or more (or on remote storage), threads otherwise
+    (one model in one process serves every thread)."""
     if cfg.runner.name != "local":
         return cfg
     update = {}
@@ -420,7 +427,8 @@ def _local_defaults(cfg: DedupeConfig, exact_only: bool, embeds: bool,
         update["workers"] = 1
     if cfg.runner.processes is None:
         update["processes"] = (cfg.near is not None and not embeds
-                               and (row_bytes or 0) <= PROCESS_ROW_BYTES)
+                               and (row_bytes or 0) <= PROCESS_ROW_BYTES
+                               and (input_bytes is None or input_bytes >= PROCESS_INPUT_BYTES))
     return cfg.model_copy(update={"runner": cfg.runner.model_copy(update=update)})
 
 
@@ -467,7 +475,8 @@ def prepare(cfg: DedupeConfig) -> Job:
                      resolved.shape[-1] if image and not embed and resolved.shape else 1,
                      None if embed else resolved.shape)
     cfg = _local_defaults(cfg, near is None and embed is None and spec.decode is None,
-                         embed is not None, _row_bytes(resolved, files[first], cfg.input))
+                         embed is not None, _row_bytes(resolved, files[first], cfg.input),
+                         _local_bytes([*files, *(refs.files if refs else [])]))
     store = None
     if cfg.store is not None:
         meta = store_meta(resolved, near, _settings(resolved, embed))
@@ -479,6 +488,15 @@ def prepare(cfg: DedupeConfig) -> Job:
                attempt=f"{os.getpid()}-{time.time_ns()}", replace=replace, near=near,
                references=refs, store=store, embed=embed,
                notes=mixed_dtypes(files, checked))
+
+
+def _local_bytes(files: list[str]) -> int | None:
+    """The input files' bytes in all where every one is local, else None."""
+    try:
+        return (sum(os.path.getsize(f) for f in files)
+                if all(fs.is_local(f) for f in files) else None)
+    except OSError:  # gone since it was read: the reader reports it
+        return None
 
 
 def _row_bytes(resolved: TensorSpec, first: str, source: InputConfig) -> int | None:

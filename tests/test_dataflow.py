@@ -377,10 +377,12 @@ def test_dataflow_dry_run_with_embed_builds_the_gpu_job_offline(tmp_path, capsys
 
 @pytest.mark.parametrize("sets, runs", [
     ([], "runner: local (Beam FnApiRunner in this process, 2 worker(s))"),
-    # a near job's workers are processes (runner.processes' default): it said "in this
-    # process", and the plan's memory per worker read as the whole run's
-    (["near.metric=l2", "near.threshold=1.0"], "runner: local (Beam FnApiRunner, 2 worker "
-                                               "processes)"),
+    # a near job's workers as processes (runner.processes' default from 32 MB of input):
+    # it said "in this process", and the plan's memory per worker read as the whole run's
+    (["near.metric=l2", "near.threshold=1.0", "runner.processes=true"],
+     "runner: local (Beam FnApiRunner, 2 worker processes)"),
+    (["near.metric=l2", "near.threshold=1.0"],  # a small input: threads
+     "runner: local (Beam FnApiRunner in this process, 2 worker(s))"),
     (["near.metric=l2", "near.threshold=1.0", "runner.processes=false"],
      "runner: local (Beam FnApiRunner in this process, 2 worker(s))"),
 ])

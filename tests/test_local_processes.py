@@ -76,27 +76,41 @@ def test_the_cli_shows_the_workers_progress_and_not_their_logs(tmp_path):
 
 
 def test_processes_are_the_default_for_near_jobs_without_a_model(tmp_path):
-    """Unset ``runner.processes``: true with a near section over narrow records, false
-    for an exact-only job and for wide records, as given when set; only the local runner
-    takes the key."""
-    pq.write_table(pa.table({"id": ["a", "b"], "emb": [[1.0, 2.0], [1.0, 2.0]]}),
-                   tmp_path / "in.parquet")
-    base = {"input": {"format": "parquet", "path": str(tmp_path / "in.parquet"),
+    """Unset ``runner.processes``: true with a near section over narrow records in 32 MB of
+    input files or more (their start costs more than they gain below), false for less, for
+    an exact-only job and for wide records, as given when set; only the local runner takes
+    the key."""
+    from pipeline.preflight import PROCESS_INPUT_BYTES
+
+    rng = np.random.default_rng(0)
+    pad = [rng.bytes(PROCESS_INPUT_BYTES // 2) for _ in range(2)]  # random: no smaller
+    base = {"input": {"format": "parquet", "path": str(tmp_path / "*.parquet"),
                       "tensor": "emb", "id": "id"},
             "output": {"path": str(tmp_path / "o")}, "report": str(tmp_path / "r")}
+    near = {"near": {"metric": "l2", "threshold": 0.1}}
 
     def resolved(extra: dict, sets: tuple[str, ...] = ()) -> bool | None:
         return prepare(parse_config({**base, **extra}, list(sets))).cfg.runner.processes
 
-    assert resolved({"near": {"metric": "l2", "threshold": 0.1}}) is True
+    def write(emb: list, big: bool) -> None:
+        for f in tmp_path.glob("*.parquet"):
+            f.unlink()
+        pq.write_table(pa.table({"id": ["a", "b"], "emb": emb}), tmp_path / "in.parquet")
+        if big:  # a second file: the bytes of every input file count
+            pq.write_table(pa.table({"id": ["c", "d"], "emb": emb, "pad": pad}),
+                           tmp_path / "pad.parquet", compression="none")
+
+    write([[1.0, 2.0], [1.0, 2.0]], big=False)
+    assert resolved(near) is False
+    assert resolved(near, ("runner.processes=true",)) is True
+    write([[1.0, 2.0], [1.0, 2.0]], big=True)
+    assert sum(f.stat().st_size for f in tmp_path.glob("*.parquet")) > PROCESS_INPUT_BYTES
+    assert resolved(near) is True
     assert resolved({}) is False
-    wide = np.zeros((2, 64 * 64 * 3), np.uint8)  # 12 KB records: threads
-    pq.write_table(pa.table({"id": ["a", "b"], "emb": list(wide)}), tmp_path / "in.parquet")
-    assert resolved({"near": {"metric": "l2", "threshold": 0.1}}) is False
-    assert resolved({"near": {"metric": "l2", "threshold": 0.1}},
-                    ("runner.processes=true",)) is True
-    assert resolved({"near": {"metric": "l2", "threshold": 0.1}},
-                    ("runner.processes=false",)) is False
+    write(list(np.zeros((2, 64 * 64 * 3), np.uint8)), big=True)  # 12 KB records: threads
+    assert resolved(near) is False
+    assert resolved(near, ("runner.processes=true",)) is True
+    assert resolved(near, ("runner.processes=false",)) is False
     with pytest.raises(ConfigError, match="runner.name: local"):
         parse_config({**base, "runner": {"name": "dask", "processes": True}}, [])
 

@@ -98,9 +98,10 @@ class RunnerConfig(Strict):
                                 "(unset: the cores)")
     processes: bool | None = Field(None, description="local: parallel workers as processes of "
                                    "their own, not threads of this one (unset: processes for a "
-                                   "job with a near stage, no embed section and records of at "
-                                   "most 4 KB, whose cells' many small steps queue on one "
-                                   "interpreter's lock in threads; threads otherwise)")
+                                   "job with a near stage, no embed section, records of at "
+                                   "most 4 KB and 32 MB of input files or more, whose cells' "
+                                   "many small steps queue on one interpreter's lock in "
+                                   "threads; threads otherwise)")
     address: str | None = Field(None, description="dask: the scheduler of an existing cluster, "
                                 "e.g. tcp://scheduler:8786 (unset: a local cluster of "
                                 "runner.workers processes, stopped when the job ends) | "
