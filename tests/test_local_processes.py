@@ -58,7 +58,7 @@ def test_the_cli_shows_the_workers_progress_and_not_their_logs(tmp_path):
     cfg = {"input": {"format": "parquet", "path": str(tmp_path / "in.parquet"),
                      "tensor": "emb", "id": "id"},
            "near": {"metric": "cosine", "threshold": 0.01},
-           "runner": {"workers": 2},
+           "runner": {"workers": 2, "processes": True},
            "output": {"path": str(tmp_path / "out" / "clean")},
            "report": str(tmp_path / "out" / "report")}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
