@@ -193,9 +193,10 @@ class TensorDict(MutableMapping):
 
         Raises ``KeyError`` if no key has that shape, ``ValueError`` if ``t`` has NaNs.
         """
-        query, keys, diff, q = self._query(t)
-        if query in self._data:
+        query = self._key(t)
+        if query in self._data:  # before the differences from every key of its shape
             return Match(query, self._data[query], 0.0)
+        _, keys, diff, q = self._query(query)
         if q.dtype.kind in "fc" and np.isnan(q).any():
             raise ValueError("nearest() needs a query without NaN values")
         if not keys:
