@@ -125,6 +125,52 @@ def test_pure_beam_repro_is_exact_with_the_workaround():
         sys.setswitchinterval(interval)
 
 
+# --- Beam's graph checks, memoized per object -----------------------------------------
+
+def test_options_views_are_made_once_and_share_their_values():
+    """``view_as`` answers the same view per (options, class) once a job's pipeline is
+    made, and the views still share one set of values, per options object."""
+    from apache_beam.options.pipeline_options import (
+        PipelineOptions,
+        SetupOptions,
+        StandardOptions,
+    )
+
+    runner.make_pipeline(RunnerConfig(name="local", workers=1))
+    a, b = PipelineOptions(["--runner", "Direct"]), PipelineOptions([])
+    view = a.view_as(SetupOptions)
+    assert a.view_as(SetupOptions) is view and b.view_as(SetupOptions) is not view
+    view.save_main_session = True
+    assert a.view_as(StandardOptions).view_as(SetupOptions).save_main_session is True
+    assert a.get_all_options()["save_main_session"] is True
+    assert not b.view_as(SetupOptions).save_main_session
+    assert a.view_as(StandardOptions).runner == "Direct"
+    assert b.view_as(StandardOptions).runner is None
+
+
+def test_dofn_specs_are_read_once_per_dofn_and_stateful_ones_still_found():
+    import apache_beam as beam
+    from apache_beam.coders import VarIntCoder
+    from apache_beam.testing.util import assert_that, equal_to
+    from apache_beam.transforms import userstate
+
+    class Counted(beam.DoFn):
+        total = userstate.BagStateSpec("total", VarIntCoder())
+
+        def process(self, kv, total=beam.DoFn.StateParam(total)):  # noqa: B008 (Beam's way)
+            total.add(kv[1])
+            yield kv[0], len(list(total.read()))
+
+    runner.make_pipeline(RunnerConfig(name="local", workers=1))
+    stateful, plain = Counted(), beam.Map(len).dofn
+    specs = userstate.get_dofn_specs(stateful)
+    assert userstate.get_dofn_specs(stateful) is specs and specs[0] == {Counted.total}
+    assert userstate.is_stateful_dofn(stateful) and not userstate.is_stateful_dofn(plain)
+    with beam.Pipeline(runner="FnApiRunner") as p:  # the state still works in a real run
+        out = p | beam.Create([("a", 1), ("a", 2), ("b", 3)]) | beam.ParDo(Counted())
+        assert_that(out, equal_to([("a", 1), ("a", 2), ("b", 1)]))
+
+
 # --- config -> options ---------------------------------------------------------------
 
 def test_local_workers_default_to_the_cores_and_one_means_in_process():

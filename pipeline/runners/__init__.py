@@ -19,7 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.config.runner import RunnerConfig, dataflow_options
-from pipeline.runners.common import available_cores, avoid_flush_race, flush_race_problem
+from pipeline.runners.common import (
+    available_cores,
+    avoid_flush_race,
+    flush_race_problem,
+    graph_checks_memoized,
+)
 from pipeline.runners.local import in_processes, local_options
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
@@ -118,6 +123,7 @@ def make_pipeline(cfg: RunnerConfig, dry_run: bool = False):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import TestOptions
 
+    graph_checks_memoized()
     options = pipeline_options(cfg, dry_run)
     if dry_run and cfg.name == "dataflow" and not options.view_as(TestOptions).dry_run:
         # never submit (or even check buckets, which Beam does for a real run) from a dry run

@@ -194,6 +194,49 @@ def launcher_waits(cfg: RunnerConfig) -> bool:
 FLUSH_RACE_BEAM = "2.77."
 
 
+def graph_checks_memoized() -> None:
+    """Make Beam 2.77 answer two questions it asks over and over while a job's graph is
+    built and encoded once per object instead (process-wide, idempotent; other Beam
+    releases are left alone). ``PipelineOptions.view_as`` parses the flags anew with a
+    fresh argparse parser on every call: about 1,000 calls per near job (every ``apply``,
+    every type check). ``userstate.get_dofn_specs`` inspects every method of a DoFn: 6
+    calls per ParDo. Together a third of a small near job's time in the launching process
+    (300 records: 4.0 -> 3.0 s of CPU, the graph's build 0.7 -> 0.25 s). Both answers
+    depend only on their object: a view shares its options' values (``_all_options``),
+    and a DoFn's state and timer specs are the defaults of its methods' parameters."""
+    import weakref
+
+    import apache_beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.transforms import userstate
+
+    if (not apache_beam.__version__.startswith(FLUSH_RACE_BEAM)
+            or getattr(PipelineOptions.view_as, "memoized", False)):
+        return
+    view_as, specs_of = PipelineOptions.view_as, userstate.get_dofn_specs
+    views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    specs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def memo_view_as(self, cls):
+        mine = views.setdefault(self, {})
+        if cls not in mine:
+            mine[cls] = view_as(self, cls)
+        return mine[cls]
+
+    def memo_get_dofn_specs(dofn):
+        try:
+            return specs[dofn]
+        except (KeyError, TypeError):  # TypeError: a DoFn with no weak reference or hash
+            found = specs_of(dofn)
+        with contextlib.suppress(TypeError):
+            specs[dofn] = found
+        return found
+
+    memo_view_as.memoized = True
+    PipelineOptions.view_as = memo_view_as
+    userstate.get_dofn_specs = memo_get_dofn_specs
+
+
 def recomputes_finished_steps(cfg: RunnerConfig) -> bool:
     """Whether a lost worker's finished steps run again (from their inputs, files the
     job wrote included): on Dask what the worker held is recomputed from the graph; the
