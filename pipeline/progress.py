@@ -39,6 +39,7 @@ BAR_WIDTH = 24
 
 _lock = threading.RLock()
 _stages: dict[str, _Stage] = {}
+_noted: set[str] = set()  # the notes shown in this tally
 enabled = False
 _stream: TextIO | None = None
 _bars = False
@@ -166,6 +167,7 @@ def enable(show: bool = True, *, stream: TextIO | None = None, bars: bool | None
     close()
     with _lock:
         _stages.clear()
+        _noted.clear()
         enabled, _started = show, time.monotonic()
         _stream = stream if stream is not None else sys.stderr
         _bars = show and (_is_terminal(_stream) if bars is None else bars)
@@ -362,11 +364,15 @@ def step(stage: str, done: int, total: int) -> None:
 
 
 def note(line: str) -> None:
-    """One line about the job (a choice it made, what it will cost)."""
+    """One line about the job (a choice it made, what it will cost), shown once per
+    tally: a step that runs again (Dask recomputes a lost worker's steps) says it again."""
     if not enabled:
         _forwarded("note", line)
         return
     with _lock:
+        if line in _noted:
+            return
+        _noted.add(line)
         if _bars:
             _redraw([line], force=True)
         else:

@@ -4,6 +4,7 @@ output (bars on a terminal, lines otherwise, nothing with --quiet)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pty
 import re
@@ -310,6 +311,24 @@ def test_plain_lines_are_throttled_and_end_with_the_total(monkeypatch):
         progress.enable(False)
     assert term.text.splitlines() == ["[near search] 1/100 cells done, 10 records",
                                       "[near search] 100/100 cells done, 1,000 records"]
+
+
+def test_a_note_said_again_is_shown_once_per_tally():
+    """A step that runs again (a restarted Dask worker's, recomputed) repeats its notes,
+    in the launcher or forwarded from a worker process."""
+    term = FakeTerminal()
+    term.isatty = lambda: False
+    line = "near: exact search in 1 cell(s)"
+    try:
+        for _ in range(2):
+            progress.enable(stream=term)
+            progress.note(line)
+            progress.replay(json.dumps(["note", line]))
+            progress.note("near: planning about 10 cells")
+    finally:
+        progress.close()
+        progress.enable(False)
+    assert term.text.splitlines() == [line, "near: planning about 10 cells"] * 2
 
 
 def test_progress_is_off_unless_enabled():
