@@ -38,7 +38,7 @@ def write_table(path: Path, x: np.ndarray, prefix: str) -> None:
 
 @pytest.fixture(scope="module")
 def near_input(tmp_path_factory) -> Path:
-    """tests.test_runners' 50k rows with near copies across files, a reference set (near
+    """tests.test_runners' 20k rows with near copies across files, a reference set (near
     and exact copies of input rows, and others) and a store made by an earlier run."""
     root = tmp_path_factory.mktemp("dask_near")
     (root / "in").mkdir()

@@ -164,7 +164,7 @@ def test_a_worker_killed_mid_task_changes_nothing(tmp_path, near_input, undistur
     (tmp_path / "run").mkdir()
     rc = run_killing(tmp_path, near_input, stage, lambda address: run_job(
         tmp_path / "run", "parquet", str(near_input / "in" / "*.parquet"),
-        "tuning.unit_rows=8192", "tuning.chunk_rows=4096", "runner.name=dask",
+        "tuning.unit_rows=4096", "tuning.chunk_rows=2048", "runner.name=dask",
         f"runner.address={address}", *near_sets("representative", near_input, store)),
         must_kill=False)
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]

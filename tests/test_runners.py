@@ -228,7 +228,7 @@ def test_dask_options_give_each_create_element_a_partition():
 
 # --- the job on Dask vs the local runner ---------------------------------------------
 
-ROWS, DIM, FILES = 50_000, 32, 3
+ROWS, DIM, FILES = 20_000, 32, 3
 
 
 def write_inputs(root: Path) -> tuple[int, int]:
@@ -246,7 +246,7 @@ def write_inputs(root: Path) -> tuple[int, int]:
                                        mask=pa.array(null[rows]))
         pq.write_table(pa.table({"id": [f"r{r}" for r in rows], "emb": emb,
                                  "label": rows % 7}), root / f"part{f}.parquet",
-                       row_group_size=4096)
+                       row_group_size=2048)
     valid = x[~null]
     return len(np.unique(valid.view(np.dtype((np.void, DIM * 4))))), int(null.sum())
 
@@ -258,10 +258,10 @@ def job_input(tmp_path_factory) -> tuple[Path, int, int]:
 
 
 def run_on(tmp_path: Path, root: Path, *sets: str) -> dict:
-    """Run the job (units of 8 Ki rows in chunks of 4 Ki: several of each per file)."""
+    """Run the job (units of 4 Ki rows in chunks of 2 Ki: several of each per file)."""
     tmp_path.mkdir(parents=True)
-    assert run_job(tmp_path, "parquet", str(root / "*.parquet"), "tuning.unit_rows=8192",
-                   "tuning.chunk_rows=4096", *sets) == 0
+    assert run_job(tmp_path, "parquet", str(root / "*.parquet"), "tuning.unit_rows=4096",
+                   "tuning.chunk_rows=2048", *sets) == 0
     return json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
 
 
