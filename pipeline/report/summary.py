@@ -185,8 +185,9 @@ def human_summary(s: dict) -> str:
             how = (f"{n['bands']} bands x {n['rows']} rows (MinHash-LSH)" if n["mode"] == "bounded"
                    else "prefix-filter join")
             lines.append(f"near: jaccard >= {n['threshold_jaccard']:g} over {n['unit']} "
-                         f"{n['size']}-grams, {n['mode']} ({how}); {n['compared']:,} pairs "
-                         f"verified; {recall_line(n['recall'], n['mode'])}")
+                         f"{n['size']}-grams, {n['mode']} ({how}); {n['compared']:,} "
+                         f"pair{'' if n['compared'] == 1 else 's'} verified; "
+                         f"{recall_line(n['recall'], n['mode'])}")
         else:
             how = f", at most {n['probes']} per record" if n["mode"] == "bounded" else ""
             lines.append(f"near: {n['mode']} search in {n['cells']:,} cell(s){how}; "
