@@ -40,6 +40,7 @@ from pipeline.inputs import (
 )
 from pipeline.job import Job
 from pipeline.steps.store import open_view, store_meta
+from transforms.canonical import dtype_named
 from transforms.io import fs, layout
 from transforms.io.conditional import lease_refusal
 from transforms.io.formats.base import InputError, TensorSpec
@@ -505,9 +506,7 @@ def _row_bytes(resolved: TensorSpec, first: str, source: InputConfig) -> int | N
     not the whole column chunk; through Arrow's own file, never a Python one:
     ``fs.read_parquet`` says why); None where neither tells (or the file is damaged)."""
     if resolved.shape is not None and resolved.dtype is not None:
-        import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
-
-        return math.prod(resolved.shape) * np.dtype(resolved.dtype).itemsize
+        return math.prod(resolved.shape) * dtype_named(resolved.dtype).itemsize
     if source.format != "parquet" or not fs.is_local(first):
         return None
     import pyarrow as pa

@@ -220,6 +220,30 @@ def test_spill_files_are_never_unpickled(tmp_path):
     assert not marker.exists()
 
 
+def test_bfloat16_values_read_back_in_a_process_that_never_imported_ml_dtypes(tmp_path):
+    """The job's start leaves ml_dtypes alone (its import was a third of it); a spill of
+    bfloat16 values read in such a fresh process (a worker's) still names their dtype."""
+    import subprocess
+    import sys
+
+    import ml_dtypes
+
+    from transforms.io.spill import write
+
+    x = np.random.default_rng(3).standard_normal((50, 8)).astype(ml_dtypes.bfloat16)
+    write(str(tmp_path / "x.spill"), {"x": x})
+    (tmp_path / "want").write_bytes(x.view(np.uint16).tobytes())
+    code = ("import sys; import pipeline.run; import pipeline.graph; "
+            "assert 'ml_dtypes' not in sys.modules, 'imported at the start'; "
+            "from pathlib import Path; from transforms.io.spill import load; "
+            f"x = load({str(tmp_path / 'x.spill')!r})['x']; "
+            "assert x.dtype.name == 'bfloat16', x.dtype; "
+            f"assert x.view('<u2').tobytes() == Path({str(tmp_path / 'want')!r}).read_bytes()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 def test_spilled_values_come_back_as_written(tmp_path):
     """Every kind of value a spill holds, bit for bit: bfloat16 values, Arrow ids, a
     spilled batch's file reference, float scalars (NaN too), nested tuples and dicts."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 # Stable dtype codes: part of every digest, never renumber.
@@ -24,6 +23,18 @@ DTYPE_CODES: dict[str, int] = {
     "float16": 10, "bfloat16": 11, "float32": 12, "float64": 13,
     "complex32": 14, "complex64": 15, "complex128": 16,
 }
+
+
+def dtype_named(name: str) -> np.dtype:
+    """The numpy dtype of a name, ml_dtypes' (bfloat16) included. ml_dtypes is imported
+    only for them: its import took a third of the job's start (0.9 of 2.7 s)."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        import ml_dtypes  # noqa: F401  (registers bfloat16 & co. by name with numpy)
+
+        return np.dtype(name)
+
 
 # For each float dtype: (unsigned bit-view dtype, sign bit, +inf bits, canonical quiet NaN bits).
 FLOAT_BITS: dict[str, tuple[type, int, int, int]] = {
@@ -56,7 +67,7 @@ def _torch_to_numpy(t: Any) -> tuple[np.ndarray, str]:
     if t.device.type != "cpu":
         t = t.cpu()
     if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16), "bfloat16"
+        return t.view(torch.int16).numpy().view(dtype_named("bfloat16")), "bfloat16"
     if t.dtype == torch.complex32:
         return torch.view_as_real(t).numpy(), "complex32"
     try:

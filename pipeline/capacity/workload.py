@@ -29,6 +29,7 @@ import numpy as np
 from pipeline.capacity.jaccard import SAMPLE, SetsCost, sets_cost
 from pipeline.job import Job
 from pipeline.steps.store import StoreView
+from transforms.canonical import dtype_named
 from transforms.io.formats import get_format
 from transforms.io.formats.base import Chunking, Decode
 from transforms.near.plan import TRAIN_PER_CELL, assign_width, coarse_count, plan
@@ -374,7 +375,7 @@ def stored_vectors(view: StoreView, rows: int) -> np.ndarray:
                 take = np.unique(np.linspace(0, groups - 1, SPREAD).round()).astype(int)
             else:
                 take = np.arange(groups)
-            dtype = np.dtype(pf.schema_arrow.metadata[DTYPE_KEY].decode())
+            dtype = dtype_named(pf.schema_arrow.metadata[DTYPE_KEY].decode())
             col = pf.read_row_groups(take.tolist(), columns=["x"])["x"].combine_chunks()
         x = col.flatten().to_numpy(zero_copy_only=False).view(dtype).reshape(-1, p["dim"])
         out.append(x[np.sort(rng.choice(len(x), min(share, len(x)), replace=False))])

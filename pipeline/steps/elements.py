@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.steps.removed import Removed, concat_runs
+from transforms.canonical import dtype_named
 from transforms.io import fs, spill
 from transforms.io.formats.base import InvalidRecord, records_of
 from transforms.near.sets import Sets
@@ -171,10 +172,8 @@ class VecBatch:
     @staticmethod
     def from_arrow(rb: pa.RecordBatch) -> tuple[VecBatch, dict[str, np.ndarray]]:
         """``to_arrow``'s batch back: the VecBatch and its flags."""
-        import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
-
         meta = rb.schema.metadata
-        dtype, dim = np.dtype(meta[b"dtype"].decode()), int(meta[b"dim"])
+        dtype, dim = dtype_named(meta[b"dtype"].decode()), int(meta[b"dim"])
         col = rb.column("x")
         width = dim * dtype.itemsize
         raw = np.frombuffer(col.buffers()[1], np.uint8, count=len(rb) * width,

@@ -25,10 +25,10 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-import ml_dtypes  # noqa: F401  (bfloat16 by name, as the job's values may be)
 import numpy as np
 import pyarrow as pa
 
+from transforms.canonical import dtype_named
 from transforms.io import fs
 
 MAGIC = b"TDSPILL1"
@@ -193,7 +193,7 @@ class _Reader:
         if tag == "float":
             return float.fromhex(t["v"])
         if tag == "nd":
-            dtype = np.dtype(t["dtype"])
+            dtype = dtype_named(t["dtype"])
             if dtype.hasobject or dtype.fields is not None:
                 raise SpillFormatError(f"spill: dtype {dtype} would hold Python objects")
             a = np.frombuffer(self.buffer(t["b"]), dtype).reshape(t["shape"])

@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import ml_dtypes  # noqa: F401  (registers bfloat16 & co. with numpy: np.dtype("bfloat16"))
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from transforms.canonical import dtype_named
 from transforms.io import fs
 from transforms.store import segment as digest_segment
 from transforms.store.parts import DTYPE_KEY, batch_words, digest_key, stored_words
@@ -134,7 +134,7 @@ class StoreReads:
                 path = self._data(run, part["file"])
                 with _still_there(path), fs.open_read(path) as f:
                     pf = pq.ParquetFile(f)
-                    dtype = np.dtype(pf.schema_arrow.metadata[DTYPE_KEY].decode())
+                    dtype = dtype_named(pf.schema_arrow.metadata[DTYPE_KEY].decode())
                     for batch in pf.iter_batches(batch_size=batch_rows):
                         x = batch["x"].flatten().to_numpy(zero_copy_only=False)
                         yield (batch_words(batch), batch["record_id"],

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from transforms.canonical import dtype_named
 from transforms.io import fs
 from transforms.io.formats.base import (
     Chunk,
@@ -53,7 +54,6 @@ from transforms.io.formats.tfrecord_parse import (
     FeatureLayout,
     checked_features,
     list_problem,
-    np_dtype_of,
     parse_examples,
     parse_records,
     tensor_header,
@@ -210,7 +210,7 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int,
         yield Chunk.of_invalid(unit.file_index,
                                [unreadable_file(unit.path, f"cannot open file: {e}")])
         return
-    layout = FeatureLayout(dtype=None if spec.dtype is None else np_dtype_of(spec.dtype),
+    layout = FeatureLayout(dtype=None if spec.dtype is None else dtype_named(spec.dtype),
                      shape=None if spec.shape is None else tuple(spec.shape))
     with f:
         items = islice(read_frames(f, spec.compression), unit.start, unit.stop)

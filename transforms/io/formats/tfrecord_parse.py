@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
-from transforms.canonical import DTYPE_CODES
+from transforms.canonical import DTYPE_CODES, dtype_named
 from transforms.io.formats.base import InputError, TensorSpec, no_such_name
 from transforms.io.formats.example_proto import example_class
 
@@ -215,16 +214,11 @@ def list_problem(spec: TensorSpec, kind: str) -> str | None:
     return None
 
 
-def np_dtype_of(name: str) -> np.dtype:
-    """The numpy dtype of a dtype name, bfloat16 (ml_dtypes) included."""
-    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
-
-
 @functools.cache
 def _tf_dtypes() -> dict[int, np.dtype]:
     """TF DataType enum -> numpy dtype, for the dtypes a fingerprint takes."""
     tf = _tf()
-    return {tf.as_dtype(name).as_datatype_enum: np_dtype_of(name)
+    return {tf.as_dtype(name).as_datatype_enum: dtype_named(name)
             for name in DTYPE_CODES if name != "complex32"}
 
 
