@@ -53,30 +53,28 @@ def near_pairs(x: np.ndarray, spec: NearSpec) -> dict[int, list[tuple[float, int
     tolerance of (the earlier one as reference), by brute force in float64 (direct
     differences: ``exact_distance``, the metric itself); rows with NaN/inf never take part.
 
-    Only pairs whose means differ by more than the tolerance allows are skipped (a sweep
-    over the row mean m): |m(a) - m(b)| <= |a - b| / sqrt(d) for l2 (Cauchy-Schwarz),
-    <= max |a_i - b_i| <= atol + rtol max|b| for allclose, and on unit vectors
-    <= sqrt(2 (1 - cos) / d) for cosine. Correlation: every pair whose Pearson r from a
+    Candidates, each then verified: l2 and cosine, the pairs a float64 Gram matrix does
+    not put far beyond the tolerance (``_may_be_within``); allclose, the pairs whose row
+    means m differ by no more than |m(a) - m(b)| <= max |a_i - b_i| <= atol + rtol max|b|
+    allows (a sweep over the means); correlation, every pair whose Pearson r from a
     float64 product of the unit centred rows is within the threshold plus a slack far
-    above that product's rounding (no sweep: centred rows all have mean 0)."""
+    above that product's rounding."""
     flat = x.reshape(len(x), -1)
     good = np.flatnonzero(np.isfinite(flat).all(axis=1))
     xs = flat[good].astype(np.float64)
-    d = max(xs.shape[1], 1)
     if spec.metric == "correlation":
         return _verified(xs, good, *_correlated(xs, spec), spec)
-    if spec.metric == "cosine":
-        norms = np.linalg.norm(xs, axis=1, keepdims=True)
-        key = (xs / np.where(norms == 0, 1, norms)).mean(axis=1)
-        # 1 - cos is rounded near 0 (up to (d + 8) ulp of 1, the kernel's own slack,
-        # transforms.near.find.search_radius): pairs a little apart can measure 0, so the window
-        # holds that much more than the threshold
-        width = np.sqrt(2 * (spec.threshold + (d + 8) * 2.0**-52) / d) * 1.001 + 1e-9
-    elif spec.metric == "l2":
-        key, width = xs.mean(axis=1), spec.threshold / np.sqrt(d) * 1.001 + 1e-12
-    else:
-        key = xs.mean(axis=1)
-        width = (spec.atol + spec.rtol * np.abs(xs).max(initial=0)) * 1.001 + 1e-12
+    if spec.metric in ("l2", "cosine"):
+        pairs, step = [], max(64, (1 << 24) // max(len(xs), 1))  # 128 MB blocks
+        for s in range(0, len(xs), step):
+            rows = slice(s, min(len(xs), s + step))
+            near = np.argwhere(np.tril(_may_be_within(xs, spec, rows), s - 1))
+            near[:, 0] += s
+            pairs.append(near)
+        both = np.concatenate(pairs) if pairs else np.empty((0, 2), np.int64)
+        return _verified(xs, good, both[:, 0], both[:, 1], spec)
+    key = xs.mean(axis=1)  # allclose
+    width = (spec.atol + spec.rtol * np.abs(xs).max(initial=0)) * 1.001 + 1e-12
     order = np.argsort(key, kind="stable")
     ks = key[order]
     count = np.searchsorted(ks, ks + width, side="right") - np.arange(len(ks)) - 1
@@ -232,7 +230,7 @@ def _may_be_within(flat: np.ndarray, spec: NearSpec, rows: slice) -> np.ndarray:
         if spec.metric == "l2":
             far = na + nb - 2 * dot > spec.threshold ** 2 + margin * (na + nb)
         else:
-            far = 1 - dot / np.sqrt(na * nb) > spec.threshold + margin
+            far = 1 - dot / (np.sqrt(na) * np.sqrt(nb)) > spec.threshold + margin
     return ~far
 
 
