@@ -190,7 +190,8 @@ def launcher_waits(cfg: RunnerConfig) -> bool:
 
 
 # The Beam release whose data plane was read and whose workaround is tested
-# (docs/beam-flush-race.md, tests/test_runners.py).
+# (docs/beam-flush-race.md, tests/test_runners.py); its graph checks too
+# (graph_checks_memoized).
 FLUSH_RACE_BEAM = "2.77."
 
 
@@ -200,10 +201,11 @@ def graph_checks_memoized() -> None:
     releases are left alone). ``PipelineOptions.view_as`` parses the flags anew with a
     fresh argparse parser on every call: about 1,000 calls per near job (every ``apply``,
     every type check). ``userstate.get_dofn_specs`` inspects every method of a DoFn: 6
-    calls per ParDo. Together a third of a small near job's time in the launching process
-    (300 records: 4.0 -> 3.0 s of CPU, the graph's build 0.7 -> 0.25 s). Both answers
-    depend only on their object: a view shares its options' values (``_all_options``),
-    and a DoFn's state and timer specs are the defaults of its methods' parameters."""
+    calls per ParDo. Together a quarter of a small near job's CPU in the launching
+    process (the 4,500-record sample: 4.0 -> 3.0 s, its graph's build 0.7 -> 0.25 s).
+    Both answers depend only on their object: a view shares its options' values
+    (``_all_options``), and a DoFn's state and timer specs are the defaults of its
+    methods' parameters."""
     import weakref
 
     import apache_beam
