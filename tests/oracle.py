@@ -65,14 +65,8 @@ def near_pairs(x: np.ndarray, spec: NearSpec) -> dict[int, list[tuple[float, int
     if spec.metric == "correlation":
         return _verified(xs, good, *_correlated(xs, spec), spec)
     if spec.metric in ("l2", "cosine"):
-        pairs, step = [], max(64, (1 << 24) // max(len(xs), 1))  # 128 MB blocks
-        for s in range(0, len(xs), step):
-            rows = slice(s, min(len(xs), s + step))
-            near = np.argwhere(np.tril(_may_be_within(xs, spec, rows), s - 1))
-            near[:, 0] += s
-            pairs.append(near)
-        both = np.concatenate(pairs) if pairs else np.empty((0, 2), np.int64)
-        return _verified(xs, good, both[:, 0], both[:, 1], spec)
+        return _verified(xs, good, *_earlier_pairs(
+            len(xs), lambda rows: _may_be_within(xs, spec, rows)), spec)
     key = xs.mean(axis=1)  # allclose
     width = (spec.atol + spec.rtol * np.abs(xs).max(initial=0)) * 1.001 + 1e-12
     order = np.argsort(key, kind="stable")
@@ -84,19 +78,26 @@ def near_pairs(x: np.ndarray, spec: NearSpec) -> dict[int, list[tuple[float, int
 
 
 def _correlated(xs: np.ndarray, spec: NearSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Candidate pairs (a, b), a < b, for correlation: the rows ``exact_distance`` takes
+    """Candidate pairs (later, earlier) for correlation: the rows ``exact_distance`` takes
     the cosine of (each channel centred on its own mean) scaled to unit length, all pairs
     compared by a float64 product (rounding below 1e-12 at these sizes; the slack is
     1e-6), with no cells, no float32 and no bound."""
     c = centred_channels(xs, spec.channels)
     norm = np.linalg.norm(c, axis=1)
     u = c / np.where(norm > 0, norm, 1)[:, None]
-    pairs = []
-    for a in range(0, len(u), 1024):
-        near = np.argwhere(1 - u[a:a + 1024] @ u.T <= spec.threshold + 1e-6)
-        near[:, 0] += a
-        pairs.append(near[near[:, 0] < near[:, 1]])
-    both = np.concatenate(pairs) if pairs else np.empty((0, 2), np.int64)
+    return _earlier_pairs(len(u), lambda rows: 1 - u[rows] @ u[:rows.stop].T
+                          <= spec.threshold + 1e-6)
+
+
+def _earlier_pairs(n: int, maybe) -> tuple[np.ndarray, np.ndarray]:
+    """(later, earlier) rows of the pairs ``maybe`` keeps: ``maybe(rows)`` is a bool block
+    of ``rows`` against every row before ``rows.stop``, taken in blocks of ~16M pairs."""
+    out, step = [], max(64, (1 << 24) // max(n, 1))
+    for s in range(0, n, step):
+        near = np.argwhere(np.tril(maybe(slice(s, min(n, s + step))), s - 1))
+        near[:, 0] += s
+        out.append(near)
+    both = np.concatenate(out) if out else np.empty((0, 2), np.int64)
     return both[:, 0], both[:, 1]
 
 
