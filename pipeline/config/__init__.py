@@ -306,8 +306,12 @@ def _describe(err: ValidationError) -> str:
     key = ".".join(parts)
     if not key:  # a check across keys names them itself
         return msg.removeprefix("Value error, ")
-    if kind == "missing":
-        return f"config key '{key}' is missing: add it (see --help)"
+    if kind == "missing":  # say what goes there: near.metric's choices, input.format's
+        loc = [p for p in first["loc"] if not str(p).startswith("function-")]
+        section = _section_at(loc[:-1])
+        field = section.model_fields.get(str(loc[-1])) if section is not None else None
+        what = f" ({field.description})" if field is not None and field.description else ""
+        return f"config key '{key}' is missing: add it{what}; see --help"
     if kind in ("model_type", "model_attributes_type", "dict_type") and (section := _section_at(
             [p for p in first["loc"] if not str(p).startswith("function-")])) is not None:
         # `--set store=/data/store`: pydantic named its class ("instance of StoreConfig")
