@@ -360,6 +360,58 @@ def test_dictionary_and_view_text_columns_are_read_and_written_as_texts(tmp_path
                                             if i not in want]
 
 
+@pytest.mark.parametrize("layout", ["chat", "strings", "fixed"])
+def test_a_list_of_texts_is_one_text_per_record(tmp_path, corpus, layout):
+    """Instruction sets store a conversation per record (``list<struct<role, content>>``,
+    as Hugging Face chat datasets do) or a list of passages: each record's texts are
+    joined (a struct's text fields by a line break in schema order, nulls left out; the
+    items by a blank line) and compared as one text; a null list and an empty one are
+    invalid records; the clean copy keeps the column as stored."""
+    n = 240
+    item = pa.struct([("role", pa.string()), ("turn", pa.int32()), ("content", pa.large_string())])
+    rows, texts = [], []
+    for i in range(n):
+        body = corpus[i % 200]  # records 200.. repeat 0..39: exact copies
+        if layout == "chat":
+            conv = [{"role": "user", "turn": 0, "content": f"Question {i % 200 % 7}: what?"},
+                    {"role": None if i % 200 % 5 == 0 else "assistant", "turn": 1,
+                     "content": body}]
+            rows.append(conv)
+            texts.append("\n\n".join("\n".join(v for v in (m["role"], m["content"]) if v)
+                                     for m in conv))
+        else:
+            parts = [body[: len(body) // 2], None if i % 3 else "", body[len(body) // 2:]]
+            rows.append(parts)
+            texts.append("\n\n".join(p or "" for p in parts))
+    # invalid: a null list and an empty one (a fixed size's: items null or empty; pyarrow
+    # 25 cannot read a null fixed-size list back from Parquet)
+    rows[17], rows[18] = (None, []) if layout != "fixed" else ([None] * 3, [""] * 3)
+    t = (pa.list_(item) if layout == "chat" else pa.list_(pa.string()) if layout == "strings"
+         else pa.list_(pa.string(), 3))
+    table = pa.table({"id": [f"doc{i}" for i in range(n)], "doc": pa.array(rows, t)})
+    (tmp_path / "in").mkdir()
+    pq.write_table(table, tmp_path / "in" / "part0.parquet", row_group_size=100)
+    cfg = {"input": {"format": "parquet", "path": str(tmp_path / "in" / "*.parquet"),
+                     "tensor": "doc", "id": "id", "decode": "text"},
+           "output": {"path": str(tmp_path / "out")}, "report": str(tmp_path / "report"),
+           "near": {"metric": "jaccard", "threshold": 0.8, "mode": "exact"},
+           "max_invalid_fraction": 0.5}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["--config", str(tmp_path / "job.yaml"), "--quiet"]) == 0
+    s = json.loads((tmp_path / "report" / "summary.json").read_text())
+    valid = [i for i in range(n) if i not in (17, 18)]
+    want = {f"doc{valid[int(k[3:])]}": (f"doc{valid[int(v[0][3:])]}", *v[1:])
+            for k, v in _expected([texts[i] for i in valid], 0.8, "word").items()}
+    assert s["invalid"] == 2 and s["removed_exact"] >= 35 and s["removed_near"] > 0
+    _same(_removals(tmp_path), want)
+    bad = pq.read_table(tmp_path / "report" / "invalid.parquet").to_pylist()
+    assert sorted(r["record_id"] for r in bad) == ["doc17", "doc18"]
+    out = pq.read_table(tmp_path / "out")
+    assert out.schema == table.schema
+    assert out.column("doc").to_pylist() == [rows[i] for i in valid
+                                             if f"doc{i}" not in want]
+
+
 @pytest.mark.parametrize("fmt,unit", [("parquet", "word"), ("tfrecord", "char"),
                                       ("hdf5", "word"), ("parquet", "token"),
                                       ("tfrecord", "token"), ("hdf5", "token")])

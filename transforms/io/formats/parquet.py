@@ -85,16 +85,62 @@ def plain_type(t: pa.DataType) -> pa.DataType:
 
 def value_kind(t: pa.DataType) -> str | None:
     """"binary", "text" or "struct" (``struct<bytes, path>``) for a column of encoded
-    values (dictionary-encoded and view columns as their values), else None."""
+    values (dictionary-encoded and view columns as their values), else None. A list of
+    texts, or of structs holding texts (a chat's ``list<struct<role, content>>``), is
+    text too: each record's parts joined (``text_parts``)."""
     t = plain_type(t)
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
         return "binary"
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or text_fields(t) is not None:
         return "text"
     if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0 and value_kind(
             t.field("bytes").type) == "binary":
         return "struct"
     return None
+
+
+def _is_text(t: pa.DataType) -> bool:
+    t = plain_type(t)
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def text_fields(t: pa.DataType) -> list[str] | None:
+    """For a list (any kind but a view) of texts: [] ; of structs: the names of their text
+    fields (at least one); else None."""
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)
+            or pa.types.is_fixed_size_list(t)):
+        return None
+    item = t.value_type
+    if _is_text(item):
+        return []
+    if pa.types.is_struct(item):
+        names = [item.field(i).name for i in range(item.num_fields) if _is_text(item.field(i).type)]
+        return names or None
+    return None
+
+
+def text_parts(col: pa.Array) -> pa.Array:
+    """A list-of-texts column (``text_fields``) as one text per record: a struct's text
+    fields joined by a line break (in the schema's order, nulls left out), the list's
+    items by a blank line; a null list stays null (an invalid record), an empty one is
+    empty (likewise). Only the near and exact stages see this text; the clean copy keeps
+    the column as stored."""
+    names = text_fields(col.type)
+    items = col.values  # the whole child: the offsets say where each record's items are
+    if pa.types.is_fixed_size_list(col.type):  # (a cast to a list fails on a null record)
+        size = col.type.list_size
+        offsets = pa.array((np.arange(len(col) + 1) + col.offset) * size, pa.int64())
+    else:
+        offsets = col.offsets
+    if names:
+        items = pc.binary_join_element_wise(
+            *[pc.struct_field(items, n).cast(pa.large_string()) for n in names],
+            pa.scalar("\n", pa.large_string()),
+            null_handling="skip")
+    items = pc.fill_null(items.cast(pa.large_string()), "")
+    kind = pa.ListArray if offsets.type == pa.int32() else pa.LargeListArray
+    joined = kind.from_arrays(offsets, items, mask=col.is_null())
+    return pc.binary_join(joined, pa.scalar("\n\n", pa.large_string()))
 
 
 def numeric(t: pa.DataType) -> bool:
@@ -110,10 +156,11 @@ def unsupported(path: str, name: str, t: pa.DataType) -> str:
                 "read (pyarrow casts list views to lists wrongly): write the column as a list "
                 "(list or fixed_size_list, e.g. with Table.cast) and run again")
     return (f"{path}: input.tensor: column {name!r} holds {t}: not numbers, and not one "
-            "string, binary or image value per record, so no input.decode reads it (lists "
-            "of strings, structs other than Hugging Face Image(), timestamps, decimals and "
-            "maps are not supported): point input.tensor at a numeric (list) column, or at a "
-            "string, binary or image column with input.decode: text, bytes or image")
+            "string, binary or image value per record, so no input.decode reads it "
+            "(structs other than Hugging Face Image(), lists of lists, timestamps, decimals "
+            "and maps are not supported): point input.tensor at a numeric (list) column, or "
+            "at a string, binary or image column, a list of strings or a list of structs "
+            "with string fields (a chat's messages), with input.decode: text, bytes or image")
 
 
 def check_columns(path: str, schema: pa.Schema, spec: TensorSpec) -> None:
