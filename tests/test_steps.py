@@ -219,6 +219,39 @@ def test_dedup_shape_compares_records_of_that_shape_only():
         _ = p | beam.Create(records) | Dedup(key="emb", id="id", near=near, chunk_rows=500)
 
 
+FAILING_NEAR = """
+import numpy as np, apache_beam as beam
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from pipeline.steps import Dedup, NearSpec
+rng = np.random.default_rng(0)
+records = [{"id": f"r{i}", "emb": rng.normal(size=24 if i < 300 else 16)} for i in range(340)]
+try:
+    with beam.Pipeline(runner=FnApiRunner()) as p:
+        _ = p | beam.Create(records) | Dedup(key="emb", id="id",
+                                              near=NearSpec("cosine", 0.02), chunk_rows=100)
+except Exception as e:
+    print("failed:", "shape=" in str(e))
+"""
+
+
+def test_a_failed_pipeline_leaves_no_default_spill(tmp_path):
+    """``Dedup`` with no ``spill=`` spills to a fresh folder in the temp directory and
+    deletes it after the search; a pipeline that stops before (records of two sizes,
+    no ``shape=``) left the vectors it had written there. Now gone when the process
+    exits."""
+    import os
+    import subprocess
+    import sys
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-c", FAILING_NEAR], cwd=root, text=True,
+                         capture_output=True, env={**os.environ, "TMPDIR": str(tmp)})
+    assert run.stdout.strip() == "failed: True", run.stderr[-2000:]
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("tensordedup-")] == []
+
+
 def test_dedup_over_records_needs_a_key():
     with pytest.raises(ValueError, match="key="), pipeline() as p:
         _ = p | beam.Create([{"emb": [1.0]}]) | Dedup()

@@ -39,8 +39,10 @@ killed, by the next run holding the same lease (``publish.clear_leftovers``).
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import tempfile
 import uuid
 
@@ -133,8 +135,12 @@ def removals(output: str, attempt: str) -> str:
 
 def library_spill() -> str:
     """The near spill of a ``Dedup`` step in a user's own pipeline, given no ``spill=``:
-    a fresh directory in the system's temporary directory (deleted by the step)."""
-    return os.path.join(tempfile.gettempdir(), f"tensordedup-{uuid.uuid4().hex}")
+    a fresh directory in the system's temporary directory, deleted by the step once the
+    search is done, and when this process exits whatever became of the pipeline (one
+    that failed left its vectors there)."""
+    path = os.path.join(tempfile.gettempdir(), f"tensordedup-{uuid.uuid4().hex}")
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def spill_values(spill_dir: str) -> str:
