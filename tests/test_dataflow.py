@@ -303,12 +303,18 @@ def capture_plan(monkeypatch) -> dict:
 
 def test_dataflow_dry_run_builds_the_job_offline(tmp_path, parquet_in, capsys, monkeypatch,
                                                  no_network):
+    import tempfile
+
     from apache_beam.portability.api import beam_runner_api_pb2
 
     seen = capture_plan(monkeypatch)
     cfg = write_config(tmp_path, parquet_in, DATAFLOW)
     before = sorted(p.name for p in tmp_path.iterdir())
+    temp = tmp_path.parent / f"{tmp_path.name}-temp"  # Python's temp dir for this run
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     assert main(["--config", cfg, "--dry-run"]) == 0
+    assert list(temp.iterdir()) == []  # Beam's stager left a folder per dry run there
     out = capsys.readouterr().out.splitlines()
     assert no_network == []
     for line in ("worker machine type: n1-standard-8", f"accelerator: {T4}", f"image: {IMAGE}"):

@@ -12,9 +12,11 @@ functions: ``--help`` and config errors stay fast.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,7 +228,8 @@ def build_offline(cfg: RunnerConfig, build_graph: Callable[[Any], None]) -> DryR
             shutil.rmtree(p.local_tempdir, ignore_errors=True)
     from apache_beam.runners.dataflow.internal import apiclient
 
-    job = p.run().job  # dry_run: returns before any client is made
+    with _own_tempdir():  # Beam's stager leaves its folders (the pickled main session)
+        job = p.run().job  # dry_run: returns before any client is made
     staging = job.google_cloud_options.staging_location
     job.proto.environment = apiclient.Environment(
         packages=[], options=job.options,
@@ -234,6 +237,20 @@ def build_offline(cfg: RunnerConfig, build_graph: Callable[[Any], None]) -> DryR
         proto_pipeline_staged_url=f"{staging.rstrip('/')}/{STAGED_PIPELINE}",
         proto_pipeline=job.proto_pipeline).proto
     return DryRun("dataflow", *_graph_facts(job.proto_pipeline), job=job)
+
+
+@contextlib.contextmanager
+def _own_tempdir() -> Iterator[None]:
+    """Python's temporary directory is a fresh one inside the block, removed after it:
+    the temporary folders Beam makes there and does not remove go with it."""
+    before, tempfile.tempdir = tempfile.tempdir, None
+    mine = tempfile.mkdtemp(prefix="tensordedup-dry-run-")
+    tempfile.tempdir = mine
+    try:
+        yield
+    finally:
+        tempfile.tempdir = before
+        shutil.rmtree(mine, ignore_errors=True)
 
 
 def dry_run(job, build_graph: Callable[[Any], None]) -> int:
