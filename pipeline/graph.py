@@ -102,14 +102,16 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
     (dedup[DECISIONS]
      | "Write" >> WriteClean(job.staging(job.output), format=cfg.input.format, spec=job.spec,
                              root=job.root, total_files=len(job.files),
-                             files_at_once=copies_at_once(cfg.runner), show=show)
+                             files_at_once=copies_at_once(cfg.runner),
+                             show=None if job.show else show)  # input.show: read back
      | "CollectResults" >> beam.combiners.ToList()
      | "Report" >> beam.Map(write_report, job.staging(job.report), job.near, near_report,
                             refs.files if refs else None,
                             beam.pvalue.AsList(ref[FACTS]) if ref else None,
                             max_invalid_fraction=cfg.max_invalid_fraction,
-                            inputs=TensorSource(cfg.input.format, job.spec),
-                            reference=TensorSource(refs.format, refs.spec) if refs else None,
+                            inputs=TensorSource(cfg.input.format, job.show or job.spec),
+                            reference=TensorSource(refs.format, refs.show or refs.spec)
+                            if refs else None,
                             parts=beam.pvalue.AsList(parts["parts"]), pick=pick,
                             file_rows=cfg.tuning.report_file_rows, repeated=repeated,
                             id_column=job.spec.id)

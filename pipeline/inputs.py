@@ -493,7 +493,44 @@ def references(cfg: DedupeConfig, resolved: TensorSpec) -> References | None:
         # lists of no fixed size beside a fixed-size input: read as the input's shape (as
         # reference.shape would), its records of other sizes reported invalid
         spec = replace(spec, shape=resolved.shape)
-    return References(src.format, files, spec)
+    show = None if src.show is None else show_spec(files[0], src.format, src.show,
+                                                   "reference.show", timeout)
+    return References(src.format, files, spec, show)
+
+
+def show_spec(path: str, fmt: str, name: str, key: str, timeout: float) -> TensorSpec:
+    """How the report's page reads ``name`` (``input.show``) from files like ``path``:
+    numbers as a tensor, texts as texts, encoded images as pictures (their first value
+    in ``path`` tells; bytes that are neither are shown as bytes). The column must exist
+    (one line naming ``key`` and the columns there are)."""
+    from transforms.images import sniff
+    from transforms.io.formats.base import Decode
+    from transforms.io.formats.encoded import Encoded
+
+    def kind() -> TensorSpec:
+        plain = TensorSpec(name)
+        try:
+            get_format(fmt).check(path, plain)
+            return plain
+        except InputError as e:
+            numbers = e
+        try:
+            found = Encoded(fmt).values.check(path, replace(plain, decode=Decode("bytes")))
+        except InputError:  # neither: the numbers' line names the column's problem
+            raise InputError(str(numbers).replace("input.tensor", key)
+                             .replace("input.decode", key)) from None
+        value = None if found is None else found[0]
+        if value is None or isinstance(value, str):
+            return replace(plain, decode=Decode("text"))
+        if sniff(bytes(value[:12])) is not None:
+            return replace(plain, decode=Decode("image"))
+        try:
+            bytes(value).decode("utf-8")
+            return replace(plain, decode=Decode("text"))
+        except UnicodeDecodeError:
+            return replace(plain, decode=Decode("bytes"))
+
+    return bounded(path, lambda _: kind(), key, "reading its first values", timeout)
 
 
 def _size(shape: tuple[int, ...] | None) -> int | None:

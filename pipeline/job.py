@@ -25,6 +25,7 @@ class References:
     format: str
     files: list[str]
     spec: TensorSpec
+    show: TensorSpec | None = None  # what the report's page shows of them (reference.show)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Job:
     store: StoreView | None = None  # earlier runs' records, as of this run's start
     embed: Embedding | None = None  # the user's model, before the near stage
     notes: tuple[str, ...] = ()  # lines the checks found worth saying (printed unless quiet)
+    show: TensorSpec | None = None  # what the report's page shows of a record (input.show)
 
     def staging(self, final: str) -> str:
         return layout.staging(final, self.attempt)

@@ -37,6 +37,7 @@ from pipeline.inputs import (
     list_files,
     mixed_dtypes,
     references,
+    show_spec,
 )
 from pipeline.job import Job
 from pipeline.steps.store import open_view, store_meta
@@ -484,11 +485,13 @@ def prepare(cfg: DedupeConfig) -> Job:
         store = bounded(cfg.store.path,
                         lambda path: open_view(path, run_id, meta, cfg.store.update),
                         "store.path", "reading the store", timeout)
+    show = None if cfg.input.show is None else show_spec(
+        files[first], cfg.input.format, cfg.input.show, "input.show", timeout)
     return Job(cfg=cfg, files=files, root=root, spec=spec, resolved=resolved, keep=keep,
                chunking=cfg.tuning.chunking(), output=output, report=report, run_id=run_id,
                attempt=f"{os.getpid()}-{time.time_ns()}", replace=replace, near=near,
                references=refs, store=store, embed=embed,
-               notes=mixed_dtypes(files, checked))
+               notes=mixed_dtypes(files, checked), show=show)
 
 
 def _local_bytes(files: list[str]) -> int | None:

@@ -432,3 +432,61 @@ def test_report_tables_as_parts_hold_the_same_rows(tmp_path):
     codes = [re.findall(r"<code>([0-9a-f]{12})</code>", (r / "index.html").read_text())
              for r in (one, parts)]
     assert codes[0] and codes[0] == codes[1]
+
+
+def _cards(page: str) -> dict[str, str]:
+    """{record id: what its card shows} of every record card on the page."""
+    return dict(re.findall(r'<figure class="rec[^"]*" data-id="([^"]*)">(.*?)<figcaption>',
+                           page, re.S))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "tfrecord", "hdf5"])
+def test_input_show_puts_another_column_on_the_cards(tmp_path, fmt):
+    """``input.show``: the page shows that column of each record (here the ids, a text
+    column / bytes feature / bytes dataset) instead of its tensor (sparklines of 16
+    numbers, which tell a user nothing of what an embedding stands for)."""
+    import html
+
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(200, 16)).astype(np.float32)
+    x = np.concatenate([x, x[:30] + 0.01, np.repeat(x[:1], 3, axis=0)])
+    ids = [f"doc <{i}> & more" for i in range(len(x))]  # escaped on the page
+    for f, rows in enumerate(np.array_split(np.arange(len(x)), 2)):
+        write_input(fmt, tmp_path / "in" / f"part-{f}.{EXT[fmt]}", [ids[i] for i in rows],
+                    x[rows], np.zeros(len(rows), int))
+    glob = str(tmp_path / "in" / f"*.{EXT[fmt]}")
+    near = {"metric": "l2", "threshold": 0.1, "borderline_pairs": 10}
+    extra = {"shape": [16]} if fmt == "tfrecord" else {}
+    assert run_job(tmp_path, fmt, glob, near=near, input={"show": "id", **extra}) == 0
+    cards = _cards((tmp_path / "out" / "report" / "index.html").read_text())
+    assert len(cards) > 20
+    assert {k: v for k, v in cards.items()  # pairs' cards mark the words that differ
+            if re.sub("</?mark>", "", v)
+            != f'<div class="text">{html.escape(html.unescape(k))}</div>'} == {}
+
+
+def test_input_show_pictures_and_a_wrong_name(tmp_path, capsys):
+    """An encoded image column shown as pictures; a name the file lacks is one line
+    naming input.show (exit 2, before any work)."""
+    from tests.imagekit import encode
+
+    rng = np.random.default_rng(10)
+    x = rng.normal(size=(120, 8)).astype(np.float32)
+    x = np.concatenate([x, x[:20] + 0.01])
+    pics = [encode(rng.integers(0, 255, (6, 5, 3), dtype=np.uint8)) for _ in x]
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(len(x))],
+                             "emb": pa.array(list(x), pa.list_(pa.float32(), 8)),
+                             "picture": pa.array(pics, pa.binary())}),
+                   tmp_path / "in" / "a.parquet")
+    glob = str(tmp_path / "in" / "*.parquet")
+    near = {"metric": "l2", "threshold": 0.1, "borderline_pairs": 10}
+    assert run_job(tmp_path, "parquet", glob, near=near, input={"show": "pictur"}) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("input.show: no column 'pictur' (did you mean 'picture'?); the file "
+                        "has columns id, emb, picture\n") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+    assert run_job(tmp_path, "parquet", glob, near=near, input={"show": "picture"}) == 0
+    cards = _cards((tmp_path / "out" / "report" / "index.html").read_text())
+    assert len(cards) > 20 and all(v.startswith('<img class="t"') and 'alt="tensor 6x5"' in v
+                                   for v in cards.values())

@@ -59,6 +59,10 @@ class InputConfig(Strict):
     tensor: str = Field(description="Parquet column / tf.train.Example feature / HDF5 dataset")
     id: str | None = Field(None, description="column/feature with a record id; "
                            "default '<file path>:<index in file>'")
+    show: str | None = Field(None, description="column / feature / dataset the report's "
+                             "page shows for each record instead of input.tensor (e.g. the "
+                             "text or image an embedding was made from): texts as text, "
+                             "encoded images as pictures, numbers as a tensor")
     shape: list[int] | None = Field(None, description="record shape, where the format "
                                     "does not carry it (TFRecord float_list / int64_list)")
     dtype: str | None = Field(None, description="record dtype, likewise (e.g. float32)")
