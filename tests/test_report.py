@@ -441,7 +441,7 @@ def _cards(page: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "tfrecord", "hdf5"])
-def test_input_show_puts_another_column_on_the_cards(tmp_path, fmt):
+def test_input_show_puts_another_column_on_the_cards(tmp_path, fmt, capsys):
     """``input.show``: the page shows that column of each record (here the ids, a text
     column / bytes feature / bytes dataset) instead of its tensor (sparklines of 16
     numbers, which tell a user nothing of what an embedding stands for)."""
@@ -457,7 +457,13 @@ def test_input_show_puts_another_column_on_the_cards(tmp_path, fmt):
     glob = str(tmp_path / "in" / f"*.{EXT[fmt]}")
     near = {"metric": "l2", "threshold": 0.1, "borderline_pairs": 10}
     extra = {"shape": [16]} if fmt == "tfrecord" else {}
+    if fmt == "tfrecord":  # a flat number list has no shape to show it by: one line
+        assert run_job(tmp_path, fmt, glob, near=near, input={"show": "label", **extra}) == 2
     assert run_job(tmp_path, fmt, glob, near=near, input={"show": "id", **extra}) == 0
+    err = capsys.readouterr().err.strip()
+    assert fmt != "tfrecord" or err.endswith(
+        "input.show: 'label' holds a flat list of numbers whose shape the file does not "
+        "give: show a text or image feature") and "\n" not in err
     cards = _cards((tmp_path / "out" / "report" / "index.html").read_text())
     assert len(cards) > 20
     assert {k: v for k, v in cards.items()  # pairs' cards mark the words that differ
