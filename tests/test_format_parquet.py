@@ -434,6 +434,8 @@ def _odd_columns(path) -> None:
     one = {"Embedding": pa.array([[1.0] * 4], pa.list_(pa.float32(), 4)),
            "strs": pa.array([["a", "b"]], pa.list_(pa.string())),
            "deep": pa.array([[[["a"]]]], pa.list_(pa.list_(pa.list_(pa.string())))),
+           "pics": pa.array([[{"bytes": b"\x89PNG", "path": "a.png"}]], pa.list_(pa.struct(
+               [("bytes", pa.binary()), ("path", pa.string())]))),  # images: not a text
            "nums": pa.array([{"b": [1.0, 2.0]}], pa.struct([("b", pa.list_(pa.float32()))])),
            "lv": pa.array([[1.0, 2.0]], pa.list_view(pa.float32())),
            "score": pa.array([1.0]), "name": pa.array(["x"]), "dup": pa.array([1]),
@@ -446,7 +448,7 @@ def _odd_columns(path) -> None:
     (TensorSpec("embedding"), "input.tensor: no column 'embedding' (did you mean 'Embedding'?)"),
     (TensorSpec("Embedding", id="nme"), "input.id: no column 'nme' (did you mean 'name'?)"),
     (TensorSpec("Embedding", rank="scor"), "keep: no column 'scor' (did you mean 'score'?)"),
-    (TensorSpec("nope"), "c1, c2, c3, ... (29 in all)"),
+    (TensorSpec("nope"), "c0, c1, c2, ... (30 in all)"),
     (TensorSpec("dup"), "input.tensor: the file has 2 columns named 'dup', so the name is "
                         "ambiguous"),
     (TensorSpec("Embedding", id="Embedding"), "input.id: column 'Embedding' holds "
@@ -458,6 +460,7 @@ def _odd_columns(path) -> None:
                          "numbers, and not one string, binary or image value per record, so "
                          "no input.decode reads it"),
     (TensorSpec("nums"), "so no input.decode reads it"),
+    (TensorSpec("pics"), "so no input.decode reads it"),
     (TensorSpec("lv"), "holds list_view<element: float>, a list view, which is not read"),
 ])
 def test_check_names_the_column_problem_and_the_fix(tmp_path, spec, words):
@@ -472,7 +475,7 @@ def test_check_names_the_column_problem_and_the_fix(tmp_path, spec, words):
     with pytest.raises(InputError) as e:
         parquet.check(str(path), spec)
     assert words in str(e.value) and "\n" not in str(e.value)
-    if spec.tensor in ("deep", "nums", "lv") or spec.id == "Embedding":
+    if spec.tensor in ("deep", "nums", "lv", "pics") or spec.id == "Embedding":
         with pytest.raises(InputError) as e:
             encoded_parquet.check(str(path), replace(spec, decode=Decode("text")))
         assert words in str(e.value) and "\n" not in str(e.value)

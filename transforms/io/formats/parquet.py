@@ -113,7 +113,7 @@ def text_fields(t: pa.DataType) -> list[str] | None:
     item = t.value_type
     if _is_text(item):
         return []
-    if pa.types.is_struct(item):
+    if pa.types.is_struct(item) and value_kind(item) != "struct":  # not a list of images
         names = [item.field(i).name for i in range(item.num_fields) if _is_text(item.field(i).type)]
         return names or None
     return None
