@@ -360,34 +360,50 @@ def test_dictionary_and_view_text_columns_are_read_and_written_as_texts(tmp_path
                                             if i not in want]
 
 
-@pytest.mark.parametrize("layout", ["chat", "strings", "fixed"])
+def _joined(v) -> str:
+    """A record's text as the job reads a list-of-texts column, in Python: texts depth
+    first, a struct's by a line break, a list's items by a blank line, nulls, empty
+    texts and other values (numbers) left out."""
+    if isinstance(v, str):
+        return v
+    parts = v.values() if isinstance(v, dict) else v if isinstance(v, list) else []
+    return ("\n" if isinstance(v, dict) else "\n\n").join(
+        t for t in (_joined(p) for p in parts if p is not None) if t)
+
+
+@pytest.mark.parametrize("layout", ["chat", "multimodal", "strings", "fixed"])
 def test_a_list_of_texts_is_one_text_per_record(tmp_path, corpus, layout):
     """Instruction sets store a conversation per record (``list<struct<role, content>>``,
-    as Hugging Face chat datasets do) or a list of passages: each record's texts are
-    joined (a struct's text fields by a line break in schema order, nulls left out; the
-    items by a blank line) and compared as one text; a null list and an empty one are
-    invalid records; the clean copy keeps the column as stored."""
+    as Hugging Face chat datasets do; a multimodal one's content a list of parts) or a
+    list of passages: each record's texts are joined (``_joined``) and compared as one
+    text; a null list and an empty one are invalid records; the clean copy keeps the
+    column as stored."""
     n = 240
-    item = pa.struct([("role", pa.string()), ("turn", pa.int32()), ("content", pa.large_string())])
-    rows, texts = [], []
+    part = pa.struct([("type", pa.string()), ("text", pa.string()), ("image", pa.binary())])
+    item = pa.struct([("role", pa.string()), ("turn", pa.int32()),
+                      ("content", pa.list_(part) if layout == "multimodal"
+                       else pa.large_string())])
+    rows = []
     for i in range(n):
         body = corpus[i % 200]  # records 200.. repeat 0..39: exact copies
-        if layout == "chat":
-            conv = [{"role": "user", "turn": 0, "content": f"Question {i % 200 % 7}: what?"},
-                    {"role": None if i % 200 % 5 == 0 else "assistant", "turn": 1,
-                     "content": body}]
-            rows.append(conv)
-            texts.append("\n\n".join("\n".join(v for v in (m["role"], m["content"]) if v)
-                                     for m in conv))
+        if layout in ("chat", "multimodal"):
+            ask = f"Question {i % 200 % 7}: what?"
+            answer = body
+            if layout == "multimodal":  # a picture in between: bytes, no text
+                ask = [{"type": "text", "text": ask, "image": None},
+                       {"type": "image", "text": None, "image": b"\x89PNG"}]
+                answer = [{"type": "text", "text": body, "image": None}]
+            rows.append([{"role": "user", "turn": 0, "content": ask},
+                         {"role": None if i % 200 % 5 == 0 else "assistant", "turn": 1,
+                          "content": answer}])
         else:
-            parts = [body[: len(body) // 2], None if i % 3 else "", body[len(body) // 2:]]
-            rows.append(parts)
-            texts.append("\n\n".join(p or "" for p in parts))
+            rows.append([body[: len(body) // 2], None if i % 3 else "", body[len(body) // 2:]])
     # invalid: a null list and an empty one (a fixed size's: items null or empty; pyarrow
     # 25 cannot read a null fixed-size list back from Parquet)
     rows[17], rows[18] = (None, []) if layout != "fixed" else ([None] * 3, [""] * 3)
-    t = (pa.list_(item) if layout == "chat" else pa.list_(pa.string()) if layout == "strings"
-         else pa.list_(pa.string(), 3))
+    texts = [None if r is None else _joined(r) for r in rows]
+    t = (pa.list_(pa.string()) if layout == "strings" else pa.list_(pa.string(), 3)
+         if layout == "fixed" else pa.list_(item))
     table = pa.table({"id": [f"doc{i}" for i in range(n)], "doc": pa.array(rows, t)})
     (tmp_path / "in").mkdir()
     pq.write_table(table, tmp_path / "in" / "part0.parquet", row_group_size=100)

@@ -35,7 +35,7 @@ from transforms.io.formats.parquet import (
     groups_at,
     numeric,
     plain_type,
-    text_fields,
+    text_list,
     text_parts,
     unsupported,
     value_kind,
@@ -61,7 +61,7 @@ def _column(col: pa.Array) -> tuple[pa.Array, pa.Array | None]:
     """(values, paths or None) of a value column (the struct's fields for ``Image()``)."""
     if pa.types.is_dictionary(col.type):
         col = col.dictionary_decode()
-    if text_fields(col.type) is not None:
+    if text_list(col.type):
         return text_parts(col), None
     if plain_type(col.type) != col.type:
         col = col.cast(plain_type(col.type))

@@ -91,7 +91,7 @@ def value_kind(t: pa.DataType) -> str | None:
     t = plain_type(t)
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
         return "binary"
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or text_fields(t) is not None:
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or text_list(t):
         return "text"
     if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0 and value_kind(
             t.field("bytes").type) == "binary":
@@ -99,48 +99,80 @@ def value_kind(t: pa.DataType) -> str | None:
     return None
 
 
-def _is_text(t: pa.DataType) -> bool:
+def _listed(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _holds_text(t: pa.DataType) -> bool:
+    """Whether values of ``t`` hold text at any depth (lists and structs; not an image
+    struct, whose path is no text)."""
     t = plain_type(t)
-    return pa.types.is_string(t) or pa.types.is_large_string(t)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return True
+    if pa.types.is_struct(t):
+        return value_kind(t) != "struct" and any(_holds_text(t.field(i).type)
+                                                 for i in range(t.num_fields))
+    return _listed(t) and _holds_text(t.value_type)
 
 
-def text_fields(t: pa.DataType) -> list[str] | None:
-    """For a list (any kind but a view) of texts: [] ; of structs: the names of their text
-    fields (at least one); else None."""
-    if not (pa.types.is_list(t) or pa.types.is_large_list(t)
-            or pa.types.is_fixed_size_list(t)):
-        return None
-    item = t.value_type
-    if _is_text(item):
-        return []
-    if pa.types.is_struct(item) and value_kind(item) != "struct":  # not a list of images
-        names = [item.field(i).name for i in range(item.num_fields) if _is_text(item.field(i).type)]
-        return names or None
-    return None
+def text_list(t: pa.DataType) -> bool:
+    """A list (any kind but a view) of texts, or of structs or lists holding texts (a
+    chat's ``list<struct<role, content>>``): read as one text per record (``text_parts``)."""
+    return _listed(t) and _holds_text(t.value_type)
+
+
+_FIELDS, _ITEMS = pa.scalar("\n", pa.large_string()), pa.scalar("\n\n", pa.large_string())
+
+
+def _join_rows(values: pa.Array, offsets: np.ndarray, sep: pa.Scalar,
+               mask: pa.Array | None = None) -> pa.Array:
+    """Row r: the values[offsets[r]:offsets[r + 1]] that are neither null nor empty,
+    joined by ``sep`` ("" where none is); null where ``mask``. (Not pyarrow's
+    ``binary_join_element_wise(..., null_handling="skip")``: pyarrow 25 drops the rows
+    whose values are all null from its result, so the rows after them shift.)"""
+    present = pc.fill_null(pc.greater(pc.binary_length(values), 0), False)
+    present = present.to_numpy(zero_copy_only=False)
+    before = np.zeros(len(present) + 1, np.int64)  # present values before each index
+    np.cumsum(present, out=before[1:])
+    lists = pa.LargeListArray.from_arrays(pa.array(before[offsets]),
+                                          values.filter(pa.array(present)),
+                                          mask=mask)
+    return pc.binary_join(lists, sep)
 
 
 def text_parts(col: pa.Array) -> pa.Array:
-    """A list-of-texts column (``text_fields``) as one text per record: a struct's text
-    fields joined by a line break (in the schema's order, nulls left out), the list's
-    items by a blank line; a null list stays null (an invalid record), an empty one is
-    empty (likewise). Only the near and exact stages see this text; the clean copy keeps
-    the column as stored."""
-    names = text_fields(col.type)
-    items = col.values  # the whole child: the offsets say where each record's items are
-    if pa.types.is_fixed_size_list(col.type):  # (a cast to a list fails on a null record)
-        size = col.type.list_size
-        offsets = pa.array((np.arange(len(col) + 1) + col.offset) * size, pa.int64())
-    else:
-        offsets = col.offsets
-    if names:
-        items = pc.binary_join_element_wise(
-            *[pc.struct_field(items, n).cast(pa.large_string()) for n in names],
-            pa.scalar("\n", pa.large_string()),
-            null_handling="skip")
-    items = pc.fill_null(items.cast(pa.large_string()), "")
-    kind = pa.ListArray if offsets.type == pa.int32() else pa.LargeListArray
-    joined = kind.from_arrays(offsets, items, mask=col.is_null())
-    return pc.binary_join(joined, pa.scalar("\n\n", pa.large_string()))
+    """A ``text_list`` column as one text per record: every text in it, depth first in the
+    schema's order (so a multimodal message's nested ``content`` list is not lost), a
+    struct's fields joined by a line break (nulls left out, fields without text such as a
+    turn number ignored), a list's items by a blank line; a null list stays null (an
+    invalid record), an empty one is empty (likewise). Only the near and exact stages
+    see this text; the clean copy keeps the column as stored."""
+    return _texts(col)
+
+
+def _texts(arr: pa.Array) -> pa.Array | None:
+    """``text_parts`` of any array: None where its type holds no text."""
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    t = arr.type
+    if not _holds_text(t):
+        return None
+    if not (pa.types.is_struct(t) or _listed(t)):  # a text
+        return arr.cast(pa.large_string())
+    if pa.types.is_struct(t):
+        parts = [p for i in range(t.num_fields)
+                 if (p := _texts(pc.struct_field(arr, [i]))) is not None]
+        n, k = len(arr), len(parts)
+        order = (np.arange(n)[:, None] + n * np.arange(k)[None, :]).ravel()  # row by row
+        return _join_rows(pa.concat_arrays(parts).take(pa.array(order)),
+                          np.arange(0, n * k + 1, k, dtype=np.int64), _FIELDS)
+    if pa.types.is_fixed_size_list(t):  # (a cast to a list fails on a null record)
+        offsets = (np.arange(len(arr) + 1, dtype=np.int64) + arr.offset) * t.list_size
+    else:  # (a copy, from 0: from_arrays takes no mask with a slice of offsets)
+        offsets = np.asarray(arr.offsets, np.int64)
+    first = int(offsets[0])
+    items = _texts(arr.values.slice(first, int(offsets[-1]) - first))
+    return _join_rows(items, offsets - first, _ITEMS, arr.is_null())
 
 
 def numeric(t: pa.DataType) -> bool:
@@ -157,10 +189,10 @@ def unsupported(path: str, name: str, t: pa.DataType) -> str:
                 "(list or fixed_size_list, e.g. with Table.cast) and run again")
     return (f"{path}: input.tensor: column {name!r} holds {t}: not numbers, and not one "
             "string, binary or image value per record, so no input.decode reads it "
-            "(structs other than Hugging Face Image(), lists of lists, timestamps, decimals "
-            "and maps are not supported): point input.tensor at a numeric (list) column, or "
-            "at a string, binary or image column, a list of strings or a list of structs "
-            "with string fields (a chat's messages), with input.decode: text, bytes or image")
+            "(structs other than Hugging Face Image() or inside a list, timestamps, "
+            "decimals and maps are not supported): point input.tensor at a numeric (list) "
+            "column, or at a string, binary or image column, or a list holding texts (a "
+            "chat's messages), with input.decode: text, bytes or image")
 
 
 def check_columns(path: str, schema: pa.Schema, spec: TensorSpec) -> None:
