@@ -63,7 +63,8 @@ class Dedup(beam.PTransform):
       store: a fingerprint store's view: earlier runs' records count as references.
       survivors: also return SURVIVORS (and VECTORS) for ``StoreUpdate``.
       spill: a folder every worker can reach for the near stage's vectors (default: a
-        new folder under the local temp directory, fine for local runners); deleted
+        new folder under the local temp directory, fine for local runners, removed at
+        the latest when this process exits); deleted
         after the search unless ``survivors`` (a store update still reads them) or
         ``keep_spill`` (left to the job's Publish: Dask recomputes a lost worker's
         finished steps, which read them again). ``carry_rows``: the near cells' rows
