@@ -132,6 +132,7 @@ def execute(job: Job) -> RunSummary:
     (SIGKILL, a scheduler's timeout) leaves no lease that blocks the next run; detached
     (24 h, no process stands for them) only once the service has the job."""
     from pipeline.graph import build
+    from pipeline.runners import own_tempdir
     from pipeline.runners.common import launcher_waits
     from pipeline.runners.local import kernel_threads
 
@@ -159,8 +160,9 @@ def execute(job: Job) -> RunSummary:
         try:
             with stopping.pending(lambda: shutil.rmtree(temp, ignore_errors=True)):
                 build(p, job, pub)
-                if detached:
-                    result = p.run()  # returns once the service accepted the job
+                if detached:  # Beam's stager leaves a folder in the temp directory
+                    with own_tempdir():
+                        result = p.run()  # returns once the service accepted the job
                     detach_all(leases)  # the job's Publish releases them
                     handed_over = True
                     return RunSummary(job.run_id, job.output, job.report, submitted=True,

@@ -249,7 +249,7 @@ def test_stale_rule(tmp_path, where):
 # for its launcher (it returns a submitted job at once, or waits at the submission for
 # the test to kill it); the leases are the real ones, on disk.
 LAUNCHER = """
-import sys, time
+import sys, tempfile, time
 from pathlib import Path
 import apache_beam as beam
 from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineState
@@ -264,6 +264,9 @@ class Submitted(PipelineResult):
 
 class Launcher(PipelineRunner):
     def run_pipeline(self, pipeline, options):
+        staged = Path(tempfile.mkdtemp())  # as Beam's stager leaves one on Dataflow
+        (staged / "pickled_main_session").touch()
+        Path(f"{hold}.staged").write_text(str(staged))
         Path(f"{hold}.submitting").touch()
         while not hold.exists():  # the test kills the launcher here, or lets it submit
             time.sleep(0.02)
@@ -305,6 +308,7 @@ def test_a_launcher_holds_pid_bound_leases_until_the_job_is_submitted(tmp_path, 
     hold.touch()
     out, err = launcher.communicate()
     assert launcher.returncode == 0 and out.strip() == "job-1", err
+    assert not Path(Path(f"{hold}.staged").read_text()).exists()  # the launch's temp folder
     held = _lease_files(tmp_path)
     assert sorted(held) == [".clean.lease.json", ".report.lease.json"]
     for info in held.values():  # the job's now, for its Publish to release

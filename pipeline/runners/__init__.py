@@ -228,7 +228,7 @@ def build_offline(cfg: RunnerConfig, build_graph: Callable[[Any], None]) -> DryR
             shutil.rmtree(p.local_tempdir, ignore_errors=True)
     from apache_beam.runners.dataflow.internal import apiclient
 
-    with _own_tempdir():  # Beam's stager leaves its folders (the pickled main session)
+    with own_tempdir():  # Beam's stager leaves its folders (the pickled main session)
         job = p.run().job  # dry_run: returns before any client is made
     staging = job.google_cloud_options.staging_location
     job.proto.environment = apiclient.Environment(
@@ -240,7 +240,7 @@ def build_offline(cfg: RunnerConfig, build_graph: Callable[[Any], None]) -> DryR
 
 
 @contextlib.contextmanager
-def _own_tempdir() -> Iterator[None]:
+def own_tempdir() -> Iterator[None]:
     """Python's temporary directory is a fresh one inside the block, removed after it:
     the temporary folders Beam makes there and does not remove go with it."""
     before, tempfile.tempdir = tempfile.tempdir, None
