@@ -140,18 +140,14 @@ def _join_rows(values: pa.Array, offsets: np.ndarray, sep: pa.Scalar,
     return pc.binary_join(lists, sep)
 
 
-def text_parts(col: pa.Array) -> pa.Array:
-    """A ``text_list`` column as one text per record: every text in it, depth first in the
-    schema's order (so a multimodal message's nested ``content`` list is not lost), a
-    struct's fields joined by a line break (nulls left out, fields without text such as a
-    turn number ignored), a list's items by a blank line; a null list stays null (an
-    invalid record), an empty one is empty (likewise). Only the near and exact stages
-    see this text; the clean copy keeps the column as stored."""
-    return _texts(col)
-
-
-def _texts(arr: pa.Array) -> pa.Array | None:
-    """``text_parts`` of any array: None where its type holds no text."""
+def text_parts(arr: pa.Array) -> pa.Array | None:
+    """A ``text_list`` column as one text per record (None for an array whose type holds
+    no text): every text in it, depth first in the schema's order (so a multimodal
+    message's nested ``content`` list is not lost), a struct's fields joined by a line
+    break (nulls left out, fields without text such as a turn number ignored), a list's
+    items by a blank line; a null list stays null (an invalid record), an empty one is
+    empty (likewise). Only the near and exact stages see this text; the clean copy keeps
+    the column as stored."""
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
     t = arr.type
@@ -161,7 +157,7 @@ def _texts(arr: pa.Array) -> pa.Array | None:
         return arr.cast(pa.large_string())
     if pa.types.is_struct(t):
         parts = [p for i in range(t.num_fields)
-                 if (p := _texts(pc.struct_field(arr, [i]))) is not None]
+                 if (p := text_parts(pc.struct_field(arr, [i]))) is not None]
         n, k = len(arr), len(parts)
         order = (np.arange(n)[:, None] + n * np.arange(k)[None, :]).ravel()  # row by row
         return _join_rows(pa.concat_arrays(parts).take(pa.array(order)),
@@ -171,7 +167,7 @@ def _texts(arr: pa.Array) -> pa.Array | None:
     else:  # (a copy, from 0: from_arrays takes no mask with a slice of offsets)
         offsets = np.asarray(arr.offsets, np.int64)
     first = int(offsets[0])
-    items = _texts(arr.values.slice(first, int(offsets[-1]) - first))
+    items = text_parts(arr.values.slice(first, int(offsets[-1]) - first))
     return _join_rows(items, offsets - first, _ITEMS, arr.is_null())
 
 
