@@ -241,11 +241,11 @@ def build_offline(cfg: RunnerConfig, build_graph: Callable[[Any], None]) -> DryR
 
 @contextlib.contextmanager
 def own_tempdir() -> Iterator[None]:
-    """Python's temporary directory is a fresh one inside the block, removed after it:
-    the temporary folders Beam makes there and does not remove go with it."""
-    before, tempfile.tempdir = tempfile.tempdir, None
-    mine = tempfile.mkdtemp(prefix="tensordedup-dry-run-")
-    tempfile.tempdir = mine
+    """Python's temporary directory is a fresh one inside the block (made in the current
+    one), removed after it: the temporary folders Beam makes there and does not remove
+    go with it."""
+    before = tempfile.tempdir
+    tempfile.tempdir = mine = tempfile.mkdtemp(prefix="tensordedup-beam-")
     try:
         yield
     finally:
