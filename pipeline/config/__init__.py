@@ -297,7 +297,8 @@ def _describe(err: ValidationError) -> str:
         return _unknown_key(tuple(p for p in unknown[0]["loc"]
                                   if not str(p).startswith("function-")))
     first = errors[0]
-    parts = [str(p) for p in first["loc"] if not str(p).startswith("function-")]
+    loc = [p for p in first["loc"] if not str(p).startswith("function-")]  # list items: ints
+    parts = [str(p) for p in loc]
     kind, msg = first["type"], first["msg"]
     if parts[:1] == ["keep"] and kind != "value_error":
         # keep is a union: name the choices, not pydantic's member tag
@@ -307,13 +308,12 @@ def _describe(err: ValidationError) -> str:
     if not key:  # a check across keys names them itself
         return msg.removeprefix("Value error, ")
     if kind == "missing":  # say what goes there: near.metric's choices, input.format's
-        loc = [p for p in first["loc"] if not str(p).startswith("function-")]
         section = _section_at(loc[:-1])
         field = section.model_fields.get(str(loc[-1])) if section is not None else None
         what = f" ({field.description})" if field is not None and field.description else ""
         return f"config key '{key}' is missing: add it{what}; see --help"
-    if kind in ("model_type", "model_attributes_type", "dict_type") and (section := _section_at(
-            [p for p in first["loc"] if not str(p).startswith("function-")])) is not None:
+    if kind in ("model_type", "model_attributes_type", "dict_type") and (
+            section := _section_at(loc)) is not None:
         # `--set store=/data/store`: pydantic named its class ("instance of StoreConfig")
         named = [k for k, f in section.model_fields.items() if f.is_required()] or list(
             section.model_fields)
