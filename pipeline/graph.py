@@ -97,13 +97,13 @@ def build(p: beam.Pipeline, job: Job, pub: Publication) -> None:
         job.staging(job.report), total_files=len(job.files), shards=cfg.tuning.shards)
     pick = beam.pvalue.AsSingleton(parts["pick"])
     # the records the report's page shows, taken by the clean copy from its own pass
-    show = beam.pvalue.AsSingleton(parts["pick"] | "RowsToShow" >> beam.Map(rows_to_show,
-                                                                          near_report))
+    # (input.show: another column, which the report reads back itself)
+    show = None if job.show else beam.pvalue.AsSingleton(
+        parts["pick"] | "RowsToShow" >> beam.Map(rows_to_show, near_report))
     (dedup[DECISIONS]
      | "Write" >> WriteClean(job.staging(job.output), format=cfg.input.format, spec=job.spec,
                              root=job.root, total_files=len(job.files),
-                             files_at_once=copies_at_once(cfg.runner),
-                             show=None if job.show else show)  # input.show: read back
+                             files_at_once=copies_at_once(cfg.runner), show=show)
      | "CollectResults" >> beam.combiners.ToList()
      | "Report" >> beam.Map(write_report, job.staging(job.report), job.near, near_report,
                             refs.files if refs else None,
