@@ -13,6 +13,7 @@ own log lines (worker tracebacks) are hidden unless ``--verbose`` or
 from __future__ import annotations
 
 import argparse
+import difflib
 import gc
 import multiprocessing
 import os
@@ -79,7 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The CLI's arguments; ``beam_args`` holds the flags after ``--``."""
     ours, beam_args = split_beam_args(list(sys.argv[1:] if argv is None else argv))
     prog = _prog()
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog=prog,
         usage=f"{prog} --config CONFIG [options] [-- BEAM_FLAG ...]",
         description="Remove exact and near-duplicate tensors from TFRecord / Parquet / HDF5 files: "
@@ -95,7 +96,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                + "\n\nPaths are relative to the current directory. Exit codes: 0 done, "
                  "1 the job failed, 2 bad config or input (before any work), 130 "
                  "interrupted (Ctrl-C), 143 stopped by SIGTERM.")
-    ap.add_argument("--config", required=True, help="YAML job config (see keys below)")
+    ap.add_argument("--config", help="YAML job config (see keys below); also the first "
+                    "argument alone: " + prog + " c.yaml")
+    ap.add_argument("config_file", nargs="?", metavar="CONFIG", help=argparse.SUPPRESS)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key, e.g. --set keep=last (repeatable)")
     ap.add_argument("--overwrite", action="store_true",
@@ -122,8 +125,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "is a local sample of the full data set); 1e9 and 1_000_000 are "
                          "numbers too")
     args = ap.parse_args(ours)
+    if args.config_file is not None and args.config not in (None, args.config_file):
+        ap.error(f"two configs given ({args.config_file!r} and --config {args.config!r}): "
+                 "give one")
+    args.config = args.config or args.config_file
+    if args.config is None:
+        ap.error(f"no config given: {prog} --config c.yaml (the job's YAML file)")
     args.beam_args = beam_args
     return args
+
+
+class _Parser(argparse.ArgumentParser):
+    """A mistyped flag or a missing config is one line with the fix, exit 2 (argparse
+    prints its usage line above the error and names no fix)."""
+
+    def error(self, message: str):
+        unknown = message.removeprefix("unrecognized arguments: ")
+        if unknown != message:
+            message = "; ".join(self._unknown(a) for a in unknown.split())
+        self.exit(EXIT_USAGE, f"error: {message} (see {self.prog} --help)\n")
+
+    def _unknown(self, arg: str) -> str:
+        if not arg.startswith("-"):
+            return f"unexpected argument {arg!r}: the config is given once"
+        flag = arg.split("=", 1)[0]
+        ours = [o for a in self._actions for o in a.option_strings]
+        near = difflib.get_close_matches(flag, ours, n=1, cutoff=0.75)
+        if near:
+            return f"unknown flag {flag!r}: did you mean {near[0]}?"
+        return (f"unknown flag {flag!r}: Beam pipeline flags go after -- "
+                f"({self.prog} --config c.yaml -- {arg})")
 
 
 def _count(text: str) -> int:

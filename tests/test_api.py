@@ -386,6 +386,33 @@ def test_console_script_passes_beam_flags_after_double_dash(tmp_path):
     assert help_text.startswith("usage: tensordedup --config CONFIG [options] [-- BEAM_FLAG")
 
 
+def test_the_config_alone_and_mistyped_flags(tmp_path, capsys):
+    """``tensordedup c.yaml`` runs c.yaml (users type it so); a mistyped flag, a Beam flag
+    before ``--``, a second config or none: one line with the fix, exit 2 (argparse
+    printed its usage line above a bare error)."""
+    from pipeline.run import parse_args
+
+    job = write_job(tmp_path)
+    r = subprocess.run([*cli(), str(job), "--quiet"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("run ") and r.stderr == "", r.stderr
+    assert parse_args([str(job), "--dry-run"]).config == str(job)
+    assert parse_args(["--config", str(job)]).config == str(job)
+    for argv, says in ((["--config", "c.yaml", "--overwrit"], "did you mean --overwrite?"),
+                       (["--confg", "c.yaml"], "did you mean --config?"),
+                       (["c.yaml", "--dryrun"], "did you mean --dry-run?"),
+                       (["c.yaml", "--direct_num_workers=2"],
+                        "Beam pipeline flags go after -- ("),
+                       (["--config", "c.yaml", "d.yaml"], "two configs given"),
+                       (["c.yaml", "d.yaml"], "unexpected argument 'd.yaml'"),
+                       (["--overwrite"], "no config given: "),
+                       (["c.yaml", "--plan-records", "x"], "'x' is not a number of records")):
+        with pytest.raises(SystemExit) as stop:
+            parse_args(argv)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.count("\n") == 1, err
+        assert err.startswith("error: ") and says in err, err
+
+
 def test_beam_flags_become_runner_keys(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(config(tmp_path, runner={"options": {

@@ -53,6 +53,34 @@ def test_units_cover_every_row_group_once(tmp_path):
     np.testing.assert_array_equal(np.concatenate([c.positions for c in chunks]), np.arange(1000))
 
 
+def test_units_of_texts_are_cut_by_bytes_too(tmp_path, corpus, monkeypatch):
+    """Records of no fixed size (texts) make units of at most about UNIT_BYTES of row
+    groups, so one large file of texts is read by every worker; fixed-size records keep
+    their units of rows. Units cover every row once, in order."""
+    monkeypatch.setattr(parquet, "UNIT_BYTES", 1 << 20)
+    texts = [f"{t} {i}" for i, t in enumerate(  # real texts, 8 MB or more, all distinct
+        corpus * (8 * (1 << 20) // sum(map(len, corpus)) + 1))]
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=200)
+    meta = pq.ParquetFile(path).metadata
+    groups = [meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)]
+    spec = TensorSpec("text", decode="text")
+    units = parquet.plan(str(path), 0, 1 << 18, spec)
+    assert units[0].start == 0 and units[-1].stop == len(texts)
+    assert all(a.stop == b.start for a, b in zip(units, units[1:], strict=False))
+    held = [sum(groups[u.start // 200:-(-u.stop // 200)]) for u in units]
+    assert sum(groups) >= 8 << 20 and max(held) < (1 << 20) + max(groups)
+    assert len(units) >= 6
+    chunks, invalid = _read_all(path, spec, unit_rows=1 << 18)
+    assert not invalid and [t for c in chunks for t in c.tensors] == texts
+    x = np.zeros((4000, 512), np.float32)  # 8 MB of vectors: cut by rows only
+    pq.write_table(pa.table({"e": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)),
+                                                                   512)}),
+                   tmp_path / "v.parquet", row_group_size=200)
+    assert len(parquet.plan(str(tmp_path / "v.parquet"), 0, 1 << 18, TensorSpec(
+        "e", shape=(512,), dtype="float32"))) == 1
+
+
 def test_write_keeps_schema_metadata_codec_and_row_groups(tmp_path):
     src, dst = tmp_path / "a.parquet", tmp_path / "out" / "a.parquet"
     x = np.random.default_rng(0).standard_normal((300, 4)).astype(np.float32)

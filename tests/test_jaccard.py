@@ -39,6 +39,7 @@ from transforms.near.sets import (
     jaccard,
     linked_members,
     lsh_params,
+    members_of,
     near_sets,
     pair_jaccards,
     prefix_tokens,
@@ -470,11 +471,12 @@ def test_the_recall_check_of_a_crowd_of_long_texts_is_bounded(tmp_path, corpus, 
 
     monkeypatch.setattr(near_sets, "overlaps", counted)
     one = {"runner": {"workers": 1}}  # in this process: the caps below apply
+    listed = near_sets.TRUTH_LISTED
     monkeypatch.setattr(near_sets, "TRUTH_LISTED", 1 << 40)  # no caps
     monkeypatch.setattr(near_sets, "TRUTH_HASHES", 1 << 40)
     full = _job(tmp_path / "full", "parquet", texts, near, **one)["near"]["recall"]
     uncapped, verified[:] = list(verified), []
-    monkeypatch.setattr(near_sets, "TRUTH_LISTED", 2048)
+    monkeypatch.setattr(near_sets, "TRUTH_LISTED", listed)
     monkeypatch.setattr(near_sets, "TRUTH_HASHES", 10 * len(long_text.split()))
     capped = _job(tmp_path / "capped", "parquet", texts, near, **one)["near"]["recall"]
     assert len(long_text.split()) > 3000 and full["with_partners"] > 100
@@ -526,6 +528,29 @@ def test_exact_join_links_only_verified_pairs(tmp_path, grouping):
     assert s["near"]["records_searched"] == len(linked) < len(docs) // 4  # ... decided: not
     labels = component_labels(len(keep), near_pairs[:, 0], near_pairs[:, 1])
     assert s["near"]["components"] == len(np.unique(labels[linked]))
+
+
+def test_membership_through_a_table_equals_numpys(corpus):
+    """``members_of`` (the verification's hash lookups, through a probing table when many
+    are asked of one set) answers as ``np.isin`` does: on real shingle sets against the
+    corpus's hashes, and on sets made to collide (hashes equal in their low or high bits,
+    a 0, the largest value), asked more and fewer times than the table pays."""
+    sets = record_sets(corpus, Shingles("word"))
+    rng = np.random.default_rng(3)
+    cases = [(sets.row(i), sets.hashes) for i in rng.choice(len(corpus), 20)]
+    for n in (1, 7, 300, 5000):
+        for x in (np.arange(n, dtype=np.uint64) << np.uint64(40),  # one low-bit pattern
+                  np.arange(n, dtype=np.uint64),  # small values, 0 among them
+                  np.uint64(2 ** 64 - 1) - np.arange(n, dtype=np.uint64)):
+            x = np.sort(x)
+            for m in (n + 3, 8 * n + 4096):
+                q = np.where(rng.random(m) < 0.5, x[rng.integers(0, n, m)],
+                             rng.integers(0, 2 ** 64, m, dtype=np.uint64))
+                q[:3] = (0, 2 ** 64 - 1, 1)
+                cases.append((x, q))
+    for x, q in cases:
+        np.testing.assert_array_equal(members_of(x, q), np.isin(q, x))
+    assert members_of(np.zeros(0, np.uint64), cases[0][1]).sum() == 0
 
 
 def test_sets_gathered_from_parts_equal_their_concatenation_taken(corpus):

@@ -77,9 +77,9 @@ __all__ = ["DedupNearSets"]
 PLAN_SAMPLE = 20_000  # records whose prefix hashes estimate the exact join's work (auto)
 KEY_SHARDS = 64  # shards of the group keys' shuffle
 TRUTH_PAIRS = 2_000_000  # recall brute force: candidate pairs listed at once, at most
-TRUTH_CANDIDATES = 4096  # ... and verified per sampled record and chunk (a crowd's member)
-TRUTH_HASHES = 1 << 20  # ... as long as their hashes are no more than this (long texts)
-TRUTH_LISTED = 8 * TRUTH_CANDIDATES  # candidates listed per sampled record, at most
+TRUTH_CANDIDATES = 16384  # ... and verified per sampled record over the input (a crowd's member)
+TRUTH_HASHES = 1 << 22  # ... as long as their hashes are no more than this (long texts)
+TRUTH_LISTED = 64  # ... and listed, at most this many times those it verifies
 CHECKED = "checked"  # Groups -> Merge: the pairs the groups verified (exact mode)
 
 
@@ -616,13 +616,13 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
     member of a 100,000-copy crowd meets the whole crowd (1.6 billion candidate pairs
     held at once took 12 GB).
     A prefix token listing more than TRUTH_CANDIDATES records of the chunk offers its
-    first TRUTH_CANDIDATES, and a sampled record verifies at most that many (those
-    sharing the most prefix tokens with it), fewer for a long text (TRUTH_HASHES of
-    theirs), and lists about TRUTH_LISTED candidates at most, from every k-th of its
-    prefix tokens (a crowd of 1,000 copies of a 3,600-word text took 70 of a job's 90 s
-    listing and verifying them); such a record counts as truncated
-    (``Recall.truncated``) and is judged on the partners found, as inside vector
-    crowds."""
+    first TRUTH_CANDIDATES. Over the whole input a sampled record verifies about
+    TRUTH_CANDIDATES candidates, fewer for a long text (TRUTH_HASHES of theirs): in each
+    chunk its share of them (PARTNERS at least), those sharing the most prefix tokens
+    with it, listed from every k-th of its prefix tokens, TRUTH_LISTED times as many at
+    most (a crowd of 1,000 copies of a 3,600-word text took 70 of a job's 90 s listing
+    and verifying them); such a record counts as truncated (``Recall.truncated``) and is
+    judged on the partners found, as inside vector crowds."""
     s = plan.sample
     if s is None or not len(s):
         return
@@ -639,8 +639,14 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
     # crowd member's prefix of 700 tokens (a 3,600-word text) listed the crowd 700 times
     # over; its partners share most of those tokens, so a spread of them finds them (its
     # rarest tokens alone are the ones its own edits made)
+    # what a sampled record verifies here: the chunk's share of its budget over the
+    # whole input (a cap per chunk made a crowd member verify 1,000 of its copies in each
+    # chunk, the whole crowd once the chunks were many: 150x the chunk's own work)
+    share = min(1.0, len(batch) / max(plan.n, 1))
+    most_s = np.maximum(PARTNERS, (np.minimum(TRUTH_CANDIDATES, TRUTH_HASHES // np.maximum(
+        s.sets.sizes, 1)) * share).astype(np.int64))
     total = np.bincount(srec_s, weights=hi - lo, minlength=len(s))
-    stride = np.maximum(1, np.ceil(total / TRUTH_LISTED)).astype(np.int64)[srec_s]
+    stride = np.maximum(1, np.ceil(total / (TRUTH_LISTED * most_s))).astype(np.int64)[srec_s]
     skip = (np.arange(len(srec_s)) - np.searchsorted(srec_s, srec_s)) % stride != 0
     long[srec_s[skip]] = True
     hi = np.where(skip, lo, hi)
@@ -653,9 +659,11 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
         n_hit = (hi - lo)[mine]
         at = np.repeat(lo[mine], n_hit) + (np.arange(int(n_hit.sum()))
                                             - np.repeat(np.cumsum(n_hit) - n_hit, n_hit))
-        pair_s, pair_c = np.repeat(srec_s[mine], n_hit), srec[at]
-        by = np.argsort(pair_s, kind="stable")
-        pair_s, pair_c = pair_s[by], pair_c[by]
+        # each (sampled record, candidate) once, with the prefix tokens they share: one
+        # sort for the batch (a sort per sampled record cost a third of the recall's time)
+        pair, shared_all = np.unique(np.repeat(srec_s[mine], n_hit) * len(b) + srec[at],
+                                     return_counts=True)
+        pair_s, pair_c = pair // len(b), pair % len(b)
         cuts = np.flatnonzero(np.r_[True, pair_s[1:] != pair_s[:-1], True]).tolist()
         first = last
         if not len(pair_s):
@@ -663,14 +671,14 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
         out_s, out_p, out_j = [], [], []
         for a, z in zip(cuts[:-1], cuts[1:], strict=True):  # a sampled record: its candidates
             i = int(pair_s[a])
-            c, shared = np.unique(pair_c[a:z], return_counts=True)
+            c, shared = pair_c[a:z], shared_all[a:z]
             earlier = (b.prio[c] < s.prio[i]) | ((b.prio[c] == s.prio[i])
                                                  & (b.order[c] < s.order[i]))
             x = s.sets.row(i)
             ok = earlier & (b.words[c] != s.words[i]).any(axis=1) & length_fits(
                 b.sets.sizes[c], len(x), spec.threshold)
             c, shared = c[ok], shared[ok]
-            most = min(TRUTH_CANDIDATES, max(PARTNERS, TRUTH_HASHES // len(x)))
+            most = int(most_s[i])
             crowd = bool(long[i]) or len(c) > most
             if len(c) > most:  # those sharing most prefix tokens
                 c = c[np.argsort(-shared, kind="stable")[:most]]

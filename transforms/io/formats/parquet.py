@@ -267,17 +267,27 @@ def _is_numeric(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
 
 
+UNIT_BYTES = 64 << 20  # a unit's row groups: at most about this many bytes (uncompressed)
+
+
 def plan(path: str, file_index: int, target_rows: int,
          spec: TensorSpec | None = None) -> list[Unit]:
+    """Whole row groups per unit, about ``target_rows`` records; records of no fixed size
+    (texts, encoded images) also at most about UNIT_BYTES, or a single 400 MB
+    file of texts was one unit, read, shingled and hashed by one worker while the
+    others waited."""
     pf = open_file(path)
     if isinstance(pf, Exception):
         return [Unit(file_index, path, 0, None)]
-    units, start, rows = [], 0, 0
-    for i in range(pf.metadata.num_row_groups):
+    units, start, rows, size = [], 0, 0, 0
+    most = UNIT_BYTES if spec is None or record_nbytes(spec) is None else float("inf")
+    last = pf.metadata.num_row_groups - 1
+    for i in range(last + 1):
         rows += pf.metadata.row_group(i).num_rows
-        if rows - start >= target_rows or i == pf.metadata.num_row_groups - 1:
+        size += pf.metadata.row_group(i).total_byte_size
+        if rows - start >= target_rows or size >= most or i == last:
             units.append(Unit(file_index, path, start, rows))
-            start = rows
+            start, size = rows, 0
     return units or [Unit(file_index, path, 0, 0)]
 
 
