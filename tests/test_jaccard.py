@@ -471,12 +471,11 @@ def test_the_recall_check_of_a_crowd_of_long_texts_is_bounded(tmp_path, corpus, 
 
     monkeypatch.setattr(near_sets, "overlaps", counted)
     one = {"runner": {"workers": 1}}  # in this process: the caps below apply
-    listed = near_sets.TRUTH_LISTED
     monkeypatch.setattr(near_sets, "TRUTH_LISTED", 1 << 40)  # no caps
     monkeypatch.setattr(near_sets, "TRUTH_HASHES", 1 << 40)
     full = _job(tmp_path / "full", "parquet", texts, near, **one)["near"]["recall"]
     uncapped, verified[:] = list(verified), []
-    monkeypatch.setattr(near_sets, "TRUTH_LISTED", listed)
+    monkeypatch.setattr(near_sets, "TRUTH_LISTED", 2048)
     monkeypatch.setattr(near_sets, "TRUTH_HASHES", 10 * len(long_text.split()))
     capped = _job(tmp_path / "capped", "parquet", texts, near, **one)["near"]["recall"]
     assert len(long_text.split()) > 3000 and full["with_partners"] > 100

@@ -77,9 +77,11 @@ __all__ = ["DedupNearSets"]
 PLAN_SAMPLE = 20_000  # records whose prefix hashes estimate the exact join's work (auto)
 KEY_SHARDS = 64  # shards of the group keys' shuffle
 TRUTH_PAIRS = 2_000_000  # recall brute force: candidate pairs listed at once, at most
-TRUTH_CANDIDATES = 16384  # ... and verified per sampled record over the input (a crowd's member)
-TRUTH_HASHES = 1 << 22  # ... as long as their hashes are no more than this (long texts)
-TRUTH_LISTED = 64  # ... and listed, at most this many times those it verifies
+TRUTH_CANDIDATES = 4096  # ... and verified per sampled record and chunk (a crowd's member)
+TRUTH_HASHES = 1 << 20  # ... as long as their hashes are no more than this (long texts)
+TRUTH_CHUNKS = 4  # ... and over the input, at most this many chunks' worth of them
+TRUTH_LISTED = 8 * TRUTH_CANDIDATES  # candidates listed per sampled record and chunk, at most
+LISTED_PER_VERIFIED = 64  # ... and at most this many times those it verifies there
 CHECKED = "checked"  # Groups -> Merge: the pairs the groups verified (exact mode)
 
 
@@ -616,13 +618,15 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
     member of a 100,000-copy crowd meets the whole crowd (1.6 billion candidate pairs
     held at once took 12 GB).
     A prefix token listing more than TRUTH_CANDIDATES records of the chunk offers its
-    first TRUTH_CANDIDATES. Over the whole input a sampled record verifies about
-    TRUTH_CANDIDATES candidates, fewer for a long text (TRUTH_HASHES of theirs): in each
-    chunk its share of them (PARTNERS at least), those sharing the most prefix tokens
-    with it, listed from every k-th of its prefix tokens, TRUTH_LISTED times as many at
-    most (a crowd of 1,000 copies of a 3,600-word text took 70 of a job's 90 s listing
-    and verifying them); such a record counts as truncated (``Recall.truncated``) and is
-    judged on the partners found, as inside vector crowds."""
+    first TRUTH_CANDIDATES. A sampled record verifies at most TRUTH_CANDIDATES in a
+    chunk, fewer for a long text (TRUTH_HASHES of theirs), and TRUTH_CHUNKS times that
+    over the input: each chunk its share (PARTNERS at least), those sharing the most
+    prefix tokens with it, listed from every k-th of its prefix tokens (TRUTH_LISTED at
+    most, and LISTED_PER_VERIFIED times those it verifies): a crowd of 1,000 copies of a
+    3,600-word text took 70 of a job's 90 s listing and verifying them, and a cap per
+    chunk alone verified a crowd's copies in every chunk once the chunks were many. Such
+    a record counts as truncated (``Recall.truncated``) and is judged on the partners
+    found, as inside vector crowds."""
     s = plan.sample
     if s is None or not len(s):
         return
@@ -635,18 +639,18 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
     long = np.zeros(len(s), bool)  # a token of the record's lists more than TRUTH_CANDIDATES
     long[srec_s[hi - lo > TRUTH_CANDIDATES]] = True
     hi = np.minimum(hi, lo + TRUTH_CANDIDATES)  # the chunk's first records of such a token
-    # a record listing more than TRUTH_LISTED takes every k-th of its prefix tokens: a
+    # what a sampled record verifies here: the chunk's share of TRUTH_CHUNKS chunks'
+    # worth (a cap per chunk alone: 150x a chunk's own work on 12 chunks of crowds)
+    cap = np.minimum(TRUTH_CANDIDATES, TRUTH_HASHES // np.maximum(s.sets.sizes, 1))
+    share = TRUTH_CHUNKS * len(batch) / max(plan.n, 1)
+    most_s = np.maximum(PARTNERS, (cap * min(1.0, share)).astype(np.int64))
+    # a record listing more than it may takes every k-th of its prefix tokens: a
     # crowd member's prefix of 700 tokens (a 3,600-word text) listed the crowd 700 times
     # over; its partners share most of those tokens, so a spread of them finds them (its
     # rarest tokens alone are the ones its own edits made)
-    # what a sampled record verifies here: the chunk's share of its budget over the
-    # whole input (a cap per chunk made a crowd member verify 1,000 of its copies in each
-    # chunk, the whole crowd once the chunks were many: 150x the chunk's own work)
-    share = min(1.0, len(batch) / max(plan.n, 1))
-    most_s = np.maximum(PARTNERS, (np.minimum(TRUTH_CANDIDATES, TRUTH_HASHES // np.maximum(
-        s.sets.sizes, 1)) * share).astype(np.int64))
     total = np.bincount(srec_s, weights=hi - lo, minlength=len(s))
-    stride = np.maximum(1, np.ceil(total / (TRUTH_LISTED * most_s))).astype(np.int64)[srec_s]
+    listed = np.minimum(TRUTH_LISTED, LISTED_PER_VERIFIED * most_s)
+    stride = np.maximum(1, np.ceil(total / listed)).astype(np.int64)[srec_s]
     skip = (np.arange(len(srec_s)) - np.searchsorted(srec_s, srec_s)) % stride != 0
     long[srec_s[skip]] = True
     hi = np.where(skip, lo, hi)

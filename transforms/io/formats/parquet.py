@@ -267,7 +267,7 @@ def _is_numeric(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
 
 
-UNIT_BYTES = 64 << 20  # a unit's row groups: at most about this many bytes (uncompressed)
+UNIT_BYTES = 128 << 20  # a unit's row groups: at most about this many bytes (uncompressed)
 
 
 def plan(path: str, file_index: int, target_rows: int,
