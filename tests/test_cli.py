@@ -206,7 +206,8 @@ def test_flags_are_not_abbreviated(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--config", str(tmp_path / "job.yaml"), "--quiet", "--overwrit"])
     assert e.value.code == 2
-    assert "unrecognized arguments: --overwrit" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown flag '--overwrit': did you mean --overwrite?" in err and err.count("\n") == 1
 
 
 def test_help_documents_every_key():
