@@ -482,10 +482,10 @@ def _odd_columns(path) -> None:
     (TensorSpec("Embedding", id="Embedding"), "input.id: column 'Embedding' holds "
                                               "fixed_size_list<element: float>[4], which "
                                               "cannot be an id"),
-    (TensorSpec("strs"), "column 'strs' holds string, not numbers: to decode it set "
-                         "input.decode"),  # a list of texts: one text per record
-    (TensorSpec("deep"), "column 'deep' holds string, not numbers: to decode it set "
-                         "input.decode"),  # lists of lists of texts: one text too
+    (TensorSpec("strs"), "column 'strs' holds string, not numbers: to read its texts set "
+                         "input.decode: text"),  # a list of texts: one text per record
+    (TensorSpec("deep"), "column 'deep' holds string, not numbers: to read its texts set "
+                         "input.decode: text"),  # lists of lists of texts: one text too
     (TensorSpec("nums"), "so no input.decode reads it"),
     (TensorSpec("pics"), "so no input.decode reads it"),
     (TensorSpec("lv"), "holds list_view<element: float>, a list view, which is not read"),

@@ -903,6 +903,23 @@ def test_jaccard_on_other_than_sequences_is_refused(tmp_path, capsys, doc, words
     assert len(err) == 1 and words in err[0], err
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "tfrecord", "hdf5"])
+def test_texts_without_decode_text_are_one_line_naming_it(tmp_path, corpus, capsys, fmt):
+    """A text column, feature or dataset under jaccard with no input.decode says which
+    decode to set, in each format (an HDF5 string dataset raised AttributeError after the
+    work started; a TFRecord text feature was "not a serialized tensor")."""
+    _write(fmt, tmp_path / "in" / f"a.{EXT[fmt]}", ["a", "b"], corpus[:2])
+    cfg = {"input": {"format": fmt, "path": str(tmp_path / "in" / f"a.{EXT[fmt]}"),
+                     "tensor": "doc", "id": "id"},
+           "output": {"path": str(tmp_path / "out")}, "report": str(tmp_path / "report"),
+           "near": {"metric": "jaccard", "threshold": 0.8}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["--config", str(tmp_path / "job.yaml"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "set input.decode: text (jaccard" in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("runner", [("runner.name=dask", "runner.workers=2"),
                                     ("runner.name=portable", "runner.workers=2")])
 def test_every_runner_writes_the_local_runners_bytes(tmp_path, corpus, runner):

@@ -23,17 +23,7 @@ from transforms.io.formats.base import (
     unreadable_file,
 )
 from transforms.io.formats.hdf5 import as_ids, check_sides
-from transforms.io.formats.hdf5_files import H5_ERRORS, open_dataset, opened_h5
-
-
-def value_kind(dtype: np.dtype) -> str | None:
-    """"binary" or "text" for a dataset of encoded values, else None."""
-    if h5py.check_vlen_dtype(dtype) == np.dtype(np.uint8) or dtype.kind == "V":
-        return "binary"
-    info = h5py.check_string_dtype(dtype)
-    if info is not None:
-        return "text" if info.encoding == "utf-8" else "binary"
-    return None
+from transforms.io.formats.hdf5_files import H5_ERRORS, open_dataset, opened_h5, value_kind
 
 
 def _as_value(v: object) -> bytes | str:

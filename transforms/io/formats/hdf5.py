@@ -44,6 +44,7 @@ from transforms.io.formats.hdf5_files import (
     read_dataset_rows,
     records_dataset,
     row_chunk,
+    value_kind,
 )
 from transforms.io.formats.hdf5_write import write  # noqa: F401 (the format's)
 
@@ -72,9 +73,15 @@ def _check(f: h5py.File, path: str, spec: TensorSpec) -> TensorSpec:
         raise InputError(f"{path}: input.tensor: dataset {spec.tensor!r} has no axes (shape "
                          f"{ds.shape}): name a dataset whose first axis is the records")
     check_sides(f, path, spec, len(ds))
-    base = h5py.check_vlen_dtype(ds.dtype)
-    if spec.ragged and base is not None and ds.ndim == 1 and base.kind in "iu":
+    base = h5py.check_vlen_dtype(ds.dtype)  # str or bytes for strings
+    if spec.ragged and isinstance(base, np.dtype) and ds.ndim == 1 and base.kind in "iu":
         return replace(spec, shape=None, dtype=base.name)  # sequences of any length
+    kind = value_kind(ds.dtype)
+    if kind is not None:
+        fix = ("set input.decode: text (jaccard compares the texts' words)" if spec.ragged
+               else "to read them set input.decode: text, bytes or image")
+        raise InputError(f"{path}: input.tensor: dataset {spec.tensor!r} holds {kind} values"
+                         f" ({ds.dtype}), not numbers: {fix}")
     dtype = ds.dtype.name
     if dtype not in DTYPE_CODES:
         raise InputError(f"{path}: input.tensor: dataset {spec.tensor!r} holds {ds.dtype}, not "

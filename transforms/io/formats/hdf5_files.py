@@ -122,3 +122,13 @@ def read_dataset_rows(ds: h5py.Dataset, a: int, b: int,
             mid = _split(lo, hi, chunk)
             stack += [(mid, hi, None), (lo, mid, None)]
     return out, bad
+
+
+def value_kind(dtype: np.dtype) -> str | None:
+    """"binary" or "text" for a dataset of encoded values, else None."""
+    if h5py.check_vlen_dtype(dtype) == np.dtype(np.uint8) or dtype.kind == "V":
+        return "binary"
+    info = h5py.check_string_dtype(dtype)
+    if info is not None:
+        return "text" if info.encoding == "utf-8" else "binary"
+    return None

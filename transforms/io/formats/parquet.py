@@ -220,6 +220,19 @@ def check_columns(path: str, schema: pa.Schema, spec: TensorSpec) -> None:
     check_rank(path, schema, spec)
 
 
+# What to set for a column of encoded values (value_kind), with jaccard (ragged) or not.
+_ANY_DECODE = ("to decode it set input.decode: image (encoded images, e.g. Hugging Face "
+               "Image()), text or bytes")
+_DECODE_FIX = {
+    ("text", True): "set input.decode: text (jaccard compares the texts' words)",
+    ("text", False): "to read its texts set input.decode: text",
+    ("binary", True): "set input.decode: text to read UTF-8 bytes as texts",
+    ("binary", False): _ANY_DECODE,
+    ("struct", True): "jaccard compares texts or token ids, not encoded images",
+    ("struct", False): _ANY_DECODE,
+}
+
+
 def check(path: str, spec: TensorSpec) -> TensorSpec:
     pf = open_file(path)
     if isinstance(pf, Exception):
@@ -229,10 +242,10 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
     t = schema.field(spec.tensor).type
     sizes, leaf = _layout(t)
     dtype = _leaf_dtype(leaf)
-    if dtype is None and value_kind(t) is not None:
+    kind = value_kind(t)
+    if dtype is None and kind is not None:
         raise InputError(f"{path}: input.tensor: column {spec.tensor!r} holds {leaf}, not "
-                         "numbers: to decode it set input.decode: image (encoded images, e.g. "
-                         "Hugging Face Image()), text or bytes")
+                         f"numbers: {_DECODE_FIX[kind, spec.ragged]}")
     if dtype is None:
         raise InputError(unsupported(path, spec.tensor, t))
     if spec.ragged and len(sizes) != 1:

@@ -157,6 +157,15 @@ def _check_list(path: str, spec: TensorSpec, kind: str, n: int) -> None:
                          f"{list(spec.shape)}: fix input.shape")
 
 
+def _is_text(value: bytes) -> bool:
+    """UTF-8 with no control character but whitespace: a text, not a tensor's bytes."""
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return all(c.isprintable() or c.isspace() for c in text)
+
+
 def _check_serialized(path: str, spec: TensorSpec, values: Any) -> tuple[str, tuple[int, ...]]:
     name = spec.tensor
     if len(values) != 1:
@@ -173,6 +182,11 @@ def _check_serialized(path: str, spec: TensorSpec, values: Any) -> tuple[str, tu
             raise InputError(f"{path}: input.decode: feature {name!r} holds {kind} image "
                              "bytes, not a serialized tensor: set input.decode: image (or "
                              "bytes to compare the files as stored)") from None
+        if _is_text(values[0]):
+            fix = ("set input.decode: text (jaccard compares the texts' words)" if spec.ragged
+                   else "to read its texts set input.decode: text")
+            raise InputError(f"{path}: input.tensor: feature {name!r} holds UTF-8 text, not "
+                             f"a serialized tensor: {fix}") from None
         raise InputError(f"{path}: input.tensor: feature {name!r}: {e}") from None
     if spec.dtype is not None and spec.dtype != dtype.name:
         raise InputError(f"{path}: input.dtype: feature {name!r} holds {dtype.name} tensors, "
