@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import h5py
@@ -98,7 +99,7 @@ def test_check_resolves_shape_and_dtype(h5file):
     (TensorSpec("Labels"), ["did you mean 'labels'?"]),
     (TensorSpec("zzz"), ["labels", "meta/classes", "set input.tensor to one of them"]),
     (TensorSpec("feat"), ["input.tensor", "group", "not a dataset"]),
-    (TensorSpec("ids"), ["input.tensor", "not numbers"]),
+    (TensorSpec("ids"), ["input.tensor", "holds text values", "set input.decode: text"]),
     (TensorSpec("feat/emb", shape=(4, 9)), ["input.shape", "[4, 8]", "[4, 9]"]),
     (TensorSpec("feat/emb", dtype="float64"), ["input.dtype", "float32", "float64"]),
     (TensorSpec("feat/emb", id="meta/classes"), ["input.id", "(3,)", f"({N},)"]),
@@ -114,6 +115,25 @@ def test_check_errors_name_file_key_and_fix(h5file, spec, words):
     assert "\n" not in msg and msg.startswith(path)
     for w in words:
         assert w in msg
+
+
+def test_check_names_what_reads_texts_and_token_sequences(tmp_path):
+    """A string dataset names decode: text (an AttributeError under jaccard, before); one
+    of integer sequences of no fixed length is read by jaccard (ragged) and refused with
+    its reason by everything else."""
+    path = str(tmp_path / "t.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("text", data=["a b c", "d e"], dtype=h5py.string_dtype())
+        seqs = f.create_dataset("seqs", (2,), dtype=h5py.vlen_dtype(np.int32))
+        seqs[0], seqs[1] = np.arange(3), np.arange(5)
+    for spec, words in [(TensorSpec("text"), "to read them set input.decode: text"),
+                        (TensorSpec("text", ragged=True), "input.decode: text (jaccard"),
+                        (TensorSpec("seqs"), "sequences of int32 of no fixed length: "
+                                             "near.metric: jaccard compares them")]:
+        with pytest.raises(InputError, match=re.escape(words)):
+            hdf5.check(path, spec)
+    got = hdf5.check(path, TensorSpec("seqs", ragged=True))
+    assert (got.shape, got.dtype) == (None, "int32")
 
 
 def test_check_caps_long_dataset_lists(tmp_path):

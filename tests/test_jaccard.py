@@ -447,6 +447,31 @@ def test_the_job_in_exact_mode_writes_the_oracle(tmp_path, corpus, tokens, fmt, 
     assert s["near"]["recall"]["recall"] == 1.0
 
 
+def test_token_windows_of_one_length_in_hdf5_are_written_back(tmp_path, tokens):
+    """Pre-tokenized shards hold windows of one length in a variable-length dataset: h5py
+    turned a block of such rows into a 2-d array and refused to write it (the job failed
+    at its last step). The clean files hold exactly the records the oracle keeps."""
+    rng = np.random.default_rng(5)
+    values = [t[:64].astype(np.int32) for t in tokens if len(t) >= 64]
+    for i in range(0, len(values), 4):  # near copies: 2 of 64 tokens changed
+        v = values[i].copy()
+        v[rng.choice(64, 2, replace=False)] = 7
+        values.append(v)
+    s = _job(tmp_path, "hdf5", values, {"metric": "jaccard", "threshold": 0.8,
+                                        "mode": "exact"})
+    want = _expected(values, 0.8, "token")
+    _same(_removals(tmp_path), want)
+    assert s["removed_near"] > 10
+    kept = {}
+    for f in sorted((tmp_path / "out").glob("*.h5")):
+        with h5py.File(f, "r") as h:
+            kept.update(zip((i.decode() for i in h["id"][:]), h["doc"][:], strict=True))
+    assert sorted(kept) == sorted(f"doc{i}" for i in range(len(values))
+                                  if f"doc{i}" not in want)
+    for k, v in kept.items():
+        np.testing.assert_array_equal(v, values[int(k[3:])])
+
+
 def test_the_recall_check_of_a_crowd_of_long_texts_is_bounded(tmp_path, corpus, monkeypatch):
     """The recall brute force caps what a sampled member of a crowd of long texts lists
     (a spread of its prefix tokens) and verifies (fewer candidates for longer texts):

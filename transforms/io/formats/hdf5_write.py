@@ -78,9 +78,23 @@ def _copy_file(f: h5py.File, dst: str, records: h5py.Dataset | None,
             k = int(keep.sum())
             if k:
                 for (_, o), values in zip(pairs, parts, strict=True):
-                    o[written:written + k] = values if k == b - a else values[keep]
+                    _write_rows(o, written, values if k == b - a else values[keep])
             written += k
     return written, np.concatenate(unreadable) if unreadable else np.empty(0, np.int64)
+
+
+def _write_rows(ds: h5py.Dataset, start: int, values: np.ndarray) -> None:
+    """``ds[start:start + len(values)] = values``. Variable-length rows of numbers go
+    through the low-level write: h5py's high-level one turns rows that all have one
+    length into a 2-d array and then refuses it ("Can't broadcast (k, m) -> (k,)")."""
+    base = h5py.check_vlen_dtype(ds.dtype)
+    if not isinstance(base, np.dtype):  # not vlen, or vlen str / bytes
+        ds[start:start + len(values)] = values
+        return
+    space = ds.id.get_space()
+    space.select_hyperslab((start,), (len(values),))
+    ds.id.write(h5py.h5s.create_simple((len(values),)), space,
+                np.ascontiguousarray(values), mtype=h5py.h5t.py_create(ds.dtype))
 
 
 def _tracks_order(g: h5py.Group) -> bool:
