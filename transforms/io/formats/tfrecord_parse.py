@@ -41,9 +41,10 @@ def _tf() -> Any:
     Its import prints C++ log lines on stderr in every process that imports it (oneDNN,
     "Could not find cuda drivers", absl's "All log messages before
     absl::InitializeLog()"), which ``TF_CPP_MIN_LOG_LEVEL`` no longer silences (TF
-    2.17+: they are logged before TensorFlow reads it). Unless the user has set that
-    variable (to see them), the import runs with the process's stderr pointed at
-    /dev/null; its errors still reach the user as the ImportError below.
+    2.17+: they are logged before TensorFlow reads it). Unless that variable asks for
+    them (below 3: set by the user to see them; 3 is what a launcher's worker processes
+    inherit from it), the import runs with the process's stderr pointed at /dev/null;
+    its errors still reach the user as the ImportError below.
 
     One thread imports it; the others wait for the whole module. Returning
     ``sys.modules["tensorflow"]`` while another bundle's thread was still importing it
@@ -59,8 +60,7 @@ def _tf() -> Any:
 
 
 def _import_tf() -> Any:
-    quiet = TF_LOG_ENV not in os.environ
-    os.environ.setdefault(TF_LOG_ENV, "3")
+    quiet = os.environ.setdefault(TF_LOG_ENV, "3") == "3"
     try:
         with _stderr_muted(quiet and "tensorflow" not in sys.modules):
             import tensorflow as tf
