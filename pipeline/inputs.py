@@ -318,52 +318,84 @@ def inspect_files(files: list[str], source: InputConfig, spec: TensorSpec, key: 
 SIZES_BYTES = 64 << 20  # values read from the first row group to quote its record sizes
 
 
-def check_one_size(path: str, source: InputConfig, timeout: float) -> None:
-    """Near on a Parquet list column of no fixed size (``list<...>``, not
-    ``fixed_size_list``) without ``input.shape``: distances compare records of one size,
-    so records of several sizes would stop the near stage after the work before it.
-    Refused now when the first row group (its first SIZES_BYTES of values) holds records
-    of several sizes, quoting them; one size there is taken as the input's."""
-    def sizes(path: str) -> tuple[int, np.ndarray] | None:
-        """(records read, the values each valid one holds), or None (fixed size, damaged)."""
-        rows, read, seen = 0, 0, []
+def _first_shapes(path: str, source: InputConfig, timeout: float
+                  ) -> tuple[int, np.ndarray] | None:
+    """(records read, the (n, levels) shapes of the valid ones) of the first row group of
+    a Parquet list column of no fixed size (its first SIZES_BYTES of values), or None
+    (fixed size, damaged: the reader reports the file)."""
+    def shapes(path: str) -> tuple[int, np.ndarray] | None:
+        rows, read, seen, depth = 0, 0, [], 0
         # through Arrow's own file where local, never a Python one (fs.read_parquet: why)
         with pa.OSFile(path) if fs.is_local(path) else fs.open_read(path) as f:
             try:
                 pf = pq.ParquetFile(f)
-                kind, depth = pf.schema_arrow.field(source.tensor).type, 0
+                kind = pf.schema_arrow.field(source.tensor).type
                 while pa.types.is_list(kind) or pa.types.is_large_list(kind):
                     kind, depth = kind.value_type, depth + 1
                 if not depth or pf.metadata.num_row_groups == 0:
                     return None
                 for batch in pf.iter_batches(batch_size=8192, row_groups=[0],
                                              columns=[source.tensor], use_threads=False):
-                    ok, shapes = row_shapes(batch.column(0), depth)
-                    seen.append(shapes[ok].prod(axis=1))
+                    ok, got = row_shapes(batch.column(0), depth)
+                    seen.append(got[ok])
                     rows, read = rows + batch.num_rows, read + batch.nbytes
                     if read >= SIZES_BYTES:
                         break
-            except (OSError, pa.ArrowException):  # damaged: the reader reports the file
+            except (OSError, pa.ArrowException):
                 return None
-        return rows, np.concatenate(seen) if seen else np.empty(0, np.int64)
+        return rows, np.concatenate(seen) if seen else np.empty((0, depth), np.int64)
 
-    got = bounded(path, sizes, "input.path", "reading its first row group's record sizes",
-                  timeout)
-    if got is None or len(np.unique(got[1])) < 2:
+    return bounded(path, shapes, "input.path", "reading its first row group's record sizes",
+                   timeout)
+
+
+def _most_common(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """(the distinct rows, the most common one, its share) of a 2-d array."""
+    distinct, times = np.unique(values, axis=0, return_counts=True)
+    return distinct, distinct[np.argmax(times)], times.max() / len(values)
+
+
+def check_one_size(path: str, source: InputConfig, timeout: float) -> None:
+    """Near on a Parquet list column of no fixed size (``list<...>``, not
+    ``fixed_size_list``) without ``input.shape``: distances compare records of one size,
+    so records of several sizes would stop the near stage after the work before it.
+    Refused now when the first row group holds records of several sizes, quoting them;
+    one size there is taken as the input's."""
+    got = _first_shapes(path, source, timeout)
+    if got is None or len(np.unique(got[1].prod(axis=1))) < 2:
         return
-    rows, counts = got
-    values, times = np.unique(counts, return_counts=True)
-    common = int(values[np.argmax(times)])
-    share = times.max() / len(counts)
+    rows, counts = got[0], got[1].prod(axis=1, keepdims=True)
+    values, common, share = _most_common(counts)
     raise InputError(
         f"near: input.tensor: column {source.tensor!r} holds lists of no fixed size, and the "
-        f"first {rows:,} records of {path} hold {int(values[0]):,} to {int(values[-1]):,} "
-        f"values ({len(values):,} sizes; the most common, {common:,}, {share:.0%} of them); "
+        f"first {rows:,} records of {path} hold {int(values[0, 0]):,} to "
+        f"{int(values[-1, 0]):,} values ({len(values):,} sizes; the most common, "
+        f"{int(common[0]):,}, {share:.0%} of them); "
         "distances compare records of one size: set input.shape to compare the records of "
         "that size (the others are then reported invalid), or add an embed section to "
         "compare embeddings of the records, or set near.metric: jaccard (with "
         "near.threshold, e.g. 0.8) for the similarity of token sequences, or remove near "
         "(exact dedup needs none)")
+
+
+def check_shape_seen(path: str, source: InputConfig, timeout: float) -> None:
+    """``input.shape`` over a Parquet list column of no fixed size: records of another
+    shape are invalid, so a shape that no record of the first row group has (the lists'
+    levels swapped, a typo) would make every record invalid after all the work. Refused
+    now, quoting the shape the records have."""
+    got = _first_shapes(path, source, timeout)
+    want = np.asarray(source.shape, np.int64)
+    if got is None or not len(got[1]) or got[1].shape[1] != len(want):
+        return
+    rows, shapes = got
+    if (shapes == want).all(axis=1).any():
+        return
+    _, common, share = _most_common(shapes)
+    raise InputError(
+        f"input.shape: no record of the first {rows:,} of {path} has shape "
+        f"{source.shape} (column {source.tensor!r}; the most common shape there is "
+        f"{common.tolist()}, {share:.0%} of them): set input.shape: {common.tolist()} or "
+        "leave it out")
 
 
 def first_known(resolved: list[TensorSpec]) -> int:

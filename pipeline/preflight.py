@@ -31,6 +31,7 @@ from pipeline.inputs import (
     as_sequences,
     check_first_ids,
     check_one_size,
+    check_shape_seen,
     common_dir,
     first_known,
     inspect_files,
@@ -465,6 +466,9 @@ def prepare(cfg: DedupeConfig) -> Job:
     if (cfg.near is not None and cfg.embed is None and cfg.input.format == "parquet"
             and spec.decode is None and resolved.shape is None and cfg.near.metric != "jaccard"):
         check_one_size(files[first], cfg.input, timeout)
+    if (cfg.input.format == "parquet" and spec.decode is None and cfg.input.shape is not None
+            and not spec.ragged):
+        check_shape_seen(files[first], cfg.input, timeout)
     refs = references(cfg, resolved)
     _check_paths(cfg, files, root, output, report, refs.files if refs else [], replace)
     for key, target in (("output.path", output), ("report", report)):

@@ -264,6 +264,46 @@ def test_near_on_token_lists_of_many_lengths_stops_before_any_work(tmp_path, cap
     assert summary(tmp_path)["removed_near"] == len(x) - len(kept) >= 10
 
 
+def test_a_shape_no_record_has_is_refused_before_any_work(tmp_path, capsys):
+    """Pictures stored as nested lists (h, w, c) with input.shape in the other order
+    (c, h, w): every record was invalid after all the work ("null, null values, ragged
+    or a shape other than [3, 8, 8]"). Refused now, quoting the records' shape; a shape
+    some records have still runs (the others invalid, with their reason)."""
+    x = photo_crops(60, 8, 8)
+    (tmp_path / "in").mkdir()
+    rows = x.tolist()
+    rows[5] = x[5, :4].tolist()  # one record of another shape
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(60)],
+                             "emb": pa.array(rows, pa.list_(pa.list_(pa.list_(pa.uint8()))))}),
+                   tmp_path / "in" / "a.parquet", row_group_size=25)
+    glob_ = str(tmp_path / "in" / "*.parquet")
+    assert run_job(tmp_path, "parquet", glob_, input={"shape": [3, 8, 8]}) == 2
+    line = one_error_line(capsys)
+    assert "input.shape: no record of the first 25 of" in line
+    assert "the most common shape there is [8, 8, 3], 96% of them): set input.shape: " \
+           "[8, 8, 3] or leave it out" in line
+    assert nothing_written(tmp_path)
+    assert run_job(tmp_path, "parquet", glob_, input={"shape": [8, 8, 3]},
+                   max_invalid_fraction=0.5) == 0
+    assert summary(tmp_path)["invalid"] == 1
+
+
+def test_a_dry_run_over_a_column_with_null_records(tmp_path, capsys):
+    """The plan's sample of vectors met a batch whose records were all null (a reshape of
+    an empty array raised ValueError, with a traceback)."""
+    x = photo_crops(60, 4, 4).reshape(60, -1).astype(np.float32)
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(60)],
+                             "emb": pa.array([None if i % 3 == 0 else v.tolist()
+                                              for i, v in enumerate(x)],
+                                             pa.list_(pa.float32()))}),
+                   tmp_path / "in" / "a.parquet", row_group_size=25)
+    assert run_job(tmp_path, "parquet", str(tmp_path / "in" / "*.parquet"),
+                   args=("--dry-run",), near={"metric": "l2", "threshold": 1.0},
+                   max_invalid_fraction=0.5) == 0
+    assert "capacity plan" in capsys.readouterr().out
+
+
 # --- an l2 threshold no distance can reach ------------------------------------------------
 
 def dry_run(tmp_path: Path, fmt: str, pattern: str, input_keys: dict, **keys) -> int:

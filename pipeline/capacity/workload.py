@@ -256,8 +256,9 @@ def _distinct_sample(job: Job, rows: int) -> tuple[list, tuple[float, float] | N
 
 
 def sample_vectors(job: Job, rows: int, counted: int | None) -> np.ndarray:
-    """Up to ``rows`` tensors as (rows, values), drawn across the input."""
-    parts = [x.reshape(len(x), -1) for x in sample_records(job, rows, counted)]
+    """Up to ``rows`` tensors as (rows, values), drawn across the input (a chunk whose
+    records were all invalid holds none)."""
+    parts = [x.reshape(len(x), -1) for x in sample_records(job, rows, counted) if len(x)]
     return np.concatenate(parts)[:rows] if parts else np.zeros((0, 1), np.float32)
 
 
