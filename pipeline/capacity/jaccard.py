@@ -83,6 +83,11 @@ class SetsCost:
         return self.bands * self.rows
 
     @property
+    def auto(self) -> bool:
+        """Whether ``mode: auto`` chose the mode (on the plan's sample, as the job does)."""
+        return self.why.startswith("auto")
+
+    @property
     def entering(self) -> float:
         """Sets the stage keys and groups per input record: its valid ones and the
         store's."""
@@ -242,18 +247,24 @@ def set_units(n: int, file_bytes: float, text_bytes: float, c: SetsCost, recall:
     exact = c.mode == "exact"
     lines = v * c.lines
     grouped = n * c.grouped
+    probes = chunks * min(recall, v)
+    # A verified pair and a recall probe look up one set's hashes in another's: their
+    # cost grows with the sets' size, so each is counted per pair and per shingle.
     return {
         "read": {"record": n, "byte": file_bytes},
         "fingerprint": {"record": n, "byte": n * text_bytes, "shingle": n * c.valid * c.shingles},
         "exact": {"record": n},
-        "plan": {"record": v, "shingle": sh},
+        "plan": {"record": v, "shingle": sh,  # mode auto: the exact join's bound, sampled
+                 "sampled_shingle": min(v, SAMPLE) * c.shingles if c.auto else 0.0},
         "recall": {"record": v, "shingle": 0 if exact else sh, "ordered": sh if exact else 0,
-                   "probe": chunks * min(recall, v)},
+                   "probe": probes, "probe_shingle": probes * c.shingles},
         "keys": {"minhash": sh * c.permutations, "ordered": sh if exact else 0,
                  "line": lines},
-        "groups": {"line": lines, "pair": n * c.paired},
+        "groups": {"line": lines, "pair": n * c.paired,
+                   "pair_shingle": n * c.paired * c.shingles},
         "components": {"member": n * c.members},
         "decide": {"record": grouped, "pair": n * (c.compared - c.paired),
+                   "pair_shingle": n * (c.compared - c.paired) * c.shingles,
                    "minhash": grouped * c.shingles * c.permutations},
         "merge": {"removed": n * c.removed},
         "write": {"record": n, "byte": file_bytes if out_bytes is None else out_bytes},
