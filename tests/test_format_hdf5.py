@@ -126,7 +126,11 @@ def test_check_names_what_reads_texts_and_token_sequences(tmp_path):
         f.create_dataset("text", data=["a b c", "d e"], dtype=h5py.string_dtype())
         seqs = f.create_dataset("seqs", (2,), dtype=h5py.vlen_dtype(np.int32))
         seqs[0], seqs[1] = np.arange(3), np.arange(5)
+        blobs = f.create_dataset("blobs", (2,), dtype=h5py.vlen_dtype(np.uint8))
+        blobs[0], blobs[1] = np.frombuffer(b"\x89PNG", np.uint8), np.zeros(7, np.uint8)
     for spec, words in [(TensorSpec("text"), "to read them set input.decode: text"),
+                        (TensorSpec("blobs"), "holds binary values (object), not numbers: "
+                                              "to read them set input.decode: text, bytes"),
                         (TensorSpec("text", ragged=True), "input.decode: text (jaccard"),
                         (TensorSpec("seqs"), "sequences of int32 of no fixed length: "
                                              "near.metric: jaccard compares them")]:

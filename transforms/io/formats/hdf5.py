@@ -76,17 +76,17 @@ def _check(f: h5py.File, path: str, spec: TensorSpec) -> TensorSpec:
     base = h5py.check_vlen_dtype(ds.dtype)  # str or bytes for strings
     if spec.ragged and isinstance(base, np.dtype) and ds.ndim == 1 and base.kind in "iu":
         return replace(spec, shape=None, dtype=base.name)  # sequences of any length
-    if isinstance(base, np.dtype) and base.kind in "iu":
-        raise InputError(f"{path}: input.tensor: dataset {spec.tensor!r} holds sequences of "
-                         f"{base.name} of no fixed length: near.metric: jaccard compares them "
-                         "(token ids); other settings read records of one shape (a dataset "
-                         "of shape [records, ...])")
     kind = value_kind(ds.dtype)
     if kind is not None:
         fix = ("set input.decode: text (jaccard compares the texts' words)" if spec.ragged
                else "to read them set input.decode: text, bytes or image")
         raise InputError(f"{path}: input.tensor: dataset {spec.tensor!r} holds {kind} values"
                          f" ({ds.dtype}), not numbers: {fix}")
+    if isinstance(base, np.dtype) and base.kind in "iu":
+        raise InputError(f"{path}: input.tensor: dataset {spec.tensor!r} holds sequences of "
+                         f"{base.name} of no fixed length: near.metric: jaccard compares them "
+                         "(token ids); other settings read records of one shape (a dataset "
+                         "of shape [records, ...])")
     dtype = ds.dtype.name
     if dtype not in DTYPE_CODES:
         raise InputError(f"{path}: input.tensor: dataset {spec.tensor!r} holds {ds.dtype}, not "
