@@ -57,9 +57,9 @@ def random_case(rng: np.random.Generator) -> tuple[np.ndarray, NearSpec]:
     xf = x.astype(np.float64)
     if metric == "l2":
         scale = float(np.median(np.linalg.norm(xf, axis=1)) + 1e-9)
-        tol = dict(threshold=float(rng.choice([0.0, 1.0, scale * 0.05, scale * 0.3])))
+        tol = dict(threshold=float(rng.choice([1e-6, 1.0, scale * 0.05, scale * 0.3])))
     elif metric in ("cosine", "correlation"):
-        tol = dict(threshold=float(rng.choice([0.0, 1e-3, 0.01, 0.1, 0.5])))
+        tol = dict(threshold=float(rng.choice([1e-6, 1e-3, 0.01, 0.1, 0.5])))  # > 0
     else:
         tol = dict(atol=float(rng.choice([0.0, 1e-3, 0.1, 1.0])),
                    rtol=float(rng.choice([0.0, 1e-3, 0.05])))
@@ -123,8 +123,8 @@ def check_job(x: np.ndarray, spec: NearSpec, rng: np.random.Generator) -> list:
 
     if x.dtype in (np.float16, np.int16):
         x = x.astype(np.float32)
-    if spec.metric != "allclose" and spec.threshold == 0:  # the config wants > 0
-        spec = replace(spec, threshold=1e-6)
+    if x.shape[1] == 1 and spec.metric in ("cosine", "correlation"):
+        spec = replace(spec, metric="l2")  # the job refuses a direction of one value
     spec = replace(spec, channels=1)  # the job centres channels of decoded images only
     work = Path(tempfile.mkdtemp(prefix="fuzz-near-"))
     try:

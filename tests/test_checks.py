@@ -315,6 +315,26 @@ def dry_run(tmp_path: Path, fmt: str, pattern: str, input_keys: dict, **keys) ->
     return main(["--config", str(tmp_path / "job.yaml"), "--dry-run"])
 
 
+def test_cosine_on_records_of_one_value_is_refused(tmp_path, capsys):
+    """A scalar column under cosine: every positive record was removed as a copy of the
+    first (58 of 60 records); l2 still runs on it."""
+    x = photo_crops(60, 4, 4).reshape(60, -1)[:, :1].astype(np.float32).ravel() + 1
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(60)], "emb": x}),
+                   tmp_path / "in" / "a.parquet")
+    pattern = str(tmp_path / "in" / "*.parquet")
+    for metric, why in (("cosine", "every two of one sign would be at distance 0"),
+                        ("correlation", "none would be near anything")):
+        assert dry_run(tmp_path, "parquet", pattern, {},
+                       near={"metric": metric, "threshold": 0.01}) == 2
+        line = one_error_line(capsys)
+        assert f"near.metric: {metric} compares the direction of records of several " \
+               "values, and these hold one" in line and why in line and "use metric l2" in line
+        assert nothing_written(tmp_path)
+    assert dry_run(tmp_path, "parquet", pattern, {},
+                   near={"metric": "l2", "threshold": 0.5}) == 0
+
+
 def test_an_l2_threshold_at_or_above_the_largest_distance_is_refused(tmp_path, capsys):
     """uint8 images of 32x32x3 are at most 255 sqrt(3072) = 14,133.5 apart in l2: a
     threshold there or above would remove all but one record."""
