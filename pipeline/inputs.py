@@ -362,9 +362,11 @@ def check_one_size(path: str, source: InputConfig, timeout: float) -> None:
     Refused now when the first row group holds records of several sizes, quoting them;
     one size there is taken as the input's."""
     got = _first_shapes(path, source, timeout)
-    if got is None or len(np.unique(got[1].prod(axis=1))) < 2:
+    if got is None:
         return
     rows, counts = got[0], got[1].prod(axis=1, keepdims=True)
+    if len(np.unique(counts)) < 2:
+        return
     values, common, share = _most_common(counts)
     raise InputError(
         f"near: input.tensor: column {source.tensor!r} holds lists of no fixed size, and the "

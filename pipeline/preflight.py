@@ -346,18 +346,19 @@ def near_spec(cfg: DedupeConfig, dtype: str | None, channels: int = 1,
                          f"{math.prod(shape):,} {dtype} values, each across its whole "
                          "range), so every record would be a near copy of the first: use a "
                          f"threshold below {top:,.1f} (a small share of it for near copies)")
-    if n.metric in ("cosine", "correlation") and shape is not None and math.prod(shape) == 1:
-        why = ("every two of one sign would be at distance 0" if n.metric == "cosine" else
-               "each would be centred to 0, so none would be near anything")
-        raise InputError(f"near.metric: {n.metric} compares the direction of records of "
-                         f"several values, and these hold one: {why}: use metric l2, or "
-                         "name a tensor of several values")
-    if n.metric in ("cosine", "correlation") and shape is not None and (
-            n.threshold < (floor := cosine_rounding(math.prod(shape)))):
-        print(f"warning: near.threshold {n.threshold:g} is below what float64 resolves of "
-              f"1 - cos over {math.prod(shape):,} values (about {floor:.2g}): pairs that "
-              "close are decided by rounding, and a removal may be up to that far apart",
-              file=sys.stderr)  # even with --quiet: it may remove what is beyond it
+    if n.metric in ("cosine", "correlation") and shape is not None:
+        values = math.prod(shape)
+        if values == 1:
+            why = ("every two of one sign would be at distance 0" if n.metric == "cosine" else
+                   "each would be centred to 0, so none would be near anything")
+            raise InputError(f"near.metric: {n.metric} compares the direction of records of "
+                             f"several values, and these hold one: {why}: use metric l2, or "
+                             "name a tensor of several values")
+        if n.threshold < (floor := cosine_rounding(values)):
+            print(f"warning: near.threshold {n.threshold:g} is below what float64 resolves "
+                  f"of 1 - cos over {values:,} values (about {floor:.2g}): pairs that close "
+                  "are decided by rounding, and a removal may be up to that far apart",
+                  file=sys.stderr)  # even with --quiet: it may remove what is beyond it
     return n.to_spec(channels)
 
 

@@ -433,23 +433,24 @@ JACCARD_CALIBRATION = ((8_000, 1000, {"mode": "bounded"}),
 # price one): every other licence / README / METADATA text installed packages ship; mode
 # auto, whose choice (the exact join's bound on the plan's sample) costs most on them.
 CROWD_EDITS = 3  # words of a text replaced in each of its copies
+CROWDS = "crowds-"  # the name of such a corpus's folder begins so
 JACCARD_TINY = (600, 1000, {"mode": "bounded"})
 JACCARD_THRESHOLD = 0.8
 
 
-def crowd_input(folder: Path, docs: int, seed: int, half: int = 0) -> str:
-    """About ``docs`` records: one half of the texts installed packages ship
-    (``text_corpus.package_texts``, those at even or odd places in name order: ``half``
-    0 or 1), each copied ``docs`` / (their number) times with CROWD_EDITS words replaced
-    by words of the texts, shuffled; one Parquet file of 2,000-row groups."""
+def crowd_input(folder: Path, docs: int, seed: int) -> str:
+    """About ``docs`` records: half of the texts installed packages ship
+    (``text_corpus.package_texts``, those at even places in name order), each copied
+    ``docs`` / (their number) times with CROWD_EDITS words replaced by words of the
+    texts, shuffled; one Parquet file of 2,000-row groups."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     import text_corpus
 
-    out = folder / f"crowds-{docs}-{seed}-{half}"
+    out = folder / f"{CROWDS}{docs}-{seed}"
     if not (out / "corpus.parquet").exists():
         rng = np.random.default_rng(seed)
-        texts = text_corpus.package_texts()[half::2]
+        texts = text_corpus.package_texts()[::2]
         vocab = sorted({w for t in texts for w in t.split()})
         copies = []
         for t in texts:
@@ -469,7 +470,7 @@ def crowd_input(folder: Path, docs: int, seed: int, half: int = 0) -> str:
 
 def text_input(folder: Path, docs: int, doc_bytes: int | None, seed: int) -> str:
     """A corpus of ``docs`` pages (scripts/text_corpus.py, written once into ``folder``;
-    ``doc_bytes`` None: ``crowd_input``'s first half); returns its Parquet glob."""
+    ``doc_bytes`` None: ``crowd_input``); returns its Parquet glob."""
     import text_corpus
 
     if doc_bytes is None:
@@ -584,7 +585,7 @@ def jaccard_fit(tiny: dict, runs: list[dict]) -> dict:
     # one worker against 0.86 GB modelled) comes from a step the memory model does not
     # name yet, and fitted per text byte it doubled every other plan's memory.
     pages = [(r, w) for r, w in zip(runs, ws, strict=True)
-             if "/crowds-" not in r["config"]["input"]["path"]]
+             if f"/{CROWDS}" not in r["config"]["input"]["path"]]
     text = np.array([w.records * w.record_bytes for _, w in pages], float)
     lines = np.array([set_shuffled(w.records, w.id_bytes, w.sets)["keys"] for _, w in pages])
     extra = np.array([r["peak_rss"] - set_memory(w, one, rates) for r, w in pages])

@@ -86,6 +86,10 @@ class TensorSpec:
     # shingles): a chunk's tensors are an object array of them, digests given (``ragged_rows``)
 
 
+# What a text column, feature or dataset needs under jaccard (``TensorSpec.ragged``).
+JACCARD_TEXT_FIX = "set input.decode: text (jaccard compares the texts' words)"
+
+
 def ragged_rows(offsets: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(object array of the 1-d sequences values[offsets[i]:offsets[i + 1]], their V16
     exact digests): each digest the one ``fingerprint_batch`` gives the sequence as a

@@ -26,6 +26,7 @@ import numpy as np
 
 from transforms.canonical import DTYPE_CODES
 from transforms.io.formats.base import (
+    JACCARD_TEXT_FIX,
     Chunk,
     InputError,
     InvalidRecord,
@@ -45,6 +46,7 @@ from transforms.io.formats.hdf5_files import (
     records_dataset,
     row_chunk,
     value_kind,
+    vlen_numbers,
 )
 from transforms.io.formats.hdf5_write import write  # noqa: F401 (the format's)
 
@@ -73,16 +75,17 @@ def _check(f: h5py.File, path: str, spec: TensorSpec) -> TensorSpec:
         raise InputError(f"{path}: input.tensor: dataset {spec.tensor!r} has no axes (shape "
                          f"{ds.shape}): name a dataset whose first axis is the records")
     check_sides(f, path, spec, len(ds))
-    base = h5py.check_vlen_dtype(ds.dtype)  # str or bytes for strings
-    if spec.ragged and isinstance(base, np.dtype) and ds.ndim == 1 and base.kind in "iu":
+    base = vlen_numbers(ds.dtype)
+    ints = base is not None and base.kind in "iu"
+    if spec.ragged and ints and ds.ndim == 1:
         return replace(spec, shape=None, dtype=base.name)  # sequences of any length
     kind = value_kind(ds.dtype)
     if kind is not None:
-        fix = ("set input.decode: text (jaccard compares the texts' words)" if spec.ragged
+        fix = (JACCARD_TEXT_FIX if spec.ragged
                else "to read them set input.decode: text, bytes or image")
         raise InputError(f"{path}: input.tensor: dataset {spec.tensor!r} holds {kind} values"
                          f" ({ds.dtype}), not numbers: {fix}")
-    if isinstance(base, np.dtype) and base.kind in "iu":
+    if ints:
         raise InputError(f"{path}: input.tensor: dataset {spec.tensor!r} holds sequences of "
                          f"{base.name} of no fixed length: near.metric: jaccard compares them "
                          "(token ids); other settings read records of one shape (a dataset "

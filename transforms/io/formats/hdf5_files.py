@@ -124,6 +124,13 @@ def read_dataset_rows(ds: h5py.Dataset, a: int, b: int,
     return out, bad
 
 
+def vlen_numbers(dtype: np.dtype) -> np.dtype | None:
+    """The element dtype of a dataset of variable-length rows of numbers; None for fixed
+    rows and for variable-length strings or bytes (h5py gives ``str`` / ``bytes``)."""
+    base = h5py.check_vlen_dtype(dtype)
+    return base if isinstance(base, np.dtype) else None
+
+
 def value_kind(dtype: np.dtype) -> str | None:
     """"binary" or "text" for a dataset of encoded values, else None."""
     if h5py.check_vlen_dtype(dtype) == np.dtype(np.uint8) or dtype.kind == "V":

@@ -21,6 +21,7 @@ from transforms.io.formats.hdf5_files import (
     read_dataset_rows,
     records_dataset,
     row_chunk,
+    vlen_numbers,
 )
 
 # Rows of the records dataset that write() copies per step (rounded to whole chunks).
@@ -87,8 +88,7 @@ def _write_rows(ds: h5py.Dataset, start: int, values: np.ndarray) -> None:
     """``ds[start:start + len(values)] = values``. Variable-length rows of numbers go
     through the low-level write: h5py's high-level one turns rows that all have one
     length into a 2-d array and then refuses it ("Can't broadcast (k, m) -> (k,)")."""
-    base = h5py.check_vlen_dtype(ds.dtype)
-    if not isinstance(base, np.dtype):  # not vlen, or vlen str / bytes
+    if vlen_numbers(ds.dtype) is None:
         ds[start:start + len(values)] = values
         return
     space = ds.id.get_space()

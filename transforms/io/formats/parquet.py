@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from transforms.canonical import DTYPE_CODES
 from transforms.io.formats.ahead import ahead
 from transforms.io.formats.base import (
+    JACCARD_TEXT_FIX,
     Chunk,
     InputError,
     InvalidRecord,
@@ -224,7 +225,7 @@ def check_columns(path: str, schema: pa.Schema, spec: TensorSpec) -> None:
 _ANY_DECODE = ("to decode it set input.decode: image (encoded images, e.g. Hugging Face "
                "Image()), text or bytes")
 _DECODE_FIX = {
-    ("text", True): "set input.decode: text (jaccard compares the texts' words)",
+    ("text", True): JACCARD_TEXT_FIX,
     ("text", False): "to read its texts set input.decode: text",
     ("binary", True): "set input.decode: text to read UTF-8 bytes as texts",
     ("binary", False): _ANY_DECODE,

@@ -30,6 +30,7 @@ import numpy as np
 from transforms.canonical import dtype_named
 from transforms.io import fs
 from transforms.io.formats.base import (
+    JACCARD_TEXT_FIX,
     Chunk,
     InputError,
     InvalidRecord,
@@ -183,7 +184,7 @@ def _check_serialized(path: str, spec: TensorSpec, values: Any) -> tuple[str, tu
                              "bytes, not a serialized tensor: set input.decode: image (or "
                              "bytes to compare the files as stored)") from None
         if _is_text(values[0]):
-            fix = ("set input.decode: text (jaccard compares the texts' words)" if spec.ragged
+            fix = (JACCARD_TEXT_FIX if spec.ragged
                    else "to read its texts set input.decode: text")
             raise InputError(f"{path}: input.tensor: feature {name!r} holds UTF-8 text, not "
                              f"a serialized tensor: {fix}") from None
