@@ -351,20 +351,28 @@ while not os.path.exists({go!r}):
     tick.wait(0.005)
 try:
     lease.acquire({path!r}, "target", "r" + sys.argv[1])
-    print("won")
+    print("won", flush=True)
 except lease.LeaseHeld:
-    print("refused")
+    print("refused", flush=True)
+while not os.path.exists({done!r}):  # the winner stays alive until every rival decided:
+    tick.wait(0.005)                 # a lease whose process is gone is stale, rightly
 """
 
 
 def test_racing_processes_exactly_one_wins(tmp_path, where):
     out, _ = where
-    go = tmp_path / "go"
-    code = RACE.format(root=str(ROOT), go=str(go), path=f"{out}/race.lease.json")
+    go, done = tmp_path / "go", tmp_path / "done"
+    code = RACE.format(root=str(ROOT), go=str(go), done=str(done),
+                       path=f"{out}/race.lease.json")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(i)], stdout=subprocess.PIPE,
                               text=True) for i in range(6)]
     go.touch()
-    results = sorted(p.communicate()[0].strip() for p in procs)
+    try:
+        results = sorted(p.stdout.readline().strip() for p in procs)
+    finally:
+        done.touch()
+        for p in procs:
+            p.communicate()
     assert results == ["refused"] * 5 + ["won"]
 
 
