@@ -380,6 +380,25 @@ def check_one_size(path: str, source: InputConfig, timeout: float) -> None:
         "(exact dedup needs none)")
 
 
+def check_one_shape(files: list[str], resolved: list[TensorSpec]) -> None:
+    """Near over input files whose records hold different shapes (a 16-d and a 32-d
+    export of one table): distances compare records of one shape, so the near stage
+    would stop after the work before it. Refused now, naming a file of each shape."""
+    first: dict[tuple[int, ...], str] = {}
+    for path, spec in zip(files, resolved, strict=True):
+        if spec.dtype is not None and spec.shape is not None:
+            first.setdefault(tuple(spec.shape), path)
+    if len(first) < 2:
+        return
+    (a, path_a), (b, path_b) = list(first.items())[:2]
+    more = f" and {len(first) - 2} more" if len(first) > 2 else ""
+    raise InputError(
+        f"near: the input files hold records of {len(first)} shapes ({path_a}: {list(a)}, "
+        f"{path_b}: {list(b)}{more}); distances compare records of one shape: point "
+        "input.path at the files of one shape (a run for each), or remove near (exact "
+        "dedup needs none)")
+
+
 def check_shape_seen(path: str, source: InputConfig, timeout: float) -> None:
     """``input.shape`` over a Parquet list column of no fixed size: records of another
     shape are invalid, so a shape that no record of the first row group has (the lists'

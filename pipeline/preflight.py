@@ -30,6 +30,7 @@ from pipeline.embedding import Embedding, embedding
 from pipeline.inputs import (
     as_sequences,
     check_first_ids,
+    check_one_shape,
     check_one_size,
     check_shape_seen,
     common_dir,
@@ -470,9 +471,11 @@ def prepare(cfg: DedupeConfig) -> Job:
         check_first_ids(files, spec.id)
     first = first_known(checked)
     resolved = checked[first]
-    if (cfg.near is not None and cfg.embed is None and cfg.input.format == "parquet"
-            and spec.decode is None and resolved.shape is None and cfg.near.metric != "jaccard"):
-        check_one_size(files[first], cfg.input, timeout)
+    if cfg.near is not None and cfg.embed is None and spec.decode is None \
+            and cfg.near.metric != "jaccard":
+        check_one_shape(files, checked)
+        if cfg.input.format == "parquet" and resolved.shape is None:
+            check_one_size(files[first], cfg.input, timeout)
     if (cfg.input.format == "parquet" and spec.decode is None and cfg.input.shape is not None
             and not spec.ragged):
         check_shape_seen(files[first], cfg.input, timeout)

@@ -288,6 +288,28 @@ def test_a_shape_no_record_has_is_refused_before_any_work(tmp_path, capsys):
     assert summary(tmp_path)["invalid"] == 1
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "tfrecord", "hdf5"])
+def test_files_of_two_shapes_under_near_are_refused_before_any_work(tmp_path, capsys, fmt):
+    """Two exports of one table at different widths (photo pixels 4x4x3 and 6x6x3,
+    flattened) under near: exit 1 after the whole read ("records hold 48 and 108
+    values"). Refused now, naming a file of each shape; exact dedup alone still runs."""
+    ext = {"parquet": "parquet", "tfrecord": "tfrecord", "hdf5": "h5"}[fmt]
+    for name, side in (("a", 4), ("b", 6)):
+        x = photo_crops(40, side, side).reshape(40, -1).astype(np.float32)
+        write_input(fmt, tmp_path / "in" / f"{name}.{ext}", [f"{name}{i}" for i in range(40)],
+                    x, np.zeros(40, int))
+    glob_ = str(tmp_path / "in" / f"*.{ext}")
+    assert run_job(tmp_path, fmt, glob_, near={"metric": "l2", "threshold": 10.0}) == 2
+    assert one_error_line(capsys) == (
+        f"error: near: the input files hold records of 2 shapes ({tmp_path}/in/a.{ext}: "
+        f"[48], {tmp_path}/in/b.{ext}: [108]); distances compare records of one shape: "
+        "point input.path at the files of one shape (a run for each), or remove near "
+        "(exact dedup needs none)")
+    assert nothing_written(tmp_path)
+    assert run_job(tmp_path, fmt, glob_) == 0
+    assert summary(tmp_path)["read"] == 80
+
+
 def test_a_dry_run_over_a_column_with_null_records(tmp_path, capsys):
     """The plan's sample of vectors met a batch whose records were all null (a reshape of
     an empty array raised ValueError, with a traceback)."""

@@ -344,15 +344,43 @@ def test_check_messages(tmp_path):
     with pytest.raises(InputError, match=r"input.dtype: feature 'emb' is a float_list \(float32\)"
                                          r", not int32: set input.dtype: float32"):
         tfrecord.check(path, TensorSpec(tensor="emb", shape=(2, 3), dtype="int32"))
-    with pytest.raises(InputError, match=r"input.shape: .*set input.shape .*6 values"):
-        tfrecord.check(path, TensorSpec(tensor="emb"))
+    assert tfrecord.check(path, TensorSpec(tensor="emb")).shape == (6,)  # one size: taken
     with pytest.raises(InputError, match=r"input.shape: .*6 values .*not 4"):
         tfrecord.check(path, TensorSpec(tensor="emb", shape=(4,)))
     with pytest.raises(InputError, match=r"keep: feature 'id' is bytes_list, not"):
         tfrecord.check(path, TensorSpec(tensor="emb", rank="id", shape=(2, 3)))
     # Without check(), read() reports the mismatch per record instead of raising.
-    (c,) = tfrecord.read(Unit(0, path), TensorSpec(tensor="emb"), 10)
-    assert len(c.invalid) == 2 and "set input.shape" in c.invalid[0].reason
+    (c,) = tfrecord.read(Unit(0, path), TensorSpec(tensor="emb", dtype="int64"), 10)
+    assert len(c.invalid) == 2 and "set input.dtype: float32" in c.invalid[0].reason
+
+
+@pytest.mark.parametrize("kind", ["float_list", "int64_list"])
+def test_flat_lists_of_several_sizes_are_quoted(tmp_path, kind):
+    """Without input.shape a flat list's size comes from the file's first records: several
+    sizes there are refused, quoted with the way out (int64 ids: jaccard too); a later
+    record of another size is an invalid record with its reason."""
+    feature = _floats if kind == "float_list" else _ints
+    sizes = [5] * 6 + [3, 7, 5, 5]
+    mixed = _write(tmp_path / "m.tfrecord", [_example(emb=feature(np.arange(k))) for k in sizes])
+    with pytest.raises(InputError) as e:
+        tfrecord.check(mixed, TensorSpec(tensor="emb"))
+    jaccard = ", or set near.metric: jaccard" if kind == "int64_list" else ""
+    assert str(e.value) == (
+        f"{mixed}: input.shape: feature 'emb' is a {kind} of no fixed size: the first 10 "
+        "records holding it hold 3 to 7 values (3 sizes; the most common, 5, 80% of them): "
+        "set input.shape: [5] to read the records of that size (the others are then "
+        "reported invalid)" + (jaccard and jaccard + " (with near.threshold, e.g. 0.8) for "
+                               "the similarity of token sequences"))
+    assert tfrecord.check(mixed, TensorSpec(tensor="emb", shape=(5,))).shape == (5,)
+
+    late = _write(tmp_path / "l.tfrecord",
+                  [_example(emb=feature(np.arange(k))) for k in [4] * 150 + [6] + [4] * 9])
+    assert tfrecord.check(late, TensorSpec(tensor="emb")).shape == (4,)
+    chunks, positions, _, invalid = _read(late, TensorSpec(tensor="emb"), batch_rows=64)
+    assert np.concatenate([c.tensors for c in chunks]).shape == (159, 4)
+    assert [r.position for r in invalid] == [150]
+    assert invalid[0].reason == ("feature 'emb' has 6 values, not 4 (the size of the "
+                                 "file's first records)")
 
 
 @pytest.mark.parametrize("odd", ["missing", "bytes_list"])

@@ -59,10 +59,23 @@ def run(tmp_path, fmt, parts, spec, *sets, **overrides):
     for f, (ids, t) in enumerate(parts):
         write_input(fmt, tmp_path / "in" / f"part-{f}.{EXT[fmt]}", ids, t,
                     np.arange(len(ids)) % 7)
-    inp = {"shape": [DIM], "dtype": "float32"} if fmt == "tfrecord" else {}
+    inp = overrides.pop("input", {})
     near = near_config(spec, **overrides.pop("near", {}))
     return run_job(tmp_path, fmt, str(tmp_path / "in" / f"*.{EXT[fmt]}"), *sets, input=inp,
                    near=near, **overrides)
+
+
+def test_tfrecord_number_lists_need_no_input_shape(tmp_path):
+    """A float_list feature of one size (how TensorFlow users store embeddings) is read
+    without input.shape or input.dtype, as a Parquet list column of one size is: the size
+    of the file's first records is the input's (it was refused: "set input.shape")."""
+    parts, spec = dataset(2, "cosine")
+    assert run(tmp_path, "tfrecord", parts, spec) == 0
+    want_exact, want_near = expected(parts, spec)
+    dups, invalid = report(tmp_path)
+    assert len(want_near) > 20
+    assert by_kind(dups, "exact") == want_exact and by_kind(dups, "near") == want_near
+    assert invalid.num_rows == 0
 
 
 def by_kind(dups, kind: str) -> dict:

@@ -1,7 +1,8 @@
 """TFRecord input: tf.train.Example records holding one tensor each; one unit per file.
 
-The tensor feature is either a flat float_list/int64_list (shape from ``input.shape``)
-or a bytes_list with one ``tf.io.serialize_tensor`` value (dtype and shape in the proto).
+The tensor feature is either a flat float_list/int64_list (shape from ``input.shape``,
+else the one size the file's first records hold) or a bytes_list with one
+``tf.io.serialize_tensor`` value (dtype and shape in the proto).
 
 Why an own framing reader (``tfrecord_frames``): TensorFlow's readers stop at the first
 bad record, and the dedup job must report bad records and keep going. This reader checks
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from itertools import islice
@@ -123,7 +125,8 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
     kind, feats = checked_features(path, spec, examples)
     if kind in LIST_DTYPES:
         _check_list(path, spec, kind, len(getattr(feats[spec.tensor], kind).value))
-        found = replace(spec, dtype=LIST_DTYPES[kind])
+        found = replace(spec, dtype=LIST_DTYPES[kind],
+                        shape=spec.shape or _one_size(path, spec, kind, examples))
     else:
         dtype, shape = _check_serialized(path, spec, feats[spec.tensor].bytes_list.value)
         found = replace(spec, dtype=dtype, shape=shape)
@@ -149,13 +152,32 @@ def _check_list(path: str, spec: TensorSpec, kind: str, n: int) -> None:
     problem = list_problem(spec, kind)
     if problem:
         raise InputError(f"{path}: {problem} (the first record holding it has {n} values)")
-    if spec.ragged:
-        return
-    assert spec.shape is not None
-    if math.prod(spec.shape) != n:
+    if spec.shape is not None and math.prod(spec.shape) != n:
         raise InputError(f"{path}: input.shape: feature {spec.tensor!r} has {n} values in the "
                          f"first record holding it, not {math.prod(spec.shape)} = "
                          f"{list(spec.shape)}: fix input.shape")
+
+
+def _one_size(path: str, spec: TensorSpec, kind: str,
+              examples: list[dict[str, Any]]) -> tuple[int, ...] | None:
+    """The per-record shape of a flat list feature without ``input.shape``: the one size
+    the file's first records hold (None for sequences of any length, jaccard's); several
+    sizes are refused, quoted, as for a Parquet list column (``pipeline.inputs``)."""
+    if spec.ragged:
+        return None
+    sizes = Counter(len(getattr(e[spec.tensor], kind).value) for e in examples
+                    if spec.tensor in e and e[spec.tensor].WhichOneof("kind") == kind)
+    if len(sizes) == 1:
+        return (next(iter(sizes)),)
+    common, times = sizes.most_common(1)[0]
+    jaccard = (", or set near.metric: jaccard (with near.threshold, e.g. 0.8) for the "
+               "similarity of token sequences" if kind == "int64_list" else "")
+    raise InputError(
+        f"{path}: input.shape: feature {spec.tensor!r} is a {kind} of no fixed size: the "
+        f"first {sum(sizes.values()):,} records holding it hold {min(sizes):,} to "
+        f"{max(sizes):,} values ({len(sizes):,} sizes; the most common, {common:,}, "
+        f"{times / sum(sizes.values()):.0%} of them): set input.shape: [{common}] to read "
+        f"the records of that size (the others are then reported invalid){jaccard}")
 
 
 def _is_text(value: bytes) -> bool:

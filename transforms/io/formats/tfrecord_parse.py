@@ -114,9 +114,14 @@ class FeatureLayout:
 
     def learn(self, examples: Iterator[dict[str, Any]], spec: TensorSpec) -> None:
         kinds: Counter[str | None] = Counter()
+        sizes: dict[str | None, Counter[int]] = {}
         for feats in islice(examples, LEARN_RECORDS):
             if self.kind is None and spec.tensor in feats:
-                kinds[feats[spec.tensor].WhichOneof("kind")] += 1
+                kind = feats[spec.tensor].WhichOneof("kind")
+                kinds[kind] += 1
+                if kind in LIST_DTYPES:
+                    sizes.setdefault(kind, Counter())[len(getattr(feats[spec.tensor],
+                                                                  kind).value)] += 1
             if spec.id is not None and self.id_kind is None and spec.id in feats:
                 self.id_kind = kind_in(feats[spec.id], ID_KINDS)
             if spec.rank is not None and self.rank_kind is None and spec.rank in feats:
@@ -125,6 +130,8 @@ class FeatureLayout:
             self.kind = tensor_kind(kinds, spec)
             if self.kind in LIST_DTYPES:
                 self.problem = list_problem(spec, self.kind)
+                if spec.shape is None and not spec.ragged:  # the most common size (check()
+                    self.shape = (sizes[self.kind].most_common(1)[0][0],)  # refuses several)
 
     def ready(self, spec: TensorSpec) -> bool:
         return (self.kind is not None and (spec.id is None or self.id_kind is not None)
@@ -208,10 +215,15 @@ def list_problem(spec: TensorSpec, kind: str) -> str | None:
     if spec.ragged and kind != "int64_list":
         return (f"input.tensor: feature {spec.tensor!r} is a {kind}: near.metric jaccard "
                 "compares integer sequences (an int64_list)")
-    if spec.shape is None and not spec.ragged:
-        return (f"input.shape: feature {spec.tensor!r} is a flat {kind}: set input.shape "
-                "to the per-record shape")
     return None
+
+
+def list_shape(spec: TensorSpec, layout: FeatureLayout) -> tuple[int, ...]:
+    """The shape of a flat list's records: ``input.shape``, else the size most of the
+    file's first records hold (``FeatureLayout.learn``)."""
+    shape = spec.shape or layout.shape
+    assert shape is not None
+    return tuple(shape)
 
 
 @functools.cache
@@ -258,7 +270,8 @@ def _id(feats: dict[str, Any], name: str) -> str:
 
 
 def _tensor(feats: dict[str, Any], spec: TensorSpec, layout: FeatureLayout) -> Any:
-    """The flat tensor as an array of ``spec.shape``, or the serialized TensorProto."""
+    """The flat tensor as an array of its shape (``list_shape``), or the serialized
+    TensorProto."""
     if layout.problem:
         raise BadExample(layout.problem)
     name = spec.tensor
@@ -273,11 +286,13 @@ def _tensor(feats: dict[str, Any], spec: TensorSpec, layout: FeatureLayout) -> A
     values = getattr(feats[name], kind).value
     if spec.ragged:  # a sequence of its own length
         return np.asarray(values, dtype=LIST_DTYPES[kind])
-    assert spec.shape is not None  # else layout.problem
-    if len(values) != math.prod(spec.shape):
-        raise BadExample(f"feature {name!r} has {len(values)} values, not {math.prod(spec.shape)} "
-                   f"(input.shape {list(spec.shape)})")
-    return np.asarray(values, dtype=LIST_DTYPES[kind]).reshape(spec.shape)
+    shape = list_shape(spec, layout)
+    if len(values) != math.prod(shape):
+        said = (f"input.shape {list(shape)}" if spec.shape is not None
+                else "the size of the file's first records")
+        raise BadExample(f"feature {name!r} has {len(values)} values, not {math.prod(shape)} "
+                         f"({said})")
+    return np.asarray(values, dtype=LIST_DTYPES[kind]).reshape(shape)
 
 
 def parse_one(data: bytes, spec: TensorSpec, layout: FeatureLayout) -> tuple[Any, ...]:
@@ -309,7 +324,7 @@ def _parse_batch(datas: list[bytes], spec: TensorSpec, layout: FeatureLayout) ->
         return None
     tf = _tf()
     kind_dtype = {"float_list": tf.float32, "int64_list": tf.int64, "bytes_list": tf.string}
-    shape = [] if layout.kind == "bytes_list" else list(spec.shape or ())
+    shape = [] if layout.kind == "bytes_list" else list(list_shape(spec, layout))
     features = {spec.tensor: tf.io.FixedLenFeature(shape, kind_dtype[layout.kind])}
     if spec.id is not None:
         features[spec.id] = tf.io.FixedLenFeature([], kind_dtype[layout.id_kind])
@@ -416,10 +431,10 @@ def parse_records(datas: list[bytes], spec: TensorSpec,
     elif layout.kind in LIST_DTYPES and spec.ragged:
         tensors = np.empty(sum(why is None for why in reasons), object)
         tensors[:] = [v for v, why in zip(values, reasons, strict=True) if why is None]
-    elif layout.kind in LIST_DTYPES and spec.shape is not None:
+    elif layout.kind in LIST_DTYPES:
         rows = [v for v, why in zip(values, reasons, strict=True) if why is None]
         tensors = np.array(rows, dtype=LIST_DTYPES[layout.kind])
-        tensors = tensors.reshape((len(rows), *spec.shape))
+        tensors = tensors.reshape((len(rows), *list_shape(spec, layout)))
     else:
         tensors = np.empty((0,))
     rank = None
