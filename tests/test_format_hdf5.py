@@ -204,6 +204,47 @@ def test_plan_aligns_units_to_chunks_and_covers_every_row(h5file):
         (0, 200), (200, 400), (400, 600), (600, 800), (800, None)]
 
 
+@pytest.mark.parametrize("kind", ["text", "tokens"])
+def test_units_of_texts_and_token_ids_are_cut_by_bytes_too(tmp_path, corpus, tokens,
+                                                          monkeypatch, kind):
+    """A variable-length dataset (texts, token ids) makes units of at most about
+    UNIT_BYTES of values, judged from a sample of them (the dataset stores references):
+    one large file of texts was one unit of 262,144 rows, read, shingled and hashed by
+    one worker. Units cover every row once, in order, and read back every value."""
+    from transforms.io.formats import get_format
+    from transforms.io.formats.base import Decode
+
+    monkeypatch.setattr(hdf5, "UNIT_BYTES", 1 << 20)
+    path = str(tmp_path / "t.h5")
+    if kind == "text":  # real texts, 8 MB or more, all distinct
+        values = [f"{t} {i}" for i, t in enumerate(
+            corpus * (8 * (1 << 20) // sum(map(len, corpus)) + 1))]
+        nbytes = [len(v.encode()) for v in values]
+        dtype, spec = h5py.string_dtype(), TensorSpec("v", decode=Decode("text"))
+    else:  # the corpus's token ids as int32, 8 MB or more
+        values = [t.astype(np.int32) for t in tokens * (2 * (1 << 20) // sum(map(len, tokens)) + 1)]
+        nbytes = [v.nbytes for v in values]
+        dtype, spec = h5py.vlen_dtype(np.int32), TensorSpec("v", ragged=True)
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("v", (len(values),), dtype=dtype, chunks=(50,))
+        d[:] = values if kind == "tokens" else np.array(values, dtype=object)
+    units = hdf5.plan(path, 0, 1 << 18, spec)
+    assert units[0].start == 0 and units[-1].stop == len(values)
+    assert all(a.stop == b.start and a.start % 50 == 0 for a, b in zip(units, units[1:],
+                                                                      strict=False))
+    held = [sum(nbytes[u.start:u.stop]) for u in units]
+    assert sum(nbytes) >= 8 << 20 and max(held) < 1.5 * (1 << 20), held
+    fmt = get_format("hdf5", spec)
+    spec = fmt.check(path, spec)
+    got = [v for u in units for c in fmt.read(u, spec, 1000) for v in c.tensors]
+    if kind == "text":
+        assert got == values
+    else:
+        assert len(got) == len(values) and all(
+            np.array_equal(a, b) for a, b in zip(got, values, strict=True))
+    assert len(hdf5.plan(path, 0, 1 << 18, TensorSpec("v", shape=(), dtype="int32"))) == 1
+
+
 def test_plan_contiguous_file(tmp_path):
     path = str(tmp_path / "c.h5")
     with h5py.File(path, "w") as f:

@@ -202,6 +202,12 @@ class Values:
     invalid: list[InvalidRecord] = field(default_factory=list)
 
 
+# A unit of records of no fixed size (texts, encoded images, token ids): at most about
+# this many bytes of values (uncompressed), or one large file of them was one unit, read,
+# shingled and hashed by one worker while the others waited.
+UNIT_BYTES = 128 << 20
+
+
 def record_nbytes(spec: TensorSpec) -> int | None:
     """Bytes of one record's tensor values when the spec fixes shape and dtype, else None."""
     if spec.shape is None or spec.dtype is None:

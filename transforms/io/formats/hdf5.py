@@ -27,6 +27,7 @@ import numpy as np
 from transforms.canonical import DTYPE_CODES
 from transforms.io.formats.base import (
     JACCARD_TEXT_FIX,
+    UNIT_BYTES,
     Chunk,
     InputError,
     InvalidRecord,
@@ -35,6 +36,7 @@ from transforms.io.formats.base import (
     default_ids,
     error_line,
     ragged_tensors,
+    record_nbytes,
     rows_within,
     unreadable_file,
 )
@@ -126,7 +128,10 @@ def plan(path: str, file_index: int, target_rows: int,
     """Units of about ``target_rows`` whole chunks of the records dataset (with ``spec``,
     the tensor's: the last unit stops at its length, so the dry run counts records from
     the shapes); without ``spec`` the last unit runs to the end (stop None), so the units
-    cover the tensor even if it is shorter or longer than the largest dataset."""
+    cover the tensor even if it is shorter or longer than the largest dataset. Where the
+    spec does not fix a record's size, units also hold at most about UNIT_BYTES of
+    values (``_record_nbytes``: variable-length values are sampled, as the dataset
+    stores references to them)."""
     with opened_h5(path) as f:
         if isinstance(f, Exception):
             return [Unit(file_index, path, 0, None)]
@@ -135,11 +140,35 @@ def plan(path: str, file_index: int, target_rows: int,
         except H5_ERRORS:
             ds = None
         n, chunk = (len(ds), row_chunk(ds)) if ds is not None else (0, 1)
+        if spec is not None and record_nbytes(spec) is None and n:
+            target_rows = min(target_rows, int(UNIT_BYTES / _record_nbytes(ds)))
     step = max(1, round(target_rows / chunk)) * chunk
     starts = list(range(0, n, step)) or [0]
     last = n if spec is not None and ds is not None else None
     stops: list[int | None] = [*starts[1:], last]
     return [Unit(file_index, path, a, b) for a, b in zip(starts, stops, strict=True)]
+
+
+SAMPLED_SPANS = 16  # _record_nbytes reads this many runs of records, spread over the dataset
+SPAN_ROWS = 16
+
+
+def _record_nbytes(ds: h5py.Dataset) -> float:
+    """Bytes of a record's values: from the dtype where it fixes them; for
+    variable-length values (texts, encoded images, token ids) their mean over
+    SAMPLED_SPANS runs of SPAN_ROWS records spread over the dataset (1 where none can be
+    read: the reader reports them)."""
+    if ds.dtype.kind != "O":
+        return max(1.0, float(ds.dtype.itemsize * np.prod(ds.shape[1:], dtype=np.int64)))
+    n, sizes = len(ds), []
+    for a in np.unique(np.linspace(0, max(0, n - SPAN_ROWS), SAMPLED_SPANS).astype(np.int64)):
+        try:
+            rows = ds[int(a):int(a) + SPAN_ROWS]
+        except H5_ERRORS:
+            continue
+        sizes += [len(v.encode()) if isinstance(v, str) else
+                  len(v) if isinstance(v, bytes) else np.asarray(v).nbytes for v in rows]
+    return max(1.0, float(np.mean(sizes))) if sizes else 1.0
 
 
 def as_ids(values: np.ndarray) -> tuple[np.ndarray, list[int]]:

@@ -23,6 +23,7 @@ from transforms.canonical import DTYPE_CODES
 from transforms.io.formats.ahead import ahead
 from transforms.io.formats.base import (
     JACCARD_TEXT_FIX,
+    UNIT_BYTES,
     Chunk,
     InputError,
     InvalidRecord,
@@ -279,9 +280,6 @@ def check_rank(path: str, schema: pa.Schema, spec: TensorSpec) -> None:
 
 def _is_numeric(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
-
-
-UNIT_BYTES = 128 << 20  # a unit's row groups: at most about this many bytes (uncompressed)
 
 
 def plan(path: str, file_index: int, target_rows: int,
