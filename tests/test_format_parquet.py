@@ -21,6 +21,28 @@ def _read_all(path, spec, unit_rows=1000, batch_rows=1000):
     return chunks, [r for c in chunks for r in c.invalid]
 
 
+def test_a_struct_field_is_read_once_flattened_as_the_refusal_says(tmp_path):
+    """The way out the refusal of ``features.embedding`` names: Table.flatten() makes it a
+    column whose name holds a dot, which is read and written back like any other."""
+    x = np.random.default_rng(0).standard_normal((50, 8)).astype(np.float32)
+    nested = pa.table({"features": pa.StructArray.from_arrays(
+        [pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 8), pa.array(range(50))],
+        ["embedding", "n"])})
+    path = tmp_path / "a.parquet"
+    pq.write_table(nested, path)
+    spec = TensorSpec("features.embedding")
+    with pytest.raises(InputError, match="a field inside the struct column 'features'"):
+        parquet.check(str(path), spec)
+    pq.write_table(nested.flatten(), path)
+    spec = parquet.check(str(path), spec)
+    chunks, invalid = _read_all(path, spec)
+    assert not invalid and spec.shape == (8,)
+    np.testing.assert_array_equal(np.concatenate([c.tensors for c in chunks]), x)
+    parquet.write(str(path), str(tmp_path / "b.parquet"), np.arange(0, 50, 2), spec)
+    assert pq.read_table(tmp_path / "b.parquet").column("features.n").to_pylist() == list(
+        range(1, 50, 2))
+
+
 def test_variable_lists_group_by_shape_and_shape_is_enforced_when_given(tmp_path):
     rows = [[[1, 2], [3, 4]], [[1, 2, 3, 4]], [[5, 6], [7, 8]], [[1], [2, 3]], None,
             [[1, 2], [3, 4]]]
@@ -489,6 +511,10 @@ def _odd_columns(path) -> None:
     (TensorSpec("nums"), "so no input.decode reads it"),
     (TensorSpec("pics"), "so no input.decode reads it"),
     (TensorSpec("lv"), "holds list_view<element: float>, a list view, which is not read"),
+    (TensorSpec("nums.b"), "input.tensor: 'nums.b' is a field inside the struct column "
+                           "'nums' (its fields: b), and only top-level columns are read: "
+                           "write the field as a column of its own (pyarrow's "
+                           "Table.flatten() names it 'nums.b') and run again"),
 ])
 def test_check_names_the_column_problem_and_the_fix(tmp_path, spec, words):
     """Typos get the nearest column (case first), the column list is capped, two columns

@@ -207,6 +207,9 @@ def check_columns(path: str, schema: pa.Schema, spec: TensorSpec) -> None:
                              "so the name is ambiguous: rename all but one of them (e.g. with "
                              "Table.rename_columns) and write the file again")
         if not found:
+            nested = _nested_field(schema, name)
+            if nested:
+                raise InputError(f"{path}: {key}: {nested}")
             near = nearest_name(name, schema.names)
             raise InputError(f"{path}: {key}: no column {name!r}"
                              f"{f' (did you mean {near!r}?)' if near else ''}; the file has "
@@ -220,6 +223,22 @@ def check_columns(path: str, schema: pa.Schema, spec: TensorSpec) -> None:
                              "be an id (ids are strings): name a column of strings or numbers, "
                              "or leave input.id out (ids default to <file>:<row>)") from None
     check_rank(path, schema, spec)
+
+
+def _nested_field(schema: pa.Schema, name: str) -> str | None:
+    """Why a dotted name (``features.embedding``) that names a field inside a struct
+    column is not read, and the way out; None if it names none."""
+    head, _, rest = name.partition(".")
+    if not rest or schema.get_field_index(head) < 0:
+        return None
+    t = schema.field(head).type
+    if not pa.types.is_struct(t):
+        return None
+    fields = [t.field(i).name for i in range(t.num_fields)]
+    return (f"{name!r} is a field inside the struct column {head!r} (its fields: "
+            f"{listed_names(fields)}), and only top-level columns are read: write the field "
+            f"as a column of its own (pyarrow's Table.flatten() names it {name!r}) and run "
+            "again")
 
 
 # What to set for a column of encoded values (value_kind), with jaccard (ragged) or not.
