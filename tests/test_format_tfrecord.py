@@ -366,7 +366,8 @@ def test_flat_lists_of_several_sizes_are_quoted(tmp_path, kind):
         tfrecord.check(mixed, TensorSpec(tensor="emb"))
     jaccard = ", or set near.metric: jaccard" if kind == "int64_list" else ""
     assert str(e.value) == (
-        f"{mixed}: input.shape: feature 'emb' is a {kind} of no fixed size: the first 10 "
+        f"{mixed}: input.shape: feature 'emb' is {'an' if kind[0] == 'i' else 'a'} {kind} "
+        "of no fixed size: the first 10 "
         "records holding it hold 3 to 7 values (3 sizes; the most common, 5, 80% of them): "
         "set input.shape: [5] to read the records of that size (the others are then "
         "reported invalid)" + (jaccard and jaccard + " (with near.threshold, e.g. 0.8) for "

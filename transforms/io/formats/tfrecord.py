@@ -173,11 +173,15 @@ def _one_size(path: str, spec: TensorSpec, kind: str,
     jaccard = (", or set near.metric: jaccard (with near.threshold, e.g. 0.8) for the "
                "similarity of token sequences" if kind == "int64_list" else "")
     raise InputError(
-        f"{path}: input.shape: feature {spec.tensor!r} is a {kind} of no fixed size: the "
+        f"{path}: input.shape: feature {spec.tensor!r} is {_a(kind)} of no fixed size: the "
         f"first {sum(sizes.values()):,} records holding it hold {min(sizes):,} to "
         f"{max(sizes):,} values ({len(sizes):,} sizes; the most common, {common:,}, "
         f"{times / sum(sizes.values()):.0%} of them): set input.shape: [{common}] to read "
         f"the records of that size (the others are then reported invalid){jaccard}")
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
 def _is_text(value: bytes) -> bool:
