@@ -503,12 +503,45 @@ def list_files(pattern: str, key: str, timeout: float, fmt: str = "parquet") -> 
 CHAR_SET_BYTES = 8  # a char n-gram set holds one 8-byte hash per character of its text
 
 
-def as_sequences(cfg: DedupeConfig, spec: TensorSpec) -> TensorSpec:
+def holds_sequences(path: str, source: InputConfig, timeout: float) -> bool:
+    """Whether an HDF5 or TFRecord input holds integer sequences of no fixed length
+    (token ids): a 1-d variable-length integer dataset, or an int64_list feature of
+    several sizes in the file's first records. A Parquet list column of them is read by
+    size anyway (``parquet.read``)."""
+    def hdf5(path: str) -> bool:
+        from transforms.io.formats.hdf5_files import H5_ERRORS, opened_h5, vlen_numbers
+
+        with opened_h5(path) as f:
+            try:
+                ds = None if isinstance(f, Exception) else f[source.tensor]
+                base = None if ds is None else vlen_numbers(ds.dtype)
+                return base is not None and base.kind in "iu" and ds.ndim == 1
+            except (*H5_ERRORS, TypeError):  # no such dataset, or a group: check() says
+                return False
+
+    def tfrecord(path: str) -> bool:
+        from transforms.io.formats.tfrecord import first_examples
+
+        name = source.tensor
+        examples = first_examples(path, TensorSpec(name, compression=source.compression))
+        return len({len(e[name].int64_list.value) for e in examples
+                    if name in e and e[name].WhichOneof("kind") == "int64_list"}) > 1
+
+    fn = {"hdf5": hdf5, "tfrecord": tfrecord}.get(source.format)
+    return fn is not None and bounded(path, fn, "input.path", "reading its first records",
+                                      timeout)
+
+
+def as_sequences(cfg: DedupeConfig, spec: TensorSpec, sequences: bool = False) -> TensorSpec:
     """What the jaccard stage reads. Over numbers, integer sequences of any length
-    (``TensorSpec.ragged``), one chunk per read batch, not one per length. With char
+    (``TensorSpec.ragged``), one chunk per read batch, not one per length; also without
+    near where ``sequences`` (``holds_sequences``): exact dedup of token ids. With char
     shingles, chunks of 1/CHAR_SET_BYTES of ``tuning.decoded_chunk_bytes`` of text, so
     that a chunk's sets stay within it: a 64 MB chunk's were 512 MB, and its run's peak
     above max(3 GB, 3x the text) on files of one row group."""
+    if cfg.near is None and cfg.embed is None and spec.decode is None and sequences \
+            and spec.shape is None:
+        return replace(spec, ragged=True)
     if cfg.near is None or cfg.near.metric != "jaccard":
         return spec
     if spec.decode is None:
@@ -529,7 +562,8 @@ def references(cfg: DedupeConfig, resolved: TensorSpec) -> References | None:
     timeout = cfg.tuning.remote_timeout_s
     files = sorted({f for r in cfg.reference
                     for f in list_files(r.path, "reference.path", timeout, r.format)})
-    spec = as_sequences(cfg, src.to_spec(None, cfg.tuning.decoded_chunk_bytes))
+    spec = as_sequences(cfg, src.to_spec(None, cfg.tuning.decoded_chunk_bytes),
+                        resolved.ragged)
     shapes = set()
     for path, got in zip(files, inspect_files(files, src, spec, "reference.path", timeout),
                          strict=True):

@@ -35,6 +35,7 @@ from pipeline.inputs import (
     check_shape_seen,
     common_dir,
     first_known,
+    holds_sequences,
     inspect_files,
     list_files,
     mixed_dtypes,
@@ -465,7 +466,8 @@ def prepare(cfg: DedupeConfig) -> Job:
     files = list_files(cfg.input.path, "input.path", timeout, cfg.input.format)
     root = common_dir(files)
     keep = keep_policy(cfg.keep)
-    spec = as_sequences(cfg, cfg.input.to_spec(keep.column, cfg.tuning.decoded_chunk_bytes))
+    spec = as_sequences(cfg, cfg.input.to_spec(keep.column, cfg.tuning.decoded_chunk_bytes),
+                        cfg.near is None and holds_sequences(files[0], cfg.input, timeout))
     checked = inspect_files(files, cfg.input, spec, "input.path", timeout)
     if cfg.input.format == "parquet" and spec.id is not None:
         check_first_ids(files, spec.id)

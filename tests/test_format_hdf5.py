@@ -119,8 +119,8 @@ def test_check_errors_name_file_key_and_fix(h5file, spec, words):
 
 def test_check_names_what_reads_texts_and_token_sequences(tmp_path):
     """A string dataset names decode: text (an AttributeError under jaccard, before); one
-    of integer sequences of no fixed length is read by jaccard (ragged) and refused with
-    its reason by everything else."""
+    of integer sequences of no fixed length is read as sequences (ragged: jaccard, or
+    exact dedup alone) and refused with its reason by distances."""
     path = str(tmp_path / "t.h5")
     with h5py.File(path, "w") as f:
         f.create_dataset("text", data=["a b c", "d e"], dtype=h5py.string_dtype())

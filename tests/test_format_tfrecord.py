@@ -371,7 +371,8 @@ def test_flat_lists_of_several_sizes_are_quoted(tmp_path, kind):
         "records holding it hold 3 to 7 values (3 sizes; the most common, 5, 80% of them): "
         "set input.shape: [5] to read the records of that size (the others are then "
         "reported invalid)" + (jaccard and jaccard + " (with near.threshold, e.g. 0.8) for "
-                               "the similarity of token sequences"))
+                               "the similarity of token sequences, or remove near (exact "
+                               "dedup alone reads sequences of any length)"))
     assert tfrecord.check(mixed, TensorSpec(tensor="emb", shape=(5,))).shape == (5,)
 
     late = _write(tmp_path / "l.tfrecord",

@@ -90,8 +90,8 @@ def _check(f: h5py.File, path: str, spec: TensorSpec) -> TensorSpec:
     if ints:
         raise InputError(f"{path}: input.tensor: dataset {spec.tensor!r} holds sequences of "
                          f"{base.name} of no fixed length: near.metric: jaccard compares them "
-                         "(token ids); other settings read records of one shape (a dataset "
-                         "of shape [records, ...])")
+                         "(token ids), and exact dedup alone (no near) reads them; distances "
+                         "compare records of one shape (a dataset of shape [records, ...])")
     dtype = ds.dtype.name
     if dtype not in DTYPE_CODES:
         raise InputError(f"{path}: input.tensor: dataset {spec.tensor!r} holds {ds.dtype}, not "

@@ -171,7 +171,8 @@ def _one_size(path: str, spec: TensorSpec, kind: str,
         return (next(iter(sizes)),)
     common, times = sizes.most_common(1)[0]
     jaccard = (", or set near.metric: jaccard (with near.threshold, e.g. 0.8) for the "
-               "similarity of token sequences" if kind == "int64_list" else "")
+               "similarity of token sequences, or remove near (exact dedup alone reads "
+               "sequences of any length)" if kind == "int64_list" else "")
     raise InputError(
         f"{path}: input.shape: feature {spec.tensor!r} is {_a(kind)} of no fixed size: the "
         f"first {sum(sizes.values()):,} records holding it hold {min(sizes):,} to "
