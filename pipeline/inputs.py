@@ -24,7 +24,13 @@ from pipeline.job import References
 from pipeline.steps.ids import repeated_line
 from transforms.io import fs
 from transforms.io.formats import get_format
-from transforms.io.formats.base import InputError, TensorSpec, arrow_ids, error_line
+from transforms.io.formats.base import (
+    InputError,
+    TensorSpec,
+    arrow_ids,
+    error_line,
+    utf8_text,
+)
 from transforms.io.formats.parquet import row_shapes
 from transforms.io.formats.tfrecord_frames import record_start, shows_tfrecord
 from transforms.io.remote import bounded, each_bounded
@@ -93,11 +99,8 @@ def _what_it_is(head: bytes) -> str:
     kind = next((what for magic, what in _OTHER_KINDS if head.startswith(magic)), None)
     if kind is not None:
         return f"it is {kind}"
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError as e:  # a character cut off at the end of the head is text
-        text = head[:e.start].decode("utf-8") if e.start >= len(head) - 3 else None
-    if text is not None and all(c.isprintable() or c in "\t\r\n" for c in text):
+    text = utf8_text(head, cut_ok=True)
+    if text is not None:
         first = text.strip().splitlines()[0][:40] if text.strip() else ""
         return f"it is text: {first!r} ..."
     return f"its first bytes are {head[:8].hex(' ')}"

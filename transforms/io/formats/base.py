@@ -202,6 +202,18 @@ class Values:
     invalid: list[InvalidRecord] = field(default_factory=list)
 
 
+def utf8_text(data: bytes, cut_ok: bool = False) -> str | None:
+    """``data`` as text if it is UTF-8 with no control character but whitespace, else
+    None; ``cut_ok``: the first bytes of a file, where a character may be cut off."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if not cut_ok or e.start < len(data) - 3:
+            return None
+        text = data[:e.start].decode("utf-8")
+    return text if all(c.isprintable() or c.isspace() for c in text) else None
+
+
 # A unit of records of no fixed size (texts, encoded images, token ids): at most about
 # this many bytes of values (uncompressed), or one large file of them was one unit, read,
 # shingled and hashed by one worker while the others waited.

@@ -43,6 +43,7 @@ from transforms.io.formats.base import (
     record_nbytes,
     rows_within,
     unreadable_file,
+    utf8_text,
 )
 from transforms.io.formats.tfrecord_frames import (
     ZLIB_WBITS,
@@ -185,15 +186,6 @@ def _a(kind: str) -> str:
     return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
-def _is_text(value: bytes) -> bool:
-    """UTF-8 with no control character but whitespace: a text, not a tensor's bytes."""
-    try:
-        text = value.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return all(c.isprintable() or c.isspace() for c in text)
-
-
 def _check_serialized(path: str, spec: TensorSpec, values: Any) -> tuple[str, tuple[int, ...]]:
     name = spec.tensor
     if len(values) != 1:
@@ -210,7 +202,7 @@ def _check_serialized(path: str, spec: TensorSpec, values: Any) -> tuple[str, tu
             raise InputError(f"{path}: input.decode: feature {name!r} holds {kind} image "
                              "bytes, not a serialized tensor: set input.decode: image (or "
                              "bytes to compare the files as stored)") from None
-        if _is_text(values[0]):
+        if utf8_text(values[0]) is not None:  # a text, not a tensor's bytes
             fix = (JACCARD_TEXT_FIX if spec.ragged
                    else "to read its texts set input.decode: text")
             raise InputError(f"{path}: input.tensor: feature {name!r} holds UTF-8 text, not "
