@@ -12,6 +12,9 @@ members, summed over cells, over n: what summary.json reports), the largest cell
 planted pairs that meet in no cell (neither record joins the other's home: the search
 cannot find them, whatever happens next).
 
+And one level whose cells are each cut again inside (``split_cells``: what the decide
+step could do with a cell's rows, which it holds anyway).
+
 Then, for 100,000 rows and the two-level centroids: how often a record's nearest fine
 centroid (over all of them) lies among the fine cells of its m nearest coarse cells,
 and how often a greedy walk over the fine centroids' K-nearest-centroid graph (from the
@@ -81,6 +84,64 @@ def layout(x: np.ndarray, pairs: np.ndarray, sample: np.ndarray, levels: int, k:
             "joins_per_row": round(len(a.rows) / len(x), 2),
             "pairs_per_record": round(float(home @ members) / len(x)),
             "largest_cell": int(members.max()), "planted": len(pairs),
+            "never_meet": int((~meet).sum())}
+
+
+def split_cells(x: np.ndarray, pairs: np.ndarray, sample: np.ndarray, k: int, name: str
+                ) -> dict:
+    """One level of cells of sqrt n rows (the default, ``layout``), then each cell cut
+    into cells of about PARTITION_ROWS of its own home rows, trained on them (where the
+    job's decide step holds a cell's rows anyway, so no other shuffle): a cell's members
+    join its cells by the one-level rule, bounded by PROBES. A pair meets where one
+    record's home cell holds the other and, inside it, the other joins the first's
+    sub-cell."""
+    radius = math.sqrt(2 * THRESHOLD)
+    t = time.process_time()
+    parts = cells.plan(sample, len(x), radius, "bounded", PROBES, k)
+    planned = time.process_time() - t
+    t = time.process_time()
+    a = cells.assign(centred(x, parts.mean, np.float32), parts)
+    assigned = time.process_time() - t
+    o = np.argsort(a.cells, kind="stable")
+    cuts = np.searchsorted(a.cells[o], np.arange(len(parts) + 1))
+    sub_home = np.full(len(x), -1, np.int64)  # each row's sub-cell inside its home cell
+    placed = []  # (row, home cell of the row it may meet there, sub-cell) per placement
+    compared, subcells, joins, t = 0.0, 0, 0, time.process_time()
+    for c in range(len(parts)):
+        members = a.rows[o[cuts[c]:cuts[c + 1]]]
+        home = members[a.home[members] == c]
+        kc = max(1, round(len(home) / PARTITION_ROWS))
+        if kc == 1 or len(home) < 2 * PROBES:
+            sub_home[home] = subcells
+            placed.append(np.stack([members, np.full(len(members), subcells)], 1))
+            compared += len(home) * len(members)
+            subcells += 1
+            joins += len(members)
+            continue
+        sub = cells.plan(x[home], len(members), radius, "bounded", PROBES, kc)
+        sa = cells.assign(centred(x[members], sub.mean, np.float32), sub)
+        mine = a.home[members] == c
+        sub_home[members[mine]] = subcells + sa.home[mine]
+        placed.append(np.stack([members[sa.rows], subcells + sa.cells], 1))
+        h = np.bincount(sa.home[mine], minlength=len(sub)).astype(float)
+        compared += float(h @ np.bincount(sa.cells, minlength=len(sub)))
+        subcells += len(sub)
+        joins += len(sa.rows)
+    split = time.process_time() - t
+    both = np.concatenate(placed)
+    key = np.sort(both[:, 0] * subcells + both[:, 1])
+
+    def joins_sub(r: np.ndarray, s: np.ndarray) -> np.ndarray:
+        q = r * subcells + s
+        return key[np.minimum(np.searchsorted(key, q), len(key) - 1)] == q
+
+    src, dst = pairs[:, 0], pairs[:, 1]
+    meet = joins_sub(src, sub_home[dst]) | joins_sub(dst, sub_home[src])
+    return {"layout": name, "rows": len(x), "cells": subcells, "coarse": len(parts),
+            "plan_cpu_s": round(planned, 1), "assign_cpu_s": round(assigned + split, 1),
+            "joins_per_row": round(joins / len(x), 2),
+            "pairs_per_record": round(compared / len(x)),
+            "largest_cell": int(np.bincount(both[:, 1]).max()), "planted": len(pairs),
             "never_meet": int((~meet).sum())}
 
 
@@ -155,7 +216,9 @@ def main() -> None:
     flat = cells.partition_count(n, SINGLE, PARTITION_ROWS, 2)
     rows = [layout(x, pairs, sample, 1, one, "one level, cells of sqrt n rows (default)"),
             layout(x, pairs, sample, 1, flat, f"one level, cells of {PARTITION_ROWS:,} rows"),
-            layout(x, pairs, sample, 2, flat, "two levels (`near.levels: 2`)")]
+            layout(x, pairs, sample, 2, flat, "two levels (`near.levels: 2`)"),
+            split_cells(x, pairs, sample, one, f"one level, each cell cut into cells of "
+                        f"{PARTITION_ROWS:,} of its home rows")]
     for r in rows:
         print(json.dumps(r), flush=True)
     cov = coverage(x, sample, args.coverage_rows)
