@@ -555,6 +555,14 @@ def as_sequences(cfg: DedupeConfig, spec: TensorSpec, sequences: bool = False) -
     return spec
 
 
+def _held(spec: TensorSpec) -> str:
+    """What a file's records are, in words: ``int32 tensors of shape [8]``, or
+    ``sequences of int32`` (token ids of any length)."""
+    if spec.ragged:
+        return f"sequences of {spec.dtype}"
+    return f"{spec.dtype} tensors of shape {list(spec.shape or [])}"
+
+
 def references(cfg: DedupeConfig, resolved: TensorSpec) -> References | None:
     """Reference files, checked like input files; their records must be comparable with
     the input's (same dtype and size), or no reference record could ever match (what the
@@ -575,10 +583,9 @@ def references(cfg: DedupeConfig, resolved: TensorSpec) -> References | None:
         shapes.add(got.shape)
         if got.dtype != resolved.dtype or None not in (got.shape, resolved.shape) and \
                 _size(got.shape) != _size(resolved.shape):
-            raise InputError(f"reference.path: {path} holds {got.dtype} tensors of shape "
-                             f"{list(got.shape or [])}, the input {resolved.dtype} of shape "
-                             f"{list(resolved.shape or [])}: no record could match; use a "
-                             "reference set of the input's dtype and size")
+            raise InputError(f"reference.path: {path} holds {_held(got)}, the input "
+                             f"{_held(resolved)}: no record could "
+                             "match; use a reference set of the input's dtype and size")
     if None in shapes and resolved.shape is not None and shapes <= {None, resolved.shape}:
         # lists of no fixed size beside a fixed-size input: read as the input's shape (as
         # reference.shape would), its records of other sizes reported invalid

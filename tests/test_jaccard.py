@@ -506,6 +506,28 @@ def test_exact_dedup_of_token_sequences_in_every_format(tmp_path, tokens, fmt):
     assert ids == [f"doc{i}" for i in range(len(values)) if f"doc{i}" not in want]
 
 
+def test_a_reference_set_of_token_sequences_without_near(tmp_path, tokens, capsys):
+    """Exact leaks of a reference shard of token ids (HDF5, variable length) removed from
+    an HDF5 input; a TFRecord input (int64) against it is refused in one line that says
+    what each holds ('int32 tensors of shape []' before)."""
+    values = list({t.tobytes(): t for t in (t.astype(np.int32) for t in tokens)}.values())[:120]
+    _write("hdf5", tmp_path / "ref" / "r.h5", [f"ref{i}" for i in range(40)], values[:40])
+    ref = [{"format": "hdf5", "path": str(tmp_path / "ref" / "*.h5"), "tensor": "doc"}]
+    summary = _job(tmp_path / "h", "hdf5", values, None, reference=ref)
+    assert summary["removed_reference_exact"] == 40 and summary["kept"] == 80
+    for f, part in enumerate(np.array_split(np.arange(120), 2)):
+        _write("tfrecord", tmp_path / "t" / "in" / f"part{f}.tfrecord",
+               [f"doc{i}" for i in part], [values[i] for i in part])
+    cfg = {"input": {"format": "tfrecord", "path": str(tmp_path / "t" / "in" / "*.tfrecord"),
+                     "tensor": "doc", "id": "id"}, "reference": ref,
+           "output": {"path": str(tmp_path / "t" / "out")}, "report": str(tmp_path / "t" / "r")}
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["--config", str(tmp_path / "t.yaml"), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "holds sequences of int32, the input sequences of int64: no record could match; "
+        "use a reference set of the input's dtype and size")
+
+
 def test_the_recall_check_of_a_crowd_of_long_texts_is_bounded(tmp_path, corpus, monkeypatch):
     """The recall brute force caps what a sampled member of a crowd of long texts lists
     (a spread of its prefix tokens) and verifies (fewer candidates for longer texts):
