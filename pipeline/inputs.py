@@ -614,10 +614,10 @@ def show_spec(path: str, fmt: str, name: str, key: str, timeout: float) -> Tenso
         try:
             found = Encoded(fmt).values.check(path, replace(plain, decode=Decode("bytes")))
         except InputError:  # neither: the numbers' line names the column's problem
-            if "input.shape" in str(numbers):  # a TFRecord list of numbers: no shape known
-                raise InputError(f"{path}: {key}: {name!r} holds a flat list of numbers "
-                                 "whose shape the file does not give: show a text or image "
-                                 "feature") from None
+            if "input.shape" in str(numbers):  # a TFRecord list of numbers of several sizes
+                raise InputError(f"{path}: {key}: {name!r} holds lists of numbers of several "
+                                 "sizes: show a text or image feature, or one of numbers of "
+                                 "one size") from None
             raise InputError(str(numbers).replace("input.tensor", key)
                              .replace("input.decode", key)) from None
         value = None if found is None else found[0]
