@@ -11,6 +11,7 @@ import fnmatch
 import math
 import os
 import posixpath
+from collections import Counter
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -29,6 +30,7 @@ from transforms.io.formats.base import (
     TensorSpec,
     arrow_ids,
     error_line,
+    sizes_spread,
     utf8_text,
 )
 from transforms.io.formats.parquet import row_shapes
@@ -367,15 +369,13 @@ def check_one_size(path: str, source: InputConfig, timeout: float) -> None:
     got = _first_shapes(path, source, timeout)
     if got is None:
         return
-    rows, counts = got[0], got[1].prod(axis=1, keepdims=True)
-    if len(np.unique(counts)) < 2:
+    sizes, times = np.unique(got[1].prod(axis=1), return_counts=True)
+    rows, counts = got[0], Counter(dict(zip(sizes.tolist(), times.tolist(), strict=True)))
+    if len(counts) < 2:
         return
-    values, common, share = _most_common(counts)
     raise InputError(
         f"near: input.tensor: column {source.tensor!r} holds lists of no fixed size, and the "
-        f"first {rows:,} records of {path} hold {int(values[0, 0]):,} to "
-        f"{int(values[-1, 0]):,} values ({len(values):,} sizes; the most common, "
-        f"{int(common[0]):,}, {share:.0%} of them); "
+        f"first {rows:,} records of {path} {sizes_spread(counts)}; "
         "distances compare records of one size: set input.shape to compare the records of "
         "that size (the others are then reported invalid), or add an embed section to "
         "compare embeddings of the records, or set near.metric: jaccard (with "
@@ -524,11 +524,11 @@ def holds_sequences(path: str, source: InputConfig, timeout: float) -> bool:
 
     def tfrecord(path: str) -> bool:
         from transforms.io.formats.tfrecord import first_examples
+        from transforms.io.formats.tfrecord_parse import list_sizes
 
-        name = source.tensor
-        examples = first_examples(path, TensorSpec(name, compression=source.compression))
-        return len({len(e[name].int64_list.value) for e in examples
-                    if name in e and e[name].WhichOneof("kind") == "int64_list"}) > 1
+        examples = first_examples(path, TensorSpec(source.tensor,
+                                                   compression=source.compression))
+        return len(list_sizes(examples, source.tensor, "int64_list")) > 1
 
     fn = {"hdf5": hdf5, "tfrecord": tfrecord}.get(source.format)
     return fn is not None and bounded(path, fn, "input.path", "reading its first records",

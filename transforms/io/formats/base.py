@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -200,6 +201,14 @@ class Values:
     values: list[bytes | str]  # (n,) the encoded value of each row
     rank: np.ndarray | None = None
     invalid: list[InvalidRecord] = field(default_factory=list)
+
+
+def sizes_spread(sizes: Counter[int]) -> str:
+    """Records' sizes in words: ``hold 3 to 7 values (3 sizes; the most common, 5, 80% of
+    them)``, for refusals of records of no fixed size."""
+    common, times = sizes.most_common(1)[0]
+    return (f"hold {min(sizes):,} to {max(sizes):,} values ({len(sizes):,} sizes; the most "
+            f"common, {common:,}, {times / sum(sizes.values()):.0%} of them)")
 
 
 def utf8_text(data: bytes, cut_ok: bool = False) -> str | None:

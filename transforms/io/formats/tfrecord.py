@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from itertools import islice
@@ -42,6 +41,7 @@ from transforms.io.formats.base import (
     ragged_tensors,
     record_nbytes,
     rows_within,
+    sizes_spread,
     unreadable_file,
     utf8_text,
 )
@@ -58,6 +58,7 @@ from transforms.io.formats.tfrecord_parse import (
     FeatureLayout,
     checked_features,
     list_problem,
+    list_sizes,
     parse_examples,
     parse_records,
     tensor_header,
@@ -166,20 +167,17 @@ def _one_size(path: str, spec: TensorSpec, kind: str,
     sizes are refused, quoted, as for a Parquet list column (``pipeline.inputs``)."""
     if spec.ragged:
         return None
-    sizes = Counter(len(getattr(e[spec.tensor], kind).value) for e in examples
-                    if spec.tensor in e and e[spec.tensor].WhichOneof("kind") == kind)
+    sizes = list_sizes(examples, spec.tensor, kind)
     if len(sizes) == 1:
         return (next(iter(sizes)),)
-    common, times = sizes.most_common(1)[0]
     jaccard = (", or set near.metric: jaccard (with near.threshold, e.g. 0.8) for the "
                "similarity of token sequences, or remove near (exact dedup alone reads "
                "sequences of any length)" if kind == "int64_list" else "")
     raise InputError(
         f"{path}: input.shape: feature {spec.tensor!r} is {_a(kind)} of no fixed size: the "
-        f"first {sum(sizes.values()):,} records holding it hold {min(sizes):,} to "
-        f"{max(sizes):,} values ({len(sizes):,} sizes; the most common, {common:,}, "
-        f"{times / sum(sizes.values()):.0%} of them): set input.shape: [{common}] to read "
-        f"the records of that size (the others are then reported invalid){jaccard}")
+        f"first {sum(sizes.values()):,} records holding it {sizes_spread(sizes)}: set "
+        f"input.shape: [{sizes.most_common(1)[0][0]}] to read the records of that size (the "
+        f"others are then reported invalid){jaccard}")
 
 
 def _a(kind: str) -> str:

@@ -114,14 +114,11 @@ class FeatureLayout:
 
     def learn(self, examples: Iterator[dict[str, Any]], spec: TensorSpec) -> None:
         kinds: Counter[str | None] = Counter()
-        sizes: dict[str | None, Counter[int]] = {}
+        held = []
         for feats in islice(examples, LEARN_RECORDS):
             if self.kind is None and spec.tensor in feats:
-                kind = feats[spec.tensor].WhichOneof("kind")
-                kinds[kind] += 1
-                if kind in LIST_DTYPES:
-                    sizes.setdefault(kind, Counter())[len(getattr(feats[spec.tensor],
-                                                                  kind).value)] += 1
+                kinds[feats[spec.tensor].WhichOneof("kind")] += 1
+                held.append(feats)
             if spec.id is not None and self.id_kind is None and spec.id in feats:
                 self.id_kind = kind_in(feats[spec.id], ID_KINDS)
             if spec.rank is not None and self.rank_kind is None and spec.rank in feats:
@@ -131,7 +128,8 @@ class FeatureLayout:
             if self.kind in LIST_DTYPES:
                 self.problem = list_problem(spec, self.kind)
                 if spec.shape is None and not spec.ragged:  # the most common size (check()
-                    self.shape = (sizes[self.kind].most_common(1)[0][0],)  # refuses several)
+                    sizes = list_sizes(held, spec.tensor, self.kind)  # refuses several)
+                    self.shape = (sizes.most_common(1)[0][0],)
 
     def ready(self, spec: TensorSpec) -> bool:
         return (self.kind is not None and (spec.id is None or self.id_kind is not None)
@@ -216,6 +214,13 @@ def list_problem(spec: TensorSpec, kind: str) -> str | None:
         return (f"input.tensor: feature {spec.tensor!r} is a {kind}: near.metric jaccard "
                 "compares integer sequences (an int64_list)")
     return None
+
+
+def list_sizes(examples: Iterable[dict[str, Any]], name: str, kind: str) -> Counter[int]:
+    """How many of ``examples`` (feature maps) hold feature ``name`` as a ``kind`` list of
+    each size."""
+    return Counter(len(getattr(e[name], kind).value) for e in examples
+                   if name in e and e[name].WhichOneof("kind") == kind)
 
 
 def list_shape(spec: TensorSpec, layout: FeatureLayout) -> tuple[int, ...]:
