@@ -512,14 +512,13 @@ def holds_sequences(path: str, source: InputConfig, timeout: float) -> bool:
     several sizes in the file's first records. A Parquet list column of them is read by
     size anyway (``parquet.read``)."""
     def hdf5(path: str) -> bool:
-        from transforms.io.formats.hdf5_files import H5_ERRORS, opened_h5, vlen_numbers
+        from transforms.io.formats.hdf5_files import H5_ERRORS, int_sequences, opened_h5
 
         with opened_h5(path) as f:
             try:
-                ds = None if isinstance(f, Exception) else f[source.tensor]
-                base = None if ds is None else vlen_numbers(ds.dtype)
-                return base is not None and base.kind in "iu" and ds.ndim == 1
-            except (*H5_ERRORS, TypeError):  # no such dataset, or a group: check() says
+                return not isinstance(f, Exception) and int_sequences(f[source.tensor]) \
+                    is not None
+            except (*H5_ERRORS, AttributeError):  # no such dataset, or a group: check() says
                 return False
 
     def tfrecord(path: str) -> bool:

@@ -310,6 +310,20 @@ def test_files_of_two_shapes_under_near_are_refused_before_any_work(tmp_path, ca
     assert summary(tmp_path)["read"] == 80
 
 
+def test_an_hdf5_group_as_the_tensor_without_near_is_one_line(tmp_path, capsys):
+    """Exact dedup alone peeks at the first HDF5 file for token sequences: a group named
+    as input.tensor crashed that peek (AttributeError, a traceback) before the check could
+    say what it is."""
+    (tmp_path / "in").mkdir()
+    with h5py.File(tmp_path / "in" / "a.h5", "w") as f:
+        f.create_dataset("feat/emb", data=photo_crops(20, 4, 4).reshape(20, -1))
+    assert run_job(tmp_path, "hdf5", str(tmp_path / "in" / "*.h5"),
+                   input={"tensor": "feat", "id": None}) == 2
+    assert one_error_line(capsys).endswith(
+        "input.tensor: 'feat' is a group, not a dataset: name a dataset inside it")
+    assert nothing_written(tmp_path)
+
+
 def test_a_dry_run_over_a_column_with_null_records(tmp_path, capsys):
     """The plan's sample of vectors met a batch whose records were all null (a reshape of
     an empty array raised ValueError, with a traceback)."""

@@ -42,6 +42,7 @@ from transforms.io.formats.base import (
 )
 from transforms.io.formats.hdf5_files import (
     H5_ERRORS,
+    int_sequences,
     open_dataset,
     opened_h5,
     read_dataset_rows,
@@ -77,10 +78,11 @@ def _check(f: h5py.File, path: str, spec: TensorSpec) -> TensorSpec:
         raise InputError(f"{path}: input.tensor: dataset {spec.tensor!r} has no axes (shape "
                          f"{ds.shape}): name a dataset whose first axis is the records")
     check_sides(f, path, spec, len(ds))
+    seqs = int_sequences(ds)
+    if spec.ragged and seqs is not None:
+        return replace(spec, shape=None, dtype=seqs.name)  # sequences of any length
     base = vlen_numbers(ds.dtype)
     ints = base is not None and base.kind in "iu"
-    if spec.ragged and ints and ds.ndim == 1:
-        return replace(spec, shape=None, dtype=base.name)  # sequences of any length
     kind = value_kind(ds.dtype)
     if kind is not None:
         fix = (JACCARD_TEXT_FIX if spec.ragged

@@ -131,6 +131,13 @@ def vlen_numbers(dtype: np.dtype) -> np.dtype | None:
     return base if isinstance(base, np.dtype) else None
 
 
+def int_sequences(ds: h5py.Dataset) -> np.dtype | None:
+    """The integer dtype of a 1-d dataset of variable-length integer rows (token ids,
+    read as sequences of any length), else None."""
+    base = vlen_numbers(ds.dtype)
+    return base if base is not None and base.kind in "iu" and ds.ndim == 1 else None
+
+
 def value_kind(dtype: np.dtype) -> str | None:
     """"binary" or "text" for a dataset of encoded values, else None."""
     if h5py.check_vlen_dtype(dtype) == np.dtype(np.uint8) or dtype.kind == "V":
