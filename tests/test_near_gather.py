@@ -8,6 +8,7 @@ pairs on a sample, in both groupings."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import struct
@@ -61,9 +62,8 @@ def _outputs(gen) -> tuple[list, object]:
     return removed, report
 
 
-@pytest.mark.parametrize("mode", ["exact", "bounded"])
-@pytest.mark.parametrize("grouping", ["representative", "components"])
-def test_joined_cells_merge_as_the_cells_one_by_one(tmp_path, grouping, mode):
+def _planned(tmp_path, grouping: str, mode: str) -> tuple[list[VecBatch], NearSpec, object]:
+    """Chunks of clustered rows with near copies and two crowds, spilled, and their plan."""
     bg = shapes.background(6000, dim=32, seed=4)
     t = 0.05
     rng = np.random.default_rng(7)
@@ -79,20 +79,33 @@ def test_joined_cells_merge_as_the_cells_one_by_one(tmp_path, grouping, mode):
     acc = planner.create_accumulator()
     for b in batches:
         acc = planner.add_input(acc, b)
-    plan = planner.extract_output(planner.compact(acc))
+    return batches, spec, planner.extract_output(planner.compact(acc))
+
+
+def _decided(tmp_path, batches: list[VecBatch], spec: NearSpec, plan, name: str = "cells"
+             ) -> tuple[list, int]:
+    """AssignCells -> GroupByCell -> DecideCells as the job runs them: (outputs, slices)."""
+    slices = defaultdict(list)
+    for b in batches:
+        for bucket, s in assign_batch(b, plan, spec, str(tmp_path / name)):
+            slices[bucket].append(s)
+    return [o for k in sorted(slices) for o in decide_split(
+        (k, slices[k]), plan, spec, PER_SIDE, str(tmp_path / f"{name}-links"))], sum(
+        len(v) for v in slices.values())
+
+
+@pytest.mark.parametrize("mode", ["exact", "bounded"])
+@pytest.mark.parametrize("grouping", ["representative", "components"])
+def test_joined_cells_merge_as_the_cells_one_by_one(tmp_path, grouping, mode):
+    batches, spec, plan = _planned(tmp_path, grouping, mode)
     gather = GatherTruth()
     truth = gather.create_accumulator()
     for b in batches:
         for t_part in chunk_partners(b, plan, spec):
             truth = gather.add_input(truth, t_part)
-    slices = defaultdict(list)
-    for b in batches:
-        for cell, s in assign_batch(b, plan, spec, str(tmp_path / "cells")):
-            slices[cell].append(s)
-    outs = [list(decide_split((c, slices[c]), plan, spec, PER_SIDE, str(tmp_path / "links")))
-            for c in sorted(slices)]
-    cells = [o for out in outs for o in out if getattr(o, "tag", None) != SURE]
-    sure = [o.value[1] for out in outs for o in out if getattr(o, "tag", None) == SURE]
+    outs, _ = _decided(tmp_path, batches, spec, plan)
+    cells = [o for o in outs if getattr(o, "tag", None) != SURE]
+    sure = [o.value[1] for o in outs if getattr(o, "tag", None) == SURE]
     assert len(cells) > 3 and sum(c.sampled_cells for c in cells) >= 1  # a sampled census
     assert all(len(c.gone) == len(c.dup) == len(c.dist) == 0 for c in cells)  # sent on
     if grouping == "representative":
@@ -150,6 +163,35 @@ def test_joined_cells_merge_as_the_cells_one_by_one(tmp_path, grouping, mode):
         assert np.array_equal(g.position, w.position) and g.record_id.equals(w.record_id)
         assert g.duplicate_of.equals(w.duplicate_of)
         assert np.array_equal(g.distance, w.distance)
+
+
+@pytest.mark.parametrize("grouping", ["representative", "components"])
+def test_cells_decide_alike_whatever_travels_together(tmp_path, grouping):
+    """A chunk writes one slice per bucket of cells (``Plan.per_bucket``), not per cell:
+    every cell decides what it decides alone, and the slices number chunks x buckets."""
+    batches, spec, plan = _planned(tmp_path, grouping, "bounded")
+    cells = len(plan.parts)
+    assert cells >= 12 and plan.per_bucket >= cells  # small cells: one bucket holds all
+    runs = {k: _decided(tmp_path, batches, spec, dataclasses.replace(plan, per_bucket=k),
+                        f"cells-{k}") for k in (1, 5, plan.per_bucket)}
+    alone, slices = runs[1]
+    assert slices > 5 * len(batches)  # one per chunk and cell it has rows of
+    for k, (outs, slices) in runs.items():
+        assert slices <= len(batches) * -(-cells // k)
+        assert len(outs) == len(alone)
+        for got, want in zip(outs, alone, strict=True):
+            if getattr(want, "tag", None) == SURE:
+                assert got.tag == SURE and got.value[0] == want.value[0]
+                (gg, gd, gdist), (wg, wd, wdist) = got.value[1], want.value[1]
+                assert np.array_equal(gg.words, wg.words) and np.array_equal(gd.words, wd.words)
+                assert np.array_equal(gdist, wdist)
+                continue
+            assert (got.searched, got.arrived, got.members, got.compared, got.sent) == (
+                want.searched, want.arrived, want.members, want.compared, want.sent)
+            assert np.array_equal(got.unsure.words, want.unsure.words)
+            assert np.array_equal(got.unsure.x, want.unsure.x)
+            assert np.array_equal(got.role, want.role) and np.array_equal(got.nn, want.nn)
+            assert got.borderline.equals(want.borderline)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.uint8])

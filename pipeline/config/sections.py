@@ -263,10 +263,10 @@ class NearConfig(Strict):
                                 "separate workers")
     levels: Literal[1, 2] = Field(
         NearSpec.levels, description="cells in one level (k-means over the sample; above "
-        "partition_rows^2 records they grow as sqrt n) or 2 (about sqrt(cells) coarse "
-        "cells, each cut into its own fine cells of partition_rows records: a record is "
-        "assigned in about 2 sqrt(cells) distances; docs/near.md for what it costs in "
-        "recall today)")
+        "partition_rows^2 records they grow as sqrt n) or 2 (about 1,000 coarse cells, "
+        "each cut into its own fine cells of partition_rows records: a record is "
+        "assigned in about 1,000 + 12 x (fine cells per coarse cell) distances; "
+        "docs/near.md for what it costs in recall today)")
     borderline_pairs: int = Field(500, ge=0, description="pairs just inside and just outside "
                                   "the tolerance sampled into borderline_pairs.parquet (each)")
 

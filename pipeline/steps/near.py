@@ -57,6 +57,7 @@ __all__ = ["DedupNear", "NearReport"]
 
 HISTOGRAM_ROWS = 20_000  # about this many records get a nearest-neighbour distance (kNN)
 RECALL_BLOCK_ROWS = 16_384  # a chunk's rows per brute-force call (progress between them)
+BUCKET_BYTES = 64 << 20  # a bucket of cells holds about this many bytes of its rows' values
 TRUTH = "truth"  # AssignCells' second output: the recall sample's partners in each chunk
 RECALL_MSECS = beam.metrics.Metrics.counter("tensordedup", "near_recall_msecs")
 
@@ -68,6 +69,7 @@ class Plan:
     nn_mod: int  # rows whose digest % nn_mod == 0 get a nearest-neighbour distance
     sample: VecBatch | None = None  # the recall sample (values spilled), or none
     sample_capped: np.ndarray | None = None  # drawn in strata: each sampled row's flag
+    per_bucket: int = 1  # cells whose rows travel together (``buckets``)
 
     @property
     def radius(self) -> float:
@@ -151,7 +153,8 @@ class SampleForPlan(beam.CombineFn):
         rows, capped = acc.recall.sample(sample.shape[1], self.recall_folder,
                                          lambda c: self._draw(c, parts, acc.fresh))
         return first_written(self.agree_at, Plan(
-            parts, acc.n, max(1, acc.n // HISTOGRAM_ROWS), rows, capped))
+            parts, acc.n, max(1, acc.n // HISTOGRAM_ROWS), rows, capped,
+            buckets(parts, acc.n, max(acc.widths) * sample.dtype.itemsize)))
 
     def _draw(self, rows: VecBatch, parts: Partitions, n: int
               ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -165,6 +168,20 @@ class SampleForPlan(beam.CombineFn):
                                        np.float32), parts).capped
         share = float(capped.mean()) if len(capped) else 0.0  # (rows: this run's only)
         return draw(rows.words, n, size, capped, share), capped
+
+
+def buckets(parts: Partitions, n: int, row_bytes: int) -> int:
+    """Cells per bucket: a chunk writes one slice per bucket of cells, not per cell, and
+    a worker decides a bucket's cells one by one. Slices grow as chunks x buckets: one per
+    cell made 977k of them for 8M records in 8,008 cells (their streams written and read,
+    and the shuffle's elements, were most of the search's time). A bucket holds about
+    BUCKET_BYTES of its rows' values (cells are searched one at a time, so this bounds
+    what a bucket's slices carry where rows travel with their values)."""
+    p = parts.prediction
+    if p is None or len(parts) <= 1:
+        return 1
+    joins = p.joins_exact if parts.mode == "exact" else p.joins_bounded
+    return max(1, int(BUCKET_BYTES // max(1.0, n * joins / len(parts) * row_bytes)))
 
 
 def _cost_line(parts: Partitions) -> str:

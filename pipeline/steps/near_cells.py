@@ -82,37 +82,51 @@ def assign_batch(batch: VecBatch, plan, spec: NearSpec, spill: str,
     order = np.argsort(a.cells, kind="stable")
     rows, cells = a.rows[order], a.cells[order]
     home = a.home[rows] == cells
-    flags = {"home": home, "capped": home & a.capped[rows]}
+    flags = {"home": home, "capped": home & a.capped[rows], "cell": cells.astype(np.int32)}
     if values is None:
         rb = batch.take(rows).to_arrow(**flags)
     else:
         rb = batch.take(rows, values=False).to_arrow(**flags, row=rows)
         rb = rb.replace_schema_metadata({**rb.schema.metadata, b"values": values[0],
                                          b"values_dim": str(values[1])})
-    starts = np.flatnonzero(np.r_[True, cells[1:] != cells[:-1]]) if len(cells) else cells
+    bucket = cells // plan.per_bucket
+    starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]]) if len(cells) else cells
     ends = np.r_[starts[1:], len(cells)]
     runs = list(zip(starts.tolist(), ends.tolist(), strict=True))
     if carry:
         for (lo, hi), data in zip(runs, stream_bytes(rb, runs), strict=True):
-            yield int(cells[lo]), CellSlice("", 0, len(data), hi - lo, data)
+            yield int(bucket[lo]), CellSlice("", 0, len(data), hi - lo, data)
     else:
         path = fs.join(spill, f"{uuid.uuid4().hex}.arrows")
         for (lo, hi), (at, size) in zip(runs, write_streams(path, rb, runs), strict=True):
-            yield int(cells[lo]), CellSlice(path, at, size, hi - lo)
+            yield int(bucket[lo]), CellSlice(path, at, size, hi - lo)
     progress.tick("near assign", 0, 0, "chunks")
 
 
-def read_cell(slices: Iterable[CellSlice]) -> tuple[VecBatch, np.ndarray, int, int]:
-    """A cell's spilled rows, exact copies collapsed (``collapse``), in keep order (ties by
-    digest and place: one order whatever the files' names and the shuffle's order, so
-    reports are reproducible): (rows, home flags, home rows that arrived, capped flags).
-    Slices of one schema become one Arrow batch before any NumPy (converting each slice
-    took longer than reading its rows). The values are copied once, into the result
-    (16k-value records make a cell big), from the slices or from the chunks' value
-    files they name."""
+def cell_batches(slices: Iterable[CellSlice]) -> Iterator[tuple[int, list[pa.RecordBatch]]]:
+    """A bucket's slices (one per chunk) -> each of its cells and the record batches
+    holding its rows, cells in order (a slice's rows are sorted by cell)."""
     slices = list(slices)
     batches = [rb for _, rb in read_streams([s for s in slices if s.data is None])]
     batches += [read_stream_bytes(s.data) for s in slices if s.data is not None]
+    per_cell: dict[int, list[pa.RecordBatch]] = {}
+    for rb in batches:
+        cell = rb.column("cell").to_numpy()
+        cuts = np.flatnonzero(cell[1:] != cell[:-1]) + 1
+        for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(cell)].tolist(),
+                          strict=True):
+            per_cell.setdefault(int(cell[lo]), []).append(rb.slice(lo, hi - lo))
+    yield from sorted(per_cell.items())
+
+
+def read_cell(batches: list[pa.RecordBatch]) -> tuple[VecBatch, np.ndarray, int, int]:
+    """A cell's spilled rows, exact copies collapsed (``collapse``), in keep order (ties by
+    digest and place: one order whatever the files' names and the shuffle's order, so
+    reports are reproducible): (rows, home flags, home rows that arrived, capped flags).
+    Batches of one schema become one Arrow batch before any NumPy (converting each slice
+    took longer than reading its rows). The values are copied once, into the result
+    (16k-value records make a cell big), from the batches or from the chunks' value
+    files they name."""
     kinds: list[list[pa.RecordBatch]] = []  # file-backed or carrying values; stored runs
     for rb in batches:
         same = next((k for k in kinds if k[0].schema.equals(rb.schema)), None)
@@ -201,15 +215,14 @@ class CellOut:
 spill.register(CellOut)  # a cell's output waits in a scratch file (near_gather)
 
 
-def decide_one(kv: tuple[int, Iterable[CellSlice]], plan, spec: NearSpec,
+def decide_one(cell: int, batches: list[pa.RecordBatch], plan, spec: NearSpec,
                per_side: int, links_folder: str) -> CellOut:
     """One cell on one worker: read its rows, collapse exact copies, decide in keep
     order, sample nearest-neighbour distances and borderline pairs. Components: the
     linked records' values go to a file in ``links_folder`` for the merge (in bounded
     mode those of rows of other cells too: a capped row may be linked only here)."""
     progress.tick("near search", len(plan.parts), 0, "cells", units=0)  # starts its clock
-    cell = kv[0]
-    batch, home, arrived, capped = read_cell(kv[1])
+    batch, home, arrived, capped = read_cell(batches)
     kept = is_protected(batch.prio)
     z = search_vectors(batch.x, spec, plan.radius,
                             plan.parts.mean + plan.parts.centroids[cell])
@@ -263,15 +276,17 @@ def decide_split(kv: tuple[int, Iterable[CellSlice]], plan, spec: NearSpec, per_
     and 8 files made 9k small elements: 1.5 s more at 1M), and the rest to the
     one-worker merge, which then holds the few removals it asks about
     (``near_merge.known_removals``), not one line per removal (at 1B records, a fifth
-    removed: 200M lines on one worker)."""
-    out = decide_one(kv, plan, spec, per_side, links_folder)
-    if len(out.gone):
-        yield beam.pvalue.TaggedOutput(SURE, (kv[0] // CELLS_PER_SHARD,
-                                              (out.gone, out.dup, out.dist)))
+    removed: 200M lines on one worker). ``kv``: a bucket of cells (``Plan.per_bucket``),
+    decided one by one."""
     none = np.empty(0, np.int64)
-    yield dataclasses.replace(out, gone=out.gone.take(none, values=False),
-                              dup=out.dup.take(none, values=False), dist=out.dist[:0],
-                              sent=len(out.gone))
+    for cell, batches in cell_batches(kv[1]):
+        out = decide_one(cell, batches, plan, spec, per_side, links_folder)
+        if len(out.gone):
+            yield beam.pvalue.TaggedOutput(SURE, (cell // CELLS_PER_SHARD,
+                                                  (out.gone, out.dup, out.dist)))
+        yield dataclasses.replace(out, gone=out.gone.take(none, values=False),
+                                  dup=out.dup.take(none, values=False), dist=out.dist[:0],
+                                  sent=len(out.gone))
 
 
 def _nn_rows(batch: VecBatch, home: np.ndarray, every: int) -> tuple[np.ndarray, int]:

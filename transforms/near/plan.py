@@ -17,7 +17,7 @@ Bounded mode: a row joins at most ``probes`` cells, those whose bisector is near
 (home first); pairs can be lost only between two rows that had more cells to join
 than that (*capped* rows). Work and shuffle then grow as n x probes, never n^2.
 
-Two levels (``levels=2``): about sqrt(P) coarse cells, each cut into its own fine
+Two levels (``levels=2``): about 1,000 coarse cells (``coarse_count``), each cut into its own fine
 cells. A row joins coarse cells by the rule above, and inside each coarse cell it joined,
 the fine cells by the same rule against its nearest fine centroid there. A pair within
 r still meets in the home fine cell of one of its rows (its home coarse cell's nearest
@@ -53,6 +53,7 @@ from transforms.near.search import (
 MODES = ("auto", "exact", "bounded")
 KMEANS_ITERATIONS = 15
 TRAIN_PER_CELL = 64  # k-means sample rows per cell (FAISS warns below 39)
+COARSE_CELLS = 1_000  # two levels: coarse cells, at least (``coarse_count``)
 COARSE_PROBES = 4  # bounded, two levels: coarse cells whose fine cells a row considers, x probes
 PLANNED_MAX = float(np.finfo(np.float32).max) / 4  # sample values beyond: left out (below)
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -62,7 +63,8 @@ def partition_count(n: int, single_index_rows: int, partition_rows: int, levels:
                     ) -> int:
     """One cell up to ``single_index_rows``; above, cells of ``partition_rows`` rows. One
     level: at least sqrt(n) rows each, so assigning (n x cells x d) never outgrows the
-    search; two levels assign in about 2 sqrt(cells) x d per row, so cells keep their size."""
+    search; two levels assign in about coarse + 12 fine cells' x d per row (``coarse_count``),
+    so cells keep their size."""
     if n <= single_index_rows:
         return 1
     if levels == 2:
@@ -223,8 +225,13 @@ def assign_width(cells: int, coarse: int | None, joins: float) -> float:
 
 
 def coarse_count(cells: int) -> int:
-    """Two levels: about sqrt(cells) coarse cells (the two scoring passes then weigh alike)."""
-    return max(2, round(math.sqrt(cells)))
+    """Two levels: COARSE_CELLS coarse cells (fewer where there would be under 4 fine cells
+    in each), or sqrt(cells) where that is more. A record then meets about as many
+    centroids as with sqrt(cells) coarse cells (it scores the fine cells of
+    COARSE_PROBES x probes coarse cells), but coarse cells this small hold its
+    neighbours' homes: on the growth benchmark's embeddings (docs/near.md) 0.09% of the
+    planted pairs met in no cell at 2M records, against 0.29% with sqrt(cells)."""
+    return max(2, round(math.sqrt(cells)), min(cells // 4, COARSE_CELLS))
 
 
 def train_levels(sample: np.ndarray, partitions: int, seed: int = 0,
@@ -232,7 +239,7 @@ def train_levels(sample: np.ndarray, partitions: int, seed: int = 0,
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Two levels from the sample rows: (mean, fine centroids relative to it grouped by
     coarse cell, coarse centroids relative to it, each coarse cell's first fine cell and
-    the end). About sqrt(partitions) coarse cells; each coarse cell's sample rows train
+    the end). ``coarse_count`` coarse cells; each coarse cell's sample rows train
     its share of the fine cells (``train``, so oversized cells split and crowds merge
     inside it)."""
     k1 = coarse_count(partitions)
@@ -431,8 +438,12 @@ def _bounded_block(z: Vectors, parts: Partitions, csq: np.ndarray, r1: np.ndarra
     local[ids] = np.arange(len(ids))
     best, home = np.full(len(ids), np.inf), np.zeros(len(ids), np.int64)
     scored = []
-    for c in np.unique(c1).tolist():
-        r = r1[c1 == c]
+    o = np.argsort(c1, kind="stable")
+    c1o, r1o = c1[o], r1[o]
+    cut = np.flatnonzero(np.diff(c1o)) + 1
+    for lo, hi in zip(np.r_[0, cut].tolist(), np.r_[cut, len(c1o)].tolist(),
+                      strict=True):
+        c, r = int(c1o[lo]), r1o[lo:hi]
         a, b = int(start[c]), int(start[c + 1])
         f = (z.v[r] @ (-2 * cent[a:b].T).astype(dt) + csq[a:b].astype(dt)).astype(np.float64)
         j = f.argmin(axis=1)
@@ -448,8 +459,9 @@ def _bounded_block(z: Vectors, parts: Partitions, csq: np.ndarray, r1: np.ndarra
         a = int(start[c])
         h, fh = home[li], best[li][:, None]
         b = int(start[c + 1])
-        gap = np.sqrt(np.maximum(csq[h][:, None] + csq[None, a:b] - 2 * (cent[h] @ cent[a:b].T),
-                                 0))
+        hs, at = np.unique(h, return_inverse=True)  # rows share homes: gaps once per home
+        gap = np.sqrt(np.maximum(csq[hs][:, None] + csq[None, a:b]
+                                 - 2 * (cent[hs] @ cent[a:b].T), 0))[at]
         nz = z.norm[r]
         r2, err = _rule_terms(parts.radius, nz, u, g, cmax, 2 * cmax)
         own = (a + np.arange(f.shape[1]))[None, :] == h[:, None]
