@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline.steps.elements import NEAR_REPORT, VecBatch
-from pipeline.steps.near import GatherTruth, SampleForPlan, chunk_partners
+from pipeline.steps.near import MIN_BUCKETS, GatherTruth, SampleForPlan, chunk_partners
 from pipeline.steps.near_cells import SURE, assign_batch, decide_split
 from pipeline.steps.near_gather import GatherCells, Spilled, loaded
 from pipeline.steps.near_merge import (
@@ -171,9 +171,9 @@ def test_cells_decide_alike_whatever_travels_together(tmp_path, grouping):
     every cell decides what it decides alone, and the slices number chunks x buckets."""
     batches, spec, plan = _planned(tmp_path, grouping, "bounded")
     cells = len(plan.parts)
-    assert cells >= 12 and plan.per_bucket >= cells  # small cells: one bucket holds all
+    assert cells >= 12 and plan.per_bucket == -(-cells // MIN_BUCKETS)  # small cells
     runs = {k: _decided(tmp_path, batches, spec, dataclasses.replace(plan, per_bucket=k),
-                        f"cells-{k}") for k in (1, 5, plan.per_bucket)}
+                        f"cells-{k}") for k in (1, 5, cells)}
     alone, slices = runs[1]
     assert slices > 5 * len(batches)  # one per chunk and cell it has rows of
     for k, (outs, slices) in runs.items():

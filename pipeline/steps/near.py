@@ -58,6 +58,7 @@ __all__ = ["DedupNear", "NearReport"]
 HISTOGRAM_ROWS = 20_000  # about this many records get a nearest-neighbour distance (kNN)
 RECALL_BLOCK_ROWS = 16_384  # a chunk's rows per brute-force call (progress between them)
 BUCKET_BYTES = 64 << 20  # a bucket of cells holds about this many bytes of its rows' values
+MIN_BUCKETS = 16  # ... and there are at least this many (where there are as many cells)
 TRUTH = "truth"  # AssignCells' second output: the recall sample's partners in each chunk
 RECALL_MSECS = beam.metrics.Metrics.counter("tensordedup", "near_recall_msecs")
 
@@ -176,12 +177,14 @@ def buckets(parts: Partitions, n: int, row_bytes: int) -> int:
     cell made 977k of them for 8M records in 8,008 cells (writing and reading their
     streams, and the shuffle's elements, cost 62 s of a 405 s job). A bucket holds about
     BUCKET_BYTES of its rows' values (cells are searched one at a time, so this bounds
-    what a bucket's slices carry where rows travel with their values)."""
+    what a bucket's slices carry where rows travel with their values), and a job has at
+    least MIN_BUCKETS of them, so a small job's cells still spread over its workers."""
     p = parts.prediction
     if p is None or len(parts) <= 1:
         return 1
     joins = p.joins_exact if parts.mode == "exact" else p.joins_bounded
-    return max(1, int(BUCKET_BYTES // max(1.0, n * joins / len(parts) * row_bytes)))
+    fit = int(BUCKET_BYTES // max(1.0, n * joins / len(parts) * row_bytes))
+    return max(1, min(fit, -(-len(parts) // MIN_BUCKETS)))
 
 
 def _cost_line(parts: Partitions) -> str:
