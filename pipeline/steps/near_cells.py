@@ -90,9 +90,7 @@ def assign_batch(batch: VecBatch, plan, spec: NearSpec, spill: str,
         rb = rb.replace_schema_metadata({**rb.schema.metadata, b"values": values[0],
                                          b"values_dim": str(values[1])})
     bucket = cells // plan.per_bucket
-    starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]]) if len(cells) else cells
-    ends = np.r_[starts[1:], len(cells)]
-    runs = list(zip(starts.tolist(), ends.tolist(), strict=True))
+    runs = _runs(bucket)
     if carry:
         for (lo, hi), data in zip(runs, stream_bytes(rb, runs), strict=True):
             yield int(bucket[lo]), CellSlice("", 0, len(data), hi - lo, data)
@@ -101,6 +99,14 @@ def assign_batch(batch: VecBatch, plan, spec: NearSpec, spill: str,
         for (lo, hi), (at, size) in zip(runs, write_streams(path, rb, runs), strict=True):
             yield int(bucket[lo]), CellSlice(path, at, size, hi - lo)
     progress.tick("near assign", 0, 0, "chunks")
+
+
+def _runs(keys: np.ndarray) -> list[tuple[int, int]]:
+    """[lo, hi) of each run of equal values in ``keys`` (sorted)."""
+    if not len(keys):
+        return []
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    return list(zip(starts.tolist(), np.r_[starts[1:], len(keys)].tolist(), strict=True))
 
 
 def cell_batches(slices: Iterable[CellSlice]) -> Iterator[tuple[int, list[pa.RecordBatch]]]:
@@ -112,9 +118,7 @@ def cell_batches(slices: Iterable[CellSlice]) -> Iterator[tuple[int, list[pa.Rec
     per_cell: dict[int, list[pa.RecordBatch]] = {}
     for rb in batches:
         cell = rb.column("cell").to_numpy()
-        cuts = np.flatnonzero(cell[1:] != cell[:-1]) + 1
-        for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(cell)].tolist(),
-                          strict=True):
+        for lo, hi in _runs(cell):
             per_cell.setdefault(int(cell[lo]), []).append(rb.slice(lo, hi - lo))
     yield from sorted(per_cell.items())
 
