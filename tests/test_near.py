@@ -507,6 +507,24 @@ def test_two_levels_put_every_neighbour_of_a_home_row_in_its_cell():
     assert nearer.all()  # the nearest centroid of its candidates, the home coarse's among them
 
 
+@pytest.mark.parametrize("rows_below", [2 ** 17, 2 ** 30, 2 ** 40])
+def test_the_bounded_cap_ranks_as_a_sort_by_row_then_margin(rows_below):
+    """Bounded mode keeps each row's cells of least margin: the one-key sort that ranks
+    them orders as np.lexsort((margin, row)) does (stable, a row's home (-1) first, 0
+    and inf margins, exact ties in place), for rows that fit its key and rows that do
+    not (np.lexsort itself)."""
+    rng = np.random.default_rng(3)
+    rows = np.sort(rng.integers(0, rows_below, 300_000))
+    margin = rng.integers(0, 1 << 20, len(rows)) * 2.0 ** -18  # distinct: 2^-20 apart
+    margin[rng.random(len(rows)) < 0.1] = -1.0
+    margin[rng.random(len(rows)) < 0.05] = 0.0
+    margin[rng.random(len(rows)) < 0.01] = np.inf
+    margin[rng.random(len(rows)) < 0.01] = 1e300
+    for r in (rows, rng.permutation(rows)):
+        want = np.lexsort((margin, r))
+        assert np.array_equal(near_plan._by_row_and_margin(r, margin), want)
+
+
 @pytest.mark.parametrize("grouping", ["representative", "components"])
 def test_two_level_search_equals_the_oracle(grouping):
     """Exact mode over two levels of cells, where a record joins several (clustered

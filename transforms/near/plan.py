@@ -471,10 +471,28 @@ def _bounded_block(z: Vectors, parts: Partitions, csq: np.ndarray, r1: np.ndarra
         margins.append(np.where(own[rr, pp], -1.0, (f[rr, pp] - fh[rr, 0])
                                 / np.maximum(2 * gap[rr, pp], 1e-300)))
     rows, cells, margin = (np.concatenate(x) for x in (rows, cells, margins))
-    o = np.lexsort((margin, rows))
+    first = int(ids[0]) if len(ids) else 0
+    o = _by_row_and_margin(rows - first, margin)
     rows, cells = rows[o], cells[o]
     keep = np.arange(len(rows)) - np.searchsorted(rows, rows) < probes
     return home, rows[keep], cells[keep], rows
+
+
+def _by_row_and_margin(rows: np.ndarray, margin: np.ndarray) -> np.ndarray:
+    """The order of (row, margin) pairs by row, then margin (-1, a row's home, first),
+    then place: one stable sort of a 64-bit key, the row's bits above the margin's
+    leading bits (a float >= 0 orders as its bits do), ten times faster than np.lexsort
+    on a block's 15M pairs (a third of the two-level assignment). Margins within
+    2^(b - 52) of each other (relative; b: the rows' bits, 22 for a block of 4M) count
+    as equal. ``rows``: >= 0; from 2^30 on, np.lexsort."""
+    top = max(1, int(rows.max(initial=0)).bit_length())
+    if top > 30:
+        return np.lexsort((margin, rows))
+    low = 64 - top  # bits of the margin; its float64 bits are below 2^63
+    m = np.maximum(np.asarray(margin, np.float64), 0.0).view(np.uint64) >> np.uint64(64 - low)
+    key = np.where(margin < 0, np.uint64(0), m + np.uint64(1))
+    key |= rows.astype(np.uint64) << np.uint64(low)
+    return np.argsort(key, kind="stable")
 
 
 def _projected(z: Vectors, home: np.ndarray, low: np.ndarray, c: int, coarse: np.ndarray,
@@ -565,7 +583,7 @@ def _joins(z: Vectors, c: np.ndarray, gap: np.ndarray, radius: float | np.ndarra
             2 * gap[h[rr], pp], 1e-300)
         margin[pp == h[rr]] = -1.0
         if probes is not None and probes < k:
-            o = np.lexsort((margin, rr))
+            o = _by_row_and_margin(rr, margin)
             rr, pp, margin = rr[o], pp[o], margin[o]
             keep = np.arange(len(rr)) - np.searchsorted(rr, rr) < probes
             rr, pp, margin = rr[keep], pp[keep], margin[keep]
