@@ -412,7 +412,7 @@ def _bounded_two(z: Vectors, parts: Partitions, probes: int,
     rows, cells, passed = [], [], []
     for a in range(0, n, block):  # r1 is sorted by row and holds every row (its home)
         k = slice(*np.searchsorted(r1, [a, a + block]).tolist())
-        h, rr, pp, ok = _bounded_block(z, parts, csq, r1[k], c1[k], probes)
+        h, rr, pp, ok = _bounded_block(z, parts, csq, r1[k], c1[k], probes, a)
         home[a:a + len(h)] = h
         rows.append(rr)
         cells.append(pp)
@@ -425,18 +425,16 @@ def _bounded_two(z: Vectors, parts: Partitions, probes: int,
 
 
 def _bounded_block(z: Vectors, parts: Partitions, csq: np.ndarray, r1: np.ndarray,
-                   c1: np.ndarray, probes: int
+                   c1: np.ndarray, probes: int, first: int
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``_bounded_two`` for the rows of one block (``r1`` joined coarse cell ``c1``):
-    (home of each row in np.unique(r1) order, row, cell, the row of each cell that
-    passed the rule before the cap). One
-    pass finds each row's nearest candidate centroid, a second applies the rule, both on
-    each coarse cell's dense (rows x fine cells) scores."""
+    """``_bounded_two`` for the rows ``first``... of one block (``r1``, each of them
+    at least once, joined coarse cell ``c1``): (home of each row, row, cell, the row of
+    each cell that passed the rule before the cap). One pass finds each row's nearest
+    candidate centroid, a second applies the rule, both on each coarse cell's dense
+    (rows x fine cells) scores."""
     cent, start, dt = parts.centroids, parts.start, z.v.dtype
-    ids = np.unique(r1)
-    local = np.full(len(z.v), -1, np.int64)
-    local[ids] = np.arange(len(ids))
-    best, home = np.full(len(ids), np.inf), np.zeros(len(ids), np.int64)
+    best = np.full(int(r1.max(initial=first - 1)) - first + 1, np.inf)
+    home = np.zeros(len(best), np.int64)
     scored = []
     o = np.argsort(c1, kind="stable")
     c1o, r1o = c1[o], r1[o]
@@ -448,7 +446,7 @@ def _bounded_block(z: Vectors, parts: Partitions, csq: np.ndarray, r1: np.ndarra
         f = (z.v[r] @ (-2 * cent[a:b].T).astype(dt) + csq[a:b].astype(dt)).astype(np.float64)
         j = f.argmin(axis=1)
         fm = f[np.arange(len(r)), j]
-        li = local[r]
+        li = r - first
         better = fm < best[li]
         best[li[better]], home[li[better]] = fm[better], a + j[better]
         scored.append((c, r, li, f))
@@ -471,7 +469,6 @@ def _bounded_block(z: Vectors, parts: Partitions, csq: np.ndarray, r1: np.ndarra
         margins.append(np.where(own[rr, pp], -1.0, (f[rr, pp] - fh[rr, 0])
                                 / np.maximum(2 * gap[rr, pp], 1e-300)))
     rows, cells, margin = (np.concatenate(x) for x in (rows, cells, margins))
-    first = int(ids[0]) if len(ids) else 0
     o = _by_row_and_margin(rows - first, margin)
     rows, cells = rows[o], cells[o]
     keep = np.arange(len(rows)) - np.searchsorted(rows, rows) < probes
