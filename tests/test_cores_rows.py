@@ -45,19 +45,23 @@ def test_parallel_local_workers_get_one_thread_each_and_one_worker_keeps_all():
         assert faiss.omp_get_max_threads() == cores_now and ahead.depth() == 2
 
 
+@pytest.mark.parametrize("count", [fs.MAPPED_ROWS // 2, 5 * fs.MAPPED_ROWS])
 @pytest.mark.parametrize("dtype", [np.float32, np.uint8, ml_dtypes.bfloat16])
-def test_read_rows_into_places_each_named_row(tmp_path, dtype):
+def test_read_rows_into_places_each_named_row(tmp_path, dtype, count):
+    """Few rows (positioned reads) and many (a memory map): each lands where named,
+    a row named twice included, and a row past the end is an error, not zeros."""
     rng = np.random.default_rng(0)
     values = (rng.random((1000, 37)) * 200).astype(dtype)
     path = str(tmp_path / "chunk.values")
     values.tofile(path)
-    rows = rng.choice(1000, 300, replace=False)
-    at = rng.permutation(300)
-    out = np.zeros((300, 37), dtype)
+    rows = rng.choice(1000, count, replace=False)
+    rows[-1] = rows[0]
+    at = rng.permutation(count)
+    out = np.zeros((count, 37), dtype)
     fs.read_rows_into(path, rows, out, at)
     assert np.array_equal(out[at].view(np.uint8), values[rows].view(np.uint8))
-    with pytest.raises(OSError, match="past the end"):
-        fs.read_rows_into(path, np.array([1000]), out, np.array([0]))
+    with pytest.raises(OSError, match="row 1000 is past the end"):
+        fs.read_rows_into(path, np.r_[rows[1:], 1000], out, at)
 
 
 def test_the_planning_sample_names_spilled_rows_and_reads_the_same_values(tmp_path,

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from pipeline.steps import near_cells
 from pipeline.steps.elements import NEAR_REPORT, VecBatch
 from pipeline.steps.near import MIN_BUCKETS, GatherTruth, SampleForPlan, chunk_partners
 from pipeline.steps.near_cells import SURE, assign_batch, decide_split
@@ -166,17 +167,23 @@ def test_joined_cells_merge_as_the_cells_one_by_one(tmp_path, grouping, mode):
 
 
 @pytest.mark.parametrize("grouping", ["representative", "components"])
-def test_cells_decide_alike_whatever_travels_together(tmp_path, grouping):
+def test_cells_decide_alike_whatever_travels_together(tmp_path, grouping, monkeypatch):
     """A chunk writes one slice per bucket of cells (``Plan.per_bucket``), not per cell:
-    every cell decides what it decides alone, and the slices number chunks x buckets."""
+    every cell decides what it decides alone, and the slices number chunks x buckets;
+    alike too where a bucket's values are read all at once (the default) or by each
+    cell for itself (a bucket above READ_AT_ONCE bytes)."""
     batches, spec, plan = _planned(tmp_path, grouping, "bounded")
     cells = len(plan.parts)
     assert cells >= 12 and plan.per_bucket == -(-cells // MIN_BUCKETS)  # small cells
     runs = {k: _decided(tmp_path, batches, spec, dataclasses.replace(plan, per_bucket=k),
                         f"cells-{k}") for k in (1, 5, cells)}
+    monkeypatch.setattr(near_cells, "READ_AT_ONCE", 0)
+    runs[-cells] = _decided(tmp_path, batches, spec, dataclasses.replace(
+        plan, per_bucket=cells), "cells-each")
     alone, slices = runs[1]
     assert slices > 5 * len(batches)  # one per chunk and cell it has rows of
     for k, (outs, slices) in runs.items():
+        k = abs(k)
         assert slices <= len(batches) * -(-cells // k)
         assert len(outs) == len(alone)
         for got, want in zip(outs, alone, strict=True):

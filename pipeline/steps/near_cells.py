@@ -25,6 +25,7 @@ from pipeline import progress
 from pipeline.steps.borderline import borderline_sample
 from pipeline.steps.elements import VecBatch
 from pipeline.steps.near_grid import pair_histogram
+from transforms.canonical import dtype_named
 from transforms.exact import is_protected, tier_of
 from transforms.io import fs, spill
 from transforms.io.streams import read_stream_bytes, read_streams, stream_bytes, write_streams
@@ -38,6 +39,7 @@ from transforms.store.segment import keys_of
 NN_PER_CELL = 256  # rows of a cell that get a nearest-neighbour distance, at most
 SURE = "sure"  # DecideCells' output of the removals its cells settled
 CELLS_PER_SHARD = 16  # cells whose removals become lines per file together
+READ_AT_ONCE = 256 << 20  # a bucket's values up to this: read once, chunk by chunk
 
 
 @dataclass
@@ -111,16 +113,48 @@ def _runs(keys: np.ndarray) -> list[tuple[int, int]]:
 
 def cell_batches(slices: Iterable[CellSlice]) -> Iterator[tuple[int, list[pa.RecordBatch]]]:
     """A bucket's slices (one per chunk) -> each of its cells and the record batches
-    holding its rows, cells in order (a slice's rows are sorted by cell)."""
+    holding its rows, cells in order (a slice's rows are sorted by cell). Slices that
+    name rows in their chunk's value file read them there first, all the bucket's at
+    once, where they come to READ_AT_ONCE bytes or less (else each cell reads its own:
+    a crowd's cell)."""
     slices = list(slices)
     batches = [rb for _, rb in read_streams([s for s in slices if s.data is None])]
     batches += [read_stream_bytes(s.data) for s in slices if s.data is not None]
+    if sum(_named_bytes(rb) for rb in batches) <= READ_AT_ONCE:
+        batches = [_with_values(rb) for rb in batches]
     per_cell: dict[int, list[pa.RecordBatch]] = {}
     for rb in batches:
         cell = rb.column("cell").to_numpy()
         for lo, hi in _runs(cell):
             per_cell.setdefault(int(cell[lo]), []).append(rb.slice(lo, hi - lo))
     yield from sorted(per_cell.items())
+
+
+def _named_bytes(rb: pa.RecordBatch) -> int:
+    """The bytes of the values a batch names in its chunk's value file (0: it holds them)."""
+    meta = rb.schema.metadata
+    if b"values" not in meta:
+        return 0
+    return len(rb) * int(meta[b"values_dim"]) * dtype_named(meta[b"dtype"].decode()).itemsize
+
+
+def _with_values(rb: pa.RecordBatch) -> pa.RecordBatch:
+    """A batch naming its rows in its chunk's value file as one holding their values:
+    those rows read in one pass (``fs.read_rows_into``: a memory map where many), where
+    each cell of a bucket read its few rows of each chunk one positioned read at a time
+    (18M reads of 2-5 us at 8M records, two fifths of the search)."""
+    meta = rb.schema.metadata
+    if b"values" not in meta:
+        return rb
+    dtype, dim = dtype_named(meta[b"dtype"].decode()), int(meta[b"values_dim"])
+    x = np.empty((len(rb), dim), dtype)
+    fs.read_rows_into(meta[b"values"].decode(), rb.column("row").to_numpy(), x,
+                      np.arange(len(rb)))
+    col = pa.FixedSizeBinaryArray.from_buffers(pa.binary(dim * dtype.itemsize), len(rb),
+                                               [None, pa.py_buffer(x.reshape(-1).view(np.uint8))])
+    rb = rb.set_column(rb.schema.get_field_index("x"), "x", col).drop_columns(["row"])
+    kept = {k: v for k, v in meta.items() if k not in (b"values", b"values_dim")}
+    return rb.replace_schema_metadata({**kept, b"dim": str(dim).encode()})
 
 
 def read_cell(batches: list[pa.RecordBatch]) -> tuple[VecBatch, np.ndarray, int, int]:
