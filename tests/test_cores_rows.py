@@ -49,7 +49,8 @@ def test_parallel_local_workers_get_one_thread_each_and_one_worker_keeps_all():
 @pytest.mark.parametrize("dtype", [np.float32, np.uint8, ml_dtypes.bfloat16])
 def test_read_rows_into_places_each_named_row(tmp_path, dtype, count):
     """Few rows (positioned reads) and many (a memory map): each lands where named,
-    a row named twice included, and a row past the end is an error, not zeros."""
+    a row named twice included; a row past the end, or an ``out`` that is not one block
+    of memory, is an error, not zeros."""
     rng = np.random.default_rng(0)
     values = (rng.random((1000, 37)) * 200).astype(dtype)
     path = str(tmp_path / "chunk.values")
@@ -62,6 +63,8 @@ def test_read_rows_into_places_each_named_row(tmp_path, dtype, count):
     assert np.array_equal(out[at].view(np.uint8), values[rows].view(np.uint8))
     with pytest.raises(OSError, match="row 1000 is past the end"):
         fs.read_rows_into(path, np.r_[rows[1:], 1000], out, at)
+    with pytest.raises(ValueError, match="C-contiguous"):  # not written into a copy
+        fs.read_rows_into(path, rows, np.zeros((37, count), dtype).T, at)
 
 
 def test_the_planning_sample_names_spilled_rows_and_reads_the_same_values(tmp_path,

@@ -308,6 +308,8 @@ def read_rows_into(path: str, rows: np.ndarray, out: np.ndarray, at: np.ndarray)
     width = out.shape[1] * out.itemsize
     if not len(rows) or not width:
         return
+    if not out.flags.c_contiguous:  # its reshape below would be a copy, written and lost
+        raise ValueError("read_rows_into: out must be C-contiguous")
     if not is_local(path):
         _read_runs_into(path, rows, out, at, width)
         return
