@@ -332,9 +332,9 @@ def _read_mapped_into(path: str, rows: np.ndarray, out: np.ndarray, at: np.ndarr
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         rows = np.asarray(rows, np.int64)
-        if rows.max(initial=0) >= size // width or rows.min(initial=0) < 0:
-            bad = rows[(rows >= size // width) | (rows < 0)][0]
-            raise OSError(f"{path}: row {bad} is past the end of the file")
+        past = (rows >= size // width) | (rows < 0)
+        if past.any():
+            raise OSError(f"{path}: row {rows[past][0]} is past the end of the file")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             table = np.frombuffer(m, np.uint8, count=size // width * width).reshape(-1, width)
             out.reshape(len(out), -1).view(np.uint8)[at] = table[rows]

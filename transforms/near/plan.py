@@ -469,10 +469,16 @@ def _bounded_block(z: Vectors, parts: Partitions, csq: np.ndarray, r1: np.ndarra
         margins.append(np.where(own[rr, pp], -1.0, (f[rr, pp] - fh[rr, 0])
                                 / np.maximum(2 * gap[rr, pp], 1e-300)))
     rows, cells, margin = (np.concatenate(x) for x in (rows, cells, margins))
-    o = _by_row_and_margin(rows - first, margin)
-    rows, cells = rows[o], cells[o]
-    keep = np.arange(len(rows)) - np.searchsorted(rows, rows) < probes
-    return home, rows[keep], cells[keep], rows
+    kept = _nearest_bisectors(rows - first, margin, probes)
+    return home, rows[kept], cells[kept], rows
+
+
+def _nearest_bisectors(rows: np.ndarray, margin: np.ndarray, probes: int) -> np.ndarray:
+    """Bounded mode's cap: the places of each row's ``probes`` pairs of least margin (its
+    home first), in row then margin order."""
+    o = _by_row_and_margin(rows, margin)
+    r = rows[o]
+    return o[np.arange(len(r)) - np.searchsorted(r, r) < probes]
 
 
 def _by_row_and_margin(rows: np.ndarray, margin: np.ndarray) -> np.ndarray:
@@ -580,10 +586,8 @@ def _joins(z: Vectors, c: np.ndarray, gap: np.ndarray, radius: float | np.ndarra
             2 * gap[h[rr], pp], 1e-300)
         margin[pp == h[rr]] = -1.0
         if probes is not None and probes < k:
-            o = _by_row_and_margin(rr, margin)
-            rr, pp, margin = rr[o], pp[o], margin[o]
-            keep = np.arange(len(rr)) - np.searchsorted(rr, rr) < probes
-            rr, pp, margin = rr[keep], pp[keep], margin[keep]
+            kept = _nearest_bisectors(rr, margin, probes)
+            rr, pp, margin = rr[kept], pp[kept], margin[kept]
         homes.append(h)
         rows.append(a + rr)
         cells.append(pp)
