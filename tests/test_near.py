@@ -507,6 +507,29 @@ def test_two_levels_put_every_neighbour_of_a_home_row_in_its_cell():
     assert nearer.all()  # the nearest centroid of its candidates, the home coarse's among them
 
 
+@pytest.mark.parametrize("mode", ["bounded", "exact"])
+def test_the_assign_width_bounds_the_centroids_a_record_is_scored_against(mode):
+    """The capacity plan prices assigning a record by ``assign_width``: over two levels
+    every coarse centroid and the fine centroids of each coarse cell the record
+    considers (bounded: its COARSE_PROBES x probes candidates, not its ``probes`` fine
+    joins, which underpriced it), counted here from the coarse joins themselves."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((4000, 16)) + rng.integers(0, 5, (4000, 1)) * 3).astype(np.float32)
+    spec = NearSpec("l2", threshold=1.5)
+    parts = near_plan.plan(x, len(x), 1.5, mode, 2, 60, levels=2)
+    assert parts.mode == mode and len(parts.coarse) > near_plan.COARSE_PROBES * 2
+    z = near.search_vectors(x, spec, 1.5, parts.mean, np.float32)
+    cap = None if parts.probes is None else near_plan.COARSE_PROBES * parts.probes
+    _, rows, coarse, _, _ = near_plan._joins(z, parts.coarse, parts.level_gaps[0],
+                                             parts.radius, cap)
+    fine = np.diff(parts.start)[coarse]
+    scored = len(parts.coarse) + fine.sum() / len(x)
+    joins = len(near_plan.assign(z, parts).rows) / len(x)
+    width = near_plan.assign_width(len(parts), len(parts.coarse), joins, parts.probes)
+    assert scored <= width <= 2 * scored
+    assert near_plan.assign_width(len(parts), None, joins, parts.probes) == len(parts)
+
+
 @pytest.mark.parametrize("rows_below", [2 ** 17, 2 ** 30, 2 ** 40])
 def test_the_bounded_cap_ranks_as_a_sort_by_row_then_margin(rows_below):
     """Bounded mode keeps each row's cells of least margin: the one-key sort that ranks

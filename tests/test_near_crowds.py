@@ -14,6 +14,7 @@ import pytest
 from tests import shapes
 from tests.jobkit import report, run_job
 from tests.oracle import expected_removals, kept_set_oracle, near_oracle
+from transforms.near import greedy
 from transforms.near.find import find_near
 from transforms.near.greedy import CENSUS_EXACT_PAIRS
 from transforms.near.spec import NearSpec
@@ -52,6 +53,26 @@ def kernel_matches(x: np.ndarray, spec: NearSpec, **kw):
     d, ok = exact_distance(x[r.removed], x[r.kept], spec)
     assert ok.all() and np.allclose(r.distance, d)
     return r
+
+
+def test_a_cell_settles_sparse_rows_in_larger_blocks_and_a_crowd_in_small_ones(monkeypatch):
+    """Rows are settled a block at a time; a block's own candidates are verified in
+    float64 (a crowd's: every pair), and each block gathers the earlier rows it meets.
+    So blocks grow only where few of a cell's own pairs were candidates: a crowd keeps
+    BLOCK rows a block, embedding-like rows grow to BLOCK_MAX, and the decisions are
+    the oracle's either way, and with every block BLOCK rows."""
+    x, spec = crowds("cosine")
+    one = replace(spec, single_index_rows=len(x) * 2, recall_sample=0)  # one cell
+    sizes: list[int] = []
+    grow = greedy._next_block
+    monkeypatch.setattr(greedy, "_next_block", lambda *a: sizes.append(grow(*a)) or sizes[-1])
+    label = crowd_labels("cosine")
+    for rows, size in ((label == -1, greedy.BLOCK_MAX), (label == 0, greedy.BLOCK)):
+        sizes.clear()  # the background alone, then the big crowd alone
+        kernel_matches(x[rows], one)
+        assert len(sizes) > 1 and set(sizes) == {size}
+    monkeypatch.setattr(greedy, "BLOCK_MAX", greedy.BLOCK)
+    kernel_matches(x, one)
 
 
 @pytest.mark.parametrize("metric", ["cosine", "l2"])

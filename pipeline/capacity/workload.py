@@ -320,7 +320,7 @@ def near_cost(job: Job, n: int, dim: int, stored: Stored | None,
                             p.largest_exact if exact else p.largest_bounded, parts.mode,
                             f"the job's planner on {len(x):,} sampled records",
                             assign_width(len(parts), None if parts.coarse is None
-                                         else len(parts.coarse), joins))
+                                         else len(parts.coarse), joins, parts.probes))
     return closed_form(spec, n, dim)
 
 
@@ -422,7 +422,7 @@ def closed_form(spec: NearSpec, n: int, dim: int) -> NearCost:
     return NearCost(cells, float(spec.probes), n * spec.probes * rows, math.ceil(2 * rows),
                     "bounded", f"closed form: {cells:,} cells{two} of about {rows:,.0f} "
                     f"records, each record in {spec.probes} (probes), largest cell twice the "
-                    "mean", assign_width(cells, coarse, spec.probes))
+                    "mean", assign_width(cells, coarse, spec.probes, spec.probes))
 
 
 def workload(job: Job, records: int | None = None) -> Workload:

@@ -218,10 +218,15 @@ def _merge_close(z: np.ndarray, centroids: np.ndarray, within: float, zt=None
     return centroids[np.sort(kept)]
 
 
-def assign_width(cells: int, coarse: int | None, joins: float) -> float:
+def assign_width(cells: int, coarse: int | None, joins: float, probes: int | None) -> float:
     """Centroids one record is scored against when assigned: every cell's (one level), or
-    the coarse cells' and the fine cells of about ``joins`` coarse cells (two levels)."""
-    return float(cells) if not coarse else coarse + joins * cells / coarse
+    the coarse cells' and the fine cells of the coarse cells it considers (two levels):
+    bounded mode (``probes``), its COARSE_PROBES x probes candidates; exact, those it
+    joins, at most its ``joins`` (it joins a fine cell in each)."""
+    if not coarse:
+        return float(cells)
+    considered = joins if probes is None else min(coarse, COARSE_PROBES * probes)
+    return coarse + considered * cells / coarse
 
 
 def coarse_count(cells: int) -> int:
