@@ -136,7 +136,7 @@ def units(w: Workload, out_bytes: float | None = None) -> dict[str, dict[str, fl
         sample = training_rows(w) if p > 1 else 0
         u["sample"] = {"byte": ns * w.record_bytes}  # every record's search vector
         # k-means, one worker (two levels: each sample row meets coarse + its coarse's fine)
-        u["plan"] = {"madd": sample * min(p, scored) * d * KMEANS_ITERATIONS}
+        u["plan"] = {"madd": sample * (w.near.trained or p) * d * KMEANS_ITERATIONS}
         # one matrix product per level (n x scored x d), then passes over the scores
         # ... and each cell a record joins, ranked and listed
         u["assign"] = ({"madd": ns * scored * d, "score": ns * scored,

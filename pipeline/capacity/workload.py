@@ -32,7 +32,13 @@ from pipeline.steps.store import StoreView
 from transforms.canonical import dtype_named
 from transforms.io.formats import get_format
 from transforms.io.formats.base import Chunking, Decode
-from transforms.near.plan import TRAIN_PER_CELL, assign_width, coarse_count, plan
+from transforms.near.plan import (
+    TRAIN_PER_CELL,
+    assign_width,
+    coarse_count,
+    plan,
+    train_width,
+)
 from transforms.near.space import search_radius, search_space, value_scale
 from transforms.near.spec import NearSpec
 from transforms.store.segment import BUCKET_ROWS
@@ -55,6 +61,7 @@ class NearCost:
     mode: str
     source: str  # how it was found, in words
     scored: float = 0.0  # centroids a record is scored against when assigned (0: cells)
+    trained: float = 0.0  # centroids a sample row meets in the plan's k-means (0: cells)
 
 
 @dataclass(frozen=True)
@@ -315,12 +322,13 @@ def near_cost(job: Job, n: int, dim: int, stored: Stored | None,
                 return NearCost(1, 1.0, float(n) ** 2, n, parts.mode,
                                 "one cell (all pairs)")
             exact = parts.mode == "exact"
+            coarse = None if parts.coarse is None else len(parts.coarse)
             joins = p.joins_exact if exact else p.joins_bounded
             return NearCost(len(parts), joins, p.work_exact if exact else p.work_bounded,
                             p.largest_exact if exact else p.largest_bounded, parts.mode,
                             f"the job's planner on {len(x):,} sampled records",
-                            assign_width(len(parts), None if parts.coarse is None
-                                         else len(parts.coarse), joins, parts.probes))
+                            assign_width(len(parts), coarse, joins, parts.probes),
+                            train_width(len(parts), coarse))
     return closed_form(spec, n, dim)
 
 
@@ -422,7 +430,8 @@ def closed_form(spec: NearSpec, n: int, dim: int) -> NearCost:
     return NearCost(cells, float(spec.probes), n * spec.probes * rows, math.ceil(2 * rows),
                     "bounded", f"closed form: {cells:,} cells{two} of about {rows:,.0f} "
                     f"records, each record in {spec.probes} (probes), largest cell twice the "
-                    "mean", assign_width(cells, coarse, spec.probes, spec.probes))
+                    "mean", assign_width(cells, coarse, spec.probes, spec.probes),
+                    train_width(cells, coarse))
 
 
 def workload(job: Job, records: int | None = None) -> Workload:

@@ -229,6 +229,12 @@ def assign_width(cells: int, coarse: int | None, joins: float, probes: int | Non
     return coarse + considered * cells / coarse
 
 
+def train_width(cells: int, coarse: int | None) -> float:
+    """Centroids one sample row meets in each k-means iteration: every cell's (one
+    level), or the coarse cells' and then its own coarse cell's share of the fine ones."""
+    return float(cells) if not coarse else coarse + cells / coarse
+
+
 def coarse_count(cells: int) -> int:
     """Two levels: COARSE_CELLS coarse cells (fewer where there would be under 4 fine cells
     in each), or sqrt(cells) where that is more. A record then meets about as many
