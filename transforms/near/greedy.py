@@ -339,12 +339,12 @@ def decide(n: int, z: Vectors | Callable[[], Vectors], verify, radius: float, *,
                 tally[1] += len(q) * len(rpool)
         # 4. the block's own earlier rows that may still be kept or open
         live = blk[~np.isin(blk, gone_now)]
-        a, b, d, ab, _ = pairs.between(blk, live, earlier_only=True)
+        sides = [(blk, live)] if components else [  # two rows of other cells: not this
+            (bh, live), (blk[~all_home[blk]], live[all_home[live]])]  # cell's pair
+        found = [pairs.between(q, y, earlier_only=True) for q, y in sides]
+        a, b, d, ab = (np.concatenate([f[k] for f in found]) for k in range(4))
         own_pairs[0] += len(a)
-        own_pairs[1] += len(blk) * len(live) // 2
-        if not components:  # two rows of other cells: not this cell's pair
-            mine = all_home[a] | all_home[b]
-            a, b, d, ab = a[mine], b[mine], d[mine], ab[mine]
+        own_pairs[1] += sum(len(q) * len(y) for q, y in sides) // 2
         seen(a, b, d, ab)
         _settle(blk, a[ab], b[ab], d[ab], fixed, all_home, sure_outside, state, bd, br,
                 dup, taint, doubt, tr, bt)
