@@ -53,7 +53,7 @@ __all__ = ["STATE_KEPT", "STATE_OPEN", "STATE_REMOVED", "Census", "Decisions", "
 STATE_KEPT, STATE_REMOVED, STATE_OPEN = 1, 2, 3
 BLOCK = 512  # rows settled together at first (their own pairs: BLOCK^2 / 2 at most) ...
 BLOCK_MAX = 2048  # ... up to this many where few of their own pairs are near (``_next_block``)
-COLUMNS = 8192  # data rows per product call: BLOCK x COLUMNS candidates at most
+COLUMNS = 8192  # data rows per product call: BLOCK_MAX x COLUMNS candidates at most
 CENSUS_EXACT_PAIRS = 65_536  # pairs with removed rows counted one by one, per cell ...
 CENSUS_SAMPLED_PAIRS = 65_536  # ... then about this many more, on a sample of rows
 BORDER = 64  # pairs nearest the threshold kept on each side, per cell
@@ -380,7 +380,8 @@ def _next_block(candidates: int, compared: int) -> int:
     took a 60,000-record crowd 2.4 times as long as 512). A block grows to where it expects
     no more candidates than rows."""
     size = BLOCK
-    while size < BLOCK_MAX and candidates * size <= compared:  # (c / p) (2 size)^2 / 2
+    # twice the size: (candidates / compared) (2 size)^2 / 2 expected, at most 2 size
+    while size < BLOCK_MAX and candidates * size <= compared:
         size *= 2
     return size
 
