@@ -171,14 +171,8 @@ class VecBatch:
 
     @staticmethod
     def from_arrow(rb: pa.RecordBatch) -> tuple[VecBatch, dict[str, np.ndarray]]:
-        """``to_arrow``'s batch back: the VecBatch and its flags."""
-        meta = rb.schema.metadata
-        dtype, dim = dtype_named(meta[b"dtype"].decode()), int(meta[b"dim"])
-        col = rb.column("x")
-        width = dim * dtype.itemsize
-        raw = np.frombuffer(col.buffers()[1], np.uint8, count=len(rb) * width,
-                            offset=col.offset * width)
-        x = raw.view(dtype).reshape(len(rb), dim)
+        """``to_arrow``'s batch back: the VecBatch and its flags (values: ``arrow_values``)."""
+        x = arrow_values(rb)
 
         def arr(name: str) -> np.ndarray:
             return rb.column(name).to_numpy(zero_copy_only=False)
@@ -197,6 +191,21 @@ class VecBatch:
         return VecBatch(*cat, pa.concat_arrays([b.ids for b in batches]),
                         np.concatenate([b.x for b in batches]),
                         concat_runs([b.run for b in batches], [len(b) for b in batches]))
+
+
+def arrow_values(rb: pa.RecordBatch) -> np.ndarray:
+    """A ``VecBatch.to_arrow`` batch's values, a view of its ``x`` column; none (zero a
+    row) where that column was left out: a cell's reader sorts its rows without them and
+    takes each row's values from its own batch."""
+    meta = rb.schema.metadata
+    dtype, dim = dtype_named(meta[b"dtype"].decode()), int(meta[b"dim"])
+    if "x" not in rb.schema.names:
+        return np.empty((len(rb), 0), dtype)
+    col = rb.column("x")
+    width = dim * dtype.itemsize
+    raw = np.frombuffer(col.buffers()[1], np.uint8, count=len(rb) * width,
+                        offset=col.offset * width)
+    return raw.view(dtype).reshape(len(rb), dim)
 
 
 @dataclass

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from pipeline import progress
 from pipeline.steps.borderline import borderline_sample
-from pipeline.steps.elements import VecBatch
+from pipeline.steps.elements import VecBatch, arrow_values
 from pipeline.steps.near_grid import pair_histogram
 from transforms.canonical import dtype_named
 from transforms.exact import is_protected, tier_of
@@ -162,9 +162,10 @@ def read_cell(batches: list[pa.RecordBatch]) -> tuple[VecBatch, np.ndarray, int,
     digest and place: one order whatever the files' names and the shuffle's order, so
     reports are reproducible): (rows, home flags, home rows that arrived, capped flags).
     Batches of one schema become one Arrow batch before any NumPy (converting each slice
-    took longer than reading its rows). The values are copied once, into the result
-    (16k-value records make a cell big), from the batches or from the chunks' value
-    files they name."""
+    took longer than reading its rows), without their values: those are copied once,
+    into the result (16k-value records make a cell big), from each batch or from the
+    chunk's value file it names (joining them first copied a bucket's values once more:
+    9 GB at 8M records)."""
     kinds: list[list[pa.RecordBatch]] = []  # file-backed or carrying values; stored runs
     for rb in batches:
         same = next((k for k in kinds if k[0].schema.equals(rb.schema)), None)
@@ -172,15 +173,14 @@ def read_cell(batches: list[pa.RecordBatch]) -> tuple[VecBatch, np.ndarray, int,
             kinds.append([rb])
         else:
             same.append(rb)
-    parts, pieces, at = [], [], 0  # pieces: (first row, values file or None, part, offset)
+    parts, pieces, at = [], [], 0  # pieces: (first row, values file or None, batch)
     for k in kinds:
-        whole = pa.Table.from_batches(k).combine_chunks().to_batches()
-        part, off = VecBatch.from_arrow(whole[0] if whole else k[0].slice(0, 0)), 0
+        keys = [rb.drop_columns(["x"]) for rb in k]
+        whole = pa.Table.from_batches(keys).combine_chunks().to_batches()
+        parts.append(VecBatch.from_arrow(whole[0] if whole else keys[0].slice(0, 0)))
         for rb in k:
-            pieces.append((at + off, rb.schema.metadata.get(b"values"), part, off))
-            off += len(rb)
-        parts.append(part)
-        at += off
+            pieces.append((at, rb.schema.metadata.get(b"values"), rb))
+            at += len(rb)
     meta = parts[0][0] if len(parts) == 1 else VecBatch.concat(
         [b.take(np.arange(len(b)), values=False) for b, _ in parts])
     home = np.concatenate([f["home"] for _, f in parts])
@@ -194,13 +194,14 @@ def read_cell(batches: list[pa.RecordBatch]) -> tuple[VecBatch, np.ndarray, int,
                      parts[0][0].x.dtype)
     by_piece = np.argsort(rows, kind="stable")  # a piece's rows are contiguous in ``meta``
     cuts = np.searchsorted(rows[by_piece], [p[0] for p in pieces] + [len(meta)])
-    for k, (start, values, (b, flags), off) in enumerate(pieces):
+    for k, (start, values, rb) in enumerate(pieces):
         mine = by_piece[cuts[k]:cuts[k + 1]]
-        local = rows[mine] - start + off
+        local = rows[mine] - start
         if values is None:
-            out.x[mine] = b.x[local]
+            out.x[mine] = arrow_values(rb)[local]
         else:  # the rows it names in its chunk's value file
-            fs.read_rows_into(values.decode(), flags["row"][local], out.x, mine)
+            fs.read_rows_into(values.decode(), rb.column("row").to_numpy()[local], out.x,
+                              mine)
     return out, home[rows], int(home.sum()), capped[rows]
 
 
