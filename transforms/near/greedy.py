@@ -339,8 +339,10 @@ def decide(n: int, z: Vectors | Callable[[], Vectors], verify, radius: float, *,
                 tally[1] += len(q) * len(rpool)
         # 4. the block's own earlier rows that may still be kept or open
         live = blk[~np.isin(blk, gone_now)]
-        sides = [(blk, live)] if components else [  # two rows of other cells: not this
-            (bh, live), (blk[~all_home[blk]], live[all_home[live]])]  # cell's pair
+        if components:
+            sides = [(blk, live)]
+        else:  # two rows of other cells: not this cell's pair
+            sides = [(bh, live), (blk[~all_home[blk]], live[all_home[live]])]
         found = [pairs.between(q, y, earlier_only=True) for q, y in sides]
         a, b, d, ab = (np.concatenate([f[k] for f in found]) for k in range(4))
         own_pairs[0] += len(a)
