@@ -252,6 +252,56 @@ def test_shipped_sample_jobs_match_expected(tmp_path, config):
         assert (tmp_path / "report" / "near_distances.png").exists()
 
 
+def test_shipped_text_job_removes_the_planted_copies_and_no_other_page(tmp_path):
+    """configs/dedupe-text.yaml on data/text/ as a user runs it: the counts of
+    EXPECTED.json; each near removal names the page its note says it was made from;
+    the clean shards (read back by pyarrow, with their extra column) hold every other
+    record, no two of them at Jaccard >= the threshold (all pairs, word 5-grams computed
+    here in plain Python), and each near removal is that near its kept page."""
+    import re
+    import unicodedata
+
+    import pyarrow.parquet as pq
+
+    r = subprocess.run([sys.executable, "-m", "pipeline.run", "--config",
+                        "configs/dedupe-text.yaml", "--set", f"output.path={tmp_path / 'clean'}",
+                        "--set", f"report={tmp_path / 'report'}"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    expected = json.loads((ROOT / "data" / "text" / "EXPECTED.json").read_text())
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert (summary["read"], summary["removed_exact"], summary["removed_near"],
+            summary["invalid"], summary["kept"]) == (
+        expected["records"], expected["exact"], expected["near"], expected["invalid"],
+        expected["kept"])
+    source = pq.read_table(ROOT / "data" / "text" / "parquet").to_pylist()
+    text = {s["url"]: s["text"] for s in source}
+    dups = pq_rows(tmp_path / "report" / "duplicates.parquet")
+    page = "https://docs.python.org/3/reference/{}.html"
+    near = [d for d in dups if d["kind"] == "near"]
+    notes = {s["url"]: s["note"] for s in source}
+    assert sorted(notes[d["record_id"]] for d in near) == sorted(
+        n for n in notes.values() if n.startswith("near"))
+    for d in near:
+        assert d["duplicate_of"] == page.format(notes[d["record_id"]][6:].split(",")[0])
+
+    def shingles(t: str) -> set:
+        w = re.findall(r"[^\W_]+", unicodedata.normalize("NFKC", t).lower())
+        return {tuple(w[i:i + 5]) for i in range(max(1, len(w) - 4))}
+
+    clean = pq.read_table(tmp_path / "clean").to_pylist()
+    assert set(clean[0]) == {"url", "text", "note"}
+    gone = {d["record_id"] for d in dups} | {s["url"] for s in source if not s["text"]}
+    assert sorted(c["url"] for c in clean) == sorted(set(text) - gone)
+    sets = [shingles(c["text"]) for c in clean]
+    t = expected["threshold"]
+    assert all(len(a & b) < t * len(a | b) for i, a in enumerate(sets) for b in sets[:i])
+    for d in near:
+        a, b = shingles(text[d["record_id"]]), shingles(text[d["duplicate_of"]])
+        j = len(a & b) / len(a | b)
+        assert j >= t and j == pytest.approx(1 - d["distance"], abs=1e-12)
+
+
 def test_input_path_naming_a_directory_suggests_a_glob(tmp_path, capsys):
     """Users point input.path at the folder their files are in: one line, exit 2, the
     glob to write."""
