@@ -839,6 +839,34 @@ def test_a_pair_of_texts_is_shown_from_its_first_difference_with_the_edits_marke
     assert a.count("<mark>") == 1 and b.count("<mark>") == 1
 
 
+def test_a_copy_that_differs_in_case_and_punctuation_only_shows_no_change(tmp_path):
+    """A page re-cased and re-punctuated is J = 1 with normalisation (the default): its
+    borderline card marks no word as changed, only the word really edited; the marks
+    follow the job's normalisation (NFKC: a decomposed accent is the composed one)."""
+    from pydoc_data.topics import topics
+
+    from pipeline.report.html import word_diff
+
+    text = topics["while"]
+    words = text.split()
+    shouted = " ".join(w.upper().strip('"') + ("," if i % 7 == 0 else "")
+                       for i, w in enumerate(words))
+    a, b = word_diff(shouted, text, normalize=True)
+    assert "<mark>" not in a + b
+    a, b = word_diff(shouted, text)  # as stored: every word shown differs
+    assert a.count("<mark>") >= 20 and a.startswith('<div class="text"><mark>THE,</mark>')
+    edited = shouted.replace("REPEATEDLY", "AGAIN", 1) + " Caf\u0065\u0301"
+    a, b = word_diff(edited, text + " CAF\u00c9", normalize=True)
+    assert a.count("<mark>") == b.count("<mark>") == 1
+    assert "<mark>AGAIN</mark>" in a and "<mark>repeatedly</mark>" in b
+    summary = _job(tmp_path, "parquet", [text, shouted], {"metric": "jaccard", "threshold": 0.8},
+                   files=1)
+    assert summary["removed_near"] == 1
+    page = (tmp_path / "report" / "index.html").read_text()
+    borderline = page.split('id="borderline"')[1].split("</section>")[0]
+    assert "WHILE" in borderline and "<mark>" not in borderline
+
+
 def test_reference_texts_remove_their_near_copies(tmp_path, corpus):
     """Benchmark decontamination: training texts that near-copy an evaluation set go, as
     reference_near; the evaluation set is never touched."""

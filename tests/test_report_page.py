@@ -441,6 +441,44 @@ def test_text_cards_keep_the_record_id_clear_of_the_text(texts, width):
         assert not cut, (c["id"], cut, bottom)
 
 
+PAIR_DISTANCES = """
+function box(r) { return [r.left, r.top, r.right, r.bottom]; }
+window.probe = Array.from(document.querySelectorAll('div.pair')).map(function (p) {
+  var d = p.querySelector('.dist'), range = document.createRange();
+  range.selectNodeContents(d);
+  return {dist: d.textContent, box: box(d.getBoundingClientRect()),
+          clipped: d.scrollWidth > d.clientWidth, lines: range.getClientRects().length,
+          card: box(p.querySelector('figure.rec').getBoundingClientRect())};
+});
+"""
+
+
+@pytest.mark.parametrize("data", ["vectors", "texts"])
+def test_borderline_distances_are_shown_whole_beside_their_cards(tmp_path, data):
+    """Borderline pairs at tiny distances, in Chromium: each distance on one line, whole,
+    its box ending before the pair's first card begins. In a column of 70 px a bold
+    "0.0060925" (the shipped text sample's) ran under the first card and "9.0474e-07"
+    broke after its "e-"."""
+    if data == "vectors":
+        x = near_copies(7)
+        write_input("parquet", tmp_path / "in" / "v.parquet",
+                    [f"r{i}" for i in range(len(x))], x, np.zeros(len(x), int))
+        assert run_job(tmp_path, "parquet", str(tmp_path / "in" / "*.parquet"),
+                       near={"metric": "l2", "threshold": 1e-6}) == 0
+    else:
+        r = subprocess.run([sys.executable, "-m", "pipeline.run", "--config",
+                            "configs/dedupe-text.yaml", "--quiet",
+                            "--set", f"output.path={tmp_path / 'out' / 'clean'}",
+                            "--set", f"report={tmp_path / 'out' / 'report'}"],
+                           cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                           text=True)
+        assert r.returncode == 0, r.stderr
+    pairs = probe(tmp_path / "out" / "report" / "index.html", PAIR_DISTANCES)
+    assert len(pairs) >= 5 and max(len(p["dist"]) for p in pairs) >= 9
+    for p in pairs:
+        assert p["lines"] == 1 and not p["clipped"] and p["box"][2] <= p["card"][0], p
+
+
 # ---------------------------------------------------------------------------- histogram
 
 

@@ -34,6 +34,7 @@ import pyarrow as pa
 from pipeline.report.pick import READ_ROWS, Group, Pair, Rec, fetch, page_records
 from transforms.io import layout
 from transforms.near.recall import recall_line
+from transforms.near.sets import word_keys
 
 THUMB_PX = 72  # thumbnails' longer side on the page
 MAX_IMAGE_PX = 128  # images larger than this are subsampled before encoding
@@ -218,11 +219,14 @@ DIFF_WORDS = 3000  # words of each text compared for the marks (a quadratic wors
 DIFF_CONTEXT = 8  # words shown before the first difference
 
 
-def word_diff(a: str, b: str) -> tuple[str, str]:
+def word_diff(a: str, b: str, normalize: bool = False) -> tuple[str, str]:
     """Two texts as HTML from a few words before their first difference, the words each
-    has and the other lacks marked (``<mark>``): what a near copy changed."""
+    has and the other lacks marked (``<mark>``): what a near copy changed. ``normalize``:
+    words compared as jaccard's normalised word unit compares them (``word_keys``: case,
+    punctuation and Unicode forms are no change), shown as stored."""
     wa, wb = a.split()[:DIFF_WORDS], b.split()[:DIFF_WORDS]
-    ops = difflib.SequenceMatcher(None, wa, wb, autojunk=False).get_opcodes()
+    ka, kb = (word_keys(wa), word_keys(wb)) if normalize else (wa, wb)
+    ops = difflib.SequenceMatcher(None, ka, kb, autojunk=False).get_opcodes()
     first = next((o for o in ops if o[0] != "equal"), None)
     starts = (0, 0) if first is None else (max(0, first[1] - DIFF_CONTEXT),
                                            max(0, first[3] - DIFF_CONTEXT))
@@ -246,7 +250,7 @@ def word_diff(a: str, b: str) -> tuple[str, str]:
             side(wb, starts[1], [(o[3], o[4]) for o in changed]))
 
 
-def _pairs_html(pairs: list[Pair], title: str) -> str:
+def _pairs_html(pairs: list[Pair], title: str, normalize: bool = False) -> str:
     rows = []
     for p in pairs:
         lo, hi = _range([r.tensor for r in (p.record, p.neighbour) if r.tensor is not None])
@@ -254,7 +258,7 @@ def _pairs_html(pairs: list[Pair], title: str) -> str:
         bodies = (None, None)
         if all(r.tensor is not None and _is_text(r.tensor) for r in (p.record, p.neighbour)):
             bodies = word_diff(str(np.asarray(p.record.tensor).item()),
-                               str(np.asarray(p.neighbour.tensor).item()))
+                               str(np.asarray(p.neighbour.tensor).item()), normalize)
         rows.append(f'<div class="pair" data-ids="{ids}"><div class="dist">{p.distance:.5g}'
                     f"</div>{_card(p.record, lo, hi, body=bodies[0])}"
                     f"{_card(p.neighbour, lo, hi, body=bodies[1])}</div>")
@@ -354,7 +358,7 @@ overflow-wrap:anywhere;margin:4px 0}
 #nomatch{background:#fff3bf;border-color:#e0c36a}
 .pairs{display:grid;grid-template-columns:1fr 1fr;gap:16px}
 .pair{display:flex;gap:6px;align-items:center;border-top:1px solid #eee;padding:6px 0}
-.dist{width:70px;font-variant-numeric:tabular-nums;font-weight:600}
+.dist{flex:none;min-width:70px;font-variant-numeric:tabular-nums;font-weight:600}
 input#filter{padding:4px 8px;width:260px}.hidden{display:none}
 code{font-size:12px}
 """
@@ -454,6 +458,7 @@ def render(counts: dict, groups: list[Group], inside: list[Pair], outside: list[
     pairs = ""
     if near is not None:
         sets = near["metric"] == "jaccard"  # a minimum similarity: the other way round
+        folded = sets and bool((near.get("stats") or {}).get("normalize"))  # marks ignore it
         advice = ("if those just below it look like duplicates, lower it; if those just "
                   "above it do not, raise it" if sets else "if those just outside look like "
                   "duplicates, raise it; if those just inside do not, lower it")
@@ -461,9 +466,9 @@ def render(counts: dict, groups: list[Group], inside: list[Pair], outside: list[
                  f"verified pairs nearest the threshold: {advice} "
                  "(borderline_pairs.parquet has them all).</p><div class=\"pairs\">"
                  + _pairs_html(inside, "just above the threshold (duplicates)" if sets else
-                               "just inside the tolerance (duplicates)")
+                               "just inside the tolerance (duplicates)", folded)
                  + _pairs_html(outside, "just below it (not duplicates)" if sets else
-                               "just outside (not duplicates)") + "</div></section>")
+                               "just outside (not duplicates)", folded) + "</div></section>")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">

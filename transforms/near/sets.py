@@ -217,6 +217,14 @@ def unformatted(texts: pa.Array) -> pa.Array:
     return pc.replace_substring_regex(t, _ORPHAN_MARKS, r"\1")
 
 
+def word_keys(words: list[str]) -> list[str]:
+    """Each whitespace-separated token as the ``word`` unit compares it when it
+    normalises: NFKC, lower case, only its letters, marks and digits (``text_sets``), so
+    a page shown beside its re-cased or re-punctuated copy marks no word as changed."""
+    arr = pc.utf8_lower(unformatted(pa.array(words, pa.large_string())))
+    return pc.replace_substring_regex(arr, r"[^\p{L}\p{M}\p{N}]+", "").to_pylist()
+
+
 def normalized(texts: pa.Array) -> pa.Array:
     """``unformatted``, lower case, punctuation and symbols as spaces, whitespace
     collapsed."""
