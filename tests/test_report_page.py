@@ -530,3 +530,27 @@ def test_histogram_tick_labels_stay_apart(threshold):
     boxes.sort(key=lambda b: b.x0)
     gaps = [b.x0 - a.x1 for a, b in zip(boxes[:-1], boxes[1:], strict=True)]
     assert min(gaps) >= 4, gaps
+
+
+@pytest.mark.parametrize("top", [0, 1, 6, 40, 16_000, 3_000_000])
+def test_count_axes_are_labelled_with_plain_counts(top):
+    """A histogram's count axis, drawn: at least two labels inside the axis, each the
+    count its tick stands for written as a number ("2", "1,000"), never "6 x 10^0" or
+    "1e+05" (matplotlib's own, on the small samples a first run shows)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.bar([0, 1], [1, top])
+    near_report.count_axis(ax, top)
+    fig.canvas.draw()
+    lo, hi = ax.get_ylim()
+    shown = [(t, label.get_text()) for ticks, labels in (
+        (ax.get_yticks(), ax.get_yticklabels()),
+        (ax.get_yticks(minor=True), ax.get_yticklabels(minor=True)))
+        for t, label in zip(ticks, labels, strict=True) if label.get_text() and lo <= t <= hi]
+    assert len(shown) >= 2, shown
+    for t, text in shown:
+        assert re.fullmatch(r"\d{1,3}(,\d{3})*", text) and int(text.replace(",", "")) == t, text

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.report.near import draw_and_write
+from pipeline.report.near import count_axis, draw_and_write
 from pipeline.steps.borderline import BORDERLINE_SCHEMA
 from transforms.io import layout
 from transforms.near.sets import J_BINS
@@ -70,12 +70,8 @@ def _plot(path: str, hist: dict, note: str) -> None:
         ax.bar(e[:-1], o["counts"], width=np.diff(e), align="edge", color="tab:orange",
                alpha=0.85, edgecolor="white", linewidth=0.3, label=labels[2])
         ax.axvline(t, color="red", linestyle="--", label=f"threshold: J >= {t:g}")
-        top = max([*v["counts"], *r["counts"]], default=0)
-        if top > 0:
-            ax.set_yscale("log")
-            ax.set_ylim(0.7, 1.6 * top)
+        count_axis(ax, max([*v["counts"], *r["counts"]], default=0))
         ax.set_xlim(lo, hi)
-        ax.set_ylabel("count (log scale)")
     main.set_xlabel("Jaccard similarity J of the shingle sets")
     zoom.set_xlabel(f"J, threshold +- {ZOOM:g}")
     main.set_title(f"{r['n']:,} records removed as near-duplicates (J >= {t:g})", fontsize=10)

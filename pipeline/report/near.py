@@ -202,12 +202,8 @@ def histogram_figure(hist: dict, metric: str, note: str, removed: int | None,
         ax.stairs(ncounts, e, color="black", linewidth=1.2, label=labels["nn"])
         ax.axvline(t, color="red", linestyle="--", label=labels["t"])
         ax.set_xscale("log")
-        top = max([*pcounts, *ncounts, *(extra or [])], default=0)
-        if top > 0:  # a log axis needs a positive count
-            ax.set_yscale("log")
         ax.set_xlim(e[0], e[-1])
-        ax.set_ylim(0.7 if top > 0 else 0, max(2.0, 1.6 * top))
-        ax.set_ylabel("count (log scale)")
+        count_axis(ax, max([*pcounts, *ncounts, *(extra or [])], default=0))
     lo, hi = hist["edges"][0], hist["edges"][-1]
     for ax, choices in ((main, _decade_ticks(lo, hi)),
                         (zoom, [[t * f for f in fs] for fs in ZOOM_TICKS])):
@@ -233,6 +229,35 @@ def histogram_figure(hist: dict, metric: str, note: str, removed: int | None,
 ZOOM_TICKS = ((0.4, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8), (0.5, 0.7, 1.0, 1.4, 2.0, 2.8),
               (0.4, 0.6, 1.0, 1.5, 2.5), (0.5, 1.0, 2.0), (1.0,))
 TICK_GAP_PX = 8  # blank pixels at least between two tick labels
+
+
+SMALL_COUNTS = (2, 3, 5)  # labelled where a count axis spans about one decade
+
+
+def count_axis(ax, top: float) -> None:
+    """A histogram's count axis: log scale up to ``top`` (linear from 0 when nothing is
+    counted), labelled with counts as numbers ("2", "1,000"): matplotlib's own labels
+    read "6 x 10^0" on the small samples a first run shows, and mixed "1e4" with
+    "1e+05" further up."""
+    from matplotlib.ticker import FuncFormatter
+
+    if top <= 0:  # a log axis needs a positive count
+        ax.set_ylim(0, 2.0)
+        ax.set_yticks([0, 1, 2])
+        ax.set_ylabel("count")
+        return
+    ax.set_yscale("log")
+    ax.set_ylim(0.7, max(2.0, 1.6 * top))
+    ax.set_ylabel("count (log scale)")
+    few = 1.6 * top < 20  # one decade or less: its ticks between the powers of ten too
+
+    def label(v: float, minor: bool) -> str:
+        if v < 1 or (minor and not (few and round(v) in SMALL_COUNTS)):
+            return ""
+        return f"{v:,.0f}"
+
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: label(v, False)))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: label(v, True)))
 
 
 def _decade_ticks(lo: float, hi: float) -> list[list[float]]:
