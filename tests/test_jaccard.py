@@ -867,6 +867,25 @@ def test_a_copy_that_differs_in_case_and_punctuation_only_shows_no_change(tmp_pa
     assert "WHILE" in borderline and "<mark>" not in borderline
 
 
+def test_token_pairs_show_their_ids_with_the_changed_ones_marked(tmp_path):
+    """Token sequences (Parquet list<int32>): a borderline card shows the ids as a
+    sequence from a few before the first change, the replaced id marked on each side,
+    and a group card writes ids whole (12345, not 1.234e+04)."""
+    rng = np.random.default_rng(5)
+    a = rng.integers(10_000, 30_000, 400).astype(np.int32)
+    b = a.copy()
+    b[200] = 7
+    summary = _job(tmp_path, "parquet", [a, b], {"metric": "jaccard", "threshold": 0.8},
+                   files=1)
+    assert summary["removed_near"] == 1 and summary["near"]["unit"] == "token"
+    page = (tmp_path / "report" / "index.html").read_text()
+    borderline = page.split('id="borderline"')[1].split("</section>")[0]
+    assert f"<mark>{a[200]}</mark>" in borderline and "<mark>7</mark>" in borderline
+    assert borderline.count("<mark>") == 2 and f"... {a[192]} {a[193]}" in borderline
+    groups = page.split('id="groups"')[1] if 'id="groups"' in page else page
+    assert f"[{a[0]}, {a[1]}, " in groups and "e+04" not in page
+
+
 def test_reference_texts_remove_their_near_copies(tmp_path, corpus):
     """Benchmark decontamination: training texts that near-copy an evaluation set go, as
     reference_near; the evaluation set is never touched."""

@@ -123,11 +123,24 @@ def _sparkline(t: np.ndarray, lo: float, hi: float) -> str:
             'fill="none" stroke="#1f6fb2" stroke-width="1.2"/></svg>')
 
 
+def _value(x: float | int | complex) -> str:
+    """A value as a card shows it: integers whole (token ids, pixel levels: 11790, not
+    1.179e+04), floats to 4 significant digits."""
+    if isinstance(x, int):
+        return str(x)
+    return f"{x:.4g}" if isinstance(x, float) else f"{x:.3g}"
+
+
 def _preview(t: np.ndarray) -> str:
     v = np.asarray(t).ravel()
-    head = ", ".join(f"{x:.4g}" if np.isrealobj(x) else f"{x:.3g}" for x in v[:6].tolist())
+    head = ", ".join(_value(x) for x in v[:6].tolist())
     more = ", ..." if v.size > 6 else ""
     return f"[{head}{more}] {tuple(np.asarray(t).shape)} {np.asarray(t).dtype}"
+
+
+def _is_sequence(t: np.ndarray | None) -> bool:
+    """A record of integers in one dimension (token ids)."""
+    return t is not None and np.asarray(t).ndim == 1 and np.asarray(t).dtype.kind in "iu"
 
 
 def _is_text(t: np.ndarray) -> bool:
@@ -250,15 +263,21 @@ def word_diff(a: str, b: str, normalize: bool = False) -> tuple[str, str]:
             side(wb, starts[1], [(o[3], o[4]) for o in changed]))
 
 
-def _pairs_html(pairs: list[Pair], title: str, normalize: bool = False) -> str:
+def _pairs_html(pairs: list[Pair], title: str, sets: bool = False, normalize: bool = False
+                ) -> str:
+    """A side of the borderline pairs. ``sets`` (jaccard): texts and token sequences
+    are shown from their first difference with the changed words or ids marked,
+    ``normalize``: as the metric normalises words."""
     rows = []
     for p in pairs:
         lo, hi = _range([r.tensor for r in (p.record, p.neighbour) if r.tensor is not None])
         ids = f"{html.escape(p.record.id)} {html.escape(p.neighbour.id)}"
         bodies = (None, None)
-        if all(r.tensor is not None and _is_text(r.tensor) for r in (p.record, p.neighbour)):
-            bodies = word_diff(str(np.asarray(p.record.tensor).item()),
-                               str(np.asarray(p.neighbour.tensor).item()), normalize)
+        pair = [r.tensor for r in (p.record, p.neighbour)]
+        if all(t is not None and _is_text(t) for t in pair):
+            bodies = word_diff(*(str(np.asarray(t).item()) for t in pair), normalize)
+        elif sets and all(_is_sequence(t) for t in pair):  # token ids: as words, marked
+            bodies = word_diff(*(" ".join(map(str, np.asarray(t).tolist())) for t in pair))
         rows.append(f'<div class="pair" data-ids="{ids}"><div class="dist">{p.distance:.5g}'
                     f"</div>{_card(p.record, lo, hi, body=bodies[0])}"
                     f"{_card(p.neighbour, lo, hi, body=bodies[1])}</div>")
@@ -466,9 +485,10 @@ def render(counts: dict, groups: list[Group], inside: list[Pair], outside: list[
                  f"verified pairs nearest the threshold: {advice} "
                  "(borderline_pairs.parquet has them all).</p><div class=\"pairs\">"
                  + _pairs_html(inside, "just above the threshold (duplicates)" if sets else
-                               "just inside the tolerance (duplicates)", folded)
+                               "just inside the tolerance (duplicates)", sets, folded)
                  + _pairs_html(outside, "just below it (not duplicates)" if sets else
-                               "just outside (not duplicates)", folded) + "</div></section>")
+                               "just outside (not duplicates)", sets, folded)
+                 + "</div></section>")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
