@@ -249,7 +249,7 @@ def count_axis(ax, top: float) -> None:
     ax.set_yscale("log")
     ax.set_ylim(0.7, max(2.0, 1.6 * top))
     ax.set_ylabel("count (log scale)")
-    few = 1.6 * top < 20  # one decade or less: its ticks between the powers of ten too
+    few = 1.6 * top < 20  # an axis that ends below 20: 2, 3 and 5 labelled too
 
     def label(v: float, minor: bool) -> str:
         if v < 1 or (minor and not (few and round(v) in SMALL_COUNTS)):
