@@ -194,6 +194,8 @@ def by_whitespace(shingles: Shingles) -> bool:
     return (shingles.unit, shingles.normalize) in (("word", False), ("char", True))
 
 
+_WORD_SEPARATORS = r"[^\p{L}\p{M}\p{N}]+"  # the word unit: words are runs of the rest
+
 # a mark with no letter or digit before it (after a symbol, a space, or first): the emoji
 # presentation selector U+FE0F is one, so every emoji-only text was the one word "\ufe0f"
 # and all of them near copies of each other at J 1
@@ -222,7 +224,7 @@ def word_keys(words: list[str]) -> list[str]:
     normalises: NFKC, lower case, only its letters, marks and digits (``text_sets``), so
     a page shown beside its re-cased or re-punctuated copy marks no word as changed."""
     arr = pc.utf8_lower(unformatted(pa.array(words, pa.large_string())))
-    return pc.replace_substring_regex(arr, r"[^\p{L}\p{M}\p{N}]+", "").to_pylist()
+    return pc.replace_substring_regex(arr, _WORD_SEPARATORS, "").to_pylist()
 
 
 def normalized(texts: pa.Array) -> pa.Array:
@@ -257,7 +259,7 @@ def text_sets(texts: Sequence[str] | pa.Array, shingles: Shingles) -> Sets:
             arr = pc.utf8_lower(unformatted(arr))  # that start with a letter or digit
             if pc.any(pc.match_substring_regex(arr, _IDEOGRAPHS)).as_py():  # each a word
                 arr = pc.replace_substring_regex(arr, f"({_IDEOGRAPHS})", r" \1 ")
-            split = pc.split_pattern_regex(arr, r"[^\p{L}\p{M}\p{N}]+")
+            split = pc.split_pattern_regex(arr, _WORD_SEPARATORS)
         else:
             split = pc.split_pattern_regex(arr, SPACE + "+")
         offsets = np.asarray(split.offsets, np.int64)
