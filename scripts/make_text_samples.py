@@ -23,6 +23,7 @@ Usage: ``python scripts/make_text_samples.py [--out data/text]``.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import re
@@ -43,10 +44,12 @@ def pages() -> dict[str, str]:
     return {k: v for k, v in sorted(topics.items()) if 400 <= len(v) <= 20_000}
 
 
-def shingles(text: str) -> set[tuple[str, ...]]:
-    """Word 5-grams as the job's defaults take them (the oracle's own code)."""
+@functools.cache
+def shingles(text: str) -> frozenset[tuple[str, ...]]:
+    """Word 5-grams as the job's defaults take them (the oracle's own code), each text's
+    once: the oracle compares every pair."""
     words = re.findall(r"[^\W_]+", unicodedata.normalize("NFKC", text).lower())
-    return {tuple(words[i:i + 5]) for i in range(max(1, len(words) - 4))}
+    return frozenset(tuple(words[i:i + 5]) for i in range(max(1, len(words) - 4)))
 
 
 def jaccard(a: str, b: str) -> float:
@@ -118,8 +121,8 @@ def main() -> None:
                        out / "parquet" / f"part-{i:05d}.parquet")
     (out / "EXPECTED.json").write_text(json.dumps(expected, indent=2) + "\n")
     print(json.dumps(expected))
-    related = [(round(jaccard(p[a], p[b]), 3), a, b) for a, b in itertools.combinations(p, 2)
-               if p[a] != p[b] and jaccard(p[a], p[b]) >= 0.5]
+    pairs = ((jaccard(p[a], p[b]), a, b) for a, b in itertools.combinations(p, 2))
+    related = [(round(j, 3), a, b) for j, a, b in pairs if j >= 0.5 and p[a] != p[b]]
     print("pages related at J >= 0.5 (not copies):", related)
 
 
