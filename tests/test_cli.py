@@ -41,6 +41,10 @@ def one_error_line(capsys) -> str:
     (("near.metric=allclose", "near.probe=3"), {},
      "unknown key near.probe: did you mean near.probes?"),
     ((), {"input": {"tensr": "emb"}}, "unknown key input.tensr: did you mean input.tensor?"),
+    (("input.format=jsonl",), {}, "'input.format': 'jsonl' is not read (the job reads parquet, "
+     "tfrecord, hdf5): write the files as Parquet first (pyarrow.json.read_json"),
+    (("input.format=CSV",), {}, "'CSV' is not read (the job reads parquet, tfrecord, hdf5): "
+     "write the files as Parquet first (pyarrow.csv.read_csv"),
     (("near.metric=allclose", "near.mode=fast"), {}, "config key 'near.mode'"),
     (("near.metric=allclose", "near.probes=0"), {}, "config key 'near.probes'"),
     (("near.metric=allclose", "near.device=tpu"), {}, "config key 'near.device'"),

@@ -290,6 +290,14 @@ def _unknown_key(loc: tuple) -> str:
             "--help)")
 
 
+# Table formats users keep texts in, named as input.format, and the pyarrow reader of each
+_TABLE_READERS = {
+    **dict.fromkeys(("jsonl", "json", "ndjson", "jsonlines"), "pyarrow.json.read_json"),
+    **dict.fromkeys(("csv", "tsv"), "pyarrow.csv.read_csv"),
+    **dict.fromkeys(("arrow", "feather", "ipc"), "pyarrow.ipc.open_file(...).read_all(), or "
+                    "open_stream for Hugging Face save_to_disk files")}
+
+
 def _describe(err: ValidationError) -> str:
     errors = err.errors()
     unknown = [e for e in errors if e["type"] == "extra_forbidden"]
@@ -327,6 +335,12 @@ def _describe(err: ValidationError) -> str:
                 f"{msg.removeprefix('Input should be ')}")
     if kind == "literal_error" and isinstance(first["input"], str):
         allowed = re.findall(r"'([^']*)'", first["ctx"]["expected"])
+        reader = _TABLE_READERS.get(first["input"].lower().lstrip("."))
+        if parts[-1:] == ["format"] and reader:  # texts kept as JSON lines / CSV
+            return (f"config key '{key}': {first['input']!r} is not read (the job reads "
+                    f"{', '.join(allowed)}): write the files as Parquet first "
+                    f"({reader}, then pyarrow.parquet.write_table; a text column is read "
+                    f"with input.decode: text) and set {key}: parquet")
         near = difflib.get_close_matches(first["input"].lower(), allowed, n=1, cutoff=0.6)
         if near:
             return (f"config key '{key}': {first['input']!r} is not one of "
