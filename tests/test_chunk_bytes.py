@@ -5,14 +5,16 @@ once and in order, and the job's removals stay those of the brute-force oracles.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import ConfigError, parse_config
-from tests import shapes
+from tests import imagekit, shapes
 from tests.jobkit import EXT, read_output, report, run_job, write_input
 from tests.test_job_near import by_kind, expected
 from transforms.io.formats import get_format
-from transforms.io.formats.base import Chunking, TensorSpec, record_nbytes
+from transforms.io.formats.base import Chunking, Decode, TensorSpec, Unit, record_nbytes
 from transforms.near.spec import NearSpec
 
 SHAPE = (16, 16, 3)
@@ -97,3 +99,82 @@ def test_job_with_small_chunks_matches_oracle(tmp_path, fmt):
                                       SHAPE)
         keep = [k for k, i in enumerate(ids) if i not in gone]
         assert got_ids == [ids[k] for k in keep] and np.array_equal(got, t[keep])
+
+
+def _garble(path, rg: int, column: str) -> None:
+    """Overwrite row group ``rg``'s pages of ``column`` (its header bytes kept)."""
+    meta = pq.ParquetFile(path).metadata.row_group(rg)
+    col = next(meta.column(j) for j in range(meta.num_columns)
+               if meta.column(j).path_in_schema.split(".")[0] == column)
+    start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+    raw = bytearray(path.read_bytes())
+    raw[start + 8: start + col.total_compressed_size - 8] = b"\x07" * (
+        col.total_compressed_size - 16)
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("kind", ["vectors", "texts", "images"])
+def test_small_row_groups_are_joined_into_chunks(tmp_path, kind):
+    """Hugging Face ``datasets`` writes 1,000 rows per row group (100 for images): read as
+    one chunk per group, a job paid per-chunk costs 10-100x over. Consecutive groups are
+    joined up to the chunk's rows and bytes; an unreadable group between them stays its
+    records' reason, and every record comes once, in order, with its value."""
+    n, group, rows = 2_500, 100, 1_024
+    rng = np.random.default_rng(3)
+    if kind == "vectors":
+        x = rng.standard_normal((n, 16)).astype(np.float32)
+        col, spec = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 16), TensorSpec("v")
+    elif kind == "texts":
+        x = [" ".join(rng.choice(["a", "bb", "ccc", "dd"], int(k))) for k in
+             rng.integers(1, 40, n)]
+        col, spec = pa.array(x), TensorSpec("v", decode=Decode("text"))
+    else:
+        tiles = imagekit.crops(50, 8, 8)
+        x = [tiles[i % 50] for i in range(n)]
+        col = pa.array([{"bytes": imagekit.encode(t), "path": None} for t in x])
+        spec = TensorSpec("v", decode=Decode("image"))
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"v": col}), path, row_group_size=group)
+    _garble(path, 13, "v")  # rows 1,300-1,399
+    f = get_format("parquet", spec)
+    spec = f.check(str(path), spec)
+    chunks = [c for u in f.plan(str(path), 0, n, spec) for c in f.read(u, spec, rows)]
+    sizes = [len(c.positions) for c in chunks]
+    assert sizes == [1_000, 300, 0, 1_000, 100]  # 10 groups, 3 before the bad one, it, 10...
+    assert [r.position for c in chunks for r in c.invalid] == list(range(1_300, 1_400))
+    got = np.concatenate([c.positions for c in chunks])
+    np.testing.assert_array_equal(got, np.r_[0:1_300, 1_400:n])
+    values = [v for c in chunks for v in c.tensors]
+    for p, v in zip(got.tolist(), values, strict=True):
+        assert np.array_equal(v, x[p]) if kind != "texts" else v == x[p]
+    if kind == "texts":  # and the bytes cap: about 2.5 groups' text per chunk at most
+        budget = 12_000
+        chunks = list(f.read(Unit(0, str(path)), spec, rows, budget))
+        assert all(sum(len(t.encode()) for t in c.tensors) <= budget for c in chunks)
+        assert max(len(c.positions) for c in chunks) > group  # groups still joined
+        assert sum(len(c.positions) for c in chunks) == n - group
+
+
+def test_a_job_gives_the_same_removals_whatever_its_row_groups(tmp_path):
+    """The same records as one row group and as Hugging Face's 1,000-row groups (joined
+    into chunks): the same removals, the clean copies keep each input's groups."""
+    x, _ = shapes.images(300, (8, 8, 1), "float32", seed=8)
+    rng = np.random.default_rng(8)
+    x = np.concatenate([x, x[rng.choice(300, 40)] + 1e-4])[rng.permutation(340)]
+    x = np.repeat(x, 8, axis=0)[:2_600]  # + exact copies
+    ids = [f"r{i}" for i in range(len(x))]
+    got = []
+    for group in (2_600, 100):
+        where = tmp_path / f"g{group}"
+        write_input("parquet", where / "in" / "a.parquet", ids, x, np.zeros(len(x)),
+                    row_group_size=group)
+        assert run_job(where, "parquet", str(where / "in" / "*.parquet"),
+                       near={"metric": "l2", "threshold": 0.01}) == 0
+        dups, _ = report(where)
+        assert dups.num_rows > 2_000
+        got.append(dups.select(["record_id", "duplicate_of", "kind"]).sort_by("record_id"))
+        kept = len(x) - dups.num_rows
+        assert pq.ParquetFile(where / "out" / "clean" / "a.parquet").metadata.num_row_groups == (
+            1 if group == len(x) else len(x) // group)  # each group shrinks by its removals
+        assert pq.read_table(where / "out" / "clean" / "a.parquet").num_rows == kept
+    assert got[0].equals(got[1])

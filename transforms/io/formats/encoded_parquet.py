@@ -40,7 +40,13 @@ from transforms.io.formats.parquet import (
     unsupported,
     value_kind,
 )
-from transforms.io.formats.parquet_files import group_reason, open_file, prefetched, total_rows
+from transforms.io.formats.parquet_files import (
+    group_reason,
+    joined,
+    open_file,
+    prefetched,
+    total_rows,
+)
 
 
 def _beside(path: str, rel: str) -> str:
@@ -181,7 +187,9 @@ def read_values(unit: Unit, spec: TensorSpec, rows: int, max_bytes: int) -> Iter
         return
     stop = total_rows(pf) if unit.stop is None else unit.stop
     columns = list(dict.fromkeys(c for c in (spec.tensor, spec.id, spec.rank) if c is not None))
-    for rg, first, n, table in prefetched(unit.path, pf, unit.start, stop, columns, whole=True):
+    for rg, first, n, table in joined(prefetched(unit.path, pf, unit.start, stop, columns,
+                                                 whole=True), rows, max_bytes,
+                                      lambda t: t.column(spec.tensor).nbytes):
         if isinstance(table, Exception):
             positions = np.arange(first, first + n, dtype=np.int64)
             why = group_reason(rg, table)

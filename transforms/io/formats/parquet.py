@@ -43,6 +43,7 @@ from transforms.io.formats.parquet_files import (
     DECODE_BYTES,
     check_rest,
     group_reason,
+    joined,
     open_file,
     read_groups,
     row_groups,
@@ -515,12 +516,12 @@ def _pieces(path: str, pf: pq.ParquetFile, start: int, stop: int, columns: list[
             spec: TensorSpec, batch_rows: int, batch_bytes: int | None
             ) -> Iterator[tuple[int, int, int, pa.Table | Exception]]:
     """``_batches``, read ahead: when every row group is one batch, whole groups are read
-    several at a time (``ahead_depth``; each thread with its own reader); else in
-    order, one batch ahead."""
+    several at a time (``ahead_depth``; each thread with its own reader) and small ones
+    joined into batches (``joined``); else in order, one batch ahead."""
     groups = list(row_groups(pf, start, stop))
-    if all(rows_within(batch_rows, batch_bytes, _row_bytes(pf, rg, spec)) >= n
-           for rg, _, n in groups):
-        return read_groups(path, pf, groups, columns, whole=True)
+    fits = [rows_within(batch_rows, batch_bytes, _row_bytes(pf, rg, spec)) for rg, _, _ in groups]
+    if all(most >= n for most, (_, _, n) in zip(fits, groups, strict=True)):
+        return joined(read_groups(path, pf, groups, columns, whole=True), min(fits, default=1))
     return ahead(_batches(pf, start, stop, columns, spec, batch_rows, batch_bytes))
 
 

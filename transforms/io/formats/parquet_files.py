@@ -219,6 +219,35 @@ def read_groups(path: str, pf: pq.ParquetFile, groups: list[tuple[int, int, int]
                      for rg, first, n in groups), ahead_depth(pf, groups))
 
 
+def joined(pieces: Iterator[tuple[int, int, int, pa.Table | Exception]], rows: int,
+           max_bytes: int | None = None, size: Callable[[pa.Table], int] | None = None
+           ) -> Iterator[tuple[int, int, int, pa.Table | Exception]]:
+    """``pieces`` (row group, first position, rows, table or read error) with consecutive
+    readable tables joined while they hold at most ``rows`` rows and, by ``size``, at
+    most ``max_bytes`` (one larger table passes alone); a joined table is numbered by its
+    first group, an error passes as it is, in order. Why: Hugging Face ``datasets``
+    writes 1,000 rows per row group (100 for images), and a chunk per group cost a
+    250,000 x 128 near job 28% more wall time (44% more CPU) than chunks of 65,536 rows,
+    a text job twice its recall estimate (each chunk meets the whole sample)."""
+    held: list[pa.Table] = []
+    rg0 = first = have = nbytes = 0
+    for rg, start, n, table in pieces:
+        more = 0 if isinstance(table, Exception) or size is None else size(table)
+        if held and (isinstance(table, Exception) or have + n > rows or (
+                max_bytes is not None and nbytes + more > max_bytes)):
+            yield rg0, first, have, pa.concat_tables(held)
+            held = []
+        if isinstance(table, Exception):
+            yield rg, start, n, table
+            continue
+        if not held:
+            rg0, first, have, nbytes = rg, start, 0, 0
+        held.append(table)
+        have, nbytes = have + n, nbytes + more
+    if held:
+        yield rg0, first, have, pa.concat_tables(held)
+
+
 def prefetched(path: str, pf: pq.ParquetFile, start: int, stop: int,
                columns: list[str] | None = None,
                then: Callable[[pa.Table, int, int], pa.Table] | None = None,
