@@ -16,8 +16,9 @@ round(v * 255 / 65535) (16-bit RGB/LA PNGs read by tf.io.decode_png: Pillow keep
 high byte); anything transparent (alpha, palette or colour key) on white; grey stays
 grey, the rest RGB, or ``channels``; EXIF orientation applied with numpy. Expected:
 invalid = what it cannot decode; exact = all but the first of each (shape, pixels) group
-in keep order, naming it (exact_on bytes: of each group of equal stored bytes, and a JPEG
-is drafted with Pillow's ``draft`` to the smallest scale at least ``resize`` as shown);
+in keep order, naming it (exact_on bytes: of each group of equal stored bytes, a picture
+of one colour by its whole pixels instead, and a JPEG is drafted with Pillow's ``draft``
+to the smallest scale at least ``resize`` as shown);
 near (representative): survivors in keep order removed when within T of a kept one,
 naming the nearest (l2: T^2 = k + 1/2 over integer squared distances, k often one that
 occurs; correlation: 1 - r of each channel centred, T halfway between two that occur;
@@ -261,6 +262,16 @@ def pick_t(rng: np.random.Generator, small: dict, channels: int) -> float:
     return float(10 ** rng.uniform(-3, np.log10(0.3)))
 
 
+def _flat_pixels(data: bytes, shown: np.ndarray, channels: int | None) -> tuple | None:
+    """exact_on bytes: a picture of one colour (as shown, and decoded whole) is compared
+    by its whole pixels, as without the setting (docs/images.md); None for the others."""
+    one = lambda a: bool((a.reshape(-1, a.shape[-1]) == a.reshape(-1, a.shape[-1])[:1]).all())  # noqa: E731
+    if not one(shown):
+        return None
+    whole = oracle_decode(data, channels)
+    return (whole.shape, whole.tobytes()) if one(whole) else None
+
+
 def run_case(seed: int, stats: collections.Counter, skip: set[str]) -> tuple[dict, list]:
     from pipeline import run_job
 
@@ -273,8 +284,9 @@ def run_case(seed: int, stats: collections.Counter, skip: set[str]) -> tuple[dic
         full = [oracle_decode(r["truth"], channels or (3 if resize else None),
                               resize if by_bytes else None) for r in recs]
         small = {i: shrink(a, resize) for i, a in enumerate(full) if a is not None and resize}
-        same = [None if a is None else r["truth"] if by_bytes else (a.shape, a.tobytes())
-                for r, a in zip(recs, full, strict=True)]
+        same = [None if a is None else (a.shape, a.tobytes()) if not by_bytes
+                else _flat_pixels(r["truth"], a, channels or (3 if resize else None))
+                or r["truth"] for r, a in zip(recs, full, strict=True)]
         c["k"] = k = pick_k(rng, small) if resize and rng.random() < 0.8 else None
         c["metric"] = "correlation" if k is not None and rng.random() < 0.4 else "l2"
         c["channels"] = channels or 3
