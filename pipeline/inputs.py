@@ -23,6 +23,7 @@ from pipeline.config import DedupeConfig
 from pipeline.config.sections import InputConfig
 from pipeline.job import References
 from pipeline.steps.ids import repeated_line
+from transforms.images import sniff as image_kind
 from transforms.io import fs
 from transforms.io.formats import get_format
 from transforms.io.formats.base import (
@@ -151,7 +152,7 @@ def _check_sniffed(files: list[str], found: list[Sniffed | None], source: InputC
                          f"file ({s.evidence}), not {source.format}{many}: set "
                          f"{section}.format: {s.format}")
     if unknown:
-        raise InputError(_not_the_format(files, unknown, source.format, key))
+        raise InputError(_not_the_format(files, unknown, source.format, key, source.path))
     fixed = source.compression
     for path, s in zip(files, found, strict=True):
         if s is not None and s.compression not in (None, fixed) and fixed != "auto":
@@ -160,7 +161,7 @@ def _check_sniffed(files: list[str], found: list[Sniffed | None], source: InputC
 
 
 def _not_the_format(files: list[str], unknown: list[tuple[str, bytes]], fmt: str,
-                    key: str) -> str:
+                    key: str, pattern: str) -> str:
     """The one line for files that are not of ``fmt`` at all: each would be read as one
     unreadable file, or an empty one as no file (the first file speaks for the input)."""
     name = _FORMAT_NAMES[fmt]
@@ -188,12 +189,31 @@ def _not_the_format(files: list[str], unknown: list[tuple[str, bytes]], fmt: str
                f"{read.format(base)}, '{_stem(base)}.parquet')\", and set {key} to the "
                "Parquet files" + (
                    "" if fmt == "parquet" else f" and {key.partition('.')[0]}.format: parquet"))
+    elif len(unknown) == len(files) and all(image_kind(h) for _, h in unknown):
+        fix = _image_index(pattern, key.partition(".")[0])
     elif fnmatch.fnmatch(posixpath.basename(path), glob):
         fix = f"remove {it}, or replace {it} with the {name} files meant"
     else:
         fix = (f"remove {it}, or narrow {key} to the {name} files (e.g. "
                f"'{posixpath.join(posixpath.dirname(path), glob)}')")
     return f"{key}: {what} ({_what_it_is(head)}; {_NEEDS[fmt]}): {fix}"
+
+
+def _image_index(pattern: str, section: str) -> str:
+    """The way in for a folder of image files: a Parquet index of their paths, read as a
+    Hugging Face ``Image()`` column (a row with only a path is read from that path)."""
+    where = (f"write a Parquet index of their paths, e.g. python -c \"import glob, os, "
+             f"pyarrow as pa, pyarrow.parquet as pq; p = sorted(f for f in glob.glob("
+             f"'{pattern}', recursive=True) if os.path.isfile(f)); pq.write_table("
+             "pa.table({'id': p, 'image': pa.array([{'bytes': None, 'path': f} for f in p], "
+             "pa.struct([('bytes', pa.binary()), ('path', pa.string())]))}), "
+             "'images.parquet')\"" if "://" not in pattern else
+             "write a Parquet index of their paths (columns id and image, "
+             "struct<bytes: binary, path: string> with the bytes null)")
+    return (f"image files are read through an index: {where}, and set {section}.format: "
+            f"parquet, {section}.path: images.parquet, {section}.tensor: image, "
+            f"{section}.id: id, {section}.decode: image (the clean copy is the index of the "
+            "images kept)")
 
 
 _MARKERS = ("_SUCCESS", "_committed_*", "_started_*", "*.crc")

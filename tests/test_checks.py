@@ -108,6 +108,46 @@ def test_json_lines_or_csv_input_is_told_how_to_convert(tmp_path, capsys, fmt, n
                        input={"tensor": "text", "decode": "text", "id": "id"}) == 0
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "tfrecord"])
+def test_a_folder_of_image_files_is_told_how_to_index_them(tmp_path, capsys, fmt):
+    """Photos as files in a folder (as imagededup and fastdup take them): exit 2 before
+    any work with the command that writes a Parquet index of their paths; run as given,
+    with the settings the line names, the job reads the pictures through it and removes a
+    byte copy and a re-encode, and the clean copy is the index of the pictures kept."""
+    import subprocess
+
+    photos = imagekit.crops(6, 96, 128, seed=5)
+    folder = tmp_path / "photos" / "sub"
+    folder.mkdir(parents=True)
+    for i, p in enumerate(photos):
+        (folder / f"p{i}.{'png' if i % 2 else 'jpg'}").write_bytes(
+            imagekit.encode(p, "PNG" if i % 2 else "JPEG", **({} if i % 2 else {"quality": 95})))
+    (folder / "p0-copy.jpg").write_bytes((folder / "p0.jpg").read_bytes())
+    (folder / "p1-q90.jpg").write_bytes(imagekit.encode(photos[1], "JPEG", quality=90))
+    pattern = str(tmp_path / "photos" / "**" / "*")
+    assert run_job(tmp_path, fmt, pattern, input={"tensor": "image", "decode": "image"}) == 2
+    line = one_error_line(capsys)
+    assert "8 of 8 files are not" in line and "image files are read through an index" in line
+    assert nothing_written(tmp_path)
+    command = line.split('python -c "')[1].split('"')[0]
+    subprocess.run([sys.executable, "-c", command], cwd=tmp_path, check=True)
+    settings = dict(kv.split(": ") for kv in line.split(", and set ")[1].split(" (")[0].split(
+        ", "))
+    assert settings == {"input.format": "parquet", "input.path": "images.parquet",
+                        "input.tensor": "image", "input.id": "id", "input.decode": "image"}
+    assert run_job(tmp_path, "parquet", str(tmp_path / "images.parquet"),
+                   input={"tensor": "image", "id": "id", "decode": "image",
+                          "resize": [32, 32], "channels": 3},
+                   near={"metric": "correlation", "threshold": 0.02}) == 0
+    dups = {d["record_id"].rsplit("/", 1)[1]: (d["kind"], d["duplicate_of"].rsplit("/", 1)[1])
+            for d in pq.read_table(tmp_path / "out" / "report" / "duplicates.parquet").to_pylist()}
+    assert dups == {"p0.jpg": ("exact", "p0-copy.jpg"), "p1.png": ("near", "p1-q90.jpg")}
+    kept = pq.read_table(tmp_path / "out" / "clean" / "images.parquet").to_pylist()
+    assert sorted(Path(r["image"]["path"]).name for r in kept) == [
+        "p0-copy.jpg", "p1-q90.jpg", "p2.jpg", "p3.png", "p4.jpg", "p5.png"]
+    assert all(Path(r["image"]["path"]).is_file() and r["image"]["bytes"] is None for r in kept)
+
+
 @pytest.mark.parametrize("fmt,name,kind,words", [
     ("parquet", "README.md", "readme", "it is text: '# tensordedup'"),
     ("parquet", "labels.csv", "csv", "it is text: 'id,value'"),

@@ -45,6 +45,8 @@ def one_error_line(capsys) -> str:
      "tfrecord, hdf5): write the files as Parquet first (pyarrow.json.read_json"),
     (("input.format=CSV",), {}, "'CSV' is not read (the job reads parquet, tfrecord, hdf5): "
      "write the files as Parquet first (pyarrow.csv.read_csv"),
+    (("input.format=jpg",), {}, "'jpg' is not read (the job reads parquet, tfrecord, hdf5): "
+     "image files are read through a Parquet index of their paths"),
     (("near.metric=allclose", "near.mode=fast"), {}, "config key 'near.mode'"),
     (("near.metric=allclose", "near.probes=0"), {}, "config key 'near.probes'"),
     (("near.metric=allclose", "near.device=tpu"), {}, "config key 'near.device'"),

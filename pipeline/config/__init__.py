@@ -298,6 +298,10 @@ _TABLE_READERS = {
                     "open_stream for Hugging Face save_to_disk files")}
 
 
+_IMAGE_FILES = ("images", "image", "imagefolder", "folder", "jpg", "jpeg", "png", "webp",
+                "bmp", "gif")
+
+
 def _describe(err: ValidationError) -> str:
     errors = err.errors()
     unknown = [e for e in errors if e["type"] == "extra_forbidden"]
@@ -336,6 +340,12 @@ def _describe(err: ValidationError) -> str:
     if kind == "literal_error" and isinstance(first["input"], str):
         allowed = re.findall(r"'([^']*)'", first["ctx"]["expected"])
         reader = _TABLE_READERS.get(first["input"].lower().lstrip("."))
+        if parts[-1:] == ["format"] and first["input"].lower().lstrip(".") in _IMAGE_FILES:
+            return (f"config key '{key}': {first['input']!r} is not read (the job reads "
+                    f"{', '.join(allowed)}): image files are read through a Parquet index "
+                    f"of their paths (a Hugging Face Image() column): set {key}: parquet, "
+                    "keep the image files' glob in the path and run again: the job then gives "
+                    "the command that writes the index")
         if parts[-1:] == ["format"] and reader:  # texts kept as JSON lines / CSV
             return (f"config key '{key}': {first['input']!r} is not read (the job reads "
                     f"{', '.join(allowed)}): write the files as Parquet first "
