@@ -25,6 +25,7 @@ from pipeline.preflight import prepare
 from pipeline.run import main
 from tests import slowfs  # noqa: F401  (registers deniedfs://)
 from tests.textkit import edited, package_texts
+from transforms.io.formats import get_format
 
 STAGES = ("read, digests, exact dedup", "shingles (+ spill)", "key shuffle (GroupByKey)",
           "candidate groups", "components (one worker)", "verification and decisions",
@@ -295,3 +296,30 @@ def test_an_input_of_many_copies_is_planned_from_its_distinct_records(tmp_path, 
     near = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())["near"]
     assert count(verify, "pairs verified") == near["compared"] > 0
     assert count(verify, "removed") == near["removed"] > 0
+
+
+@pytest.mark.parametrize("groups", [[100] * 30, [100] * 7 + [2_500] + [100] * 6, [3_000]])
+def test_the_plan_counts_the_chunks_the_job_reads(tmp_path, groups):
+    """The recall's probes are per chunk: the plan counts chunks as the reader makes them,
+    small row groups (Hugging Face's) joined, a large one cut, in every read unit."""
+    from pipeline.capacity.workload import count_chunks
+    from transforms.io.formats.base import record_nbytes
+
+    texts = [p for p in paragraphs() if p.strip()]
+    rng = np.random.default_rng(0)
+    for f in range(2):
+        path = tmp_path / "data" / f"part-{f}.parquet"
+        path.parent.mkdir(exist_ok=True)
+        with pq.ParquetWriter(path, pa.schema([("url", pa.string()), ("text", pa.string())])
+                              ) as w:
+            for g, n in enumerate(groups):
+                w.write_table(pa.table({"url": [f"f{f}-{g}-{i}" for i in range(n)],
+                                        "text": list(rng.choice(texts, n))}))
+    cfg = config(tmp_path, str(tmp_path / "data" / "*.parquet"))
+    job = prepare(to_config(cfg))
+    fmt = get_format("parquet", job.spec)
+    for rows in (250, 1_000, 65_536):
+        read = sum(1 for i, path in enumerate(job.files) for u in fmt.plan(
+            path, i, job.chunking.unit_rows_for(record_nbytes(job.spec)), job.spec)
+            for _ in fmt.read(u, job.spec, rows, 1 << 40))
+        assert count_chunks(job, rows) == read, rows

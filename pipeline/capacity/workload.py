@@ -31,7 +31,7 @@ from pipeline.job import Job
 from pipeline.steps.store import StoreView
 from transforms.canonical import dtype_named
 from transforms.io.formats import get_format
-from transforms.io.formats.base import Chunking, Decode
+from transforms.io.formats.base import Chunking, Decode, record_nbytes
 from transforms.near.plan import (
     TRAIN_PER_CELL,
     assign_width,
@@ -142,13 +142,31 @@ def count_records(job: Job) -> int | None:
 
 
 def count_chunks(job: Job, rows: int) -> int | None:
-    """Chunks the job cuts the input into at ``rows`` records each (a chunk never spans a
-    Parquet row group: each file's smallest units); None where a format cannot say."""
+    """Chunks the job cuts the input into at ``rows`` records each: within each of its
+    read units, consecutive small Parquet row groups (each file's smallest units) joined
+    while they hold at most ``rows`` (``parquet_files.joined``), a larger one cut alone;
+    None where a format cannot say."""
     fmt = get_format(job.cfg.input.format, job.spec)
-    units = [u for i, path in enumerate(job.files) for u in fmt.plan(path, i, 1, job.spec)]
-    if any(u.stop is None for u in units):
-        return None
-    return sum(max(1, math.ceil((u.stop - u.start) / rows)) for u in units)
+    each = job.chunking.unit_rows_for(record_nbytes(job.spec))
+    total = 0
+    for i, path in enumerate(job.files):
+        groups = fmt.plan(path, i, 1, job.spec)
+        if any(g.stop is None for g in groups):
+            return None
+        for u in fmt.plan(path, i, each, job.spec):
+            held = 0
+            for g in groups:
+                n = g.stop - g.start
+                if g.start < u.start or g.stop > u.stop:
+                    continue
+                if held and held + n > rows:
+                    total, held = total + 1, 0
+                if n > rows:
+                    total += math.ceil(n / rows)
+                else:
+                    held += n
+            total += held > 0 or u.stop == u.start
+    return total
 
 
 WHOLE = 5  # a dry run reads the whole input when it holds at most this many samples
