@@ -207,9 +207,10 @@ def _image_index(pattern: str, section: str) -> str:
              f"'{pattern}', recursive=True) if os.path.isfile(f)); pq.write_table("
              "pa.table({'id': p, 'image': pa.array([{'bytes': None, 'path': f} for f in p], "
              "pa.struct([('bytes', pa.binary()), ('path', pa.string())]))}), "
-             "'images.parquet')\"" if "://" not in pattern else
+             "'images.parquet', row_group_size=2048)\"" if "://" not in pattern else
              "write a Parquet index of their paths (columns id and image, "
-             "struct<bytes: binary, path: string> with the bytes null)")
+             "struct<bytes: binary, path: string> with the bytes null; row groups of "
+             "2,048 rows)")
     return (f"image files are read through an index: {where}, and set {section}.format: "
             f"parquet, {section}.path: images.parquet, {section}.tensor: image, "
             f"{section}.id: id, {section}.decode: image (the clean copy is the index of the "

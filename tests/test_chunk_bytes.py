@@ -178,3 +178,29 @@ def test_a_job_gives_the_same_removals_whatever_its_row_groups(tmp_path):
             1 if group == len(x) else len(x) // group)  # each group shrinks by its removals
         assert pq.read_table(where / "out" / "clean" / "a.parquet").num_rows == kept
     assert got[0].equals(got[1])
+
+
+def test_an_index_of_image_paths_is_planned_in_units_of_about_2048_images(tmp_path):
+    """A Parquet index of image files (HF ``Image()`` rows holding only a path, as the
+    job tells a user with a folder of images to write) is ~100 bytes a row: planned by
+    its stored bytes, 10,000 photos were one unit, decoded by one worker. Each path-only
+    row now counts as an image's share of a unit; rows holding their bytes as before."""
+    from transforms.io.formats import parquet
+
+    photo = imagekit.encode(imagekit.crops(1, 64, 64, seed=2)[0], "JPEG", quality=90)
+    (tmp_path / "p.jpg").write_bytes(photo)
+    n = 10_000
+    rows = {"paths": [{"bytes": None, "path": str(tmp_path / "p.jpg")}] * n,
+            "bytes": [{"bytes": photo, "path": None}] * n}
+    spec = TensorSpec("image", decode=Decode("image", resize=(32, 32), channels=3))
+    target = Chunking().unit_rows_for(32 * 32 * 3)
+    for kind, values in rows.items():
+        path = tmp_path / f"{kind}.parquet"
+        pq.write_table(pa.table({"image": pa.array(values, imagekit.HF_IMAGE)}), path,
+                       row_group_size=500)
+        units = parquet.plan(str(path), 0, target, spec)
+        sizes = [u.stop - u.start for u in units]
+        assert sum(sizes) == n and sizes[0] == (2_500 if kind == "paths" else n), (kind, sizes)
+        chunks = list(get_format("parquet", spec).read(units[-1], spec, 65_536))
+        assert sum(len(c.positions) for c in chunks) == sizes[-1]  # each image read whole
+        assert all(c.tensors.shape[1:] == (32, 32, 3) and not c.invalid for c in chunks)
