@@ -12,7 +12,7 @@ import pytest
 
 from tests.jobkit import run_job
 from transforms.io.formats import parquet, parquet_write
-from transforms.io.formats.base import InputError, TensorSpec, Unit
+from transforms.io.formats.base import Decode, InputError, TensorSpec, Unit
 
 
 def _read_all(path, spec, unit_rows=1000, batch_rows=1000):
@@ -86,7 +86,7 @@ def test_units_of_texts_are_cut_by_bytes_too(tmp_path, corpus, monkeypatch):
     pq.write_table(pa.table({"text": texts}), path, row_group_size=200)
     meta = pq.ParquetFile(path).metadata
     groups = [meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)]
-    spec = TensorSpec("text", decode="text")
+    spec = TensorSpec("text", decode=Decode("text"))
     units = parquet.plan(str(path), 0, 1 << 18, spec)
     assert units[0].start == 0 and units[-1].stop == len(texts)
     assert all(a.stop == b.start for a, b in zip(units, units[1:], strict=False))

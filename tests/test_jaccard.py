@@ -547,7 +547,7 @@ def test_the_recall_check_of_a_crowd_of_long_texts_is_bounded(tmp_path, corpus, 
     overlaps = near_sets.overlaps
 
     def counted(sets, x, cands):
-        verified.append(len(cands))
+        verified.append((len(x), len(cands)))
         return overlaps(sets, x, cands)
 
     monkeypatch.setattr(near_sets, "overlaps", counted)
@@ -560,7 +560,11 @@ def test_the_recall_check_of_a_crowd_of_long_texts_is_bounded(tmp_path, corpus, 
     monkeypatch.setattr(near_sets, "TRUTH_HASHES", 10 * len(long_text.split()))
     capped = _job(tmp_path / "capped", "parquet", texts, near, **one)["near"]["recall"]
     assert len(long_text.split()) > 3000 and full["with_partners"] > 100
-    assert max(uncapped) > 50 and 0 < max(verified) <= near_sets.PARTNERS
+    # the crowd's members (their sets: ~6,800 shingles); a short sampled text may verify
+    # more, by design: its cap is TRUTH_HASHES over its own size
+    crowd = [n for size, n in verified if size > 3000]
+    assert max(n for size, n in uncapped if size > 3000) > 50
+    assert 0 < max(crowd) <= near_sets.PARTNERS
     for k in ("sampled", "with_partners", "recalled", "recall"):
         assert capped[k] == full[k], k
 
