@@ -1,5 +1,6 @@
 """What a Parquet file's row-group size costs the job: the same records as Hugging Face
-``datasets`` writes them (1,000 rows per row group, 100 for images) and in large groups,
+``datasets`` wrote them from 2022 to its 5.x releases (1,000 rows per row group, 100 for
+images; 5.x aims at 100 MB groups) and in large groups,
 whole CLI processes one after another, default settings but the near section.
 
 Data (each built here, deterministic):

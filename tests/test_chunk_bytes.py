@@ -115,7 +115,7 @@ def _garble(path, rg: int, column: str) -> None:
 
 @pytest.mark.parametrize("kind", ["vectors", "texts", "images"])
 def test_small_row_groups_are_joined_into_chunks(tmp_path, kind):
-    """Hugging Face ``datasets`` writes 1,000 rows per row group (100 for images): read as
+    """Hugging Face ``datasets`` wrote 1,000 rows per row group (100 for images): read as
     one chunk per group, a job paid per-chunk costs 10-100x over. Consecutive groups are
     joined up to the chunk's rows and bytes; an unreadable group between them stays its
     records' reason, and every record comes once, in order, with its value."""
@@ -156,7 +156,7 @@ def test_small_row_groups_are_joined_into_chunks(tmp_path, kind):
 
 
 def test_a_job_gives_the_same_removals_whatever_its_row_groups(tmp_path):
-    """The same records as one row group and as Hugging Face's 1,000-row groups (joined
+    """The same records as one row group and in Hugging Face's former 100-row groups (joined
     into chunks): the same removals, the clean copies keep each input's groups."""
     x, _ = shapes.images(300, (8, 8, 1), "float32", seed=8)
     rng = np.random.default_rng(8)
