@@ -339,8 +339,9 @@ def _describe(err: ValidationError) -> str:
                 f"{msg.removeprefix('Input should be ')}")
     if kind == "literal_error" and isinstance(first["input"], str):
         allowed = re.findall(r"'([^']*)'", first["ctx"]["expected"])
-        reader = _TABLE_READERS.get(first["input"].lower().lstrip("."))
-        if parts[-1:] == ["format"] and first["input"].lower().lstrip(".") in _IMAGE_FILES:
+        named = first["input"].lower().lstrip(".")
+        reader = _TABLE_READERS.get(named)
+        if parts[-1:] == ["format"] and named in _IMAGE_FILES:
             return (f"config key '{key}': {first['input']!r} is not read (the job reads "
                     f"{', '.join(allowed)}): image files are read through a Parquet index "
                     f"of their paths (a Hugging Face Image() column): set {key}: parquet, "

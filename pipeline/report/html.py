@@ -270,10 +270,10 @@ def _pairs_html(pairs: list[Pair], title: str, sets: bool = False, normalize: bo
     ``normalize``: as the metric normalises words."""
     rows = []
     for p in pairs:
-        lo, hi = _range([r.tensor for r in (p.record, p.neighbour) if r.tensor is not None])
+        pair = [r.tensor for r in (p.record, p.neighbour)]
+        lo, hi = _range([t for t in pair if t is not None])
         ids = f"{html.escape(p.record.id)} {html.escape(p.neighbour.id)}"
         bodies = (None, None)
-        pair = [r.tensor for r in (p.record, p.neighbour)]
         if all(t is not None and _is_text(t) for t in pair):
             bodies = word_diff(*(str(np.asarray(t).item()) for t in pair), normalize)
         elif sets and all(_is_sequence(t) for t in pair):  # token ids: as words, marked
