@@ -34,6 +34,7 @@ from transforms.io.formats.base import (
     sizes_spread,
     utf8_text,
 )
+from transforms.io.formats.jsonl import codec_of, shows_jsonl
 from transforms.io.formats.parquet import row_shapes
 from transforms.io.formats.tfrecord_frames import record_start, shows_tfrecord
 from transforms.io.remote import bounded, each_bounded
@@ -43,13 +44,15 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # at 0, or 512, 1024, 2048 after a user b
 HDF5_BLOCKS = 1 << 20  # user blocks (powers of 2) this large at most are looked past
 PARQUET_MAGIC = b"PAR1"
 PARQUET_ENCRYPTED = b"PARE"  # a Parquet file with an encrypted footer
-_FORMAT_NAMES = {"parquet": "Parquet", "tfrecord": "TFRecord", "hdf5": "HDF5"}
+_FORMAT_NAMES = {"parquet": "Parquet", "tfrecord": "TFRecord", "hdf5": "HDF5",
+                 "jsonl": "JSON lines"}
 # What a file that is none of the formats is, for the one line that refuses it.
 _OTHER_KINDS = ((b"ARROW1", "an Arrow IPC file"),
                 (b"\xff\xff\xff\xff", "an Arrow IPC stream or other binary data"),
                 (b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"),
                 (b"GIF8", "a GIF image"), (b"PK\x03\x04", "a ZIP archive"),
                 (b"\x1f\x8b", "a gzip file that holds no TFRecord"),
+                (b"\x28\xb5\x2f\xfd", "a zstd-compressed file"),
                 (b"\x93NUMPY", "a NumPy .npy file"), (b"%PDF", "a PDF document"))
 
 
@@ -76,6 +79,10 @@ def sniff(head: bytes) -> Sniffed | None:
         return Sniffed("parquet", "it starts with PAR1")
     if head[:4] == PARQUET_ENCRYPTED:
         return Sniffed("parquet", "it starts with PARE, an encrypted Parquet footer's magic")
+    if head and shows_jsonl(head):
+        codec = codec_of(head)
+        return Sniffed("jsonl", f"its first line{f' after {codec} decompression' if codec else ''}"
+                       " is a JSON object")
     return None
 
 
@@ -113,7 +120,9 @@ _NEEDS = {"parquet": "a Parquet file starts with PAR1",
           "hdf5": "an HDF5 file has its signature at byte 0, 512, 1024, 2048 or later "
                   "powers of 2",
           "tfrecord": "a TFRecord file starts with a record's length and its CRC (also "
-                      "after gzip or zlib decompression), or is empty"}
+                      "after gzip or zlib decompression), or is empty",
+          "jsonl": "a JSON lines file's first line is a JSON object, {...} (also after gzip, "
+                   "bz2 or zstd compression), or it is empty"}
 
 
 def _shows_format(path: str, head: bytes, fmt: str) -> bool:
@@ -123,7 +132,7 @@ def _shows_format(path: str, head: bytes, fmt: str) -> bool:
         return shows_tfrecord(head)
     if fmt == "hdf5" and len(head) == HEAD_BYTES:
         return _hdf5_further(path)
-    return False
+    return fmt == "jsonl" and shows_jsonl(head, path)
 
 
 def _head(path: str, key: str) -> bytes:
@@ -219,11 +228,11 @@ def _image_index(pattern: str, section: str) -> str:
 
 _MARKERS = ("_SUCCESS", "_committed_*", "_started_*", "*.crc")
 # Tables in formats the job does not read, and how pyarrow reads each (the fix's command)
-_READS = {"JSON lines": ("json", "read_json('{}')"), "CSV": ("csv", "read_csv('{}')"),
+_READS = {"CSV": ("csv", "read_csv('{}')"),
           "an Arrow IPC stream (Hugging Face save_to_disk)": ("ipc",
                                                               "open_stream('{}').read_all()"),
           "an Arrow IPC file": ("ipc", "open_file('{}').read_all()")}
-_TABLE_NAMES = (("JSON lines", ("*.jsonl", "*.ndjson", "*.json")), ("CSV", ("*.csv",)))
+_TABLE_NAMES = (("CSV", ("*.csv",)),)
 
 
 def _table_kind(path: str, head: bytes) -> str | None:
@@ -237,7 +246,7 @@ def _table_kind(path: str, head: bytes) -> str | None:
     for kind, globs in _TABLE_NAMES:
         if any(fnmatch.fnmatch(base, g) for g in globs):
             return kind
-    return "JSON lines" if head.lstrip()[:1] == b"{" else None
+    return None
 
 
 def _stem(name: str) -> str:
@@ -289,13 +298,17 @@ FIRST_IDS = 1_000  # ids read from the start of each of the first FIRST_ID_FILES
 FIRST_ID_FILES = 8
 
 
-def check_first_ids(files: list[str], column: str) -> None:
-    """Ids that repeat among the first records of the first local Parquet files (a row
-    number restarting in every shard, the usual case) stop the run before any work; the
-    job checks every record's id too (``steps.ids.RepeatedIds``), after the work. Files
-    on an object store are left to the job: the checks before any work read their heads
-    and footers only."""
+def check_first_ids(files: list[str], column: str, fmt: str = "parquet") -> None:
+    """Ids that repeat among the first records of the first local Parquet or JSON lines
+    files (a row number restarting in every shard, the usual case) stop the run before
+    any work; the job checks every record's id too (``steps.ids.RepeatedIds``), after
+    the work. Files on an object store are left to the job: the checks before any work
+    read their heads and footers only."""
     def first_ids(path: str) -> list:
+        if fmt == "jsonl":
+            from transforms.io.formats.jsonl import first_values
+
+            return first_values(path, column)[:FIRST_IDS]
         with pa.OSFile(path) as f:
             try:
                 batch = next(pq.ParquetFile(f).iter_batches(batch_size=FIRST_IDS,
@@ -308,7 +321,7 @@ def check_first_ids(files: list[str], column: str) -> None:
     repeats = []
     for path in [f for f in files if fs.is_local(f)][:FIRST_ID_FILES]:
         for row, i in enumerate(first_ids(path)):
-            here = f"{path} row {row}"
+            here = f"{path} {'record' if fmt == 'jsonl' else 'row'} {row}"
             if i in seen:
                 repeats.append((seen[i], here))
             elif i is not None:  # (a null id: the record is invalid)
@@ -475,7 +488,8 @@ def common_dir(files: list[str]) -> str:
     return "/".join(os.path.commonprefix([f.split("/")[:-1] for f in files]))
 
 
-GLOBS = {"parquet": "*.parquet", "tfrecord": "*.tfrecord*", "hdf5": "*.h5"}  # for hints
+GLOBS = {"parquet": "*.parquet", "tfrecord": "*.tfrecord*", "hdf5": "*.h5",  # for hints
+         "jsonl": "*.jsonl*"}
 
 
 def list_files(pattern: str, key: str, timeout: float, fmt: str = "parquet") -> list[str]:
@@ -550,7 +564,12 @@ def holds_sequences(path: str, source: InputConfig, timeout: float) -> bool:
                                                    compression=source.compression))
         return len(list_sizes(examples, source.tensor, "int64_list")) > 1
 
-    fn = {"hdf5": hdf5, "tfrecord": tfrecord}.get(source.format)
+    def jsonl(path: str) -> bool:
+        from transforms.io.formats.jsonl import int_sequences
+
+        return int_sequences(path, source.tensor)
+
+    fn = {"hdf5": hdf5, "tfrecord": tfrecord, "jsonl": jsonl}.get(source.format)
     return fn is not None and bounded(path, fn, "input.path", "reading its first records",
                                       timeout)
 

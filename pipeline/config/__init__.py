@@ -292,7 +292,6 @@ def _unknown_key(loc: tuple) -> str:
 
 # Table formats users keep texts in, named as input.format, and the pyarrow reader of each
 _TABLE_READERS = {
-    **dict.fromkeys(("jsonl", "json", "ndjson", "jsonlines"), "pyarrow.json.read_json"),
     **dict.fromkeys(("csv", "tsv"), "pyarrow.csv.read_csv"),
     **dict.fromkeys(("arrow", "feather", "ipc"), "pyarrow.ipc.open_file(...).read_all(), or "
                     "open_stream for Hugging Face save_to_disk files")}
@@ -347,7 +346,11 @@ def _describe(err: ValidationError) -> str:
                     f"of their paths (a Hugging Face Image() column): set {key}: parquet, "
                     "keep the image files' glob in the path and run again: the job then gives "
                     "the command that writes the index")
-        if parts[-1:] == ["format"] and reader:  # texts kept as JSON lines / CSV
+        if parts[-1:] == ["format"] and named in ("json", "ndjson", "jsonlines"):
+            return (f"config key '{key}': {first['input']!r} is not one of "
+                    f"{', '.join(allowed)}: JSON lines (one object per line) are read with "
+                    f"{key}: jsonl")
+        if parts[-1:] == ["format"] and reader:  # texts kept as CSV or Arrow files
             return (f"config key '{key}': {first['input']!r} is not read (the job reads "
                     f"{', '.join(allowed)}): write the files as Parquet first "
                     f"({reader}, then pyarrow.parquet.write_table; a text column is read "

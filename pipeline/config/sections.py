@@ -52,8 +52,9 @@ _DECODED = {"image": "uint8 pixels", "bytes": "a uint8 vector of the stored byte
 
 
 class InputConfig(Strict):
-    format: Literal["parquet", "tfrecord", "hdf5"] = Field(
-        description="file format of the input: parquet | tfrecord | hdf5")
+    format: Literal["parquet", "tfrecord", "hdf5", "jsonl"] = Field(
+        description="file format of the input: parquet | tfrecord | hdf5 | jsonl (JSON "
+                    "lines, also gzip, bz2 or zstd compressed)")
     path: HomePath = Field(description="glob of input files: a local path or any Beam filesystem "
                       "(gs://, s3://); '{run_id}' is replaced by the run id")
     tensor: str = Field(description="Parquet column / tf.train.Example feature / HDF5 dataset")

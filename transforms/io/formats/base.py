@@ -211,6 +211,19 @@ def sizes_spread(sizes: Counter[int]) -> str:
             f"common, {common:,}, {times / sum(sizes.values()):.0%} of them)")
 
 
+def no_fixed_size(path: str, what: str, holding: str, sizes: Counter[int], ints: bool
+                  ) -> InputError:
+    """The refusal of a list of several sizes without ``input.shape`` (``what``: "feature
+    'x' is an int64_list"; ``holding``: "records holding it"), quoting the sizes seen."""
+    jaccard = (", or set near.metric: jaccard (with near.threshold, e.g. 0.8) for the "
+               "similarity of token sequences, or remove near (exact dedup alone reads "
+               "sequences of any length)" if ints else "")
+    return InputError(f"{path}: input.shape: {what} of no fixed size: the first "
+                      f"{sum(sizes.values()):,} {holding} {sizes_spread(sizes)}: set "
+                      f"input.shape: [{sizes.most_common(1)[0][0]}] to read the records of "
+                      f"that size (the others are then reported invalid){jaccard}")
+
+
 def utf8_text(data: bytes, cut_ok: bool = False) -> str | None:
     """``data`` as text if it is UTF-8 with no control character but whitespace, else
     None; ``cut_ok``: the first bytes of a file, where a character may be cut off."""

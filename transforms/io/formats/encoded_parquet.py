@@ -127,19 +127,7 @@ def check(path: str, spec: TensorSpec) -> tuple[bytes | str, str] | None:
     pf = open_file(path)
     if isinstance(pf, Exception):
         return None
-    schema = pf.schema_arrow
-    check_columns(path, schema, spec)
-    t = schema.field(spec.tensor).type
-    kind = value_kind(t)
-    if kind is None and numeric(t):
-        raise InputError(f"{path}: input.decode: column {spec.tensor!r} holds {t}, not encoded "
-                         "values (binary, string, or struct<bytes, path> as Hugging Face "
-                         "datasets writes images): set input.decode: none for numeric tensors")
-    if kind is None:
-        raise InputError(unsupported(path, spec.tensor, t))
-    if kind == "text" and spec.decode is not None and spec.decode.kind == "image":
-        raise InputError(f"{path}: input.decode: column {spec.tensor!r} holds text ({t}), not "
-                         "image bytes: set input.decode: text")
+    check_value_schema(path, pf.schema_arrow, spec)
     for rg in range(pf.metadata.num_row_groups):
         try:
             for batch in pf.iter_batches(batch_size=64, row_groups=[rg], columns=[spec.tensor]):
@@ -153,7 +141,26 @@ def check(path: str, spec: TensorSpec) -> tuple[bytes | str, str] | None:
     return None
 
 
-def _values(unit: Unit, table: pa.Table, first: int, spec: TensorSpec) -> Values:
+def check_value_schema(path: str, schema: pa.Schema, spec: TensorSpec) -> None:
+    """The columns exist and the tensor column holds encoded values (a Parquet file's
+    schema, or the one JSON lines' first lines hold)."""
+    check_columns(path, schema, spec)
+    t = schema.field(spec.tensor).type
+    kind = value_kind(t)
+    if kind is None and numeric(t):
+        raise InputError(f"{path}: input.decode: column {spec.tensor!r} holds {t}, not encoded "
+                         "values (binary, string, or struct<bytes, path> as Hugging Face "
+                         "datasets writes images): set input.decode: none for numeric tensors")
+    if kind is None:
+        raise InputError(unsupported(path, spec.tensor, t))
+    if kind == "text" and spec.decode is not None and spec.decode.kind == "image":
+        raise InputError(f"{path}: input.decode: column {spec.tensor!r} holds text ({t}), not "
+                         "image bytes: set input.decode: text")
+
+
+def table_values(unit: Unit, table: pa.Table, first: int, spec: TensorSpec) -> Values:
+    """The values of ``table``'s rows, at positions ``first``, ``first + 1``, ...: a null
+    value or id is an invalid record with its reason (JSON lines' tables too)."""
     n = table.num_rows
     positions = np.arange(first, first + n, dtype=np.int64)
     data, paths = _column(table.column(spec.tensor).combine_chunks())
@@ -200,7 +207,7 @@ def read_values(unit: Unit, spec: TensorSpec, rows: int, max_bytes: int) -> Iter
         data = _column(table.column(spec.tensor).combine_chunks())[0]
         lengths = pc.binary_length(data).fill_null(0).to_numpy(zero_copy_only=False)
         for a, b in byte_slices(lengths, rows, max_bytes):
-            yield _values(unit, table.slice(a, b - a), first + a, spec)
+            yield table_values(unit, table.slice(a, b - a), first + a, spec)
 
 
 def values_at(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, bytes | str]:

@@ -259,7 +259,12 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
     pf = open_file(path)
     if isinstance(pf, Exception):
         return spec  # reported as invalid by read()
-    schema = pf.schema_arrow
+    return check_schema(path, pf.schema_arrow, spec)
+
+
+def check_schema(path: str, schema: pa.Schema, spec: TensorSpec) -> TensorSpec:
+    """``check`` of a file's Arrow schema (also JSON lines', as their first lines hold
+    it): the spec with the dtype and, for fixed-size lists, the shape the column holds."""
     check_columns(path, schema, spec)
     t = schema.field(spec.tensor).type
     sizes, leaf = _layout(t)

@@ -38,10 +38,10 @@ from transforms.io.formats.base import (
     TensorSpec,
     Unit,
     default_id,
+    no_fixed_size,
     ragged_tensors,
     record_nbytes,
     rows_within,
-    sizes_spread,
     unreadable_file,
     utf8_text,
 )
@@ -170,14 +170,8 @@ def _one_size(path: str, spec: TensorSpec, kind: str,
     sizes = list_sizes(examples, spec.tensor, kind)
     if len(sizes) == 1:
         return (next(iter(sizes)),)
-    jaccard = (", or set near.metric: jaccard (with near.threshold, e.g. 0.8) for the "
-               "similarity of token sequences, or remove near (exact dedup alone reads "
-               "sequences of any length)" if kind == "int64_list" else "")
-    raise InputError(
-        f"{path}: input.shape: feature {spec.tensor!r} is {_a(kind)} of no fixed size: the "
-        f"first {sum(sizes.values()):,} records holding it {sizes_spread(sizes)}: set "
-        f"input.shape: [{sizes.most_common(1)[0][0]}] to read the records of that size (the "
-        f"others are then reported invalid){jaccard}")
+    raise no_fixed_size(path, f"feature {spec.tensor!r} is {_a(kind)}",
+                        "records holding it", sizes, kind == "int64_list")
 
 
 def _a(kind: str) -> str:
