@@ -90,8 +90,9 @@ def build(kind: str, n: int, work: Path) -> pa.Table:
     return _tiles()
 
 
-def config(kind: str, data: Path, out: Path) -> Path:
-    inp = {"format": "parquet", "path": str(data / "*.parquet"), "id": "id"}
+def config(kind: str, data: Path, out: Path, fmt: str = "parquet", glob: str = "*.parquet"
+           ) -> Path:
+    inp = {"format": fmt, "path": str(data / glob), "id": "id"}
     inp |= {"vectors": {"tensor": "emb"}, "texts": {"tensor": "text", "decode": "text"},
             "images": {"tensor": "image", "decode": "image", "resize": [32, 32],
                        "channels": 3}}[kind]
@@ -103,8 +104,11 @@ def config(kind: str, data: Path, out: Path) -> Path:
     return out / "job.json"
 
 
-def run(kind: str, data: Path, out: Path, code: str) -> dict:
-    cmd = [sys.executable, "-m", "pipeline.run", "--config", str(config(kind, data, out))]
+def run(kind: str, data: Path, out: Path, code: str, fmt: str = "parquet",
+        glob: str = "*.parquet") -> dict:
+    """One whole job's process tree: wall and CPU seconds, peak RSS, counts, removals."""
+    cmd = [sys.executable, "-m", "pipeline.run", "--config",
+           str(config(kind, data, out, fmt, glob))]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     r = run_watched(cmd, cwd=code, log=out / "stderr.log", limit_bytes=16 << 30,
                     timeout_s=1800, env={**os.environ, "PYTHONPATH": code})

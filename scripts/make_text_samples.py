@@ -2,7 +2,8 @@
 
 Python's own help pages (``pydoc_data.topics``: real prose and code, 400 to 20,000
 characters each) as a crawl stores them, in two Parquet files (``data/text/parquet/``)
-with ``url``, ``text`` and ``note`` (what each planted record is) columns:
+with ``url``, ``text`` and ``note`` (what each planted record is) columns, and the same
+rows as one gzip JSON lines file (``data/text/jsonl/pages.jsonl.gz``):
 
 - every page once, in a shuffled order; two of them (``if`` and ``else``) are the same
   page in Python's docs, an exact copy that nobody planted, and ``execmodel`` /
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gzip
 import itertools
 import json
 import re
@@ -119,6 +121,9 @@ def main() -> None:
         url, text, note = (list(c) for c in zip(*part, strict=True))
         pq.write_table(pa.table({"url": url, "text": text, "note": note}),
                        out / "parquet" / f"part-{i:05d}.parquet")
+    (out / "jsonl").mkdir(exist_ok=True)  # the same rows as one JSON lines file, gzip
+    lines = "".join(json.dumps({"url": u, "text": t, "note": n}) + "\n" for u, t, n in rows)
+    (out / "jsonl" / "pages.jsonl.gz").write_bytes(gzip.compress(lines.encode(), mtime=0))
     (out / "EXPECTED.json").write_text(json.dumps(expected, indent=2) + "\n")
     print(json.dumps(expected))
     pairs = ((jaccard(p[a], p[b]), a, b) for a, b in itertools.combinations(p, 2))

@@ -308,6 +308,38 @@ def test_shipped_text_job_removes_the_planted_copies_and_no_other_page(tmp_path)
         assert j >= t and j == pytest.approx(1 - d["distance"], abs=1e-12)
 
 
+def test_shipped_json_lines_text_job_gives_the_parquet_jobs_removals(tmp_path):
+    """configs/dedupe-text-jsonl.yaml (the sample's rows as one gzip JSON lines file) as
+    a user runs it, beside configs/dedupe-text.yaml: the same removals and invalid
+    records; its clean copy, read back by Python's gzip and json, is the kept lines of
+    the input in order, and holds the rows of the Parquet job's clean shards."""
+    import gzip
+
+    import pyarrow.parquet as pq
+
+    got = {}
+    for name in ("dedupe-text.yaml", "dedupe-text-jsonl.yaml"):
+        r = subprocess.run([sys.executable, "-m", "pipeline.run", "--config", f"configs/{name}",
+                            "--set", f"output.path={tmp_path / name / 'clean'}", "--set",
+                            f"report={tmp_path / name / 'report'}"],
+                           cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        got[name] = [pq_rows(tmp_path / name / "report" / f) for f in (
+            "duplicates.parquet", "invalid.parquet")]
+    dups, invalid = got["dedupe-text-jsonl.yaml"]
+    assert [(d["record_id"], d["duplicate_of"], d["kind"]) for d in dups] == [
+        (d["record_id"], d["duplicate_of"], d["kind"]) for d in got["dedupe-text.yaml"][0]]
+    assert [i["reason"] for i in invalid] == [i["reason"] for i in got["dedupe-text.yaml"][1]]
+    lines = gzip.decompress((ROOT / "data" / "text" / "jsonl" / "pages.jsonl.gz").read_bytes()
+                            ).splitlines(keepends=True)
+    gone = {d["record_id"] for d in dups} | {i["record_id"] for i in invalid}
+    clean = gzip.decompress((tmp_path / "dedupe-text-jsonl.yaml" / "clean" / "pages.jsonl.gz"
+                             ).read_bytes()).splitlines(keepends=True)
+    assert clean == [x for x in lines if json.loads(x)["url"] not in gone]
+    parquet = pq.read_table(tmp_path / "dedupe-text.yaml" / "clean").to_pylist()
+    assert [json.loads(x) for x in clean] == parquet
+
+
 def test_input_path_naming_a_directory_suggests_a_glob(tmp_path, capsys):
     """Users point input.path at the folder their files are in: one line, exit 2, the
     glob to write."""

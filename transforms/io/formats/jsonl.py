@@ -445,8 +445,9 @@ def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) 
 
 @contextmanager
 def _compressed(path: str, codec: str | None) -> Iterator[BinaryIO]:
-    if codec == "gzip":
-        with gzip.open(path, "wb", compresslevel=GZIP_LEVEL) as out:
+    if codec == "gzip":  # no name or time in the header: the same bytes on every run
+        with open(path, "wb") as raw, gzip.GzipFile(
+                filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=raw, mtime=0) as out:
             yield out
     elif codec == "bz2":
         with bz2.open(path, "wb") as out:
