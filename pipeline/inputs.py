@@ -34,7 +34,7 @@ from transforms.io.formats.base import (
     sizes_spread,
     utf8_text,
 )
-from transforms.io.formats.jsonl import codec_of, shows_jsonl
+from transforms.io.formats.jsonl import codec_of, head_text, shows_jsonl
 from transforms.io.formats.parquet import row_shapes
 from transforms.io.formats.tfrecord_frames import record_start, shows_tfrecord
 from transforms.io.remote import bounded, each_bounded
@@ -200,6 +200,14 @@ def _not_the_format(files: list[str], unknown: list[tuple[str, bytes]], fmt: str
                    "" if fmt == "parquet" else f" and {key.partition('.')[0]}.format: parquet"))
     elif len(unknown) == len(files) and all(image_kind(h) for _, h in unknown):
         fix = _image_index(pattern, key.partition(".")[0])
+    elif (text := head_text(head)) is not None and text.lstrip()[:1] == b"[" and len(
+            unknown) == len(files) and "://" not in path:  # JSON as one array of objects
+        base = posixpath.basename(path)
+        fix = (f"{'it holds' if len(unknown) == 1 else 'they hold'} one JSON array, not JSON "
+               f"lines: write each as one object per line first, e.g. python -c \"import json; "
+               f"open('{_stem(base)}.jsonl', 'w').writelines(json.dumps(r) + '\\n' for r in "
+               f"json.load(open('{base}')))\", and set {key} to the .jsonl files and "
+               f"{key.partition('.')[0]}.format: jsonl")
     elif fnmatch.fnmatch(posixpath.basename(path), glob):
         fix = f"remove {it}, or replace {it} with the {name} files meant"
     else:

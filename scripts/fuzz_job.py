@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import json
 import os
 import shutil
 import sys
@@ -51,7 +52,7 @@ from tests.oracle import (  # noqa: E402
 from transforms.near.spec import NearSpec
 from transforms.near.verify import exact_distance  # noqa: E402
 
-EXT = {"parquet": "parquet", "tfrecord": "tfrecord", "hdf5": "h5"}
+EXT = {"parquet": "parquet", "tfrecord": "tfrecord", "hdf5": "h5", "jsonl": "jsonl"}
 
 
 def write_file(fmt: str, tf_kind: str, path: Path, ids: list[str], x: np.ndarray,
@@ -75,6 +76,10 @@ def write_file(fmt: str, tf_kind: str, path: Path, ids: list[str], x: np.ndarray
                 feat = {"id": t_.Feature(bytes_list=t_.BytesList(value=[i.encode()])), "emb": emb,
                         "score": t_.Feature(float_list=t_.FloatList(value=[s]))}
                 w.write(t_.Example(features=t_.Features(feature=feat)).SerializeToString())
+    elif fmt == "jsonl":  # Python's json (exact floats), a blank line now and then
+        path.write_text("".join(json.dumps({"id": i, "emb": t.tolist(), "score": float(s)})
+                                + ("\n\n" if rng.random() < 0.05 else "\n")
+                                for i, t, s in zip(ids, x, score, strict=True)))
     else:
         with h5py.File(path, "w") as h:
             chunks = ((int(rng.integers(1, min(64, len(x)) + 1)), x.shape[1])
@@ -104,6 +109,9 @@ def read_file(fmt: str, tf_kind: str, path: Path, dtype: np.dtype, d: int
             else:
                 rows.append(np.array(getattr(f["emb"], tf_kind).value, dtype))
         return ids, np.array(rows, dtype).reshape(-1, d)
+    if fmt == "jsonl":
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [r["id"] for r in rows], np.array([r["emb"] for r in rows], dtype).reshape(-1, d)
     with h5py.File(path, "r") as h:
         return [b.decode() for b in h["id"][:]], h["emb"][:]
 
@@ -122,9 +130,10 @@ def write_set(fmt: str, tf_kind: str, folder: Path, ids: list[str], x: np.ndarra
     return parts
 
 
-def input_config(fmt: str, tf_kind: str, folder: Path, d: int) -> dict:
+def input_config(fmt: str, tf_kind: str, folder: Path, d: int, dtype: np.dtype) -> dict:
     return {"format": fmt, "path": str(folder / f"*.{EXT[fmt]}"), "tensor": "emb", "id": "id",
-            **({"shape": [d]} if tf_kind in ("float_list", "int64_list") else {})}
+            **({"shape": [d]} if tf_kind in ("float_list", "int64_list") else {}),
+            **({"dtype": str(dtype)} if fmt == "jsonl" else {})}  # JSON numbers: no width
 
 
 def keep_rank(keep: str, score: np.ndarray) -> np.ndarray:
@@ -254,9 +263,11 @@ def run_case(seed: int, stats: collections.Counter, runner: dict | None = None
 
     rng = np.random.default_rng(seed)
     x, spec = random_case(rng)
-    fmt = str(rng.choice(["parquet", "tfrecord", "hdf5"]))
+    fmt = str(rng.choice(["parquet", "tfrecord", "hdf5", "jsonl"]))
     tf_kind = str(rng.choice(["serialized", "list"])) if fmt == "tfrecord" else ""
-    if fmt == "parquet" and x.dtype in (np.float16, np.int16):
+    if fmt == "jsonl" and not np.isfinite(x.astype(np.float64)).all():
+        fmt = "parquet"  # JSON has no NaN or infinity (json.dumps writes what no parser reads)
+    if fmt in ("parquet", "jsonl") and x.dtype in (np.float16, np.int16):
         x = x.astype(np.float32)
     if tf_kind == "list":
         tf_kind = "float_list" if x.dtype.kind == "f" else "int64_list"
@@ -313,7 +324,7 @@ def run_case(seed: int, stats: collections.Counter, runner: dict | None = None
             parts = write_set(ref_fmt, ref_tf, work / "ref", ref_ids, ref, np.zeros(len(ref)),
                               int(rng.integers(1, 3)), rng)
             prot = [(ref_ids[j], ref[j], "reference") for p in parts for j in p]
-            cfg["reference"] = input_config(ref_fmt, ref_tf, work / "ref", d)
+            cfg["reference"] = input_config(ref_fmt, ref_tf, work / "ref", d, x.dtype)
             case["reference_format"] = ref_fmt
         runs = [np.arange(n)]
         if use_store:
@@ -327,7 +338,7 @@ def run_case(seed: int, stats: collections.Counter, runner: dict | None = None
             files = write_set(fmt, tf_kind, folder, ids, x[rows], score[rows],
                               int(rng.integers(1, 4)), rng)
             out = work / f"out{k}"
-            job = {**cfg, "input": input_config(fmt, tf_kind, folder, d),
+            job = {**cfg, "input": input_config(fmt, tf_kind, folder, d, x.dtype),
                    "output": {"path": str(out / "clean")}, "report": str(out / "report"),
                    "run_id": f"run{k}"}
             s = run_job(job, quiet=True)

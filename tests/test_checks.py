@@ -92,6 +92,26 @@ def test_json_lines_under_another_format_are_told_to_set_jsonl(tmp_path, capsys,
     assert summary(tmp_path)["removed_exact"] == 30 - 3
 
 
+def test_a_json_array_is_told_how_to_write_json_lines(tmp_path, capsys):
+    """JSON written as one array of objects (json.dump, many exporters), not one object
+    per line: exit 2 before any work with the command that writes it as JSON lines,
+    which, run as given, makes an input the job reads."""
+    import subprocess
+
+    path = tmp_path / "in" / "docs.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps([{"id": f"r{i}", "text": t} for i, t in enumerate(texts(12) * 2)]))
+    assert run_job(tmp_path, "jsonl", str(path), input={"tensor": "text", "decode": "text"}) == 2
+    line = one_error_line(capsys)
+    assert "it holds one JSON array, not JSON lines: write each as one object per line" in line
+    assert nothing_written(tmp_path)
+    subprocess.run([sys.executable, "-c", line.split('python -c "')[1].split('"')[0]],
+                   cwd=path.parent, check=True)
+    assert run_job(tmp_path, "jsonl", str(path.parent / "*.jsonl"),
+                   input={"tensor": "text", "decode": "text"}) == 0
+    assert summary(tmp_path)["removed_exact"] == 12
+
+
 @pytest.mark.parametrize("fmt,name", [("parquet", "labels.csv"), ("parquet", "data.arrow")])
 def test_csv_or_arrow_input_is_told_how_to_convert(tmp_path, capsys, fmt, name):
     """A table a user has as CSV or Arrow IPC: exit 2 before any work with the command

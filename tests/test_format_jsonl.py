@@ -208,3 +208,33 @@ def test_bad_lines_are_invalid_records_and_their_neighbours_are_read(tmp_path):
     out = (tmp_path / "out" / "clean" / "docs.jsonl").read_bytes()
     assert out == b"\n".join(line for line in lines if line not in BAD and
                              not line.startswith(b'{"id": "g40"'))
+
+
+@pytest.mark.parametrize("tensor", ["doc.body", "messages"])
+def test_nested_fields_and_chat_messages_are_read(tmp_path, tensor):
+    """A text inside an object (``doc.body``, as Table.flatten names it) and a chat's
+    messages (a list of role/content objects, read as their texts): the removals of the
+    same texts as a top-level field (for messages: the same rows in Parquet), a planted
+    copy among them; the copy's lines are the others' lines."""
+    texts = package_texts(20)
+    texts.append(texts[4].replace(" the ", " a ", 1))
+    rows = [{"id": f"r{i}", "body": t, "doc": {"lang": "en", "body": t},
+             "messages": [{"role": "user", "content": t[:200]},
+                          {"role": "assistant", "content": t[200:]}]}
+            for i, t in enumerate(texts)]
+    src = tmp_path / "j" / "in" / "chat.jsonl"
+    src.parent.mkdir(parents=True)
+    _write_lines(src, rows, "")
+    (tmp_path / "p").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "p" / "chat.parquet")
+    twin = ("jsonl", str(src), "body") if tensor == "doc.body" else (
+        "parquet", str(tmp_path / "p" / "chat.parquet"), "messages")
+    got = []
+    for where, (fmt, path, field) in (("j", ("jsonl", str(src), tensor)), ("p", twin)):
+        assert run_job(tmp_path / where, fmt, path, near={"metric": "jaccard", "threshold": 0.8},
+                       input={"tensor": field, "decode": "text"}) == 0
+        dups, invalid = report(tmp_path / where)
+        assert invalid.num_rows == 0
+        got.append([(d["record_id"], d["duplicate_of"], d["kind"]) for d in dups.to_pylist()])
+    assert got[0] == got[1] and ("r20", "r4", "near") in got[0]
+    _kept_lines([src], {r for r, _, _ in got[0]})

@@ -155,17 +155,39 @@ def records(path: str) -> Iterator[tuple[int, bytes | str]]:
 # ----------------------------------------------------------------------------- parsing
 
 
-def _schema(fields: pa.Schema, spec: TensorSpec) -> pa.Schema:
-    """The fields the job reads, with the types the first lines hold (``_typed``; a field
-    null in every first line as text, or numbers for ``keep``)."""
-    fields = _typed(fields, spec)
+def flat(fields: pa.Schema | pa.StructType, prefix: str = "") -> pa.Schema:
+    """The fields of JSON objects nested in objects as dotted names (``meta.text``), as
+    ``Table.flatten`` names them: what ``input.tensor`` and the other keys may name."""
     out = []
+    for f in fields:
+        if pa.types.is_struct(f.type) and f.type.num_fields:
+            out += list(flat(f.type, f"{prefix}{f.name}."))
+        else:
+            out.append(pa.field(prefix + f.name, f.type))
+    return pa.schema(out)
+
+
+def _schema(fields: pa.Schema, spec: TensorSpec) -> pa.Schema:
+    """What to parse: the fields the job reads (dotted names inside their objects), with
+    the types the first lines hold (``_typed``; a field null in every first line as text,
+    or numbers for ``keep``)."""
+    fields = _typed(flat(fields), spec)
+    tree: dict = {}
     for name in dict.fromkeys(n for n in (spec.tensor, spec.id, spec.rank) if n is not None):
         t = fields.field(name).type if fields.get_field_index(name) >= 0 else pa.null()
         if pa.types.is_null(t):
             t = pa.float64() if name == spec.rank else pa.string()
-        out.append(pa.field(name, t))
-    return pa.schema(out)
+        *outer, leaf = name.split(".") if fields.get_field_index(name) >= 0 else [name]
+        node = tree
+        for part in outer:
+            node = node.setdefault(part, {})
+        node[leaf] = t
+
+    def typed(node: dict) -> list[pa.Field]:
+        return [pa.field(k, pa.struct(typed(v)) if isinstance(v, dict) else v)
+                for k, v in node.items()]
+
+    return pa.schema(typed(tree))
 
 
 def _leaf_as(t: pa.DataType, leaf: pa.DataType) -> pa.DataType:
@@ -183,6 +205,8 @@ def _parse(lines: list[bytes], schema: pa.Schema | None) -> pa.Table:
             "infer" if schema is None else "ignore")))
     if table.num_rows != len(lines):
         raise pa.ArrowInvalid(f"{table.num_rows} JSON values on {len(lines)} line(s)")
+    while any(pa.types.is_struct(t) for t in table.schema.types):  # meta.text: a column
+        table = table.flatten()
     return table
 
 
@@ -329,7 +353,7 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
     if found is None:
         return spec
     fields, lines = found
-    fields = _typed(fields, spec)
+    fields = _typed(flat(fields), spec)
     resolved = check_schema(path, fields, spec)
     if resolved.shape is not None or spec.ragged:
         return resolved
@@ -368,34 +392,35 @@ def _one_size(path: str, spec: TensorSpec, lines: list[bytes], fields: pa.Schema
                         sizes, pa.types.is_integer(t.value_type))
 
 
-def first_values(path: str, name: str) -> list:
-    """The field's values in the file's first lines, as strings (ids), [] where it has
-    none or they do not parse."""
+def _first_column(path: str, name: str) -> pa.Array | None:
+    """The field's values in the file's first lines (None: no such field, or a line
+    among them that does not parse: the job reports it)."""
     found = sample(path)
-    if found is None or found[0].get_field_index(name) < 0:
-        return []
-    t = found[0].field(name).type
+    if found is None or flat(found[0]).get_field_index(name) < 0:
+        return None
     try:
-        col = _parse(found[1], pa.schema([pa.field(name, t)])).column(name)
-        return col.cast(pa.string()).to_pylist()
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return _parse(found[1], _schema(found[0], TensorSpec(name))).column(
+            name).combine_chunks()
+    except pa.ArrowInvalid:
+        return None
+
+
+def first_values(path: str, name: str) -> list:
+    """The field's values in the file's first lines as strings (ids); [] where there are
+    none to tell."""
+    col = _first_column(path, name)
+    try:
+        return [] if col is None else col.cast(pa.string()).to_pylist()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # not ids: the check says so
         return []
 
 
 def int_sequences(path: str, tensor: str) -> bool:
     """Whether the field holds integer lists of several lengths in the first lines (token
     ids: exact dedup reads them as sequences)."""
-    found = sample(path)
-    if found is None or found[0].get_field_index(tensor) < 0:
-        return False
-    t = found[0].field(tensor).type
-    if not pa.types.is_list(t) or not pa.types.is_integer(t.value_type):
-        return False
-    try:
-        return len(set(_parse(found[1], pa.schema([pa.field(tensor, t)])).column(
-            tensor).combine_chunks().value_lengths().to_pylist()) - {None}) > 1
-    except pa.ArrowInvalid:
-        return False
+    col = _first_column(path, tensor)
+    return col is not None and pa.types.is_list(col.type) and pa.types.is_integer(
+        col.type.value_type) and len(set(col.value_lengths().to_pylist()) - {None}) > 1
 
 
 def plan(path: str, file_index: int, target_rows: int,
