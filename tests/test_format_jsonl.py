@@ -238,3 +238,25 @@ def test_nested_fields_and_chat_messages_are_read(tmp_path, tensor):
         got.append([(d["record_id"], d["duplicate_of"], d["kind"]) for d in dups.to_pylist()])
     assert got[0] == got[1] and ("r20", "r4", "near") in got[0]
     _kept_lines([src], {r for r, _, _ in got[0]})
+
+
+@pytest.mark.parametrize("lines", [0, 64, 128, 130])
+def test_files_read_in_whole_chunks_and_empty_ones(tmp_path, lines):
+    """A file of a multiple of the chunk's rows (the last block ends the file), an empty
+    file and one of blank lines only: every line read once, in order, as the format's
+    reader and its clean copy count them (the reader had recursed without end on the
+    empty block after a full one)."""
+    from transforms.io.formats import jsonl
+    from transforms.io.formats.base import TensorSpec, Unit
+
+    path = tmp_path / "x.jsonl"
+    path.write_text("".join(json.dumps({"id": f"r{i}", "v": [i, i + 1]}) + "\n"
+                            for i in range(lines)) or "\n \n")
+    spec = jsonl.check(str(path), TensorSpec("v", id="id"))
+    chunks = list(jsonl.read(Unit(0, str(path)), spec, 64))
+    assert [c.positions.tolist() for c in chunks] == [
+        list(range(a, min(a + 64, lines))) for a in range(0, lines, 64)]
+    assert np.concatenate([c.tensors for c in chunks] or [np.zeros((0, 2))]).tolist() == [
+        [i, i + 1] for i in range(lines)]
+    assert jsonl.write(str(path), str(tmp_path / "y.jsonl"), np.array([1, 3])) == max(
+        0, lines - 2)

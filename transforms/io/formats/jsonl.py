@@ -249,6 +249,8 @@ def _parsed(lines: list[bytes], first: int, schema: pa.Schema
     """(first position, table) for runs of lines that parse, (position, reason) for each
     line that does not, in order: a failed block is halved until its bad lines stand
     alone, so a bad line costs a few parses, not a block."""
+    if not lines:
+        return
     try:
         yield first, _parse(lines, schema)
         return
