@@ -260,3 +260,25 @@ def test_files_read_in_whole_chunks_and_empty_ones(tmp_path, lines):
         [i, i + 1] for i in range(lines)]
     assert jsonl.write(str(path), str(tmp_path / "y.jsonl"), np.array([1, 3])) == max(
         0, lines - 2)
+
+
+def test_an_empty_first_file_does_not_stand_for_the_input(tmp_path):
+    """A store's second run whose first file is empty (input.dtype given, no shape): the
+    empty file tells no shape, so the run takes the next file's and meets the store's
+    settings (it was refused: "store [8], this run null"); the first run's records are
+    found in the store."""
+    x = np.random.default_rng(3).normal(size=(40, 8)).astype(np.float32)
+    for k, (names, rows) in enumerate(((["a"], x[:30]), (["0-empty", "b"], x[20:]))):
+        folder = tmp_path / f"in{k}"
+        folder.mkdir()
+        (tmp_path / f"run{k}").mkdir()
+        for name in names:
+            part = rows if name != "0-empty" else rows[:0]
+            (folder / f"{name}.jsonl").write_text("".join(
+                json.dumps({"id": f"r{i}-{k}", "v": v.tolist()}) + "\n"
+                for i, v in enumerate(part)))
+        assert run_job(tmp_path / f"run{k}", "jsonl", str(folder / "*.jsonl"),
+                       f"store.path={tmp_path / 'store'}", f"run_id=run{k}",
+                       input={"tensor": "v", "dtype": "float32"}) == 0
+    summary = json.loads((tmp_path / "run1" / "out" / "report" / "summary.json").read_text())
+    assert summary["removed_store_exact"] == 10 and summary["kept"] == 10

@@ -352,8 +352,8 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
     one length: that length; of several: refused unless jaccard reads them as
     sequences), or InputError naming the field and the fix."""
     found = sample(path)
-    if found is None:
-        return spec
+    if found is None:  # no line: it tells nothing the config does not (``first_known``)
+        return spec if spec.shape is not None or spec.ragged else replace(spec, dtype=None)
     fields, lines = found
     fields = _typed(flat(fields), spec)
     resolved = check_schema(path, fields, spec)
