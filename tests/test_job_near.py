@@ -426,3 +426,19 @@ def test_int64_values_beyond_2_53_are_judged_exactly(tmp_path, fmt):
     want = {ids[c]: ids[b] for c, (b, within, _) in truth.items() if within}
     assert 0 < len(want) < len(pairs)
     assert by_kind(dups, "near") == want and by_kind(dups, "exact") == {}
+
+
+def test_a_recall_sample_drawn_among_exact_copies_only(tmp_path):
+    """170 records of 16 distinct values (pairs of small integers: crowds of exact
+    copies) and a recall sample of 50: the records it draws are all exact copies, so
+    none reaches the near stage. The job finishes, keeps the 16 distinct values and
+    says the recall was not measured (it failed: "cannot reshape array of size 0 into
+    shape (0,newaxis)", an empty sample's width)."""
+    x = np.random.default_rng(0).integers(0, 4, (170, 2)).astype(np.uint8)
+    write_input("parquet", tmp_path / "in" / "a.parquet", [f"r{i}" for i in range(170)], x,
+                np.zeros(170, np.int64))
+    assert run_job(tmp_path, "parquet", str(tmp_path / "in" / "*.parquet"),
+                   near={"metric": "l2", "threshold": 0.67, "recall_sample": 50}) == 0
+    s = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
+    assert s["kept"] == len(np.unique(x, axis=0)) == 16 and s["removed_near"] == 0
+    assert s["near"]["recall"]["sampled"] == 0 and s["near"]["recall"]["recall"] is None

@@ -115,12 +115,12 @@ class ReadChunks(beam.DoFn):
 
 
 class ReadTensors(beam.PTransform):
-    """Tensors of TFRecord, Parquet or HDF5 files as chunks of rows.
+    """Tensors of TFRecord, Parquet, HDF5 or JSON lines files as chunks of rows.
 
     Args:
       files: a glob pattern or a list of paths (any filesystem Beam knows); sorted, their
         order is the "first" order of ``Keep.first()``.
-      format: "parquet" | "tfrecord" | "hdf5".
+      format: "parquet" | "tfrecord" | "hdf5" | "jsonl".
       spec: what each record holds (tensor field, id field, shape, dtype...).
       chunking: records per read task and per element, and tensor bytes per element.
       on_invalid: "skip" reports a bad record (FACTS) and goes on; "fail" stops the job.

@@ -20,6 +20,7 @@ Beam stage runs them on workers.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -111,7 +112,9 @@ def true_partners(sample_x: np.ndarray, sample_rank: tuple, data_x: np.ndarray,
     (``earlier_candidates``; no projection).
     The sample's search vectors are made a slice at a time (2,000 wide records are
     256 MB in float64)."""
-    dim = sample_x.reshape(len(sample_x), -1).shape[1]
+    if not len(sample_x):  # no record sampled (a store held them all): no shape kept
+        sample_x = sample_x.reshape(0, *data_x.shape[1:])
+    dim = math.prod(sample_x.shape[1:])  # (reshape(0, -1) cannot tell it)
     y = search_vectors(data_x, spec, radius, center,
                        norm_at_least=largest_norm(sample_x, spec, center))
     dtype = y.v.dtype

@@ -133,7 +133,7 @@ def verify_rows(xa: np.ndarray, a: np.ndarray, xb: np.ndarray, b: np.ndarray,
     """``verify`` of the pairs (xa[a[k]], xb[b[k]]), a slice of pairs at a time: float64
     copies of both ends of every pair at once would be gigabytes for wide records or
     many pairs (32 MB of values per slice)."""
-    step = rows_for(16 * max(1, xa.reshape(len(xa), -1).shape[1]), 32 << 20, 1 << 20, 64)
+    step = rows_for(16 * max(1, math.prod(xa.shape[1:])), 32 << 20, 1 << 20, 64)
     parts = [verify(xa[a[k:k + step]], xb[b[k:k + step]], spec) for k in range(0, len(a), step)]
     if not parts:
         return np.empty(0), np.empty(0, bool), np.empty(0, bool)
