@@ -177,7 +177,8 @@ def oracle(ids: list[str], x: np.ndarray, score: np.ndarray, keep: str,
     kind = lambda e: "near" if tier[pool_ids[e]] == "new" else f"{tier[pool_ids[e]]}_near"  # noqa: E731
     roots = component_roots(pairs)
     root = {pool_ids[i]: pool_ids[roots.get(i, i)] for i in range(len(pool_ids))}
-    rem = near_decisions(pairs, spec.grouping, protected=len(prot))
+    rem = near_decisions(pairs, spec.grouping, protected=len(prot),  # reference, then store
+                         tiers=[0 if t == "reference" else 1 for *_, t in prot])
     out.update({pool_ids[r]: (kind(e), pool_ids[e]) for r, e in rem.items()})
     return out, root, tier, values
 

@@ -123,17 +123,22 @@ def near_oracle(x: np.ndarray, spec: NearSpec) -> dict[int, int]:
 
 
 def near_decisions(pairs: dict[int, list[tuple[float, int]]], grouping: str,
-                   protected: int = 0) -> dict[int, int]:
+                   protected: int = 0, tiers: list[int] | None = None) -> dict[int, int]:
     """{removed row: kept row} from ``near_pairs`` in row order; the first ``protected``
     rows (reference or stored records) are never removed. Representative: each row names
-    its nearest kept earlier protected row, else its nearest kept earlier row (ties by
-    the earlier row); components: each row names its component's first row."""
+    its nearest kept earlier row of the most protected tier (``tiers``: each protected
+    row's, lower first, a reference record's before a stored one's; all protected rows
+    one tier by default; this run's rows last), ties by the earlier row; components: each
+    row names its component's first row."""
     if grouping == "representative":
+        def tier(e: int) -> int:
+            return (tiers[e] if tiers is not None else 0) if e < protected else 1 << 30
+
         out: dict[int, int] = {}
         for r in sorted(pairs):
-            refs = [(d, e) for d, e in pairs[r] if e not in out]  # kept: not removed
-            if refs and r >= protected:  # a protected record first, then the nearest
-                out[r] = min([x for x in refs if x[1] < protected] or refs)[1]
+            refs = [(tier(e), d, e) for d, e in pairs[r] if e not in out]  # kept: not removed
+            if refs and r >= protected:  # the most protected tier first, then the nearest
+                out[r] = min(refs)[2]
         return out
     return {i: r for i, r in component_roots(pairs).items() if r != i and i >= protected}
 
