@@ -275,6 +275,7 @@ def run_case(seed: int, stats: collections.Counter, runner: dict | None = None
         x = x.astype(np.float32 if x.dtype.kind == "f" else np.int64)
     if x.shape[1] == 1 and spec.metric in ("cosine", "correlation"):
         spec = replace(spec, metric="l2")  # the job refuses a direction of one value
+    spec = replace(spec, channels=1)  # channels are a decoded image's, never a config key
     n, d = x.shape
     keep = str(rng.choice(["first", "last", "max", "min"]))
     score = rng.integers(0, 5, n).astype(np.float64)
