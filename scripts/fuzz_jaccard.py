@@ -1,8 +1,9 @@
 """Fuzz the job's jaccard stage against the brute-force oracle (tests/textkit.py): random
 real-text corpora (licences and METADATA files of the installed packages, edited, with
-exact copies, blanks and crowds), random settings (unit, size, threshold, grouping, keep
-first/last, files, chunk and unit sizes, mode exact), the job's removals compared with
-the oracle's, record by record (kind, duplicate_of, J).
+exact copies, blanks and crowds) in Parquet or, for odd seeds, JSON lines (gzip every
+other), random settings (unit, size, threshold, grouping, keep first/last, files, chunk
+and unit sizes, mode exact), the job's removals compared with the oracle's, record by
+record (kind, duplicate_of, J).
 
 Usage: python scripts/fuzz_jaccard.py [--seeds 30] [--first 0]
 """
@@ -10,6 +11,7 @@ Usage: python scripts/fuzz_jaccard.py [--seeds 30] [--first 0]
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 import tempfile
@@ -67,10 +69,20 @@ def one(seed: int, tmp: Path) -> str | None:
     grouping = str(rng.choice(["representative", "components"]))
     last = bool(rng.random() < 0.3)
     files = int(rng.integers(1, 4))
+    fmt = "jsonl" if seed % 2 else "parquet"  # odd seeds: JSON lines (gzip every other)
     for f, part in enumerate(np.array_split(np.arange(len(docs)), files)):
-        pq.write_table(pa.table({"id": [f"d{i}" for i in part], "text": [docs[i] for i in part]}),
-                       tmp / f"in{f}.parquet", row_group_size=int(rng.integers(5, 60)))
-    cfg = {"input": {"format": "parquet", "path": str(tmp / "in*.parquet"), "tensor": "text",
+        group = int(rng.integers(5, 60))
+        if fmt == "parquet":
+            pq.write_table(pa.table({"id": [f"d{i}" for i in part],
+                                     "text": [docs[i] for i in part]}),
+                           tmp / f"in{f}.parquet", row_group_size=group)
+            continue
+        lines = "".join(json.dumps({"id": f"d{i}", "text": docs[i]}) + "\n" for i in part)
+        if seed % 4 == 1:
+            (tmp / f"in{f}.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+        else:
+            (tmp / f"in{f}.jsonl").write_text(lines)
+    cfg = {"input": {"format": fmt, "path": str(tmp / f"in*.{fmt}*"), "tensor": "text",
                      "id": "id", "decode": "text"},
            "near": {"metric": "jaccard", "threshold": t, "mode": "exact", "grouping": grouping,
                     "shingles": {"unit": unit, "size": size}},
