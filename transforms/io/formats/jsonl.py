@@ -22,8 +22,10 @@ not split: shard large files (datasets usually are).
 from __future__ import annotations
 
 import bz2
+import functools
 import gzip
 import json
+import os
 import zlib
 from collections import Counter
 from collections.abc import Iterator
@@ -283,7 +285,24 @@ def _runs(items: Iterator[tuple[int, pa.Table | str]]) -> Iterator[tuple[int, pa
 
 def sample(path: str) -> tuple[pa.Schema, list[bytes]] | None:
     """(the fields' types in the file's first lines, those lines) or None when the file
-    holds no line (or none that parses) near its start: ``read`` reports it."""
+    holds no line (or none that parses) near its start: ``read`` reports it. The checks
+    before any work ask it of each file three or four times (types, first value, ids,
+    sequences): a local file's answer is kept while its size and time stay."""
+    if not fs.is_local(path):
+        return _sample(path)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return _sample(path)
+    return _kept_sample(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _kept_sample(path: str, size: int, mtime_ns: int) -> tuple[pa.Schema, list[bytes]] | None:
+    return _sample(path)
+
+
+def _sample(path: str) -> tuple[pa.Schema, list[bytes]] | None:
     lines: list[bytes] = []
     size = 0
     for _, line in records(path):
