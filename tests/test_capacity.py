@@ -209,21 +209,45 @@ def test_hdf5_input_is_counted_from_its_shapes(tmp_path, capsys, monkeypatch):
     assert figure(out, "input").startswith("4,500 records of 64 values (256 B each)")
 
 
-def test_tfrecord_input_needs_a_record_count(tmp_path, capsys, monkeypatch):
-    """TFRecord files have no index: the plan names what it lacks, and plans once it is
-    given the count."""
+def test_tfrecord_input_is_counted_by_reading_it_when_small(tmp_path, capsys, monkeypatch):
+    """TFRecord files have no index: a small input (at most WHOLE_BYTES, which the
+    dry run's sample reads whole anyway) is counted by reading it, so the plan needs no
+    --plan-records (it named what it lacked), and plans for a count it is given."""
     monkeypatch.chdir(ROOT)
     sets = ["--set", f"output.path={tmp_path / 'clean'}", "--set", f"report={tmp_path / 'r'}"]
     assert main(["--config", "configs/dedupe-tfrecord.yaml", "--dry-run", *sets]) == 0
     out = capsys.readouterr().out
-    assert "capacity plan: not computed; the model lacks:" in out
-    assert "records: tfrecord files have no index to count them from: give --plan-records N" \
-        in out
+    assert "not computed" not in out
+    assert figure(out, "input").startswith("4,500 records of 64 values (256 B each)")
     assert main(["--config", "configs/dedupe-tfrecord.yaml", "--dry-run", *sets,
                  "--plan-records", "5000000"]) == 0
+    stored = sum(p.stat().st_size for p in (ROOT / "data" / "sample" / "tfrecord").iterdir())
+    assert figure(capsys.readouterr().out, "input") == (  # the files' bytes in proportion
+        f"5,000,000 records of 64 values (256 B each), {stored * 5e6 / 4500 / 1e9:.2f} GB "
+        "in files")
+
+
+def test_a_large_json_lines_input_needs_a_record_count(tmp_path, capsys):
+    """JSON lines above WHOLE_BYTES cannot be counted without reading them all: the plan
+    names what it lacks, and plans once it is given the count."""
+    from pipeline.capacity.workload import WHOLE_BYTES
+
+    row = json.dumps({"id": "x" * 8, "v": [0.5] * 64})
+    n = WHOLE_BYTES // len(row) + 1000
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text("".join(
+        row.replace("x" * 8, f"{i:08d}") + "\n" for i in range(n)))
+    cfg = {"input": {"format": "jsonl", "path": str(tmp_path / "in" / "*.jsonl"),
+                     "tensor": "v", "id": "id"},
+           "output": {"path": str(tmp_path / "clean")}, "report": str(tmp_path / "r")}
+    assert dry_run(tmp_path, cfg)[0] == 0
     out = capsys.readouterr().out
-    assert figure(out, "input").startswith("5,000,000 records of 64 values (256 B each), "
-                                           "1.28 GB in files")
+    assert "capacity plan: not computed; the model lacks:" in out
+    assert "records: jsonl files have no index to count them from: give --plan-records N" \
+        in out
+    assert dry_run(tmp_path, cfg, "--plan-records", "5000000")[0] == 0
+    assert figure(capsys.readouterr().out, "input").startswith(
+        "5,000,000 records of 64 values (512 B each)")
 
 
 def test_plan_of_a_store_run_counts_the_stored_values_the_job_searches(tmp_path):

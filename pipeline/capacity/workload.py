@@ -131,14 +131,19 @@ def _size(path: str) -> int:
 
 
 def count_records(job: Job) -> int | None:
-    """Records in the input from each file's index (Parquet footers, HDF5 shapes); None
-    where a format has none (TFRecord: a file must be read to be counted)."""
+    """Records in the input from each file's index (Parquet footers, HDF5 shapes). Where
+    a format has none (TFRecord, JSON lines: a file must be read to be counted), an input
+    of at most WHOLE_BYTES is read and counted (the sample reads it whole anyway), a
+    larger one gives None."""
     fmt = get_format(job.cfg.input.format, job.spec)
     units = [u for i, path in enumerate(job.files)
              for u in fmt.plan(path, i, 1 << 62, job.spec)]
-    if any(u.stop is None for u in units):
+    if all(u.stop is not None for u in units):
+        return sum(u.stop - u.start for u in units)
+    if sum(_size(f) for f in job.files) > WHOLE_BYTES:
         return None
-    return sum(u.stop - u.start for u in units)
+    return sum(chunk.n_read for u in units for chunk in fmt.read(u, job.spec,
+                                                                 job.chunking.chunk_rows))
 
 
 def count_chunks(job: Job, rows: int) -> int | None:
