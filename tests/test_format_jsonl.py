@@ -4,9 +4,10 @@ bad lines reported with their reasons and their neighbours read.
 
 Files are written as users get them: texts by pandas' ``to_json(lines=True)`` (gzip,
 bz2), numbers and plain files by Python's ``json``, zstd through pyarrow's stream; read
-back by pyarrow's JSON reader and Python's decompressors. The Parquet twin's job is the oracle of the decisions (its
-readers are checked against brute force elsewhere); what is JSON lines' own (lines,
-blank lines, compression, bad lines) is checked line by line here.
+back by pyarrow's JSON reader and Python's decompressors. The Parquet twin's job is the
+oracle of the decisions (its readers are checked against brute force elsewhere); what
+is JSON lines' own (lines, blank lines, compression, bad lines) is checked line by line
+here.
 """
 
 from __future__ import annotations

@@ -702,6 +702,22 @@ def test_stratified_judgement_weights_each_stratum_by_its_size():
     assert bounded.startswith(f"recall 1.0000 (95% interval {right['low']:.4f}-1.0000; 3 of 4")
 
 
+def test_stratified_judgement_of_records_that_stand_for_no_searched_record():
+    """A run whose every record was an exact copy of a reference or stored one searched
+    those only (0 of its own records), while its sample held records with partners (found
+    by fuzz_job.py seed 8125, a ZeroDivisionError that failed the job): no recall, and
+    the interval says nothing, not a division by zero."""
+    def keys(*k):
+        return np.array([[0, i] for i in k], np.uint64).reshape(-1, 2)
+
+    truth = recall.Truth(keys(1, 2), keys(11, 12), np.array([0.01, 0.01]), np.zeros(2),
+                         np.array([11, 12]), {(0, 1): 1, (0, 2): 1})
+    r = recall.judge(truth, {(0, 1), (0, 2), (0, 3)}, {},
+                     strata=recall.Strata(set(), 0, 0))
+    assert r.recall is None and (r.low, r.high) == (0.0, 1.0) and r.with_partners == 2
+    assert recall.recall_line(r.as_dict()).startswith("recall not measured")
+
+
 # --- the search itself ------------------------------------------------------------------
 
 def test_pairs_within_is_a_superset_at_large_offsets():

@@ -167,7 +167,10 @@ def _stratified(c: _Tally, u: _Tally, st: Strata) -> dict:
         miss_hi += nu * wilson(u.wrong + u.unsure, u.sampled)[1]
     miss_lo = nc * wilson(c.wrong, c.sampled)[0] + nu * wilson(u.wrong, u.sampled)[0]
     pos_hi = max(st.floor, nc * hi_c + nu * hi_u)
-    recall = 1 - miss / max(pos, st.floor) if c.with_partners + u.with_partners else None
+    # (records sampled with partners may stand for no record searched: a run whose every
+    # record was an exact copy of a reference or stored one searched those only)
+    recall = (1 - miss / max(pos, st.floor) if c.with_partners + u.with_partners
+              and max(pos, st.floor) > 0 else None)
     low = max(0.0, 1 - miss_hi / pos_lo) if pos_lo > 0 else 0.0
     high = min(1.0, 1 - miss_lo / pos_hi) if pos_hi > 0 else 1.0
     weights = [wc] * c.with_partners + [wu] * u.with_partners
