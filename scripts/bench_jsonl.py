@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_row_groups import build, run  # noqa: E402
+from bench_row_groups import build, run, run_cells  # noqa: E402
 from benchkit import ROOT  # noqa: E402
 
 FILES = 4
@@ -60,11 +60,8 @@ def write(t: pa.Table, data: Path, fmt: str, codec: str, files: int) -> int:
 def table(rows: list[dict]) -> str:
     lines = ["| data | layout | input MB | wall s | CPU s | peak MB | removed | same removals "
              "as Parquet |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for r in rows:
-        removed = sum(v for k, v in r.get("counts", {}).items() if k.startswith("removed_"))
-        lines.append(f"| {r['data']} ({r['records']:,}) | {r['layout']} | "
-                     f"{r['input_bytes'] / 1e6:,.0f} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
-                     f"{r['peak_rss_bytes'] / 1e6:,.0f} | {removed:,} | {r['same']} |")
+    lines += [f"| {r['data']} ({r['records']:,}) | {r['layout']} | "
+              f"{r['input_bytes'] / 1e6:,.0f} | {run_cells(r)}" for r in rows]
     return "\n".join(lines)
 
 

@@ -124,14 +124,18 @@ def run(kind: str, data: Path, out: Path, code: str, fmt: str = "parquet",
     return r
 
 
+def run_cells(r: dict) -> str:
+    """A ``run``'s cells of a table row: wall s | CPU s | peak MB | removed | same."""
+    removed = sum(v for k, v in r.get("counts", {}).items() if k.startswith("removed_"))
+    return (f"{r['wall_s']:.1f} | {r['cpu_s']:.1f} | {r['peak_rss_bytes'] / 1e6:,.0f} | "
+            f"{removed:,} | {r['same']} |")
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| data | rows per group | code | wall s | CPU s | peak MB | removed | same "
              "removals as large groups |", "| --- | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
-    for r in rows:
-        removed = sum(v for k, v in r.get("counts", {}).items() if k.startswith("removed_"))
-        lines.append(f"| {r['data']} ({r['records']:,}) | {r['group']:,} | {r['code']} | "
-                     f"{r['wall_s']:.1f} | {r['cpu_s']:.1f} | {r['peak_rss_bytes'] / 1e6:,.0f} | "
-                     f"{removed:,} | {r['same']} |")
+    lines += [f"| {r['data']} ({r['records']:,}) | {r['group']:,} | {r['code']} | "
+              f"{run_cells(r)}" for r in rows]
     return "\n".join(lines)
 
 
