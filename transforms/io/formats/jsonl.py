@@ -29,7 +29,7 @@ import os
 import zlib
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from itertools import chain
 from typing import BinaryIO
@@ -116,19 +116,24 @@ def lines(path: str) -> Iterator[tuple[bytes, bool] | str]:
     it had one (only the last may not); then a reason, once, where the file cannot be
     read on. Raises OSError when it cannot be opened at all."""
     with opened(path) as (stream, _):
-        rest = b""
-        try:
-            read = getattr(stream, "read1", stream.read)  # what is there: a cut stream
-            while block := read(BLOCK_BYTES):  # yields its lines up to the cut
-                got = (rest + block).split(b"\n")
-                rest = got.pop()
-                for line in got:
-                    yield line, True
-        except (OSError, EOFError, pa.ArrowException, ValueError) as e:
-            yield f"the file cannot be read from here on ({error_line(e)})"
-            return
-        if rest:
-            yield rest, False
+        yield from _split(stream)
+
+
+def _split(stream: BinaryIO) -> Iterator[tuple[bytes, bool] | str]:
+    """``lines`` of an opened, decompressed stream."""
+    rest = b""
+    try:
+        read = getattr(stream, "read1", stream.read)  # what is there: a cut stream
+        while block := read(BLOCK_BYTES):  # yields its lines up to the cut
+            got = (rest + block).split(b"\n")
+            rest = got.pop()
+            for line in got:
+                yield line, True
+    except (OSError, EOFError, pa.ArrowException, ValueError) as e:
+        yield f"the file cannot be read from here on ({error_line(e)})"
+        return
+    if rest:
+        yield rest, False
 
 
 def _blank(line: bytes) -> bool:
@@ -465,33 +470,33 @@ def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) 
     compressed as ``src`` is; what cannot be read is not copied, and a file that cannot
     be read at all gives no copy."""
     dropped = set(np.asarray(drop, np.int64).tolist())
-    try:
-        with fs.open_read(src) as f:
-            codec = codec_of(f.read(4))
-        items = lines(src)
-        head = next(items, None)
-    except OSError:
-        return 0
-    if isinstance(head, str):
-        return 0
-    written = position = size = 0
-    with fs.local_file_for(dst) as local, _compressed(local, codec) as out:
-        held: list[bytes] = []  # written a block at a time: a call per line cost 2-5 us
-        for item in chain([] if head is None else [head], items):
-            if isinstance(item, str):
-                break
-            line, ended = item
-            if not _blank(line):
-                position += 1
-                if position - 1 in dropped:
-                    continue
-                written += 1
-            held.append(line + b"\n" if ended else line)
-            size += len(line)
-            if size >= BLOCK_BYTES:
-                out.write(b"".join(held))
-                held, size = [], 0
-        out.write(b"".join(held))
+    with ExitStack() as stack:
+        try:  # opened once: its codec is the copy's
+            stream, codec = stack.enter_context(opened(src))
+            items = _split(stream)
+            head = next(items, None)
+        except OSError:
+            return 0
+        if isinstance(head, str):
+            return 0
+        written = position = size = 0
+        with fs.local_file_for(dst) as local, _compressed(local, codec) as out:
+            held: list[bytes] = []  # written a block at a time: a call per line cost 2-5 us
+            for item in chain([] if head is None else [head], items):
+                if isinstance(item, str):
+                    break
+                line, ended = item
+                if not _blank(line):
+                    position += 1
+                    if position - 1 in dropped:
+                        continue
+                    written += 1
+                held.append(line + b"\n" if ended else line)
+                size += len(line)
+                if size >= BLOCK_BYTES:
+                    out.write(b"".join(held))
+                    held, size = [], 0
+            out.write(b"".join(held))
     return written
 
 
