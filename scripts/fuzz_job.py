@@ -16,7 +16,8 @@ survivors plus the protected records (representative: nearest kept record, ties 
 order; components: each keeps its first record). Exact kinds must equal the oracle; near
 kinds too in mode exact, else each must name a kept record within tolerance (components:
 in its oracle component). Also read = kept + removed + invalid, per-kind counts, invalid
-ids, and clean shards read back with pyarrow / tf.data / h5py hold the kept records.
+ids, clean shards read back with pyarrow / tf.data / h5py hold the kept records, and
+exact mode's printed recall is 1.0 (where measured).
 
 Usage: python scripts/fuzz_job.py --seeds 0:100 --minutes 10
 """
@@ -211,6 +212,9 @@ def check_run(got, summary, want, root, tier, values, spec, mode, clean, kept_id
                 problems.append(["near removal out of tolerance", r, dup])
         elif root.get(r) != root.get(dup):
             problems.append(["near removal outside its component", r, dup])
+    recall = ((summary.get("near") or {}).get("recall") or {}).get("recall")
+    if mode == "exact" and recall not in (None, 1.0):  # every decision is the oracle's
+        problems.append(["exact mode's recall is not 1.0", summary["near"]["recall"]])
     counts = collections.Counter(k for k, _ in got.values())
     removed = {k.removeprefix("removed_"): v for k, v in summary.items()
                if k.startswith("removed_")}

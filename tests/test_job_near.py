@@ -442,3 +442,28 @@ def test_a_recall_sample_drawn_among_exact_copies_only(tmp_path):
     s = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
     assert s["kept"] == len(np.unique(x, axis=0)) == 16 and s["removed_near"] == 0
     assert s["near"]["recall"]["sampled"] == 0 and s["near"]["recall"]["recall"] is None
+
+
+def test_records_that_copy_a_reference_with_near_references_are_not_judged(tmp_path):
+    """Input records that are exact copies of reference records whose near copies are in
+    the reference set too: the exact stage removes them as reference_exact, so the
+    recall check does not judge them (it counted each as a miss of its reference
+    neighbours: recall 0.0000 on a run whose every decision was right). Near copies
+    among this run's own records are judged as before."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((100, 16)).astype(np.float32)
+    ref = np.concatenate([x[:20], x[:20] + 0.001])
+    values = np.concatenate([x[20:], x[:20], x[20:30] + 0.001])
+    write_input("parquet", tmp_path / "ref" / "r.parquet", [f"e{i}" for i in range(40)], ref,
+                np.zeros(40, np.int64))
+    write_input("parquet", tmp_path / "in" / "a.parquet", [f"r{i}" for i in range(110)],
+                values, np.zeros(110, np.int64))
+    assert run_job(tmp_path, "parquet", str(tmp_path / "in" / "*.parquet"),
+                   reference=[{"format": "parquet", "path": str(tmp_path / "ref" / "*.parquet"),
+                               "tensor": "emb", "id": "id"}],
+                   near={"metric": "l2", "threshold": 0.05, "mode": "exact",
+                         "recall_sample": 1000}) == 0
+    s = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
+    assert s["removed_reference_exact"] == 20 and s["removed_near"] == 10
+    r = s["near"]["recall"]
+    assert (r["sampled"], r["with_partners"], r["recall"]) == (90, 10, 1.0)

@@ -200,7 +200,8 @@ def chunk_partners(batch: VecBatch, plan: Plan, spec: NearSpec,
                    sample: VecBatch | None = None) -> Iterator[Truth]:
     """Brute force of the recall sample against one chunk: each sampled record's nearest
     earlier partners within tolerance (it within them, as the reference), other records
-    only, and how many candidates there were. The chunk is compared in blocks of
+    only, and how many candidates there were; and the sampled keys protected rows here
+    hold (``Truth.held``). The chunk is compared in blocks of
     RECALL_BLOCK_ROWS rows (fewer for wide records); the sample's values are read from
     their spill file (a side input of 2,000 wide records was held four times over), or
     given (``sample``: the plan's, read already)."""
@@ -210,6 +211,9 @@ def chunk_partners(batch: VecBatch, plan: Plan, spec: NearSpec,
         progress.tick("near recall", 0, len(batch), "chunks", total_records=plan.n)
         return
     batch, sample = batch.loaded(), sample.loaded()
+    held = Truth.held_by(sample.words, batch.words, batch.prio)
+    if held.held:
+        yield held
     step = rows_for(8 * batch.x.shape[1], 32 << 20, RECALL_BLOCK_ROWS)
     for a in range(0, len(batch), step):
         b = min(a + step, len(batch))

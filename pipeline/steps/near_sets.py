@@ -626,11 +626,15 @@ def chunk_truth(batch: SetBatch, plan: SetPlan, spec: NearSpec) -> Iterator[Trut
     3,600-word text took 70 of a job's 90 s listing and verifying them, and a cap per
     chunk alone verified a crowd's copies in every chunk once the chunks were many. Such
     a record counts as truncated (``Recall.truncated``) and is judged on the partners
-    found, as inside vector crowds."""
+    found, as inside vector crowds. Sampled keys the chunk's protected rows hold are
+    yielded apart (``Truth.held``)."""
     s = plan.sample
     if s is None or not len(s):
         return
     b = _best_per_digest(batch.loaded())
+    held = Truth.held_by(s.words, b.words, b.prio)
+    if held.held:
+        yield held
     rec, keys = prefix_tokens(b.sets, spec.threshold, plan.frequent)
     o = np.argsort(keys, kind="stable")
     skeys, srec = keys[o], rec[o]

@@ -44,9 +44,12 @@ the bound. Uniform otherwise (exact mode, two levels, IVF/HNSW cells, jaccard).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from transforms.exact import is_protected
+from transforms.store.segment import keys_of
 
 Z95 = 1.959963984540054
 PARTNERS = 32  # nearest earlier partners kept per sampled record (and as many latest)
@@ -194,7 +197,12 @@ class Truth:
     within tolerance (the sampled record within tolerance of the partner as the
     reference), cut to the PARTNERS nearest and the PARTNERS latest in keep order, and
     how many there are in all. Records are (n, 2)
-    uint64 keys; (``prio``, ``order``) orders partners as keep order does."""
+    uint64 keys; (``prio``, ``order``) orders partners as keep order does. ``held``:
+    sampled keys that a protected record (a reference or stored one) holds too: the
+    exact stage removed those records as its copies, so they stand for no record
+    searched and are not judged (their kept near partners among the protected ones
+    made them misses: recall 0.0000 on a run whose copies of references were all
+    removed)."""
 
     sample: np.ndarray  # (m, 2) uint64
     partner: np.ndarray  # (m, 2) uint64
@@ -202,11 +210,22 @@ class Truth:
     prio: np.ndarray  # (m,) float64: the partner's place in keep order (first key) ...
     order: np.ndarray  # (m,) int64: ... and (second key)
     counts: dict  # sampled key -> partners in all
+    held: frozenset = field(default_factory=frozenset)  # sampled keys protected rows hold
 
     @classmethod
-    def empty(cls) -> Truth:
+    def empty(cls, held: frozenset = frozenset()) -> Truth:
         e = np.empty((0, 2), np.uint64)
-        return cls(e, e, np.empty(0), np.empty(0), np.empty(0, np.int64), {})
+        return cls(e, e, np.empty(0), np.empty(0), np.empty(0, np.int64), {}, held)
+
+    @classmethod
+    def held_by(cls, sample: np.ndarray, words: np.ndarray, prio: np.ndarray) -> Truth:
+        """No partners; the keys of ``sample`` ((m, 2) uint64) that protected rows
+        among ``words`` (by ``prio``) hold."""
+        mine = is_protected(prio)
+        if not mine.any() or not len(sample):
+            return cls.empty()
+        at = np.isin(keys_of(sample), keys_of(words[mine]))
+        return cls.empty(frozenset(map(tuple, sample[at].tolist())))
 
     def add(self, other: Truth) -> Truth:
         counts = dict(self.counts)
@@ -218,7 +237,8 @@ class Truth:
     def concat(cls, parts: list[Truth], counts: dict) -> Truth:
         """The parts' partners end to end, uncut, with ``counts``."""
         return cls(*(np.concatenate([getattr(t, f) for t in parts])
-                     for f in ("sample", "partner", "dist", "prio", "order")), counts)
+                     for f in ("sample", "partner", "dist", "prio", "order")), counts,
+                   frozenset().union(*(t.held for t in parts)))
 
     def cut(self) -> Truth:
         """Each sampled record's PARTNERS nearest partners (distance, then keep order) and
@@ -233,7 +253,7 @@ class Truth:
         e = np.lexsort((self.dist, -self.order, -self.prio, self.sample[:, 1], self.sample[:, 0]))
         keep = np.union1d(keep, e[np.arange(len(e)) - first < PARTNERS])
         return Truth(self.sample[keep], self.partner[keep], self.dist[keep], self.prio[keep],
-                     self.order[keep], self.counts)
+                     self.order[keep], self.counts, self.held)
 
 
 def judge(truth: Truth, sampled: set, removed: dict, components: bool = False,
@@ -242,7 +262,9 @@ def judge(truth: Truth, sampled: set, removed: dict, components: bool = False,
     distance) for every removal (others were kept). ``components``: a record
     with an earlier partner is right when removed (its component keeps an earlier
     record; which one, the brute force cannot tell from a sample). ``strata``: the
-    sample was drawn by ``draw`` with capped flags (weighted: ``_stratified``)."""
+    sample was drawn by ``draw`` with capped flags (weighted: ``_stratified``). Keys
+    ``truth.held`` are not judged."""
+    sampled = sampled - truth.held
     by: dict = {}
     for s, p, d, r, o in zip(map(tuple, truth.sample.tolist()),
                              map(tuple, truth.partner.tolist()), truth.dist.tolist(),
