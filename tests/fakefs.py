@@ -130,8 +130,8 @@ class FakeObjectStore(LocalFileSystem):
         return super().checksum(_local(path))
 
     def metadata(self, path):
-        m = super().metadata(_local(path))
-        return FileMetadata(path, m.size_in_bytes, m.last_updated_in_seconds)
+        st = os.stat(_local(path))  # (LocalFileSystem.metadata calls size() with the local
+        return FileMetadata(path, st.st_size, st.st_mtime)  # path, which is no fakegs://)
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
         """Create-if-absent, like a GCS upload with ``if_generation_match=0``: atomic on

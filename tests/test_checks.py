@@ -74,7 +74,8 @@ def _stray(path: Path, kind: str) -> None:
 @pytest.mark.parametrize("fmt,name", [("parquet", "docs.jsonl.gz"), ("hdf5", "docs.jsonl")])
 def test_json_lines_under_another_format_are_told_to_set_jsonl(tmp_path, capsys, fmt, name):
     """The texts a user has as JSON lines, with another input.format: exit 2 before any
-    work naming the format their bytes show; with it, the job reads them."""
+    work naming the format their bytes show; with it and a typo'd field, the nearest
+    field's name; then the job reads them."""
     import gzip
 
     texts = [(ROOT / "README.md").read_text()[:400 * (i % 3 + 1)] for i in range(30)]
@@ -88,6 +89,10 @@ def test_json_lines_under_another_format_are_told_to_set_jsonl(tmp_path, capsys,
                          f"{' after gzip decompression' if name.endswith('.gz') else ''} is a "
                          f"JSON object), not {fmt}: set input.format: jsonl"), line
     assert nothing_written(tmp_path)
+    assert run_job(tmp_path, "jsonl", str(path), input={"tensor": "txt", "decode": "text"}) == 2
+    assert one_error_line(capsys).endswith(  # a JSON line has fields, not columns
+        f"{path}: input.tensor: no field 'txt' (did you mean 'text'?); its lines have fields "
+        "id, text")
     assert run_job(tmp_path, "jsonl", str(path), input={"tensor": "text", "decode": "text"}) == 0
     assert summary(tmp_path)["removed_exact"] == 30 - 3
 

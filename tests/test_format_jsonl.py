@@ -211,15 +211,16 @@ def test_bad_lines_are_invalid_records_and_their_neighbours_are_read(tmp_path):
                              not line.startswith(b'{"id": "g40"'))
 
 
-@pytest.mark.parametrize("tensor", ["doc.body", "messages"])
+@pytest.mark.parametrize("tensor", ["doc.body", "src.body", "messages"])
 def test_nested_fields_and_chat_messages_are_read(tmp_path, tensor):
-    """A text inside an object (``doc.body``, as Table.flatten names it) and a chat's
+    """A text inside an object (``doc.body``, as Table.flatten names it), a top-level key
+    with a dot in it (``"src.body"``: not looked for inside a ``src`` object) and a chat's
     messages (a list of role/content objects, read as their texts): the removals of the
     same texts as a top-level field (for messages: the same rows in Parquet), a planted
     copy among them; the copy's lines are the others' lines."""
     texts = package_texts(20)
     texts.append(texts[4].replace(" the ", " a ", 1))
-    rows = [{"id": f"r{i}", "body": t, "doc": {"lang": "en", "body": t},
+    rows = [{"id": f"r{i}", "body": t, "doc": {"lang": "en", "body": t}, "src.body": t,
              "messages": [{"role": "user", "content": t[:200]},
                           {"role": "assistant", "content": t[200:]}]}
             for i, t in enumerate(texts)]
@@ -228,7 +229,7 @@ def test_nested_fields_and_chat_messages_are_read(tmp_path, tensor):
     _write_lines(src, rows, "")
     (tmp_path / "p").mkdir()
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "p" / "chat.parquet")
-    twin = ("jsonl", str(src), "body") if tensor == "doc.body" else (
+    twin = ("jsonl", str(src), "body") if tensor.endswith(".body") else (
         "parquet", str(tmp_path / "p" / "chat.parquet"), "messages")
     got = []
     for where, (fmt, path, field) in (("j", ("jsonl", str(src), tensor)), ("p", twin)):

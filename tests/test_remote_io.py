@@ -241,6 +241,32 @@ def test_checks_before_work_read_heads_and_schemas_not_whole_files(tmp_path, gcs
         assert fakefs.FETCHED[local] <= 256 << 10, fakefs.FETCHED[local]  # 4 KiB, 2 footers
 
 
+def test_checks_of_json_lines_read_their_first_lines_once(tmp_path, gcs):
+    """JSON lines have no schema to read: the checks take the fields' types from each
+    file's first lines, and ask for them three or four times (types, first value, ids,
+    sequences). On an object store those lines are fetched once per file in small
+    ranged reads, not each time through Beam's 16 MB read-ahead (the whole file here)."""
+    import gzip
+
+    url, bucket_dir = gcs
+    rng = np.random.default_rng(6)
+    (bucket_dir / "in").mkdir(parents=True)
+    for f in range(3):
+        rows = "".join(json.dumps({"id": f"f{f}-{i}", "emb": rng.standard_normal(32).tolist()})
+                       + "\n" for i in range(8_000)).encode()
+        path = bucket_dir / "in" / f"p{f}.jsonl{'.gz' if f == 2 else ''}"
+        path.write_bytes(gzip.compress(rows) if f == 2 else rows)
+    job = prepare(DedupeConfig.model_validate({
+        "input": {"format": "jsonl", "path": f"{url}/in/*.jsonl*", "tensor": "emb",
+                  "id": "id", "dtype": "float32"},
+        "output": {"path": f"{url}/out/clean"}, "report": f"{url}/out/report"}))
+    assert len(job.files) == 3
+    for f in range(3):
+        local = str(bucket_dir / "in" / f"p{f}.jsonl{'.gz' if f == 2 else ''}")
+        assert fakefs.SIZES[local] > 2 << 20
+        assert fakefs.FETCHED[local] <= 3 << 19, fakefs.FETCHED[local]  # 1 MB of lines
+
+
 @pytest.mark.parametrize("scheme", [fakefs.SCHEME, "fakes3"])
 def test_a_slice_read_alone_fetches_its_bytes(gcs, scheme):
     """Spill streams read one slice per open (as a cell reads its slice of each chunk's

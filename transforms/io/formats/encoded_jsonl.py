@@ -14,7 +14,7 @@ import numpy as np
 
 from transforms.io.formats.base import InvalidRecord, TensorSpec, Unit, Values
 from transforms.io.formats.encoded_parquet import check_value_schema, table_values
-from transforms.io.formats.jsonl import flat, pieces, sample
+from transforms.io.formats.jsonl import flat, in_fields, pieces, sample
 
 
 def check(path: str, spec: TensorSpec) -> tuple[str, str] | None:
@@ -23,7 +23,8 @@ def check(path: str, spec: TensorSpec) -> tuple[str, str] | None:
     found = sample(path)
     if found is None:
         return None
-    check_value_schema(path, flat(found[0]), spec)
+    with in_fields():
+        check_value_schema(path, flat(found[0]), spec)
     for vals in read_values(Unit(0, path), spec, len(found[1]), 1 << 62):
         if vals.values:
             return vals.values[0], f"field {spec.tensor!r}"

@@ -26,6 +26,7 @@ import functools
 import gzip
 import json
 import os
+import re
 import zlib
 from collections import Counter
 from collections.abc import Iterator
@@ -41,6 +42,7 @@ import pyarrow.json as pj
 from transforms.io import fs
 from transforms.io.formats.base import (
     Chunk,
+    InputError,
     InvalidRecord,
     TensorSpec,
     Unit,
@@ -58,6 +60,7 @@ MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\x28\xb5\x2f\xfd", "zstd"))
 BLOCK_BYTES = 4 << 20  # decompressed bytes read at once
 CHECK_LINES = 1000  # check() takes the fields' types from this many first lines at most
 CHECK_BYTES = 1 << 20  # or from the first lines holding this many bytes
+HEAD_BLOCK_BYTES = 256 << 10  # ... read in blocks of this many bytes
 GZIP_LEVEL = 6  # the clean copy's (gzip's own default)
 
 
@@ -94,9 +97,11 @@ def shows_jsonl(head: bytes, path: str | None = None) -> bool:
 
 
 @contextmanager
-def opened(path: str) -> Iterator[tuple[BinaryIO, str | None]]:
-    """(the file's decompressed bytes as a stream, its codec)."""
-    with fs.open_read(path) as raw:
+def opened(path: str, ranged: bool = False) -> Iterator[tuple[BinaryIO, str | None]]:
+    """(the file's decompressed bytes as a stream, its codec). ``ranged``: on an object
+    store each read fetches what it asks for (``fs.open_ranged``), not Beam's 16 MB
+    read-ahead: for the first lines of many files."""
+    with (fs.open_ranged if ranged else fs.open_read)(path) as raw:
         codec = codec_of(raw.read(4))
         raw.seek(0)
         if codec == "gzip":  # concatenated members too (bgzip, appended shards)
@@ -111,20 +116,22 @@ def opened(path: str) -> Iterator[tuple[BinaryIO, str | None]]:
             yield stream, codec
 
 
-def lines(path: str) -> Iterator[tuple[bytes, bool] | str]:
+def lines(path: str, head: bool = False) -> Iterator[tuple[bytes, bool] | str]:
     """Every line of the file in order (blank ones too), without its ``\\n``, and whether
     it had one (only the last may not); then a reason, once, where the file cannot be
-    read on. Raises OSError when it cannot be opened at all."""
-    with opened(path) as (stream, _):
-        yield from _split(stream)
+    read on. Raises OSError when it cannot be opened at all. ``head``: the caller reads
+    the first lines only (read in small ranged blocks)."""
+    with opened(path, ranged=head) as (stream, _):
+        yield from _split(stream, HEAD_BLOCK_BYTES if head else BLOCK_BYTES)
 
 
-def _split(stream: BinaryIO) -> Iterator[tuple[bytes, bool] | str]:
+def _split(stream: BinaryIO, block_bytes: int = BLOCK_BYTES
+           ) -> Iterator[tuple[bytes, bool] | str]:
     """``lines`` of an opened, decompressed stream."""
     rest = b""
     try:
         read = getattr(stream, "read1", stream.read)  # what is there: a cut stream
-        while block := read(BLOCK_BYTES):  # yields its lines up to the cut
+        while block := read(block_bytes):  # yields its lines up to the cut
             got = (rest + block).split(b"\n")
             rest = got.pop()
             for line in got:
@@ -140,14 +147,15 @@ def _blank(line: bytes) -> bool:
     return not line.strip()
 
 
-def records(path: str) -> Iterator[tuple[int, bytes | str]]:
+def records(path: str, head: bool = False) -> Iterator[tuple[int, bytes | str]]:
     """(position, line) for each non-blank line in order; (position, reason) once where
     the file cannot be read on (the rest of it stands as one invalid record), or (-1,
-    reason) for a file that cannot be opened or read at all (no record)."""
+    reason) for a file that cannot be opened or read at all (no record). ``head``: as
+    for ``lines``."""
     position = 0
     seen = False
     try:
-        for item in lines(path):
+        for item in lines(path, head):
             if isinstance(item, str):
                 yield (position if seen else -1), item
                 return
@@ -174,17 +182,30 @@ def flat(fields: pa.Schema | pa.StructType, prefix: str = "") -> pa.Schema:
     return pa.schema(out)
 
 
+def _path(fields: pa.Schema | pa.StructType, name: str) -> list[str]:
+    """The keys that lead to dotted ``name`` through nested objects (a key may hold a
+    dot itself: ``{"meta.text": ...}`` is one key), or [] if none does."""
+    if fields.get_field_index(name) >= 0:
+        return [name]
+    for f in fields:
+        if pa.types.is_struct(f.type) and name.startswith(f.name + "."):
+            rest = _path(f.type, name[len(f.name) + 1:])
+            if rest:
+                return [f.name, *rest]
+    return []
+
+
 def _schema(fields: pa.Schema, spec: TensorSpec) -> pa.Schema:
     """What to parse: the fields the job reads (dotted names inside their objects), with
     the types the first lines hold (``_typed``; a field null in every first line as text,
     or numbers for ``keep``)."""
-    fields = _typed(flat(fields), spec)
+    nested, fields = fields, _typed(flat(fields), spec)
     tree: dict = {}
     for name in dict.fromkeys(n for n in (spec.tensor, spec.id, spec.rank) if n is not None):
         t = fields.field(name).type if fields.get_field_index(name) >= 0 else pa.null()
         if pa.types.is_null(t):
             t = pa.float64() if name == spec.rank else pa.string()
-        *outer, leaf = name.split(".") if fields.get_field_index(name) >= 0 else [name]
+        *outer, leaf = _path(nested, name) or [name]
         node = tree
         for part in outer:
             node = node.setdefault(part, {})
@@ -203,8 +224,10 @@ def _leaf_as(t: pa.DataType, leaf: pa.DataType) -> pa.DataType:
     return leaf if pa.types.is_integer(t) or pa.types.is_floating(t) else t
 
 
-def _parse(lines: list[bytes], schema: pa.Schema | None) -> pa.Table:
-    """The lines as one table (one row each), or raise pa.ArrowInvalid."""
+def _parse(lines: list[bytes], schema: pa.Schema | None, nested: bool = False) -> pa.Table:
+    """The lines as one table (one row each), or raise pa.ArrowInvalid. Objects inside
+    objects as dotted columns, or, ``nested``, as structs (what tells a key holding a dot
+    from a key inside an object)."""
     data = b"\n".join(lines)
     table = pj.read_json(
         pa.BufferReader(data), read_options=pj.ReadOptions(block_size=len(data) + 1),
@@ -212,7 +235,7 @@ def _parse(lines: list[bytes], schema: pa.Schema | None) -> pa.Table:
             "infer" if schema is None else "ignore")))
     if table.num_rows != len(lines):
         raise pa.ArrowInvalid(f"{table.num_rows} JSON values on {len(lines)} line(s)")
-    while any(pa.types.is_struct(t) for t in table.schema.types):  # meta.text: a column
+    while not nested and any(pa.types.is_struct(t) for t in table.schema.types):
         table = table.flatten()
     return table
 
@@ -289,28 +312,31 @@ def _runs(items: Iterator[tuple[int, pa.Table | str]]) -> Iterator[tuple[int, pa
 
 
 def sample(path: str) -> tuple[pa.Schema, list[bytes]] | None:
-    """(the fields' types in the file's first lines, those lines) or None when the file
+    """(the fields' types in the file's first lines, objects inside objects as structs
+    (``flat`` names their fields), those lines) or None when the file
     holds no line (or none that parses) near its start: ``read`` reports it. The checks
     before any work ask it of each file three or four times (types, first value, ids,
-    sequences): a local file's answer is kept while its size and time stay."""
-    if not fs.is_local(path):
-        return _sample(path)
+    sequences): a file's answer is kept while its size and time stay (on an object
+    store a metadata request each time, not a read of its first megabyte)."""
     try:
-        st = os.stat(path)
-    except OSError:
+        if fs.is_local(path):
+            st = os.stat(path)
+            return _kept_sample(path, st.st_size, st.st_mtime_ns)
+        m = fs.beam_filesystems().get_filesystem(path).metadata(path)
+        return _kept_sample(path, m.size_in_bytes, m.last_updated_in_seconds)
+    except OSError:  # (Beam's BeamIOError is one): read reports it
         return _sample(path)
-    return _kept_sample(path, st.st_size, st.st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=16)
-def _kept_sample(path: str, size: int, mtime_ns: int) -> tuple[pa.Schema, list[bytes]] | None:
+def _kept_sample(path: str, size: int, mtime: float) -> tuple[pa.Schema, list[bytes]] | None:
     return _sample(path)
 
 
 def _sample(path: str) -> tuple[pa.Schema, list[bytes]] | None:
     lines: list[bytes] = []
     size = 0
-    for _, line in records(path):
+    for _, line in records(path, head=True):
         if isinstance(line, str):
             break
         lines.append(line)
@@ -320,12 +346,12 @@ def _sample(path: str) -> tuple[pa.Schema, list[bytes]] | None:
     if not lines:
         return None
     try:
-        return _parse(lines, None).schema, lines
+        return _parse(lines, None, nested=True).schema, lines
     except pa.ArrowInvalid:  # a bad or odd line among them: the type most lines hold
         held: dict[str, Counter[pa.DataType]] = {}
         for line in lines:
             try:
-                for f in _parse([line], None).schema:
+                for f in _parse([line], None, nested=True).schema:
                     held.setdefault(f.name, Counter())[f.type] += not pa.types.is_null(f.type)
             except pa.ArrowInvalid:
                 continue
@@ -380,10 +406,21 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
         return spec if spec.shape is not None or spec.ragged else replace(spec, dtype=None)
     fields, lines = found
     fields = _typed(flat(fields), spec)
-    resolved = check_schema(path, fields, spec)
+    with in_fields():
+        resolved = check_schema(path, fields, spec)
     if resolved.shape is not None or spec.ragged:
         return resolved
     return replace(resolved, shape=_one_size(path, spec, lines, fields))
+
+
+@contextmanager
+def in_fields() -> Iterator[None]:
+    """The Parquet checks' errors in a JSON line's words: a field, not a column."""
+    try:
+        yield
+    except InputError as e:
+        raise InputError(re.sub(r"\bcolumn(s?)\b", r"field\1", str(e)).replace(
+            "the file has fields", "its lines have fields")) from None
 
 
 def _typed(fields: pa.Schema, spec: TensorSpec) -> pa.Schema:
