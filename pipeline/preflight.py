@@ -188,7 +188,8 @@ def _check_ours(key: str, target: str, found: list[str] | None,
     if found is None:
         raise InputError(f"{key}: {target} is a file, not a tensordedup output: choose "
                          f"another {key}, or delete it yourself")
-    foreign = [f for f in found if not layout.ours(f, shards is None, shards or [])]
+    mine = layout.ours(shards is None, shards or [])
+    foreign = [f for f in found if not mine(f)]
     if foreign:
         more = f" and {len(foreign) - 3:,} more" if len(foreign) > 3 else ""
         shards = all(f.rsplit("/", 1)[-1].partition(".")[2] in _SHARD_EXTENSIONS

@@ -45,6 +45,7 @@ import re
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable
 
 from transforms.io import fs
 
@@ -87,21 +88,27 @@ def output_shard(path: str, root: str | None) -> str:
     return path[len(root):].lstrip("/")
 
 
-def ours(rel: str, report: bool, shards: list[str]) -> bool:
-    """Whether a file at ``rel`` ('/'-separated, below an output or report directory) is
+def ours(report: bool, shards: list[str]) -> Callable[[str], bool]:
+    """Whether a file at a path ('/'-separated, below an output or report directory) is
     one a run writes there, so an overwrite may replace it: a report's tables (or their
     part files), page, plot, summary and embeddings; in an output, a clean shard: one of
     ``shards`` (this run's) or a file with one of their extensions (an earlier run's
-    inputs); in either, a killed writer's temporary (``fs.temp_path``)."""
-    name = rel.rsplit("/", 1)[-1]
-    if fs.is_temp(name):
-        return True
-    if report:
-        head, _, rest = rel.partition("/")
-        return (head in REPORT_NAMES and not rest) or head == EMBEDDINGS or (
-            head in (DUPLICATES, INVALID) and PART.fullmatch(rest) is not None)
-    suffixes = {os.path.splitext(s)[1] for s in shards} - {""}
-    return rel in shards or os.path.splitext(name)[1] in suffixes
+    inputs); in either, a killed writer's temporary (``fs.temp_path``). One test for
+    every file found (made per file, 2,000 inputs took 6.6 s of the checks)."""
+    names = set(shards)
+    suffixes = {os.path.splitext(s)[1] for s in names} - {""}
+
+    def test(rel: str) -> bool:
+        name = rel.rsplit("/", 1)[-1]
+        if fs.is_temp(name):
+            return True
+        if report:
+            head, _, rest = rel.partition("/")
+            return (head in REPORT_NAMES and not rest) or head == EMBEDDINGS or (
+                head in (DUPLICATES, INVALID) and PART.fullmatch(rest) is not None)
+        return rel in names or os.path.splitext(name)[1] in suffixes
+
+    return test
 
 
 def staging(final: str, attempt: str) -> str:
