@@ -2,8 +2,9 @@
 real-text corpora (licences and METADATA files of the installed packages, edited, with
 exact copies, blanks and crowds) in Parquet or, for odd seeds, JSON lines (gzip every
 other), random settings (unit, size, threshold, grouping, keep first/last, files, chunk
-and unit sizes, mode exact), the job's removals compared with the oracle's, record by
-record (kind, duplicate_of, J).
+and unit sizes, mode exact; every third seed a reference set of copies, edits and other
+texts), the job's removals compared with the oracle's, record by record (kind,
+duplicate_of), and exact mode's recall (1.0 where measured).
 
 Usage: python scripts/fuzz_jaccard.py [--seeds 30] [--first 0]
 """
@@ -15,6 +16,7 @@ import gzip
 import json
 import sys
 import tempfile
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline import run_job  # noqa: E402
+from tests.oracle import near_decisions  # noqa: E402
 from tests.textkit import edited, oracle, package_texts  # noqa: E402
 from transforms.near.sets import Shingles, record_sets  # noqa: E402
 
@@ -43,20 +46,48 @@ def corpus(rng: np.random.Generator) -> list[str]:
     return [docs[i] for i in rng.permutation(len(docs))]
 
 
-def expected(docs: list[str], sh: Shingles, t: float, grouping: str, last: bool) -> dict:
+def _blank(doc: str) -> bool:
+    return not doc.strip() or not any(c.isalnum() for c in doc)
+
+
+def expected(docs: list[str], sh: Shingles, t: float, grouping: str, last: bool,
+             refs: list[str] = ()) -> dict:
+    """The oracle's removals; ``refs``: a reference set's texts (ids e0, e1, ...), kept
+    first and never removed: an input text equal to one goes as reference_exact (naming
+    the first), one within t of one as reference_near (tests/oracle.near_decisions over
+    every pair of the reference's and the exact survivors' sets)."""
     order = list(range(len(docs)))[::-1] if last else list(range(len(docs)))
+    prot = [j for j, d in enumerate(refs) if not _blank(d)]
+    first: dict[str, int] = {}
+    for j in prot:
+        first.setdefault(refs[j], j)
     seen, keep, out = {}, [], {}
     for i in order:
-        if not docs[i].strip() or not any(c.isalnum() for c in docs[i]):
+        if _blank(docs[i]):
             continue  # blank: invalid
-        if docs[i] in seen:
+        if docs[i] in first:
+            out[f"d{i}"] = ("reference_exact", f"e{first[docs[i]]}")
+        elif docs[i] in seen:
             out[f"d{i}"] = ("exact", f"d{seen[docs[i]]}")
         else:
             seen[docs[i]] = i
             keep.append(i)
-    sets = record_sets([docs[i] for i in keep], sh)
-    for r, (k, _) in oracle(sets, t, grouping).items():
-        out[f"d{keep[r]}"] = ("near", f"d{keep[k]}")
+    if not prot:
+        sets = record_sets([docs[i] for i in keep], sh)
+        for r, (k, _) in oracle(sets, t, grouping).items():
+            out[f"d{keep[r]}"] = ("near", f"d{keep[k]}")
+        return out
+    ids = [f"e{j}" for j in prot] + [f"d{i}" for i in keep]
+    sets = record_sets([refs[j] for j in prot] + [docs[i] for i in keep], sh)
+    rows = [set(sets.row(i).tolist()) for i in range(len(sets))]
+    pairs: dict[int, list] = {}
+    for b in range(len(rows)):
+        for a in range(b):
+            j = Fraction(len(rows[a] & rows[b]), len(rows[a] | rows[b]))
+            if j >= Fraction(str(t)):
+                pairs.setdefault(b, []).append((1 - j, a))
+    for r, e in near_decisions(pairs, grouping, protected=len(prot)).items():
+        out[ids[r]] = ("reference_near" if e < len(prot) else "near", ids[e])
     return out
 
 
@@ -70,6 +101,16 @@ def one(seed: int, tmp: Path) -> str | None:
     last = bool(rng.random() < 0.3)
     files = int(rng.integers(1, 4))
     fmt = "jsonl" if seed % 2 else "parquet"  # odd seeds: JSON lines (gzip every other)
+    refs: list[str] = []
+    if seed % 3 == 2:  # a reference set: copies and edits of the input's texts, and others
+        vocab = sorted({w for d in docs for w in d.split()})
+        for _ in range(int(rng.integers(1, 25))):
+            d = docs[int(rng.integers(len(docs)))]
+            refs.append(d if rng.random() < 0.4 else edited(d, rng.uniform(0, 0.2), rng, vocab))
+        refs += [TEXTS[int(i)][:1500] for i in rng.choice(len(TEXTS), 3, replace=False)]
+        refs = [refs[i] for i in rng.permutation(len(refs))]
+        pq.write_table(pa.table({"id": [f"e{j}" for j in range(len(refs))], "text": refs}),
+                       tmp / "ref.parquet", row_group_size=int(rng.integers(3, 30)))
     for f, part in enumerate(np.array_split(np.arange(len(docs)), files)):
         group = int(rng.integers(5, 60))
         if fmt == "parquet":
@@ -88,16 +129,23 @@ def one(seed: int, tmp: Path) -> str | None:
                     "shingles": {"unit": unit, "size": size}},
            "keep": "last" if last else "first", "max_invalid_fraction": 1.0,
            "tuning": {"chunk_rows": int(rng.integers(3, 100))},
-           "output": {"path": str(tmp / "out")}, "report": str(tmp / "report")}
+           "output": {"path": str(tmp / "out")}, "report": str(tmp / "report"),
+           **({"reference": [{"format": "parquet", "path": str(tmp / "ref.parquet"),
+                              "tensor": "text", "id": "id", "decode": "text"}]}
+              if refs else {})}
     s = run_job(cfg, overwrite=True, quiet=True)
     got = {r["record_id"]: (r["kind"], r["duplicate_of"])
            for r in pq.read_table(tmp / "report" / "duplicates.parquet").to_pylist()}
-    want = expected(docs, Shingles(unit, size), t, grouping, last)
+    want = expected(docs, Shingles(unit, size), t, grouping, last, refs)
     if got != want:
         diff = sorted(set(got.items()) ^ set(want.items()))[:6]
-        return f"seed {seed} ({unit} {size}, t {t}, {grouping}, last {last}): {diff}"
+        return (f"seed {seed} ({unit} {size}, t {t}, {grouping}, last {last}, "
+                f"{len(refs)} references): {diff}")
     if s.read != s.kept + sum(s.removed.values()) + s.invalid_count:
         return f"seed {seed}: counts do not add up"
+    recall = json.loads((tmp / "report" / "summary.json").read_text())["near"]["recall"]
+    if recall and recall["recall"] not in (None, 1.0):  # exact mode: the oracle's decisions
+        return f"seed {seed}: exact mode's recall {recall['recall']}"
     return None
 
 
