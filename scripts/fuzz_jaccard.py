@@ -3,8 +3,9 @@ real-text corpora (licences and METADATA files of the installed packages, edited
 exact copies, blanks and crowds) in Parquet or, for odd seeds, JSON lines (gzip every
 other), random settings (unit, size, threshold, grouping, keep first/last, files, chunk
 and unit sizes, mode exact; every third seed a reference set of copies, edits and other
-texts), the job's removals compared with the oracle's, record by record (kind,
-duplicate_of), and exact mode's recall (1.0 where measured).
+texts; every fifth a store: two runs, the second against the first's kept texts), the
+job's removals compared with the oracle's, record by record (kind, duplicate_of), and
+exact mode's recall (1.0 where measured).
 
 Usage: python scripts/fuzz_jaccard.py [--seeds 30] [--first 0]
 """
@@ -50,35 +51,40 @@ def _blank(doc: str) -> bool:
     return not doc.strip() or not any(c.isalnum() for c in doc)
 
 
-def expected(docs: list[str], sh: Shingles, t: float, grouping: str, last: bool,
-             refs: list[str] = ()) -> dict:
-    """The oracle's removals; ``refs``: a reference set's texts (ids e0, e1, ...), kept
-    first and never removed: an input text equal to one goes as reference_exact (naming
-    the first), one within t of one as reference_near (tests/oracle.near_decisions over
-    every pair of the reference's and the exact survivors' sets)."""
+TIERS = {"reference": 0, "store": 1}  # a reference record names a copy before a stored one
+
+
+def expected(docs: list[str], ids: list[str], sh: Shingles, t: float, grouping: str,
+             last: bool, prot: list[tuple[str, str, str]] = ()) -> dict:
+    """The oracle's removals; ``prot``: (id, text, "reference" | "store") records kept
+    first, in that order, never removed: an input text equal to one goes as
+    <tier>_exact (naming the first), one within t of one as <tier>_near
+    (tests/oracle.near_decisions over every pair of the protected records' and the
+    exact survivors' sets: the most protected tier first, then the highest J)."""
     order = list(range(len(docs)))[::-1] if last else list(range(len(docs)))
-    prot = [j for j, d in enumerate(refs) if not _blank(d)]
-    first: dict[str, int] = {}
-    for j in prot:
-        first.setdefault(refs[j], j)
+    prot = [p for p in prot if not _blank(p[1])]
+    first: dict[str, tuple[str, str]] = {}
+    for pid, text, tier in prot:
+        first.setdefault(text, (pid, tier))
     seen, keep, out = {}, [], {}
     for i in order:
         if _blank(docs[i]):
             continue  # blank: invalid
         if docs[i] in first:
-            out[f"d{i}"] = ("reference_exact", f"e{first[docs[i]]}")
+            pid, tier = first[docs[i]]
+            out[ids[i]] = (f"{tier}_exact", pid)
         elif docs[i] in seen:
-            out[f"d{i}"] = ("exact", f"d{seen[docs[i]]}")
+            out[ids[i]] = ("exact", ids[seen[docs[i]]])
         else:
             seen[docs[i]] = i
             keep.append(i)
     if not prot:
         sets = record_sets([docs[i] for i in keep], sh)
         for r, (k, _) in oracle(sets, t, grouping).items():
-            out[f"d{keep[r]}"] = ("near", f"d{keep[k]}")
+            out[ids[keep[r]]] = ("near", ids[keep[k]])
         return out
-    ids = [f"e{j}" for j in prot] + [f"d{i}" for i in keep]
-    sets = record_sets([refs[j] for j in prot] + [docs[i] for i in keep], sh)
+    pool = [p[0] for p in prot] + [ids[i] for i in keep]
+    sets = record_sets([p[1] for p in prot] + [docs[i] for i in keep], sh)
     rows = [set(sets.row(i).tolist()) for i in range(len(sets))]
     pairs: dict[int, list] = {}
     for b in range(len(rows)):
@@ -86,9 +92,27 @@ def expected(docs: list[str], sh: Shingles, t: float, grouping: str, last: bool,
             j = Fraction(len(rows[a] & rows[b]), len(rows[a] | rows[b]))
             if j >= Fraction(str(t)):
                 pairs.setdefault(b, []).append((1 - j, a))
-    for r, e in near_decisions(pairs, grouping, protected=len(prot)).items():
-        out[ids[r]] = ("reference_near" if e < len(prot) else "near", ids[e])
+    tiers = [TIERS[p[2]] for p in prot]
+    for r, e in near_decisions(pairs, grouping, protected=len(prot), tiers=tiers).items():
+        out[pool[r]] = (f"{prot[e][2]}_near" if e < len(prot) else "near", pool[e])
     return out
+
+
+def _inputs(folder: Path, fmt: str, ids: list[str], docs: list[str], files: int,
+            rng: np.random.Generator, gz: bool) -> None:
+    folder.mkdir(parents=True)
+    for f, part in enumerate(np.array_split(np.arange(len(docs)), files)):
+        group = int(rng.integers(5, 60))
+        if fmt == "parquet":
+            pq.write_table(pa.table({"id": [ids[i] for i in part],
+                                     "text": [docs[i] for i in part]}),
+                           folder / f"in{f}.parquet", row_group_size=group)
+            continue
+        lines = "".join(json.dumps({"id": ids[i], "text": docs[i]}) + "\n" for i in part)
+        if gz:
+            (folder / f"in{f}.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+        else:
+            (folder / f"in{f}.jsonl").write_text(lines)
 
 
 def one(seed: int, tmp: Path) -> str | None:
@@ -101,9 +125,14 @@ def one(seed: int, tmp: Path) -> str | None:
     last = bool(rng.random() < 0.3)
     files = int(rng.integers(1, 4))
     fmt = "jsonl" if seed % 2 else "parquet"  # odd seeds: JSON lines (gzip every other)
-    refs: list[str] = []
+    prot: list[tuple[str, str, str]] = []
+    cfg = {"near": {"metric": "jaccard", "threshold": t, "mode": "exact", "grouping": grouping,
+                    "shingles": {"unit": unit, "size": size}},
+           "keep": "last" if last else "first", "max_invalid_fraction": 1.0,
+           "tuning": {"chunk_rows": int(rng.integers(3, 100))}}
     if seed % 3 == 2:  # a reference set: copies and edits of the input's texts, and others
         vocab = sorted({w for d in docs for w in d.split()})
+        refs = []
         for _ in range(int(rng.integers(1, 25))):
             d = docs[int(rng.integers(len(docs)))]
             refs.append(d if rng.random() < 0.4 else edited(d, rng.uniform(0, 0.2), rng, vocab))
@@ -111,41 +140,37 @@ def one(seed: int, tmp: Path) -> str | None:
         refs = [refs[i] for i in rng.permutation(len(refs))]
         pq.write_table(pa.table({"id": [f"e{j}" for j in range(len(refs))], "text": refs}),
                        tmp / "ref.parquet", row_group_size=int(rng.integers(3, 30)))
-    for f, part in enumerate(np.array_split(np.arange(len(docs)), files)):
-        group = int(rng.integers(5, 60))
-        if fmt == "parquet":
-            pq.write_table(pa.table({"id": [f"d{i}" for i in part],
-                                     "text": [docs[i] for i in part]}),
-                           tmp / f"in{f}.parquet", row_group_size=group)
-            continue
-        lines = "".join(json.dumps({"id": f"d{i}", "text": docs[i]}) + "\n" for i in part)
-        if seed % 4 == 1:
-            (tmp / f"in{f}.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
-        else:
-            (tmp / f"in{f}.jsonl").write_text(lines)
-    cfg = {"input": {"format": fmt, "path": str(tmp / f"in*.{fmt}*"), "tensor": "text",
-                     "id": "id", "decode": "text"},
-           "near": {"metric": "jaccard", "threshold": t, "mode": "exact", "grouping": grouping,
-                    "shingles": {"unit": unit, "size": size}},
-           "keep": "last" if last else "first", "max_invalid_fraction": 1.0,
-           "tuning": {"chunk_rows": int(rng.integers(3, 100))},
-           "output": {"path": str(tmp / "out")}, "report": str(tmp / "report"),
-           **({"reference": [{"format": "parquet", "path": str(tmp / "ref.parquet"),
-                              "tensor": "text", "id": "id", "decode": "text"}]}
-              if refs else {})}
-    s = run_job(cfg, overwrite=True, quiet=True)
-    got = {r["record_id"]: (r["kind"], r["duplicate_of"])
-           for r in pq.read_table(tmp / "report" / "duplicates.parquet").to_pylist()}
-    want = expected(docs, Shingles(unit, size), t, grouping, last, refs)
-    if got != want:
-        diff = sorted(set(got.items()) ^ set(want.items()))[:6]
-        return (f"seed {seed} ({unit} {size}, t {t}, {grouping}, last {last}, "
-                f"{len(refs)} references): {diff}")
-    if s.read != s.kept + sum(s.removed.values()) + s.invalid_count:
-        return f"seed {seed}: counts do not add up"
-    recall = json.loads((tmp / "report" / "summary.json").read_text())["near"]["recall"]
-    if recall and recall["recall"] not in (None, 1.0):  # exact mode: the oracle's decisions
-        return f"seed {seed}: exact mode's recall {recall['recall']}"
+        cfg["reference"] = [{"format": "parquet", "path": str(tmp / "ref.parquet"),
+                             "tensor": "text", "id": "id", "decode": "text"}]
+        prot = [(f"e{j}", r, "reference") for j, r in enumerate(refs)]
+    runs = [np.arange(len(docs))]
+    if seed % 5 == 4 and len(docs) > 1:  # a store: the second run against the first's kept
+        cut = int(rng.integers(1, len(docs)))
+        runs = [np.arange(cut), np.arange(cut, len(docs))]
+        cfg["store"] = {"path": str(tmp / "store")}
+    what = (f"seed {seed} ({unit} {size}, t {t}, {grouping}, last {last}, "
+            f"{len(prot)} references, {len(runs)} run(s))")
+    for k, rows in enumerate(runs):
+        ids, texts = [f"d{i}" for i in rows], [docs[i] for i in rows]
+        _inputs(tmp / f"in{k}", fmt, ids, texts, files, rng, seed % 4 == 1)
+        out = tmp / f"out{k}"
+        s = run_job({**cfg, "input": {"format": fmt, "path": str(tmp / f"in{k}" / "in*"),
+                                      "tensor": "text", "id": "id", "decode": "text"},
+                     "output": {"path": str(out / "clean")}, "report": str(out / "report"),
+                     "run_id": f"run{k}"}, overwrite=True, quiet=True)
+        got = {r["record_id"]: (r["kind"], r["duplicate_of"])
+               for r in pq.read_table(out / "report" / "duplicates.parquet").to_pylist()}
+        want = expected(texts, ids, Shingles(unit, size), t, grouping, last, prot)
+        if got != want:
+            diff = sorted(set(got.items()) ^ set(want.items()))[:6]
+            return f"{what}, run {k}: {diff}"
+        if s.read != s.kept + sum(s.removed.values()) + s.invalid_count:
+            return f"{what}, run {k}: counts do not add up"
+        recall = json.loads((out / "report" / "summary.json").read_text())["near"]["recall"]
+        if recall and recall["recall"] not in (None, 1.0):  # exact mode: the oracle's
+            return f"{what}, run {k}: exact mode's recall {recall['recall']}"
+        prot = prot + [(i, d, "store") for i, d in zip(ids, texts, strict=True)
+                       if i not in got and not _blank(d)]
     return None
 
 

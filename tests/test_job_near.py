@@ -467,3 +467,31 @@ def test_records_that_copy_a_reference_with_near_references_are_not_judged(tmp_p
     assert s["removed_reference_exact"] == 20 and s["removed_near"] == 10
     r = s["near"]["recall"]
     assert (r["sampled"], r["with_partners"], r["recall"]) == (90, 10, 1.0)
+
+
+def test_a_removal_named_after_a_reference_before_a_nearer_record_is_judged_right(tmp_path):
+    """A record within tolerance of a reference record and, nearer, of a kept record of
+    this run is removed as the reference's near copy (a reference record is named
+    first); the recall check judges that right (it counted it a miss, as a nearer kept
+    partner: exact mode printed recall 0.0000 where every decision was the rule's)."""
+    rng = np.random.default_rng(1)
+    base = rng.standard_normal((10, 16)).astype(np.float32) * 10
+    u = rng.standard_normal((10, 16))
+    u = (u / np.linalg.norm(u, axis=1, keepdims=True)).astype(np.float32)
+    ref, later, earlier = base, base + 0.045 * u, base + 0.08 * u  # on one line each
+    values = np.concatenate([earlier, rng.standard_normal((50, 16)).astype(np.float32) * 10,
+                             later])
+    write_input("parquet", tmp_path / "ref" / "r.parquet", [f"e{i}" for i in range(10)], ref,
+                np.zeros(10, np.int64))
+    write_input("parquet", tmp_path / "in" / "a.parquet", [f"r{i}" for i in range(70)],
+                values, np.zeros(70, np.int64))
+    assert run_job(tmp_path, "parquet", str(tmp_path / "in" / "*.parquet"),
+                   reference=[{"format": "parquet", "path": str(tmp_path / "ref" / "*.parquet"),
+                               "tensor": "emb", "id": "id"}],
+                   near={"metric": "l2", "threshold": 0.05, "mode": "exact",
+                         "recall_sample": 1000}) == 0
+    dups, _ = report(tmp_path)
+    assert {(d["record_id"], d["duplicate_of"], d["kind"]) for d in dups.to_pylist()} == {
+        (f"r{60 + i}", f"e{i}", "reference_near") for i in range(10)}
+    r = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())["near"]["recall"]
+    assert (r["with_partners"], r["recall"]) == (10, 1.0)

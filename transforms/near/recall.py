@@ -7,9 +7,11 @@ order) is compared with every record, verified in float64 with the metric itself
 
 Each sampled record that has an earlier partner within tolerance (one its decision
 depends on) is judged by its decision: right when it was kept and no earlier partner
-was kept, or removed in favour of a kept earlier partner with no kept one nearer.
-Recall is the share judged right, with a Wilson 95% interval (an honest lower
-bound even when every one was right). So it judges against the records kept: a record
+was kept, or removed in favour of a kept earlier partner with no kept one nearer in
+its tier or in a more protected one (a reference record is named before a stored one,
+and a stored one before this run's, as the job names them). Recall is the share
+judged right, with a Wilson 95% interval (an honest lower bound even when every one
+was right). So it judges against the records kept: a record
 within tolerance only of records that were themselves removed is rightly kept (its
 partner's survivor may be farther than the tolerance). ``recall_removed`` answers the
 other question a user asks: of the sampled records within tolerance of some earlier
@@ -48,7 +50,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transforms.exact import is_protected
+from transforms.exact import is_protected, tier_of
 from transforms.store.segment import keys_of
 
 Z95 = 1.959963984540054
@@ -266,26 +268,29 @@ def judge(truth: Truth, sampled: set, removed: dict, components: bool = False,
     ``truth.held`` are not judged."""
     sampled = sampled - truth.held
     by: dict = {}
-    for s, p, d, r, o in zip(map(tuple, truth.sample.tolist()),
-                             map(tuple, truth.partner.tolist()), truth.dist.tolist(),
-                             truth.prio.tolist(), truth.order.tolist(), strict=True):
+    tiers = (-tier_of(truth.prio, truth.order)).tolist()  # the most protected first
+    for s, p, d, r, o, g in zip(map(tuple, truth.sample.tolist()),
+                                map(tuple, truth.partner.tolist()), truth.dist.tolist(),
+                                truth.prio.tolist(), truth.order.tolist(), tiers, strict=True):
         if s in sampled:
-            by.setdefault(s, []).append((d, r, o, p))
+            by.setdefault(s, []).append((d, r, o, p, g))
     tallies = {True: _Tally(), False: _Tally()}  # capped, others (all: others)
     for s in sampled:
         tallies[strata is not None and s in strata.capped].sampled += 1
     for s, partners in by.items():
         partners.sort()
-        kept = [(d, p) for d, *_, p in partners if p not in removed]
+        kept = sorted((g, d, p) for d, _, _, p, g in partners if p not in removed)
         cut = truth.counts.get(s, 0) > len(partners)  # farther partners exist, not listed
         t = tallies[strata is not None and s in strata.capped]
         t.with_partners += 1
         t.gone += s in removed
         if components:
             t.right += s in removed
-        elif s in removed:  # wrong only if a listed kept partner is nearer than its dup
-            dup, d = removed[s]
-            t.right += (not kept and cut) or (bool(kept) and (kept[0][1] == dup or kept[0][0] >= d))
+        elif s in removed:  # wrong only if a listed kept partner of a more protected tier
+            dup, d = removed[s]  # than its dup's, or of the same and nearer, exists
+            g = next((g for _, _, _, p, g in partners if p == dup), kept[0][0] if kept else 0)
+            t.right += (not kept and cut) or (bool(kept) and (kept[0][2] == dup or (
+                kept[0][0] == g and kept[0][1] >= d)))
         else:
             t.right += not kept
             t.unsure += not kept and cut
