@@ -16,6 +16,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 ROOT = Path(__file__).resolve().parents[1]
 # a Python expression, for the contender's own source: its peak RSS in MB
 PEAK_RSS_MB = ('int([ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")][0]'
@@ -108,6 +110,34 @@ def run_watched(cmd: list[str], *, cwd: str | Path, log: str | Path, env: dict |
         tail = err.read()[-4000:].decode(errors="replace")
     return {"rc": rc, "wall_s": wall, "peak_rss_bytes": peak, "killed": killed,
             "stderr_tail": tail}
+
+
+COUNTS = ("read", "kept", "removed", "invalid", "files")
+
+
+def same_as_local(out: Path, other: Path, s, t) -> list:
+    """Where the run in ``other`` (another runner) differs from the local one in ``out``:
+    report files and clean shards byte for byte, the summary's counts and near figures."""
+    problems = []
+    for name in ("report/duplicates.parquet", "report/invalid.parquet"):
+        if (out / name).read_bytes() != (other / name).read_bytes():
+            a, b = pq.read_table(out / name), pq.read_table(other / name)
+            problems.append([f"{name} differs", "rows equal" if a.equals(b) else
+                             f"{a.num_rows} vs {b.num_rows} rows"])
+    mine = sorted(p.name for p in (out / "clean").iterdir())
+    theirs = sorted(p.name for p in (other / "clean").iterdir())
+    if mine != theirs:
+        problems.append(["clean shards", mine, theirs])
+    problems += [[f"clean/{f} differs"] for f in set(mine) & set(theirs)
+                 if (out / "clean" / f).read_bytes() != (other / "clean" / f).read_bytes()]
+    for key in COUNTS:
+        if s.summary.get(key) != t.summary.get(key):
+            problems.append([f"summary {key}", s.summary.get(key), t.summary.get(key)])
+    near_a, near_b = (dict(x.summary.get("near") or {}) for x in (s, t))
+    for k in sorted(set(near_a) | set(near_b)):
+        if "second" not in k and near_a.get(k) != near_b.get(k):
+            problems.append([f"summary near.{k}", near_a.get(k), near_b.get(k)])
+    return problems
 
 
 def fuzz_seeds(name: str, seeds: str, minutes: float,

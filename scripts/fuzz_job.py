@@ -39,7 +39,7 @@ import h5py
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from benchkit import fuzz_seeds
+from benchkit import fuzz_seeds, same_as_local
 from fuzz_near import ROOT, random_case
 
 sys.path.insert(0, str(ROOT))
@@ -47,6 +47,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from tests.oracle import (  # noqa: E402
     canonical_key,
     component_roots,
+    keep_rank,
     near_decisions,
     near_pairs,
 )
@@ -137,15 +138,6 @@ def input_config(fmt: str, tf_kind: str, folder: Path, d: int, dtype: np.dtype) 
             **({"dtype": str(dtype)} if fmt == "jsonl" else {})}  # JSON numbers: no width
 
 
-def keep_rank(keep: str, score: np.ndarray) -> np.ndarray:
-    """Input positions in keep order (ties by input order, NaN scores last)."""
-    idx = np.arange(len(score))
-    if keep in ("first", "last"):
-        return idx if keep == "first" else idx[::-1]
-    p = -score if keep == "max" else score
-    return np.lexsort((idx, np.where(np.isnan(p), np.inf, p)))
-
-
 def oracle(ids: list[str], x: np.ndarray, score: np.ndarray, keep: str,
            prot: list[tuple[str, np.ndarray, str]], spec: NearSpec | None):
     """({removed id: (kind, duplicate_of)}, {id: component root id}, {id: tier}, {id: x})."""
@@ -231,34 +223,6 @@ def check_run(got, summary, want, root, tier, values, spec, mode, clean, kept_id
                          sorted(set(kept_ids) ^ {i for i, _ in clean})[:5]])
     elif any(canonical_key(t) != canonical_key(values[i]) for i, t in clean):
         problems.append(["clean values differ"])
-    return problems
-
-
-COUNTS = ("read", "kept", "removed", "invalid", "files")
-
-
-def same_as_local(out: Path, other: Path, s, t) -> list:
-    """Where the run in ``other`` (another runner) differs from the local one in ``out``:
-    report files and clean shards byte for byte, the summary's counts and near figures."""
-    problems = []
-    for name in ("report/duplicates.parquet", "report/invalid.parquet"):
-        if (out / name).read_bytes() != (other / name).read_bytes():
-            a, b = pq.read_table(out / name), pq.read_table(other / name)
-            problems.append([f"{name} differs", "rows equal" if a.equals(b) else
-                             f"{a.num_rows} vs {b.num_rows} rows"])
-    mine = sorted(p.name for p in (out / "clean").iterdir())
-    theirs = sorted(p.name for p in (other / "clean").iterdir())
-    if mine != theirs:
-        problems.append(["clean shards", mine, theirs])
-    problems += [[f"clean/{f} differs"] for f in set(mine) & set(theirs)
-                 if (out / "clean" / f).read_bytes() != (other / "clean" / f).read_bytes()]
-    for key in COUNTS:
-        if s.summary.get(key) != t.summary.get(key):
-            problems.append([f"summary {key}", s.summary.get(key), t.summary.get(key)])
-    near_a, near_b = (dict(x.summary.get("near") or {}) for x in (s, t))
-    for k in sorted(set(near_a) | set(near_b)):
-        if "second" not in k and near_a.get(k) != near_b.get(k):
-            problems.append([f"summary near.{k}", near_a.get(k), near_b.get(k)])
     return problems
 
 

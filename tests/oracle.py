@@ -48,6 +48,15 @@ def expected_removals(records: list[tuple[str, np.ndarray, float]], keep: str = 
     return out
 
 
+def keep_rank(keep: str, score: np.ndarray) -> np.ndarray:
+    """Input positions in keep order (ties by input order, NaN scores last)."""
+    idx = np.arange(len(score))
+    if keep in ("first", "last"):
+        return idx if keep == "first" else idx[::-1]
+    p = -score if keep == "max" else score
+    return np.lexsort((idx, np.where(np.isnan(p), np.inf, p)))
+
+
 def near_pairs(x: np.ndarray, spec: NearSpec) -> dict[int, list[tuple[float, int]]]:
     """{row: [(distance, earlier row), ...]} for every earlier row that ``row`` is within
     tolerance of (the earlier one as reference), by brute force in float64 (direct
