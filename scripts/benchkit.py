@@ -7,6 +7,7 @@ VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the forking parent acros
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import subprocess
 import sys
@@ -138,6 +139,18 @@ def same_as_local(out: Path, other: Path, s, t) -> list:
         if "second" not in k and near_a.get(k) != near_b.get(k):
             problems.append([f"summary near.{k}", near_a.get(k), near_b.get(k)])
     return problems
+
+
+def other_runner(stack: contextlib.ExitStack, name: str | None) -> dict | None:
+    """The ``runner`` config of a fuzzer's second runner (``--runner``): a local Dask
+    cluster of 2 processes (closed with ``stack``) or the portable runner's 2 workers."""
+    if name == "dask":
+        import distributed
+
+        cluster = stack.enter_context(distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None))
+        return {"name": "dask", "address": cluster.scheduler_address}
+    return {"name": "portable", "workers": 2} if name == "portable" else None
 
 
 def fuzz_seeds(name: str, seeds: str, minutes: float,

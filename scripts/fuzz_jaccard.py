@@ -6,10 +6,10 @@ min of a score with ties and nulls, files, chunk and unit sizes, mode exact; eve
 seed a reference set of copies, edits and other texts; every fifth a store: two runs,
 the second against the first's kept texts), the job's removals compared with the
 oracle's, record by record (kind, duplicate_of), and exact mode's recall (1.0 where
-measured). ``--runner dask``: each run also on a local Dask cluster, its report and clean
-shards byte for byte the local run's.
+measured). ``--runner dask|portable``: each run also on a local Dask cluster or the
+portable runner, its report and clean shards byte for byte the local run's.
 
-Usage: python scripts/fuzz_jaccard.py [--seeds 30] [--first 0] [--runner dask]
+Usage: python scripts/fuzz_jaccard.py [--seeds 30] [--first 0] [--runner dask|portable]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchkit import same_as_local  # noqa: E402
+from benchkit import other_runner, same_as_local  # noqa: E402
 
 from pipeline import run_job  # noqa: E402
 from tests.oracle import keep_rank, near_decisions  # noqa: E402
@@ -202,18 +202,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=30)
     ap.add_argument("--first", type=int, default=0)
-    ap.add_argument("--runner", choices=["dask"],
+    ap.add_argument("--runner", choices=["dask", "portable"],
                     help="also run each job on this runner and compare the bytes")
     a = ap.parse_args()
     bad = []
     with contextlib.ExitStack() as stack:
-        runner = None
-        if a.runner == "dask":
-            import distributed
-
-            cluster = stack.enter_context(distributed.LocalCluster(
-                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None))
-            runner = {"name": "dask", "address": cluster.scheduler_address}
+        runner = other_runner(stack, a.runner)
         for seed in range(a.first, a.first + a.seeds):
             with tempfile.TemporaryDirectory() as d:
                 why = one(seed, Path(d), runner)

@@ -39,7 +39,7 @@ import h5py
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from benchkit import fuzz_seeds, same_as_local
+from benchkit import fuzz_seeds, other_runner, same_as_local
 from fuzz_near import ROOT, random_case
 
 sys.path.insert(0, str(ROOT))
@@ -360,15 +360,7 @@ def main() -> None:
                     help="also run each job on this runner and compare the bytes")
     args = ap.parse_args()
     with contextlib.ExitStack() as stack:
-        runner = None
-        if args.runner == "dask":
-            import distributed
-
-            cluster = stack.enter_context(distributed.LocalCluster(
-                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None))
-            runner = {"name": "dask", "address": cluster.scheduler_address}
-        elif args.runner == "portable":
-            runner = {"name": "portable", "workers": 2}
+        runner = other_runner(stack, args.runner)
         fuzz_seeds("job", args.seeds, args.minutes,
                    lambda seed, stats: run_case(seed, stats, runner))
 
