@@ -8,6 +8,7 @@ parallel, bounded by ``transforms.io.remote``); the capacity plan reads the same
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import math
 import os
 import posixpath
@@ -26,6 +27,7 @@ from pipeline.steps.ids import repeated_line
 from transforms.images import sniff as image_kind
 from transforms.io import fs
 from transforms.io.formats import get_format
+from transforms.io.formats.arrow import kind_of
 from transforms.io.formats.base import (
     InputError,
     TensorSpec,
@@ -45,10 +47,9 @@ HDF5_BLOCKS = 1 << 20  # user blocks (powers of 2) this large at most are looked
 PARQUET_MAGIC = b"PAR1"
 PARQUET_ENCRYPTED = b"PARE"  # a Parquet file with an encrypted footer
 _FORMAT_NAMES = {"parquet": "Parquet", "tfrecord": "TFRecord", "hdf5": "HDF5",
-                 "jsonl": "JSON lines"}
+                 "jsonl": "JSON lines", "arrow": "Arrow IPC"}
 # What a file that is none of the formats is, for the one line that refuses it.
-_OTHER_KINDS = ((b"ARROW1", "an Arrow IPC file"),
-                (b"\xff\xff\xff\xff", "an Arrow IPC stream or other binary data"),
+_OTHER_KINDS = ((b"\xff\xff\xff\xff", "binary data"),
                 (b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"),
                 (b"GIF8", "a GIF image"), (b"PK\x03\x04", "a ZIP archive"),
                 (b"\x1f\x8b", "a gzip file that holds no TFRecord"),
@@ -79,6 +80,10 @@ def sniff(head: bytes) -> Sniffed | None:
         return Sniffed("parquet", "it starts with PAR1")
     if head[:4] == PARQUET_ENCRYPTED:
         return Sniffed("parquet", "it starts with PARE, an encrypted Parquet footer's magic")
+    arrow = kind_of(head)
+    if arrow is not None:
+        return Sniffed("arrow", "it starts with ARROW1" if arrow == "file" else
+                       "it starts as an Arrow IPC stream (Hugging Face save_to_disk) does")
     if head and shows_jsonl(head):
         codec = codec_of(head)
         return Sniffed("jsonl", f"its first line{f' after {codec} decompression' if codec else ''}"
@@ -122,7 +127,8 @@ _NEEDS = {"parquet": "a Parquet file starts with PAR1",
           "tfrecord": "a TFRecord file starts with a record's length and its CRC (also "
                       "after gzip or zlib decompression), or is empty",
           "jsonl": "a JSON lines file's first line is a JSON object, {...} (also after gzip, "
-                   "bz2 or zstd compression), or it is empty"}
+                   "bz2 or zstd compression), or it is empty",
+          "arrow": "an Arrow IPC file starts with ARROW1, a stream with ff ff ff ff"}
 
 
 def _shows_format(path: str, head: bytes, fmt: str) -> bool:
@@ -154,10 +160,18 @@ def _check_sniffed(files: list[str], found: list[Sniffed | None], source: InputC
     section = key.partition(".")[0]
     wrong = [(f, s) for f, s in zip(files, found, strict=True)
              if s is not None and s.format != source.format]
+    saved = [f for f, _ in wrong if posixpath.basename(f) in _SAVED_META]
+    if saved and len(saved) == len(wrong):  # beside a dataset's .arrow files
+        raise InputError(f"{key}: {saved[0]} is a Hugging Face datasets metadata file "
+                         f"(save_to_disk writes {', '.join(_SAVED_META[:2])} beside the data), "
+                         f"not data: narrow {key} to the .arrow files, e.g. "
+                         f"'{posixpath.join(posixpath.dirname(saved[0]), '*.arrow')}'")
     if wrong:
         path, s = wrong[0]
         many = f" ({len(wrong)} of {len(files)} files)" if len(files) > 1 else ""
-        raise InputError(f"{section}.format: {path} looks like a {_FORMAT_NAMES[s.format]} "
+        name = _FORMAT_NAMES[s.format]
+        raise InputError(f"{section}.format: {path} looks like {'an' if name[0] in 'AH' else 'a'}"
+                         f" {name} "
                          f"file ({s.evidence}), not {source.format}{many}: set "
                          f"{section}.format: {s.format}")
     if unknown:
@@ -186,7 +200,7 @@ def _not_the_format(files: list[str], unknown: list[tuple[str, bytes]], fmt: str
     what = (f"{path} is not a {name} file" if len(unknown) == 1 else
             f"{len(unknown)} of {len(files)} files are not {name} files, e.g. {path}")
     it = "it" if len(unknown) == 1 else "them"
-    table = _table_kind(path, head)
+    table = _table_kind(path)
     if not head:
         fix = (f"remove {it} or write {it} again ({name} writers never write 0 bytes, even "
                "for no records: an interrupted write or copy?)")
@@ -235,21 +249,15 @@ def _image_index(pattern: str, section: str) -> str:
 
 
 _MARKERS = ("_SUCCESS", "_committed_*", "_started_*", "*.crc")
+_SAVED_META = ("dataset_info.json", "state.json", "dataset_dict.json")
 # Tables in formats the job does not read, and how pyarrow reads each (the fix's command)
-_READS = {"CSV": ("csv", "read_csv('{}')"),
-          "an Arrow IPC stream (Hugging Face save_to_disk)": ("ipc",
-                                                              "open_stream('{}').read_all()"),
-          "an Arrow IPC file": ("ipc", "open_file('{}').read_all()")}
+_READS = {"CSV": ("csv", "read_csv('{}')")}
 _TABLE_NAMES = (("CSV", ("*.csv",)),)
 
 
-def _table_kind(path: str, head: bytes) -> str | None:
+def _table_kind(path: str) -> str | None:
     """A table in a format the job does not read (a key of ``_READS``), by the file's
-    name (.gz / .bz2 too, which pyarrow's readers decompress) or its first bytes."""
-    if head.startswith(b"ARROW1"):
-        return "an Arrow IPC file"
-    if head.startswith(b"\xff\xff\xff\xff") and len(head) > 8:
-        return "an Arrow IPC stream (Hugging Face save_to_disk)"
+    name (.gz / .bz2 too, which pyarrow's readers decompress)."""
     base = posixpath.basename(path).lower().removesuffix(".gz").removesuffix(".bz2")
     for kind, globs in _TABLE_NAMES:
         if any(fnmatch.fnmatch(base, g) for g in globs):
@@ -307,15 +315,14 @@ FIRST_ID_FILES = 8
 
 
 def check_first_ids(files: list[str], column: str, fmt: str = "parquet") -> None:
-    """Ids that repeat among the first records of the first local Parquet or JSON lines
-    files (a row number restarting in every shard, the usual case) stop the run before
+    """Ids that repeat among the first records of the first local Parquet, JSON lines or
+    Arrow files (a row number restarting in every shard, the usual case) stop the run before
     any work; the job checks every record's id too (``steps.ids.RepeatedIds``), after
     the work. Files on an object store are left to the job: the checks before any work
     read their heads and footers only."""
     def first_ids(path: str) -> list:
-        if fmt == "jsonl":
-            from transforms.io.formats.jsonl import first_values
-
+        if fmt in ("jsonl", "arrow"):
+            first_values = importlib.import_module(f"transforms.io.formats.{fmt}").first_values
             return first_values(path, column)[:FIRST_IDS]
         with pa.OSFile(path) as f:
             try:
@@ -368,28 +375,41 @@ SIZES_BYTES = 64 << 20  # values read from the first row group to quote its reco
 def _first_shapes(path: str, source: InputConfig, timeout: float
                   ) -> tuple[int, np.ndarray] | None:
     """(records read, the (n, levels) shapes of the valid ones) of the first row group of
-    a Parquet list column of no fixed size (its first SIZES_BYTES of values), or None
-    (fixed size, damaged: the reader reports the file)."""
+    a Parquet list column of no fixed size, or of an Arrow file's first batches (their
+    first SIZES_BYTES of values), or None (fixed size, damaged: the reader reports the
+    file)."""
     def shapes(path: str) -> tuple[int, np.ndarray] | None:
-        rows, read, seen, depth = 0, 0, [], 0
+        if source.format == "arrow":
+            from transforms.io.formats import arrow
+
+            found = arrow.schema(path)
+            return None if found is None or found.get_field_index(source.tensor) < 0 else (
+                sized(found, arrow.first_batches(path, [source.tensor], SIZES_BYTES)))
         # through Arrow's own file where local, never a Python one (fs.read_parquet: why)
         with pa.OSFile(path) if fs.is_local(path) else fs.open_read(path) as f:
             try:
                 pf = pq.ParquetFile(f)
-                kind = pf.schema_arrow.field(source.tensor).type
-                while pa.types.is_list(kind) or pa.types.is_large_list(kind):
-                    kind, depth = kind.value_type, depth + 1
-                if not depth or pf.metadata.num_row_groups == 0:
+                if pf.metadata.num_row_groups == 0:
                     return None
-                for batch in pf.iter_batches(batch_size=8192, row_groups=[0],
-                                             columns=[source.tensor], use_threads=False):
-                    ok, got = row_shapes(batch.column(0), depth)
-                    seen.append(got[ok])
-                    rows, read = rows + batch.num_rows, read + batch.nbytes
-                    if read >= SIZES_BYTES:
-                        break
+                return sized(pf.schema_arrow, pf.iter_batches(
+                    batch_size=8192, row_groups=[0], columns=[source.tensor],
+                    use_threads=False))
             except (OSError, pa.ArrowException):
                 return None
+
+    def sized(schema: pa.Schema, batches) -> tuple[int, np.ndarray] | None:
+        rows, read, seen, depth = 0, 0, [], 0
+        kind = schema.field(source.tensor).type
+        while pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            kind, depth = kind.value_type, depth + 1
+        if not depth:
+            return None
+        for batch in batches:
+            ok, got = row_shapes(batch.column(0), depth)
+            seen.append(got[ok])
+            rows, read = rows + batch.num_rows, read + batch.nbytes
+            if read >= SIZES_BYTES:
+                break
         return rows, np.concatenate(seen) if seen else np.empty((0, depth), np.int64)
 
     return bounded(path, shapes, "input.path", "reading its first row group's record sizes",
@@ -497,7 +517,7 @@ def common_dir(files: list[str]) -> str:
 
 
 GLOBS = {"parquet": "*.parquet", "tfrecord": "*.tfrecord*", "hdf5": "*.h5",  # for hints
-         "jsonl": "*.jsonl*"}
+         "jsonl": "*.jsonl*", "arrow": "*.arrow"}
 
 
 def list_files(pattern: str, key: str, timeout: float, fmt: str = "parquet") -> list[str]:

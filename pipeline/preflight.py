@@ -203,8 +203,9 @@ def _check_ours(key: str, target: str, found: list[str] | None,
 
 # What clean shards of any input format are called (``_check_ours``' words for them)
 _SHARD_EXTENSIONS = {"parquet", "h5", "hdf5", "tfrecord", "tfrecord.gz", "tfrecord.zlib",
-                     "tfrecords", *(f"{e}{z}" for e in ("jsonl", "ndjson", "json")
-                                    for z in ("", ".gz", ".bz2", ".zst"))}
+                     "tfrecords", "arrow", "feather",
+                     *(f"{e}{z}" for e in ("jsonl", "ndjson", "json")
+                       for z in ("", ".gz", ".bz2", ".zst"))}
 
 
 def _check_store_apart(store: str, inputs: list[str],
@@ -471,16 +472,17 @@ def prepare(cfg: DedupeConfig) -> Job:
     spec = as_sequences(cfg, cfg.input.to_spec(keep.column, cfg.tuning.decoded_chunk_bytes),
                         cfg.near is None and holds_sequences(files[0], cfg.input, timeout))
     checked = inspect_files(files, cfg.input, spec, "input.path", timeout)
-    if cfg.input.format in ("parquet", "jsonl") and spec.id is not None:
+    if cfg.input.format in ("parquet", "jsonl", "arrow") and spec.id is not None:
         check_first_ids(files, spec.id, cfg.input.format)
     first = first_known(checked)
     resolved = checked[first]
     if cfg.near is not None and cfg.embed is None and spec.decode is None \
             and cfg.near.metric != "jaccard":
         check_one_shape(files, checked)
-        if cfg.input.format == "parquet" and resolved.shape is None:
+        if cfg.input.format in ("parquet", "arrow") and resolved.shape is None:
             check_one_size(files[first], cfg.input, timeout)
-    if (cfg.input.format == "parquet" and spec.decode is None and cfg.input.shape is not None
+    if (cfg.input.format in ("parquet", "arrow") and spec.decode is None
+            and cfg.input.shape is not None
             and not spec.ragged):
         check_shape_seen(files[first], cfg.input, timeout)
     refs = references(cfg, resolved)

@@ -3,8 +3,9 @@ policies, reference sets, the fingerprint store, every input format.
 
 Each seed takes a ``fuzz_near.random_case`` (exact/near copies, blanks, crowds, NaN rows,
 l2/cosine/allclose, both groupings) and picks: the format (Parquet; TFRecord float_list /
-int64_list / serialized tensors; HDF5) in 1-3 files, ``keep`` (first | last | {max|min:
-score}, scores with ties, NaN, nulls), the near stage (off | exact | auto | bounded,
+int64_list / serialized tensors; HDF5; JSON lines; Arrow IPC files or streams) in 1-3
+files, ``keep`` (first | last | {max|min: score}, scores with ties, NaN, nulls), the near
+stage (off | exact | auto | bounded,
 ``nonfinite`` keep | invalid), a reference set (copies, near copies, fresh records, copies
 within itself; any format holding the dtype), a store (records split over two runs; the
 second is checked against the first's kept records) and tiny or default ``tuning``.
@@ -54,17 +55,26 @@ from tests.oracle import (  # noqa: E402
 from transforms.near.spec import NearSpec
 from transforms.near.verify import exact_distance  # noqa: E402
 
-EXT = {"parquet": "parquet", "tfrecord": "tfrecord", "hdf5": "h5", "jsonl": "jsonl"}
+EXT = {"parquet": "parquet", "tfrecord": "tfrecord", "hdf5": "h5", "jsonl": "jsonl",
+       "arrow": "arrow"}
 
 
 def write_file(fmt: str, tf_kind: str, path: Path, ids: list[str], x: np.ndarray,
                score: np.ndarray, rng: np.random.Generator) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "parquet":
+    if fmt in ("parquet", "arrow"):
         emb = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1])
         sc = pa.array(score, mask=np.isnan(score) & (rng.random(len(score)) < 0.5))
-        pq.write_table(pa.table({"id": ids, "emb": emb, "score": sc}), path,
-                       row_group_size=int(rng.integers(20, 400)))
+        table = pa.table({"id": ids, "emb": emb, "score": sc})
+        group = int(rng.integers(20, 400))
+        if fmt == "parquet":
+            pq.write_table(table, path, row_group_size=group)
+            return
+        kind = str(rng.choice(["file", "stream"]))  # an IPC file or a stream of batches
+        with (pa.ipc.new_file if kind == "file" else pa.ipc.new_stream)(str(path),
+                                                                         table.schema) as w:
+            for batch in table.to_batches(max_chunksize=group):
+                w.write_batch(batch)
     elif fmt == "tfrecord":
         import tensorflow as tf
 
@@ -94,8 +104,9 @@ def write_file(fmt: str, tf_kind: str, path: Path, ids: list[str], x: np.ndarray
 def read_file(fmt: str, tf_kind: str, path: Path, dtype: np.dtype, d: int
               ) -> tuple[list[str], np.ndarray]:
     """(ids, tensors) of a clean shard, read with the format's own reader."""
-    if fmt == "parquet":
-        t = pq.read_table(path)
+    if fmt in ("parquet", "arrow"):
+        t = pq.read_table(path) if fmt == "parquet" else pa.ipc.open_file(str(path)).read_all(
+        ) if path.read_bytes()[:6] == b"ARROW1" else pa.ipc.open_stream(str(path)).read_all()
         emb = t.column("emb").combine_chunks().flatten().to_numpy(zero_copy_only=False)
         return t.column("id").to_pylist(), emb.reshape(-1, d)
     if fmt == "tfrecord":
@@ -232,11 +243,11 @@ def run_case(seed: int, stats: collections.Counter, runner: dict | None = None
 
     rng = np.random.default_rng(seed)
     x, spec = random_case(rng)
-    fmt = str(rng.choice(["parquet", "tfrecord", "hdf5", "jsonl"]))
+    fmt = str(rng.choice(["parquet", "tfrecord", "hdf5", "jsonl", "arrow"]))
     tf_kind = str(rng.choice(["serialized", "list"])) if fmt == "tfrecord" else ""
     if fmt == "jsonl" and not np.isfinite(x.astype(np.float64)).all():
         fmt = "parquet"  # JSON has no NaN or infinity (json.dumps writes what no parser reads)
-    if fmt in ("parquet", "jsonl") and x.dtype in (np.float16, np.int16):
+    if fmt in ("parquet", "jsonl", "arrow") and x.dtype in (np.float16, np.int16):
         x = x.astype(np.float32)
     if tf_kind == "list":
         tf_kind = "float_list" if x.dtype.kind == "f" else "int64_list"

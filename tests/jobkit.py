@@ -16,7 +16,7 @@ import yaml
 from pipeline.run import main
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-EXT = {"parquet": "parquet", "tfrecord": "tfrecord", "hdf5": "h5"}
+EXT = {"parquet": "parquet", "tfrecord": "tfrecord", "hdf5": "h5", "arrow": "arrow"}
 
 
 def interruptible() -> None:
@@ -30,13 +30,18 @@ def write_input(fmt: str, path: Path, ids: list[str], tensors: np.ndarray,
                 label: np.ndarray, **kw) -> None:
     """One input file holding ``tensors`` (first axis = records) with ids and a label."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "parquet":
+    if fmt in ("parquet", "arrow"):
         flat = pa.array(tensors.reshape(-1))
         col = flat
         for d in reversed(tensors.shape[1:]):
             col = pa.FixedSizeListArray.from_arrays(col, d)
-        pq.write_table(pa.table({"id": ids, "emb": col, "label": label}), path,
-                       row_group_size=kw.get("row_group_size", 64),
+        table = pa.table({"id": ids, "emb": col, "label": label})
+        if fmt == "arrow":  # a stream of small batches, as Hugging Face datasets saves
+            with pa.ipc.new_stream(str(path), table.schema) as w:
+                for batch in table.to_batches(max_chunksize=kw.get("row_group_size", 64)):
+                    w.write_batch(batch)
+            return
+        pq.write_table(table, path, row_group_size=kw.get("row_group_size", 64),
                        compression=kw.get("compression", "snappy"))
     elif fmt == "tfrecord":
         import tensorflow as tf
@@ -65,8 +70,9 @@ def write_input(fmt: str, path: Path, ids: list[str], tensors: np.ndarray,
 def read_output(fmt: str, path: Path, shape: tuple[int, ...], dtype=np.float32
                 ) -> tuple[list[str], np.ndarray, np.ndarray]:
     """(ids, tensors, labels) of a clean shard, read with the standard reader."""
-    if fmt == "parquet":
-        t = pq.read_table(path)
+    if fmt in ("parquet", "arrow"):
+        t = pq.read_table(path) if fmt == "parquet" else pa.ipc.open_stream(
+            pa.memory_map(str(path))).read_all()
         flat = t.column("emb").combine_chunks()
         for _ in shape:
             flat = flat.flatten()

@@ -28,7 +28,7 @@ from tests.jobkit import EXT, read_output, write_input
 from transforms.io import fs
 from transforms.io.streams import read_streams, write_streams
 
-FORMATS = ["parquet", "tfrecord", "hdf5"]
+FORMATS = ["parquet", "tfrecord", "hdf5", "arrow"]
 SHAPE = (2, 3)
 # input files at two depths: names below the output keep the inputs' layout
 NAMES = ["part-0", "part-1", "sub/part-2"]

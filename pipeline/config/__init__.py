@@ -291,10 +291,8 @@ def _unknown_key(loc: tuple) -> str:
 
 
 # Table formats users keep texts in, named as input.format, and the pyarrow reader of each
-_TABLE_READERS = {
-    **dict.fromkeys(("csv", "tsv"), "pyarrow.csv.read_csv"),
-    **dict.fromkeys(("arrow", "feather", "ipc"), "pyarrow.ipc.open_file(...).read_all(), or "
-                    "open_stream for Hugging Face save_to_disk files")}
+_TABLE_READERS = dict.fromkeys(("csv", "tsv"), "pyarrow.csv.read_csv")
+_ARROW_NAMES = ("feather", "ipc", "hf", "huggingface", "datasets")
 
 
 _IMAGE_FILES = ("images", "image", "imagefolder", "folder", "jpg", "jpeg", "png", "webp",
@@ -350,7 +348,11 @@ def _describe(err: ValidationError) -> str:
             return (f"config key '{key}': {first['input']!r} is not one of "
                     f"{', '.join(allowed)}: JSON lines (one object per line) are read with "
                     f"{key}: jsonl")
-        if parts[-1:] == ["format"] and reader:  # texts kept as CSV or Arrow files
+        if parts[-1:] == ["format"] and named in _ARROW_NAMES:
+            return (f"config key '{key}': {first['input']!r} is not one of "
+                    f"{', '.join(allowed)}: Arrow IPC files and streams (Feather v2, Hugging "
+                    f"Face save_to_disk) are read with {key}: arrow")
+        if parts[-1:] == ["format"] and reader:  # texts kept as CSV
             return (f"config key '{key}': {first['input']!r} is not read (the job reads "
                     f"{', '.join(allowed)}): write the files as Parquet first "
                     f"({reader}, then pyarrow.parquet.write_table; a text column is read "

@@ -52,9 +52,10 @@ _DECODED = {"image": "uint8 pixels", "bytes": "a uint8 vector of the stored byte
 
 
 class InputConfig(Strict):
-    format: Literal["parquet", "tfrecord", "hdf5", "jsonl"] = Field(
+    format: Literal["parquet", "tfrecord", "hdf5", "jsonl", "arrow"] = Field(
         description="file format of the input: parquet | tfrecord | hdf5 | jsonl (JSON "
-                    "lines, also gzip, bz2 or zstd compressed)")
+                    "lines, also gzip, bz2 or zstd compressed) | arrow (Arrow IPC files "
+                    "and streams: Hugging Face save_to_disk)")
     path: HomePath = Field(description="glob of input files: a local path or any Beam filesystem "
                       "(gs://, s3://); '{run_id}' is replaced by the run id")
     tensor: str = Field(description="Parquet column / tf.train.Example feature / HDF5 dataset")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -395,3 +395,20 @@ class Chunking:
         cut to ``chunk_bytes``."""
         chunk = rows_within(self.chunk_rows, self.chunk_bytes, record_bytes)
         return min(self.unit_rows, chunk * max(1, -(-self.unit_rows // self.chunk_rows)))
+
+
+def rows_by_reading(read: Callable[..., Iterator[Chunk]], path: str, spec: TensorSpec,
+                    positions: list[int]) -> dict[int, np.ndarray]:
+    """``read_rows`` of a format without an index (JSON lines, Arrow streams): the file
+    read with its own ``read`` up to the last position wanted (positions mean what they
+    meant to the job)."""
+    want = {int(p) for p in positions}
+    out: dict[int, np.ndarray] = {}
+    if not want:
+        return out
+    for chunk in read(Unit(0, path, 0, None), spec, 4096):
+        out.update((p, chunk.tensors[i]) for i, p in enumerate(chunk.positions.tolist())
+                   if p in want)
+        if len(out) == len(want) or (len(chunk.positions) and chunk.positions[-1] >= max(want)):
+            break
+    return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -219,3 +219,48 @@ def values_at(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, by
         out.update({offset + p: v for i, (p, v) in enumerate(zip(local, values, strict=True))
                     if i not in bad})
     return out
+
+
+def pieces_values(unit: Unit, spec: TensorSpec,
+                  pieces: Iterable[tuple[int, pa.Table] | InvalidRecord]) -> Iterator[Values]:
+    """The values of a format's pieces (JSON lines', Arrow streams'): (first position,
+    table) or an invalid record."""
+    for got in pieces:
+        if isinstance(got, InvalidRecord):
+            yield Values(unit.file_index, np.empty(0, np.int64), np.empty(0, object), [], None,
+                         [got])
+        else:
+            yield table_values(unit, got[1], got[0], spec)
+
+
+def values_by_reading(read_values: Callable[..., Iterator[Values]], path: str,
+                      spec: TensorSpec, positions: Iterable[int]) -> dict[int, bytes | str]:
+    """``values_at`` of a format without an index: the file read with its own
+    ``read_values`` up to the last position wanted (positions mean the same)."""
+    want = set(int(p) for p in positions)
+    out: dict[int, bytes | str] = {}
+    if not want:
+        return out
+    last = max(want)
+    for vals in read_values(Unit(0, path), spec, 4096, 64 << 20):
+        out.update((p, v) for p, v in zip(vals.positions.tolist(), vals.values, strict=True)
+                   if p in want)
+        done = [r.position for r in vals.invalid] + vals.positions.tolist()
+        if done and max(done) >= last:
+            break
+    return out
+
+
+def reading(pieces: Callable[..., Iterable[tuple[int, pa.Table] | InvalidRecord]]
+            ) -> tuple[Callable[..., Iterator[Values]], Callable[..., dict[int, bytes | str]]]:
+    """(``read_values``, ``values_at``) of a format without an index whose ``pieces``
+    yields (first position, table) and invalid records (JSON lines, Arrow streams)."""
+    def read_values(unit: Unit, spec: TensorSpec, rows: int, max_bytes: int
+                    ) -> Iterator[Values]:
+        return pieces_values(unit, spec, pieces(unit, spec, rows, max_bytes))
+
+    def values_at(path: str, spec: TensorSpec, positions: Iterable[int]
+                  ) -> dict[int, bytes | str]:
+        return values_by_reading(read_values, path, spec, positions)
+
+    return read_values, values_at

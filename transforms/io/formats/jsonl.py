@@ -41,7 +41,6 @@ import pyarrow.json as pj
 
 from transforms.io import fs
 from transforms.io.formats.base import (
-    Chunk,
     InputError,
     InvalidRecord,
     TensorSpec,
@@ -49,11 +48,10 @@ from transforms.io.formats.base import (
     default_id,
     error_line,
     no_fixed_size,
-    record_nbytes,
-    rows_within,
+    rows_by_reading,
     unreadable_file,
 )
-from transforms.io.formats.parquet import check_schema, table_chunks
+from transforms.io.formats.parquet import check_schema, pieces_reader
 
 # A compressed file's first bytes, and the codec that reads it.
 MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\x28\xb5\x2f\xfd", "zstd"))
@@ -492,14 +490,7 @@ def plan(path: str, file_index: int, target_rows: int,
     return [Unit(file_index, path, 0, None)]
 
 
-def read(unit: Unit, spec: TensorSpec, batch_rows: int,
-         batch_bytes: int | None = None) -> Iterator[Chunk]:
-    rows = rows_within(batch_rows, batch_bytes, record_nbytes(spec))
-    for got in pieces(unit, spec, rows, batch_bytes):
-        if isinstance(got, InvalidRecord):
-            yield Chunk.of_invalid(unit.file_index, [got])
-        else:
-            yield from table_chunks(unit.file_index, unit.path, got[1], got[0], spec)
+read = pieces_reader(pieces)
 
 
 def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) -> int:
@@ -555,16 +546,4 @@ def _compressed(path: str, codec: str | None) -> Iterator[BinaryIO]:
 
 
 def read_rows(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, np.ndarray]:
-    """The tensors at ``positions``, for showing a few records: the file is read up to the
-    last one wanted, with the job's own reader (positions mean what they meant to it)."""
-    want = set(int(p) for p in positions)
-    if not want:
-        return {}
-    out: dict[int, np.ndarray] = {}
-    for chunk in read(Unit(0, path, 0, None), spec, 4096):
-        for i, p in enumerate(chunk.positions.tolist()):
-            if p in want:
-                out[p] = chunk.tensors[i]
-        if len(out) == len(want) or (len(chunk.positions) and chunk.positions[-1] >= max(want)):
-            break
-    return out
+    return rows_by_reading(read, path, spec, positions)

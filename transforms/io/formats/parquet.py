@@ -11,7 +11,7 @@ groups ahead: ``parquet_files``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -461,6 +461,23 @@ def table_chunks(file_index: int, path: str, table: pa.Table, first: int, spec: 
     if invalid or not chunks:
         chunks.append(Chunk.of_invalid(file_index, invalid))
     return chunks
+
+
+def pieces_reader(pieces: Callable[..., Iterable[tuple[int, pa.Table] | InvalidRecord]]
+                  ) -> Callable[..., Iterator[Chunk]]:
+    """``read`` of a format whose ``pieces(unit, spec, rows, max_bytes)`` yields (first
+    position, table) and invalid records (JSON lines, Arrow streams): its tables cut
+    into chunks as a row group's are."""
+    def read(unit: Unit, spec: TensorSpec, batch_rows: int,
+             batch_bytes: int | None = None) -> Iterator[Chunk]:
+        rows = rows_within(batch_rows, batch_bytes, record_nbytes(spec))
+        for got in pieces(unit, spec, rows, batch_bytes):
+            if isinstance(got, InvalidRecord):
+                yield Chunk.of_invalid(unit.file_index, [got])
+            else:
+                yield from table_chunks(unit.file_index, unit.path, got[1], got[0], spec)
+
+    return read
 
 
 def _ragged_chunk(file_index: int, path: str, table: pa.Table, col: pa.Array,
