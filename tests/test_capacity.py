@@ -338,3 +338,27 @@ def test_plan_of_an_image_job_counts_its_decoding(tmp_path, vectors, capsys):
     assert with_decode.wall_s == pytest.approx(without.wall_s + w.records * w.decode_s)
     numbers = workload(prepare(to_config(config(tmp_path, vectors, near=False))))
     assert numbers.decode_timed == 0 and "decode" not in predict(numbers, c, rates, False).steps
+
+
+def test_a_large_arrow_input_is_counted_from_its_batches(tmp_path, capsys):
+    """A saved dataset above WHOLE_BYTES: a local Arrow stream's records are counted from
+    its batches' headers (no --plan-records needed, unlike JSON lines of that size)."""
+    import pyarrow as pa
+
+    from pipeline.capacity.workload import WHOLE_BYTES
+
+    n = WHOLE_BYTES // (64 * 8) + 1000
+    table = pa.table({"id": [f"{i:08d}" for i in range(n)],
+                      "v": pa.FixedSizeListArray.from_arrays(pa.array(np.full(n * 64, 0.5)), 64)})
+    (tmp_path / "in").mkdir()
+    with pa.ipc.new_stream(str(tmp_path / "in" / "data-00000-of-00001.arrow"),
+                           table.schema) as w:
+        for batch in table.to_batches(max_chunksize=1000):
+            w.write_batch(batch)
+    assert (tmp_path / "in" / "data-00000-of-00001.arrow").stat().st_size > WHOLE_BYTES
+    cfg = {"input": {"format": "arrow", "path": str(tmp_path / "in" / "*.arrow"),
+                     "tensor": "v", "id": "id"},
+           "output": {"path": str(tmp_path / "clean")}, "report": str(tmp_path / "r")}
+    assert dry_run(tmp_path, cfg)[0] == 0
+    assert figure(capsys.readouterr().out, "input").startswith(
+        f"{n:,} records of 64 values (512 B each)")

@@ -42,11 +42,11 @@ def one_error_line(capsys) -> str:
      "unknown key near.probe: did you mean near.probes?"),
     ((), {"input": {"tensr": "emb"}}, "unknown key input.tensr: did you mean input.tensor?"),
     (("input.format=ndjson",), {}, "'input.format': 'ndjson' is not one of parquet, tfrecord, "
-     "hdf5, jsonl: JSON lines (one object per line) are read with input.format: jsonl"),
+     "hdf5, jsonl, arrow: JSON lines (one object per line) are read with input.format: jsonl"),
     (("input.format=CSV",), {}, "'CSV' is not read (the job reads parquet, tfrecord, hdf5, "
-     "jsonl): write the files as Parquet first (pyarrow.csv.read_csv"),
+     "jsonl, arrow): write the files as Parquet first (pyarrow.csv.read_csv"),
     (("input.format=jpg",), {}, "'jpg' is not read (the job reads parquet, tfrecord, hdf5, "
-     "jsonl): image files are read through a Parquet index of their paths"),
+     "jsonl, arrow): image files are read through a Parquet index of their paths"),
     (("near.metric=allclose", "near.mode=fast"), {}, "config key 'near.mode'"),
     (("near.metric=allclose", "near.probes=0"), {}, "config key 'near.probes'"),
     (("near.metric=allclose", "near.device=tpu"), {}, "config key 'near.device'"),

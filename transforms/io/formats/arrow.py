@@ -133,8 +133,18 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
 
 def plan(path: str, file_index: int, target_rows: int,
          spec: TensorSpec | None = None) -> list[Unit]:
-    """One unit per file: a stream has no index of its batches."""
-    return [Unit(file_index, path, 0, None)]
+    """One unit per file: a stream has no index of its batches. A local file's records
+    are counted (its batches' headers, memory-mapped: no value is read), so the
+    progress and a dry run know them; on an object store that would read the file."""
+    return [Unit(file_index, path, 0, _rows(path) if fs.is_local(path) else None)]
+
+
+def _rows(path: str) -> int | None:
+    try:
+        with _opened(path) as (kind, reader):
+            return sum(batch.num_rows for batch in _batches(kind, reader))
+    except (OSError, pa.ArrowException):  # the reader reports it
+        return None
 
 
 read = pieces_reader(pieces)
