@@ -5,9 +5,10 @@ Each seed takes a ``fuzz_near.random_case`` (exact/near copies, blanks, crowds, 
 l2/cosine/allclose, both groupings) and picks: the format (Parquet; TFRecord float_list /
 int64_list / serialized tensors; HDF5; JSON lines; Arrow IPC files or streams) in 1-3
 files, ``keep`` (first | last | {max|min: score}, scores with ties, NaN, nulls), the near
-stage (off | exact | auto | bounded, ``nonfinite`` keep | invalid), a reference set (copies, near copies, fresh records, copies
-within itself; any format holding the dtype), a store (records split over two runs; the
-second is checked against the first's kept records) and tiny or default ``tuning``.
+stage (off | exact | auto | bounded, ``nonfinite`` keep | invalid), a reference set
+(copies, near copies, fresh records, copies within itself; any format holding the
+dtype), a store (records split over two runs; the second is checked against the first's
+kept records) and tiny or default ``tuning``.
 
 Oracle (docs/pipeline.md, near.md, runs.md): keep order = the policy (ties by input order,
 NaN last), protected records first (reference in file order, then the store); exact groups
