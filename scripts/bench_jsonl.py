@@ -1,6 +1,7 @@
-"""What reading JSON lines costs the job against Parquet: the same texts (and, with
-``--vectors``, embeddings) as Parquet, as plain, gzip and zstd JSON lines in 4 files, and
-as one plain JSON lines file (a file is one read unit: one worker reads it), whole CLI
+"""What reading JSON lines and Arrow IPC costs the job against Parquet: the same texts
+(and, with ``--vectors``, embeddings) as Parquet, as plain, gzip and zstd JSON lines in 4
+files, as one plain JSON lines file (a file is one read unit: one worker reads it) and as
+4 Arrow IPC streams of 1,000-row batches (as Hugging Face save_to_disk writes), whole CLI
 processes one after another, the near section of ``bench_row_groups`` (jaccard 0.8 on
 texts, cosine 0.01 on vectors).
 
@@ -30,7 +31,7 @@ from benchkit import ROOT  # noqa: E402
 
 FILES = 4
 LAYOUTS = (("parquet", "", FILES), ("jsonl", "", FILES), ("jsonl", ".gz", FILES),
-           ("jsonl", ".zst", FILES), ("jsonl", "", 1))
+           ("jsonl", ".zst", FILES), ("jsonl", "", 1), ("arrow", "", FILES))
 
 
 def _lines(t: pa.Table) -> bytes:
@@ -47,6 +48,10 @@ def write(t: pa.Table, data: Path, fmt: str, codec: str, files: int) -> int:
         path = data / f"part-{i}.{fmt}{codec}"
         if fmt == "parquet":
             pq.write_table(part, path)
+        elif fmt == "arrow":
+            with pa.ipc.new_stream(str(path), part.schema) as w:
+                for batch in part.to_batches(max_chunksize=1000):
+                    w.write_batch(batch)
         elif codec == ".gz":
             path.write_bytes(gzip.compress(_lines(part), 6))
         elif codec == ".zst":
@@ -78,7 +83,7 @@ def main() -> None:
             if not n:
                 continue
             t = build(kind, n, work)
-            if kind == "vectors":  # JSON numbers: float64 lists, read as such
+            if kind == "vectors":  # JSON numbers: float64 lists, read as such (all layouts)
                 t = t.set_column(t.schema.get_field_index("emb"), "emb", t.column("emb").cast(
                     pa.list_(pa.float64())))
             first = None
