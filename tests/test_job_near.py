@@ -444,6 +444,21 @@ def test_a_recall_sample_drawn_among_exact_copies_only(tmp_path):
     assert s["near"]["recall"]["sampled"] == 0 and s["near"]["recall"]["recall"] is None
 
 
+def _exact_run_with_reference(tmp_path, ref: np.ndarray, values: np.ndarray) -> dict:
+    """A job over ``values`` (ids r0, r1, ...) with the reference set ``ref`` (e0, e1,
+    ...), l2 0.05 in exact mode, every record in the recall sample: its summary.json."""
+    write_input("parquet", tmp_path / "ref" / "r.parquet", [f"e{i}" for i in range(len(ref))],
+                ref, np.zeros(len(ref), np.int64))
+    write_input("parquet", tmp_path / "in" / "a.parquet",
+                [f"r{i}" for i in range(len(values))], values, np.zeros(len(values), np.int64))
+    assert run_job(tmp_path, "parquet", str(tmp_path / "in" / "*.parquet"),
+                   reference=[{"format": "parquet", "path": str(tmp_path / "ref" / "*.parquet"),
+                               "tensor": "emb", "id": "id"}],
+                   near={"metric": "l2", "threshold": 0.05, "mode": "exact",
+                         "recall_sample": 1000}) == 0
+    return json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
+
+
 def test_records_that_copy_a_reference_with_near_references_are_not_judged(tmp_path):
     """Input records that are exact copies of reference records whose near copies are in
     the reference set too: the exact stage removes them as reference_exact, so the
@@ -454,16 +469,7 @@ def test_records_that_copy_a_reference_with_near_references_are_not_judged(tmp_p
     x = rng.standard_normal((100, 16)).astype(np.float32)
     ref = np.concatenate([x[:20], x[:20] + 0.001])
     values = np.concatenate([x[20:], x[:20], x[20:30] + 0.001])
-    write_input("parquet", tmp_path / "ref" / "r.parquet", [f"e{i}" for i in range(40)], ref,
-                np.zeros(40, np.int64))
-    write_input("parquet", tmp_path / "in" / "a.parquet", [f"r{i}" for i in range(110)],
-                values, np.zeros(110, np.int64))
-    assert run_job(tmp_path, "parquet", str(tmp_path / "in" / "*.parquet"),
-                   reference=[{"format": "parquet", "path": str(tmp_path / "ref" / "*.parquet"),
-                               "tensor": "emb", "id": "id"}],
-                   near={"metric": "l2", "threshold": 0.05, "mode": "exact",
-                         "recall_sample": 1000}) == 0
-    s = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
+    s = _exact_run_with_reference(tmp_path, ref, values)
     assert s["removed_reference_exact"] == 20 and s["removed_near"] == 10
     r = s["near"]["recall"]
     assert (r["sampled"], r["with_partners"], r["recall"]) == (90, 10, 1.0)
@@ -481,17 +487,9 @@ def test_a_removal_named_after_a_reference_before_a_nearer_record_is_judged_righ
     ref, later, earlier = base, base + 0.045 * u, base + 0.08 * u  # on one line each
     values = np.concatenate([earlier, rng.standard_normal((50, 16)).astype(np.float32) * 10,
                              later])
-    write_input("parquet", tmp_path / "ref" / "r.parquet", [f"e{i}" for i in range(10)], ref,
-                np.zeros(10, np.int64))
-    write_input("parquet", tmp_path / "in" / "a.parquet", [f"r{i}" for i in range(70)],
-                values, np.zeros(70, np.int64))
-    assert run_job(tmp_path, "parquet", str(tmp_path / "in" / "*.parquet"),
-                   reference=[{"format": "parquet", "path": str(tmp_path / "ref" / "*.parquet"),
-                               "tensor": "emb", "id": "id"}],
-                   near={"metric": "l2", "threshold": 0.05, "mode": "exact",
-                         "recall_sample": 1000}) == 0
+    s = _exact_run_with_reference(tmp_path, ref, values)
     dups, _ = report(tmp_path)
     assert {(d["record_id"], d["duplicate_of"], d["kind"]) for d in dups.to_pylist()} == {
         (f"r{60 + i}", f"e{i}", "reference_near") for i in range(10)}
-    r = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())["near"]["recall"]
+    r = s["near"]["recall"]
     assert (r["with_partners"], r["recall"]) == (10, 1.0)
