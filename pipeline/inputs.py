@@ -598,8 +598,8 @@ def holds_sequences(path: str, source: InputConfig, timeout: float) -> bool:
         return int_sequences(path, source.tensor)
 
     fn = {"hdf5": hdf5, "tfrecord": tfrecord, "jsonl": jsonl}.get(source.format)
-    return fn is not None and bounded(path, fn, "input.path", "reading its first records",
-                                      timeout)
+    return fn is not None and not source.columns and bounded(
+        path, fn, "input.path", "reading its first records", timeout)
 
 
 def as_sequences(cfg: DedupeConfig, spec: TensorSpec, sequences: bool = False) -> TensorSpec:

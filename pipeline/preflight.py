@@ -375,6 +375,10 @@ def _jaccard_spec(cfg: DedupeConfig, dtype: str | None) -> NearSpec:
     of (records sharing half their shingles are rarely copies)."""
     n = cfg.near
     text = cfg.input.decode == "text"
+    if cfg.input.columns:
+        raise InputError("near.metric: jaccard compares the texts or token sequences of one "
+                         "column, and input.tensor lists columns (one number each): use "
+                         "near.metric: l2 or cosine on them")
     if not text and not (dtype or "").startswith(("int", "uint")):
         raise InputError(f"near.metric: jaccard on column {cfg.input.tensor!r} of {dtype} "
                          "values: jaccard compares texts (input.decode: text) or integer "
@@ -483,7 +487,7 @@ def prepare(cfg: DedupeConfig) -> Job:
             check_one_size(files[first], cfg.input, timeout)
     if (cfg.input.format in ("parquet", "arrow") and spec.decode is None
             and cfg.input.shape is not None
-            and not spec.ragged):
+            and not spec.ragged and not spec.columns):
         check_shape_seen(files[first], cfg.input, timeout)
     refs = references(cfg, resolved)
     _check_paths(cfg, files, root, output, report, refs.files if refs else [], replace)

@@ -19,6 +19,7 @@ from pydantic import (
 from transforms.canonical import DTYPE_CODES
 from transforms.io import layout
 from transforms.io.formats.base import Chunking, Decode, TensorSpec
+from transforms.io.formats.columns import named
 from transforms.near.sets import PERMUTATIONS, TARGET_AT_THRESHOLD
 from transforms.near.spec import (
     DEFAULT_SIZE,
@@ -58,7 +59,10 @@ class InputConfig(Strict):
                     "and streams: Hugging Face save_to_disk)")
     path: HomePath = Field(description="glob of input files: a local path or any Beam filesystem "
                       "(gs://, s3://); '{run_id}' is replaced by the run id")
-    tensor: str = Field(description="Parquet column / tf.train.Example feature / HDF5 dataset")
+    tensor: str | list[str] = Field(
+        description="Parquet column / tf.train.Example feature / HDF5 dataset; or a list of "
+                    "numeric columns (parquet, arrow, jsonl) whose values make each record's "
+                    "vector, one per column (a feature table)")
     id: str | None = Field(None, description="column/feature with a record id; "
                            "default '<file path>:<index in file>'")
     show: str | None = Field(None, description="column / feature / dataset the report's "
@@ -102,6 +106,40 @@ class InputConfig(Strict):
             raise ValueError(f"{v} is not [height, width] of two sizes >= 1, e.g. [64, 64]")
         return v
 
+    @field_validator("tensor")
+    @classmethod
+    def _column_list(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("an empty list names no column: name one column, or the "
+                                 "numeric columns that make each record's vector")
+            twice = next((c for i, c in enumerate(v) if c in v[:i]), None)
+            if twice is not None:
+                raise ValueError(f"column {twice!r} is named twice: name each column once")
+        return v
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns of a feature table (``tensor`` given as a list), else ()."""
+        return tuple(self.tensor) if isinstance(self.tensor, list) else ()
+
+    @model_validator(mode="after")
+    def _feature_columns(self) -> InputConfig:
+        if not self.columns:
+            return self
+        if self.format not in ("parquet", "arrow", "jsonl"):
+            raise ValueError(f"input.tensor: a list of columns is read from parquet, arrow "
+                             f"and jsonl tables; a {self.format} record's tensor is one "
+                             "feature or dataset: name it (a string)")
+        if self.decode != "none":
+            raise ValueError(f"input.tensor: a list of columns makes a vector of their "
+                             f"numbers; input.decode: {self.decode} reads one column: name "
+                             "that column (a string), or remove input.decode")
+        if self.shape is not None and self.shape != [len(self.columns)]:
+            raise ValueError(f"input.shape: the {len(self.columns)} columns of input.tensor "
+                             f"make vectors of shape [{len(self.columns)}]: remove input.shape")
+        return self
+
     @model_validator(mode="after")
     def _image_keys(self) -> InputConfig:
         for key in ("resize", "channels", "exact_on"):
@@ -129,8 +167,10 @@ class InputConfig(Strict):
             decode = Decode(self.decode, None if self.resize is None else tuple(self.resize),
                             self.channels, self.max_pixels, decoded_chunk_bytes,
                             self.exact_on)
-        return TensorSpec(self.tensor, self.id, None if self.shape is None else tuple(self.shape),
-                          self.dtype, rank, self.compression, decode)
+        return TensorSpec(named(self.columns) if self.columns else self.tensor, self.id,
+                          (len(self.columns),) if self.columns else
+                          None if self.shape is None else tuple(self.shape), self.dtype, rank,
+                          self.compression, decode, columns=self.columns)
 
 
 class KeyColumn(Strict):

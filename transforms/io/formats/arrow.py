@@ -29,6 +29,7 @@ from transforms.io.formats.base import (
     Unit,
     default_id,
     error_line,
+    read_columns,
     rows_by_reading,
     rows_within,
     unreadable_file,
@@ -85,7 +86,7 @@ def pieces(unit: Unit, spec: TensorSpec, rows: int, max_bytes: int | None
     ``rows`` records and ``max_bytes`` of them, small batches joined (``datasets``
     writes 1,000 rows, 100 images, a batch); then, where the file cannot be read on, the
     rest as one InvalidRecord (a file with no readable record as an unreadable one)."""
-    columns = list(dict.fromkeys(c for c in (spec.tensor, spec.id, spec.rank) if c))
+    columns = read_columns(spec)
     position = 0
     with ExitStack() as stack:
         try:

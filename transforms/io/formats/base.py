@@ -85,6 +85,14 @@ class TensorSpec:
     decode: Decode | None = None  # encoded values (images, bytes, text); None: numbers
     ragged: bool = False  # 1-d integer sequences of any length (near.metric jaccard, token
     # shingles): a chunk's tensors are an object array of them, digests given (``ragged_rows``)
+    columns: tuple[str, ...] = ()  # numeric columns that make each record's vector, one value
+    # each (a feature table); ``tensor`` then only names them in messages (``columns.named``)
+
+
+def read_columns(spec: TensorSpec) -> list[str]:
+    """The columns (fields) a table format reads: the tensor's, the id's and keep's."""
+    return list(dict.fromkeys(c for c in (*(spec.columns or (spec.tensor,)), spec.id, spec.rank)
+                              if c is not None))
 
 
 # What a text column, feature or dataset needs under jaccard (``TensorSpec.ragged``).

@@ -28,6 +28,7 @@ from transforms.io.formats.base import (
     default_ids,
     default_ids_arrow,
     error_line,
+    read_columns,
     unreadable_file,
 )
 from transforms.io.formats.parquet import (
@@ -193,7 +194,7 @@ def read_values(unit: Unit, spec: TensorSpec, rows: int, max_bytes: int) -> Iter
                      [unreadable_file(unit.path, f"unreadable Parquet file: {error_line(pf)}")])
         return
     stop = total_rows(pf) if unit.stop is None else unit.stop
-    columns = list(dict.fromkeys(c for c in (spec.tensor, spec.id, spec.rank) if c is not None))
+    columns = read_columns(spec)
     for rg, first, n, table in joined(prefetched(unit.path, pf, unit.start, stop, columns,
                                                  whole=True), rows, max_bytes,
                                       lambda t: t.column(spec.tensor).nbytes):
@@ -213,7 +214,7 @@ def read_values(unit: Unit, spec: TensorSpec, rows: int, max_bytes: int) -> Iter
 def values_at(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, bytes | str]:
     """The stored values at ``positions`` (only the row groups holding them are read)."""
     out: dict[int, bytes | str] = {}
-    for offset, local, table in groups_at(path, spec.tensor, positions):
+    for offset, local, table in groups_at(path, [spec.tensor], positions):
         data, paths = _column(table.column(0).combine_chunks().take(pa.array(local)))
         values, bad = _resolve(data, paths, path, spec.tensor)
         out.update({offset + p: v for i, (p, v) in enumerate(zip(local, values, strict=True))

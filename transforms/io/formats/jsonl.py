@@ -48,6 +48,7 @@ from transforms.io.formats.base import (
     default_id,
     error_line,
     no_fixed_size,
+    read_columns,
     rows_by_reading,
     unreadable_file,
 )
@@ -199,7 +200,7 @@ def _schema(fields: pa.Schema, spec: TensorSpec) -> pa.Schema:
     or numbers for ``keep``)."""
     nested, fields = fields, _typed(flat(fields), spec)
     tree: dict = {}
-    for name in dict.fromkeys(n for n in (spec.tensor, spec.id, spec.rank) if n is not None):
+    for name in read_columns(spec):
         t = fields.field(name).type if fields.get_field_index(name) >= 0 else pa.null()
         if pa.types.is_null(t):
             t = pa.float64() if name == spec.rank else pa.string()

@@ -35,10 +35,12 @@ from transforms.io.formats.base import (
     listed_names,
     nearest_name,
     ragged_rows,
+    read_columns,
     record_nbytes,
     rows_within,
     unreadable_file,
 )
+from transforms.io.formats.columns import assembled, with_field
 from transforms.io.formats.parquet_files import (
     DECODE_BYTES,
     check_rest,
@@ -199,7 +201,8 @@ def check_columns(path: str, schema: pa.Schema, spec: TensorSpec) -> None:
     mistyped name gets the nearest one), the id column holds values that can be ids
     (strings: the read would fail on its cast in the middle of the job) and the keep
     column numbers."""
-    for key, name in (("input.tensor", spec.tensor), ("input.id", spec.id), ("keep", spec.rank)):
+    for key, name in (*(("input.tensor", c) for c in spec.columns or (spec.tensor,)),
+                      ("input.id", spec.id), ("keep", spec.rank)):
         if name is None:
             continue
         found = schema.get_all_field_indices(name)
@@ -266,6 +269,8 @@ def check_schema(path: str, schema: pa.Schema, spec: TensorSpec) -> TensorSpec:
     """``check`` of a file's Arrow schema (also JSON lines', as their first lines hold
     it): the spec with the dtype and, for fixed-size lists, the shape the column holds."""
     check_columns(path, schema, spec)
+    if spec.columns:
+        schema = with_field(path, schema, spec)
     t = schema.field(spec.tensor).type
     sizes, leaf = _layout(t)
     dtype = _leaf_dtype(leaf)
@@ -426,7 +431,8 @@ def table_chunks(file_index: int, path: str, table: pa.Table, first: int, spec: 
             ) -> list[Chunk]:
     """Chunks (one per tensor shape) and the invalid records of a slice of a row group."""
     positions = np.arange(first, first + table.num_rows, dtype=np.int64)
-    col = table.column(spec.tensor).combine_chunks()
+    col, why = (assembled(table, spec) if spec.columns
+                else (table.column(spec.tensor).combine_chunks(), {}))
     if spec.ragged:
         return [_ragged_chunk(file_index, path, table, col, positions, spec)]
     sizes = _layout(col.type)[0]
@@ -445,7 +451,8 @@ def table_chunks(file_index: int, path: str, table: pa.Table, first: int, spec: 
                   f"{list(shape)}" if shape else
                   f"column {spec.tensor!r}: null, null values or ragged")
     invalid = [InvalidRecord(int(positions[i]), ids[int(i)].as_py(),
-                             bad_tensor if not tensor_ok[i] else f"column {spec.id!r}: null id")
+                             why.get(int(i), bad_tensor) if not tensor_ok[i]
+                             else f"column {spec.id!r}: null id")
                for i in np.flatnonzero(~ok)]
     rank = None
     if spec.rank is not None:
@@ -520,6 +527,8 @@ def _row_bytes(pf: pq.ParquetFile, rg: int, spec: TensorSpec) -> float:
     known = record_nbytes(spec)
     if known is not None:
         return known
+    if spec.columns:  # one number per column, at most 8 bytes
+        return 8 * len(spec.columns)
     meta = pf.metadata.row_group(rg)
     values = sum(meta.column(j).num_values for j in range(meta.num_columns)
                  if meta.column(j).path_in_schema.split(".")[0] == spec.tensor)
@@ -575,8 +584,7 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int,
             unreadable_file(unit.path, f"unreadable Parquet file: {error_line(pf)}")])
         return
     stop = total_rows(pf) if unit.stop is None else unit.stop
-    columns = list(dict.fromkeys(c for c in (spec.tensor, spec.id, spec.rank) if c is not None))
-    for rg, first, n, table in _pieces(unit.path, pf, unit.start, stop, columns, spec,
+    for rg, first, n, table in _pieces(unit.path, pf, unit.start, stop, read_columns(spec), spec,
                                        batch_rows, batch_bytes):
         if isinstance(table, Exception):
             why = group_reason(rg, table)
@@ -589,9 +597,9 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int,
         yield from table_chunks(unit.file_index, unit.path, table, first, spec)
 
 
-def groups_at(path: str, column: str, positions: list[int]
+def groups_at(path: str, names: list[str], positions: list[int]
               ) -> Iterator[tuple[int, list[int], pa.Table]]:
-    """(first position, positions within the group, the group's ``column``) for each
+    """(first position, positions within the group, the group's columns ``names``) for each
     readable row group of one file that holds some of ``positions``: only those groups
     are read, only that column, several at a time (the report's page shows a few
     records of many groups)."""
@@ -605,7 +613,7 @@ def groups_at(path: str, column: str, positions: list[int]
         if mine:
             local[rg] = (first, n, mine)
     groups = [(rg, first, n) for rg, (first, n, _) in local.items()]
-    for rg, first, _, table in read_groups(path, pf, groups, [column]):
+    for rg, first, _, table in read_groups(path, pf, groups, names):
         if not isinstance(table, Exception):
             yield first, local[rg][2], table
 
@@ -614,7 +622,8 @@ def read_rows(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, np
     """The tensors at ``positions`` (as ``read`` numbers them) of one file, for showing a
     few records. Positions that are invalid or out of range are left out."""
     out: dict[int, np.ndarray] = {}
-    for offset, local, table in groups_at(path, spec.tensor, positions):
+    for offset, local, table in groups_at(path, list(spec.columns or (spec.tensor,)),
+                                          positions):
         out.update(_tensors_at(path, spec, table, offset, local))
     return out
 
@@ -622,7 +631,7 @@ def read_rows(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, np
 def _tensors_at(path: str, spec: TensorSpec, table: pa.Table, offset: int, local: list[int]
                 ) -> dict[int, np.ndarray]:
     """{offset + row: tensor} of some rows of a row group (invalid ones left out)."""
-    part = table.select([spec.tensor]).take(pa.array(local, pa.int64()))
+    part = table.select(list(spec.columns or (spec.tensor,))).take(pa.array(local, pa.int64()))
     out = {}
     for chunk in table_chunks(0, path, part, 0, replace(spec, id=None, rank=None)):
         for i, p in enumerate(chunk.positions.tolist()):
