@@ -109,6 +109,8 @@ def publication(job: Job) -> Publication:
         store = job.store.begin()
     resolved = {"shape": None if job.resolved.shape is None else list(job.resolved.shape),
                 "dtype": job.resolved.dtype, "inputs": len(job.files)}
+    if job.spec.columns:  # a feature table's columns, its globs expanded
+        resolved["columns"] = list(job.spec.columns)
     return Publication(
         job.output, job.report, job.staging(job.output), job.staging(job.report), job.replace,
         time.time(),

@@ -33,9 +33,11 @@ from transforms.io.formats.base import (
     TensorSpec,
     arrow_ids,
     error_line,
+    listed_names,
     sizes_spread,
     utf8_text,
 )
+from transforms.io.formats.columns import is_pattern
 from transforms.io.formats.jsonl import codec_of, head_text, shows_jsonl
 from transforms.io.formats.parquet import row_shapes
 from transforms.io.formats.tfrecord_frames import record_start, shows_tfrecord
@@ -367,6 +369,39 @@ def inspect_files(files: list[str], source: InputConfig, spec: TensorSpec, key: 
                if s is None and isinstance(r, bytes)]
     _check_sniffed(files, [s for s, _ in seen], source, key, unknown)
     return [r for _, r in seen]
+
+
+def expanded_columns(files: list[str], checked: list[TensorSpec], spec: TensorSpec
+                     ) -> TensorSpec:
+    """``spec`` with a feature table's column globs (``input.tensor: [f*]``) as the files'
+    checks expanded them; files whose globs match other columns are refused, naming
+    both: their vectors would not be comparable."""
+    if not any(is_pattern(c) for c in spec.columns):
+        return spec
+    found = [(f, c) for f, c in zip(files, checked, strict=True)
+             if not any(is_pattern(n) for n in c.columns)]
+    if not found:
+        return spec
+    (first, a), other = found[0], next(((f, c) for f, c in found[1:]
+                                        if c.columns != found[0][1].columns), None)
+    if other is not None:
+        b = other[1].columns
+        only_a, only_b = [c for c in a.columns if c not in b], [c for c in b if c not in a.columns]
+        raise InputError(
+            f"input.tensor: {list(spec.columns)} names other columns in {other[0]} than in "
+            f"{first} (only in the first: {listed_names(only_a) or 'none'}; only in the "
+            f"other: {listed_names(only_b) or 'none'}; or another order): name the columns "
+            "one by one, or point input.path at files of one layout")
+    return replace(spec, columns=a.columns, tensor=a.tensor, shape=a.shape)
+
+
+def columns_note(source: InputConfig, spec: TensorSpec) -> tuple[str, ...]:
+    """Which columns the globs of ``input.tensor`` named, printed at the start (and
+    summary.json's ``resolved.columns``): what a run compared must not be a guess."""
+    if not any(is_pattern(c) for c in source.columns):
+        return ()
+    return (f"input.tensor: {list(source.columns)} names {len(spec.columns)} columns: "
+            f"{listed_names(list(spec.columns))}",)
 
 
 SIZES_BYTES = 64 << 20  # values read from the first row group to quote its record sizes

@@ -33,7 +33,9 @@ from pipeline.inputs import (
     check_one_shape,
     check_one_size,
     check_shape_seen,
+    columns_note,
     common_dir,
+    expanded_columns,
     first_known,
     holds_sequences,
     inspect_files,
@@ -476,6 +478,7 @@ def prepare(cfg: DedupeConfig) -> Job:
     spec = as_sequences(cfg, cfg.input.to_spec(keep.column, cfg.tuning.decoded_chunk_bytes),
                         cfg.near is None and holds_sequences(files[0], cfg.input, timeout))
     checked = inspect_files(files, cfg.input, spec, "input.path", timeout)
+    spec = expanded_columns(files, checked, spec)
     if cfg.input.format in ("parquet", "jsonl", "arrow") and spec.id is not None:
         check_first_ids(files, spec.id, cfg.input.format)
     first = first_known(checked)
@@ -515,7 +518,7 @@ def prepare(cfg: DedupeConfig) -> Job:
                chunking=cfg.tuning.chunking(), output=output, report=report, run_id=run_id,
                attempt=f"{os.getpid()}-{time.time_ns()}", replace=replace, near=near,
                references=refs, store=store, embed=embed,
-               notes=mixed_dtypes(files, checked), show=show)
+               notes=columns_note(cfg.input, spec) + mixed_dtypes(files, checked), show=show)
 
 
 def _local_bytes(files: list[str]) -> int | None:

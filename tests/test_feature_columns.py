@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 from sklearn.datasets import load_breast_cancer
 
+from pipeline.run import main
 from tests.jobkit import report, run_job
 
 THRESHOLD = 1.0  # l2 over features in their own units: planted copies are ~0.01 away
@@ -100,15 +101,16 @@ def test_a_feature_table_gives_the_vector_columns_removals(tmp_path, fmt):
 
 def test_a_null_feature_or_an_inexact_integer_is_an_invalid_record(tmp_path):
     """A null in any named column, or an int64 above 2^53 beside float columns (two such
-    counts would compare as one float64), makes that row invalid with the column named;
-    the other rows are read, and read = kept + removed + invalid."""
+    counts would compare as one float64; Arrow files carry no statistics to refuse it
+    before the run, as Parquet's do), makes that row invalid with the column named; the
+    other rows are read, and read = kept + removed + invalid."""
     df, features = _table()
     df = df.astype({"mean_radius": "Float64"})
     df.loc[[3, 50], "mean_radius"] = pd.NA
     df["visits"] = df["visits"].astype(np.int64)
     df.loc[7, "visits"] = 2 ** 53 + 1
-    glob = _write(df, tmp_path / "in", "parquet")
-    assert run_job(tmp_path, "parquet", glob, input={"tensor": features, "id": "id"},
+    glob = _write(df, tmp_path / "in", "arrow")
+    assert run_job(tmp_path, "arrow", glob, input={"tensor": features, "id": "id"},
                    near={"metric": "l2", "threshold": THRESHOLD}) == 0
     dups, invalid = report(tmp_path)
     reasons = {r["record_id"]: r["reason"] for r in invalid.to_pylist()}
@@ -117,7 +119,7 @@ def test_a_null_feature_or_an_inexact_integer_is_an_invalid_record(tmp_path):
                              "does not hold exactly (set input.dtype: int64 if every column "
                              "holds integers)"}
     summary = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
-    kept = pq.read_table(tmp_path / "out" / "clean").num_rows
+    kept = sum(feather.read_table(f).num_rows for f in (tmp_path / "out" / "clean").iterdir())
     assert summary["read"] == len(df) == kept + dups.num_rows + len(reasons)
     assert (summary["kept"], summary["invalid"]) == (kept, 3)
 
@@ -137,16 +139,55 @@ def test_input_dtype_reads_the_columns_as_it_says(tmp_path):
     assert got == want and len(want) >= 120
 
 
+def test_globs_name_the_columns_they_match(tmp_path, capsys):
+    """``[mean_*, *_error, worst_*, visits]`` names the columns each glob matches, in the
+    file's order (the id and the text column never): the explicit list's removals, and
+    the run says which columns it compared (printed at the start, in summary.json)."""
+    df, features = _table()
+    glob = _write(df, tmp_path / "in", "parquet")
+    near = {"metric": "l2", "threshold": THRESHOLD}
+    got = []
+    for tensor in (["mean_*", "*_error", "worst_*", "visits"], ["*"], features):
+        assert run_job(tmp_path, "parquet", glob, "output.overwrite=true", near=near,
+                       input={"tensor": tensor, "id": "id"}) == 0
+        got.append(_decisions(tmp_path))
+        summary = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
+        assert summary["resolved"]["columns"] == features
+    capsys.readouterr()
+    assert main(["--config", str(tmp_path / "job.yaml"), "--overwrite", "--set",
+                 "input.tensor=[mean_*, '*_error', worst_*, visits]"]) == 0
+    assert ("input.tensor: ['mean_*', '*_error', 'worst_*', 'visits'] names 31 columns: "
+            "mean_radius, mean_texture, mean_perimeter") in capsys.readouterr().err
+    assert got[0] == got[1] == got[2] and len(got[0]) >= 200
+
+
 def test_checks_before_any_work(tmp_path, capsys):
     """Exit 2 before any work, one line each: a text column among the features (named);
     a mistyped column (the nearest name); a list under a format whose tensor is one
     feature or dataset; jaccard over feature columns; input.decode with a list; a column
-    named twice."""
+    named twice; a glob that matches no numeric column; globs that match other columns
+    in another file; a Parquet int64 column above 2^53 beside floats (its statistics)."""
     from tests.test_checks import nothing_written, one_error_line
 
     df, features = _table()
     glob = _write(df, tmp_path / "in", "parquet")
+    wide = df.assign(mean_extra=1.0)
+    pq.write_table(pa.Table.from_pandas(wide.iloc[:10], preserve_index=False),
+                   tmp_path / "two" / "b.parquet") if (tmp_path / "two").mkdir() is None else 0
+    pq.write_table(pa.Table.from_pandas(df.iloc[10:], preserve_index=False),
+                   tmp_path / "two" / "a.parquet")
+    big = df.assign(visits=df["visits"] + 2 ** 60)
+    (tmp_path / "big").mkdir()
+    pq.write_table(pa.Table.from_pandas(big, preserve_index=False),
+                   tmp_path / "big" / "a.parquet")
     for fmt, tensor, extra, want in (
+            ("parquet", ["x*"], {}, "input.tensor: 'x*' matches no numeric column; the file "
+             "has columns id, mean_radius"),
+            ("parquet", ["mean_*"], {"input": {"path": str(tmp_path / "two" / "*.parquet")}},
+             "names other columns in"),
+            ("parquet", features, {"input": {"path": str(tmp_path / "big" / "*.parquet")}},
+             "column 'visits' holds integers up to 1,152,921,504,606,846,980 (row group 0's "
+             "statistics), above 2^53"),
             ("parquet", [*features[:3], "note"], {},
              "input.tensor: column 'note' holds large_string, not numbers"),
             ("parquet", ["mean_radius", "mean_texure"], {},

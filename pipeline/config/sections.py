@@ -19,7 +19,7 @@ from pydantic import (
 from transforms.canonical import DTYPE_CODES
 from transforms.io import layout
 from transforms.io.formats.base import Chunking, Decode, TensorSpec
-from transforms.io.formats.columns import named
+from transforms.io.formats.columns import is_pattern, named
 from transforms.near.sets import PERMUTATIONS, TARGET_AT_THRESHOLD
 from transforms.near.spec import (
     DEFAULT_SIZE,
@@ -135,9 +135,10 @@ class InputConfig(Strict):
             raise ValueError(f"input.tensor: a list of columns makes a vector of their "
                              f"numbers; input.decode: {self.decode} reads one column: name "
                              "that column (a string), or remove input.decode")
-        if self.shape is not None and self.shape != [len(self.columns)]:
-            raise ValueError(f"input.shape: the {len(self.columns)} columns of input.tensor "
-                             f"make vectors of shape [{len(self.columns)}]: remove input.shape")
+        if self.shape is not None and (any(is_pattern(c) for c in self.columns)
+                                       or self.shape != [len(self.columns)]):
+            raise ValueError("input.shape: the columns of input.tensor make vectors of one "
+                             "value per column: remove input.shape")
         return self
 
     @model_validator(mode="after")
@@ -168,7 +169,8 @@ class InputConfig(Strict):
                             self.channels, self.max_pixels, decoded_chunk_bytes,
                             self.exact_on)
         return TensorSpec(named(self.columns) if self.columns else self.tensor, self.id,
-                          (len(self.columns),) if self.columns else
+                          (len(self.columns),) if self.columns and not any(
+                              is_pattern(c) for c in self.columns) else
                           None if self.shape is None else tuple(self.shape), self.dtype, rank,
                           self.compression, decode, columns=self.columns)
 

@@ -6,10 +6,13 @@ named ``TensorSpec.tensor`` and the clean copy keeps the rows as they were."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from fnmatch import fnmatchcase
+
 import numpy as np
 import pyarrow as pa
 
-from transforms.io.formats.base import InputError, TensorSpec
+from transforms.io.formats.base import InputError, TensorSpec, listed_names
 
 EXACT_INT = 2 ** 53  # integers a float64 holds exactly; larger ones would merge as floats
 
@@ -18,6 +21,33 @@ def named(columns: list[str] | tuple[str, ...]) -> str:
     """How messages and the report name the vector the columns make."""
     shown = list(columns) if len(columns) <= 6 else [columns[0], "...", columns[-1]]
     return f"[{', '.join(shown)}]" + (f" ({len(columns)} columns)" if len(columns) > 6 else "")
+
+
+def is_pattern(name: str) -> bool:
+    """Whether a listed column is a glob (``f*``, ``x[0-9]``) over the file's columns."""
+    return any(c in name for c in "*?[")
+
+
+def expanded(path: str, schema: pa.Schema, spec: TensorSpec) -> TensorSpec:
+    """``spec`` with each glob among its columns replaced by the numeric columns it
+    matches, in the file's order (the id and keep columns never; a text column a glob
+    matches is left out, as it makes no number), so ``[f*]`` names a wide table's
+    features; a glob that matches no numeric column is refused, listing the columns."""
+    if not any(is_pattern(c) for c in spec.columns):
+        return spec
+    out = []
+    for name in spec.columns:
+        if not is_pattern(name):
+            out.append(name)
+            continue
+        hits = [c for c in schema.names if fnmatchcase(c, name) and c not in (spec.id, spec.rank)
+                and _dtype(schema.field(c).type) is not None]
+        if not hits:
+            raise InputError(f"{path}: input.tensor: {name!r} matches no numeric column; the "
+                             f"file has columns {listed_names(schema.names)}")
+        out += hits
+    columns = tuple(dict.fromkeys(out))
+    return replace(spec, columns=columns, tensor=named(columns), shape=(len(columns),))
 
 
 def _dtype(t: pa.DataType) -> np.dtype | None:
@@ -52,6 +82,31 @@ def with_field(path: str, schema: pa.Schema, spec: TensorSpec) -> pa.Schema:
         raise InputError(f"{path}: input.tensor: the file has a column named "
                          f"{spec.tensor!r}, as the job names the columns' vector: rename it")
     return schema.append(pa.field(spec.tensor, pa.list_(leaf, len(spec.columns))))
+
+
+def check_int_range(path: str, meta, spec: TensorSpec) -> None:
+    """A Parquet file whose statistics show an integer column of the vector above 2^53
+    while the vector is float: every such record would be invalid after all the work
+    (``assembled``), so the run is refused now, naming the column."""
+    if spec.dtype is None or np.dtype(spec.dtype).kind != "f":
+        return
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        for j in range(rg.num_columns):
+            col = rg.column(j)
+            stats = col.statistics
+            if (col.path_in_schema not in spec.columns or col.physical_type != "INT64"
+                    or stats is None or not stats.has_min_max):
+                continue
+            far = max(abs(int(stats.min)), abs(int(stats.max)))
+            if far > EXACT_INT:
+                raise InputError(
+                    f"{path}: input.tensor: column {col.path_in_schema!r} holds integers up "
+                    f"to {far:,} (row group {g}'s statistics), above 2^53, and the vector "
+                    f"is {spec.dtype}, which does not hold them exactly (two of them could "
+                    "compare equal): leave the column out of input.tensor (it is copied to "
+                    "the output as it is), or set input.dtype: int64 if every column holds "
+                    "integers")
 
 
 def assembled(table: pa.Table, spec: TensorSpec) -> tuple[pa.Array, dict[int, str]]:

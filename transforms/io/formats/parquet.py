@@ -40,7 +40,7 @@ from transforms.io.formats.base import (
     rows_within,
     unreadable_file,
 )
-from transforms.io.formats.columns import assembled, with_field
+from transforms.io.formats.columns import assembled, check_int_range, expanded, with_field
 from transforms.io.formats.parquet_files import (
     DECODE_BYTES,
     check_rest,
@@ -262,12 +262,17 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
     pf = open_file(path)
     if isinstance(pf, Exception):
         return spec  # reported as invalid by read()
-    return check_schema(path, pf.schema_arrow, spec)
+    resolved = check_schema(path, pf.schema_arrow, spec)
+    if resolved.columns:
+        check_int_range(path, pf.metadata, resolved)
+    return resolved
 
 
 def check_schema(path: str, schema: pa.Schema, spec: TensorSpec) -> TensorSpec:
     """``check`` of a file's Arrow schema (also JSON lines', as their first lines hold
-    it): the spec with the dtype and, for fixed-size lists, the shape the column holds."""
+    it): the spec with the dtype and, for fixed-size lists, the shape the column holds
+    (and a feature table's column globs expanded)."""
+    spec = expanded(path, schema, spec)
     check_columns(path, schema, spec)
     if spec.columns:
         schema = with_field(path, schema, spec)
