@@ -135,35 +135,39 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def measure(work: Path, n: int) -> list[dict]:
+    """Every run of the table of ``n`` rows built under ``work``, one after another."""
+    build(n, work / "data")
+    cols, vec = work / "data" / "cols", work / "data" / "vec"
+    runs = [("pandas", "drop_duplicates", lambda o: peer("pandas", PANDAS, cols, o, n)),
+            ("duckdb", "DISTINCT ON", lambda o: peer("duckdb", DUCKDB, cols, o, n)),
+            ("tensordedup", "exact, 33 columns", lambda o: job(cols, o, COLUMNS, False)),
+            ("tensordedup", "exact, one list column", lambda o: job(vec, o, "vec", False)),
+            ("tensordedup", "exact + near l2 0.01, 33 columns",
+             lambda o: job(cols, o, COLUMNS, True)),
+            ("tensordedup", "exact + near l2 0.01, one list column",
+             lambda o: job(vec, o, "vec", True))]
+    rows, oracle = [], None
+    for k, (tool, run, fn) in enumerate(runs):
+        r = fn(work / f"out-{k}")
+        ids = r.pop("exact_ids", None)
+        oracle = ids if tool == "pandas" else oracle
+        r |= {"tool": tool, "run": run, "rows": n,
+              "same": None if ids is None or oracle is None else ids == oracle}
+        if r["rc"] == 0:
+            r.pop("stderr_tail")
+        rows.append(r)
+        print(f"{tool} {run}: {r['wall_s']:.1f} s, rc {r['rc']}", file=sys.stderr)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--json", default="bench-features.json")
     a = ap.parse_args()
-    rows = []
     with tempfile.TemporaryDirectory(prefix="bench-features-") as tmp:
-        work = Path(tmp)
-        build(a.rows, work / "data")
-        cols, vec = work / "data" / "cols", work / "data" / "vec"
-        runs = [("pandas", "drop_duplicates", lambda o: peer("pandas", PANDAS, cols, o, a.rows)),
-                ("duckdb", "DISTINCT ON", lambda o: peer("duckdb", DUCKDB, cols, o, a.rows)),
-                ("tensordedup", "exact, 33 columns", lambda o: job(cols, o, COLUMNS, False)),
-                ("tensordedup", "exact, one list column", lambda o: job(vec, o, "vec", False)),
-                ("tensordedup", "exact + near l2 0.01, 33 columns",
-                 lambda o: job(cols, o, COLUMNS, True)),
-                ("tensordedup", "exact + near l2 0.01, one list column",
-                 lambda o: job(vec, o, "vec", True))]
-        oracle = None
-        for k, (tool, run, fn) in enumerate(runs):
-            r = fn(work / f"out-{k}")
-            ids = r.pop("exact_ids", None)
-            oracle = ids if tool == "pandas" else oracle
-            r |= {"tool": tool, "run": run, "rows": a.rows,
-                  "same": None if ids is None or oracle is None else ids == oracle}
-            if r["rc"] == 0:
-                r.pop("stderr_tail")
-            rows.append(r)
-            print(f"{tool} {run}: {r['wall_s']:.1f} s, rc {r['rc']}", file=sys.stderr)
+        rows = measure(Path(tmp), a.rows)
     print(table(rows))
     Path(a.json).write_text(json.dumps({"rows": rows}, indent=1))
 
