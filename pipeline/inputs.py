@@ -49,7 +49,7 @@ HDF5_BLOCKS = 1 << 20  # user blocks (powers of 2) this large at most are looked
 PARQUET_MAGIC = b"PAR1"
 PARQUET_ENCRYPTED = b"PARE"  # a Parquet file with an encrypted footer
 _FORMAT_NAMES = {"parquet": "Parquet", "tfrecord": "TFRecord", "hdf5": "HDF5",
-                 "jsonl": "JSON lines", "arrow": "Arrow IPC"}
+                 "jsonl": "JSON lines", "arrow": "Arrow IPC", "csv": "CSV"}
 # What a file that is none of the formats is, for the one line that refuses it.
 _OTHER_KINDS = ((b"\xff\xff\xff\xff", "binary data"),
                 (b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"),
@@ -86,7 +86,7 @@ def sniff(head: bytes) -> Sniffed | None:
     if arrow is not None:
         return Sniffed("arrow", "it starts with ARROW1" if arrow == "file" else
                        "it starts as an Arrow IPC stream (Hugging Face save_to_disk) does")
-    if head and shows_jsonl(head):
+    if head and head_text(head) and shows_jsonl(head):  # (a bz2 head alone shows no text)
         codec = codec_of(head)
         return Sniffed("jsonl", f"its first line{f' after {codec} decompression' if codec else ''}"
                        " is a JSON object")
@@ -130,7 +130,9 @@ _NEEDS = {"parquet": "a Parquet file starts with PAR1",
                       "after gzip or zlib decompression), or is empty",
           "jsonl": "a JSON lines file's first line is a JSON object, {...} (also after gzip, "
                    "bz2 or zstd compression), or it is empty",
-          "arrow": "an Arrow IPC file starts with ARROW1, a stream with ff ff ff ff"}
+          "arrow": "an Arrow IPC file starts with ARROW1, a stream with ff ff ff ff",
+          "csv": "a CSV file is text named .csv or .tsv (also .gz, .bz2 or .zst), its "
+                 "first line the header"}
 
 
 def _shows_format(path: str, head: bytes, fmt: str) -> bool:
@@ -140,7 +142,19 @@ def _shows_format(path: str, head: bytes, fmt: str) -> bool:
         return shows_tfrecord(head)
     if fmt == "hdf5" and len(head) == HEAD_BYTES:
         return _hdf5_further(path)
+    if fmt == "csv":  # UTF-8 text (a cell may hold any character but NUL) by its name
+        return _table_kind(path) == "CSV" and (text := head_text(head, path)) is not None \
+            and b"\0" not in text and _utf8(text)
     return fmt == "jsonl" and shows_jsonl(head, path)
+
+
+def _utf8(head: bytes) -> bool:
+    """Whether a file's first bytes are UTF-8 (the last character may be cut off)."""
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start >= len(head) - 3
+    return True
 
 
 def _head(path: str, key: str) -> bytes:
@@ -206,14 +220,8 @@ def _not_the_format(files: list[str], unknown: list[tuple[str, bytes]], fmt: str
     if not head:
         fix = (f"remove {it} or write {it} again ({name} writers never write 0 bytes, even "
                "for no records: an interrupted write or copy?)")
-    elif table and len(unknown) == len(files):  # the user's data, in a format not read
-        base = posixpath.basename(path)
-        module, read = _READS[table]
-        fix = (f"{table} is not read: write it as Parquet first, e.g. python -c \"import "
-               f"pyarrow.{module} as r, pyarrow.parquet as pq; pq.write_table(r."
-               f"{read.format(base)}, '{_stem(base)}.parquet')\", and set {key} to the "
-               "Parquet files" + (
-                   "" if fmt == "parquet" else f" and {key.partition('.')[0]}.format: parquet"))
+    elif table and len(unknown) == len(files):  # the user's data, in another format
+        fix = f"{table} files are read with {key.partition('.')[0]}.format: csv"
     elif len(unknown) == len(files) and all(image_kind(h) for _, h in unknown):
         fix = _image_index(pattern, key.partition(".")[0])
     elif (text := head_text(head)) is not None and text.lstrip()[:1] == b"[" and len(
@@ -252,15 +260,15 @@ def _image_index(pattern: str, section: str) -> str:
 
 _MARKERS = ("_SUCCESS", "_committed_*", "_started_*", "*.crc")
 _SAVED_META = ("dataset_info.json", "state.json", "dataset_dict.json")
-# Tables in formats the job does not read, and how pyarrow reads each (the fix's command)
-_READS = {"CSV": ("csv", "read_csv('{}')")}
-_TABLE_NAMES = (("CSV", ("*.csv",)),)
+# Tables that tell their format by their name (text holds no magic number)
+_TABLE_NAMES = (("CSV", ("*.csv", "*.tsv")),)
 
 
 def _table_kind(path: str) -> str | None:
-    """A table in a format the job does not read (a key of ``_READS``), by the file's
-    name (.gz / .bz2 too, which pyarrow's readers decompress)."""
-    base = posixpath.basename(path).lower().removesuffix(".gz").removesuffix(".bz2")
+    """A table format told by the file's name (``_TABLE_NAMES``; compressed: .gz, .bz2,
+    .zst too)."""
+    base = posixpath.basename(path).lower().removesuffix(".gz").removesuffix(
+        ".bz2").removesuffix(".zst")
     for kind, globs in _TABLE_NAMES:
         if any(fnmatch.fnmatch(base, g) for g in globs):
             return kind
@@ -323,7 +331,7 @@ def check_first_ids(files: list[str], column: str, fmt: str = "parquet") -> None
     the work. Files on an object store are left to the job: the checks before any work
     read their heads and footers only."""
     def first_ids(path: str) -> list:
-        if fmt in ("jsonl", "arrow"):
+        if fmt in ("jsonl", "arrow", "csv"):
             first_values = importlib.import_module(f"transforms.io.formats.{fmt}").first_values
             return first_values(path, column)[:FIRST_IDS]
         with pa.OSFile(path) as f:
@@ -552,7 +560,7 @@ def common_dir(files: list[str]) -> str:
 
 
 GLOBS = {"parquet": "*.parquet", "tfrecord": "*.tfrecord*", "hdf5": "*.h5",  # for hints
-         "jsonl": "*.jsonl*", "arrow": "*.arrow"}
+         "jsonl": "*.jsonl*", "arrow": "*.arrow", "csv": "*.csv*"}
 
 
 def list_files(pattern: str, key: str, timeout: float, fmt: str = "parquet") -> list[str]:

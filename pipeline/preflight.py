@@ -206,7 +206,7 @@ def _check_ours(key: str, target: str, found: list[str] | None,
 # What clean shards of any input format are called (``_check_ours``' words for them)
 _SHARD_EXTENSIONS = {"parquet", "h5", "hdf5", "tfrecord", "tfrecord.gz", "tfrecord.zlib",
                      "tfrecords", "arrow", "feather",
-                     *(f"{e}{z}" for e in ("jsonl", "ndjson", "json")
+                     *(f"{e}{z}" for e in ("jsonl", "ndjson", "json", "csv", "tsv")
                        for z in ("", ".gz", ".bz2", ".zst"))}
 
 
@@ -479,7 +479,7 @@ def prepare(cfg: DedupeConfig) -> Job:
                         cfg.near is None and holds_sequences(files[0], cfg.input, timeout))
     checked = inspect_files(files, cfg.input, spec, "input.path", timeout)
     spec = expanded_columns(files, checked, spec)
-    if cfg.input.format in ("parquet", "jsonl", "arrow") and spec.id is not None:
+    if cfg.input.format in ("parquet", "jsonl", "arrow", "csv") and spec.id is not None:
         check_first_ids(files, spec.id, cfg.input.format)
     first = first_known(checked)
     resolved = checked[first]

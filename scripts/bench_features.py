@@ -1,7 +1,8 @@
 """A feature table (one numeric column per feature, as pandas writes a DataFrame)
 deduplicated by the job (``input.tensor: [f00, ..., visits]``) against the tools people
 use for it: pandas' ``drop_duplicates`` and DuckDB's ``DISTINCT ON``, whole processes one
-after another, each reading the same Parquet files and writing the kept rows as Parquet.
+after another, each reading the same Parquet files and writing the kept rows as Parquet,
+then the same table as CSV files (each writing CSV).
 
 The table: ``--rows`` rows of 32 float64 features drawn around 1,000 centres at
 different scales, an int64 count and a text column; 5% of the rows are exact copies of
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pv
 import pyarrow.parquet as pq
 import yaml
 
@@ -63,11 +65,14 @@ def build(n: int, data: Path, seed: int = 0) -> None:
     vec = np.concatenate([x, visits[:, None]], axis=1).reshape(-1)
     twin = pa.table({"id": cols["id"], "vec": pa.FixedSizeListArray.from_arrays(
         pa.array(vec), len(COLUMNS)), "note": cols["note"]})
-    for folder, t in ((data / "cols", table), (data / "vec", twin)):
+    for folder, t in ((data / "cols", table), (data / "vec", twin), (data / "csv", table)):
         folder.mkdir(parents=True)
         size = -(-n // FILES)
         for i in range(FILES):
-            pq.write_table(t.slice(i * size, size), folder / f"part-{i}.parquet")
+            if folder.name == "csv":
+                pv.write_csv(t.slice(i * size, size), folder / f"part-{i}.csv")
+            else:
+                pq.write_table(t.slice(i * size, size), folder / f"part-{i}.parquet")
 
 
 def _timed(cmd: list[str], log: Path) -> dict:
@@ -79,10 +84,10 @@ def _timed(cmd: list[str], log: Path) -> dict:
     return r
 
 
-def job(data: Path, out: Path, tensor, near: bool) -> dict:
+def job(data: Path, out: Path, tensor, near: bool, fmt: str = "parquet") -> dict:
     """One whole CLI job; its removals (ids, exact ones apart)."""
     out.mkdir(parents=True)
-    cfg = {"input": {"format": "parquet", "path": str(data / "*.parquet"), "tensor": tensor,
+    cfg = {"input": {"format": fmt, "path": str(data / f"*.{fmt}"), "tensor": tensor,
                      "id": "id"},
            "output": {"path": str(out / "clean")}, "report": str(out / "report")}
     if near:
@@ -100,27 +105,31 @@ def job(data: Path, out: Path, tensor, near: bool) -> dict:
 
 PANDAS = """
 import glob, sys, pandas as pd
-files = sorted(glob.glob(sys.argv[1] + "/*.parquet"))
-df = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+fmt = sys.argv[4]
+files = sorted(glob.glob(sys.argv[1] + "/*." + fmt))
+df = pd.concat([getattr(pd, "read_" + fmt)(f) for f in files], ignore_index=True)
 dup = df.duplicated(subset=sys.argv[3].split(","), keep="first")
-df[~dup].to_parquet(sys.argv[2] + "/kept.parquet", index=False)
+getattr(df[~dup], "to_" + fmt)(sys.argv[2] + "/kept." + fmt, index=False)
 open(sys.argv[2] + "/removed.txt", "w").write("\\n".join(sorted(df["id"][dup])))
 """
 
 DUCKDB = """
 import sys, duckdb
-cols = ", ".join(sys.argv[3].split(","))
-duckdb.sql(f"COPY (SELECT DISTINCT ON ({cols}) * FROM read_parquet('{sys.argv[1]}/*.parquet'))"
-           f" TO '{sys.argv[2]}/kept.parquet' (FORMAT parquet)")
+cols, fmt = ", ".join(sys.argv[3].split(",")), sys.argv[4]
+duckdb.sql(f"COPY (SELECT DISTINCT ON ({cols}) * FROM read_{fmt}('{sys.argv[1]}/*.{fmt}'))"
+           f" TO '{sys.argv[2]}/kept.{fmt}' (FORMAT {fmt})")
 """
 
 
-def peer(name: str, source: str, data: Path, out: Path, rows: int) -> dict:
+def peer(name: str, source: str, data: Path, out: Path, rows: int,
+         fmt: str = "parquet") -> dict:
     out.mkdir(parents=True)
-    r = _timed([sys.executable, "-c", source, str(data), str(out), ",".join(COLUMNS)],
+    r = _timed([sys.executable, "-c", source, str(data), str(out), ",".join(COLUMNS), fmt],
                out / "stderr.log")
     if r["rc"] == 0:
-        r["removed"] = rows - pq.ParquetFile(out / "kept.parquet").metadata.num_rows
+        kept = out / f"kept.{fmt}"
+        r["removed"] = rows - (pq.ParquetFile(kept).metadata.num_rows if fmt == "parquet"
+                               else pv.read_csv(kept).num_rows)
         if (out / "removed.txt").exists():
             r["exact_ids"] = sorted((out / "removed.txt").read_text().split())
     return r
@@ -138,7 +147,7 @@ def table(rows: list[dict]) -> str:
 def measure(work: Path, n: int) -> list[dict]:
     """Every run of the table of ``n`` rows built under ``work``, one after another."""
     build(n, work / "data")
-    cols, vec = work / "data" / "cols", work / "data" / "vec"
+    cols, vec, csv = work / "data" / "cols", work / "data" / "vec", work / "data" / "csv"
     runs = [("pandas", "drop_duplicates", lambda o: peer("pandas", PANDAS, cols, o, n)),
             ("duckdb", "DISTINCT ON", lambda o: peer("duckdb", DUCKDB, cols, o, n)),
             ("tensordedup", "exact, 33 columns", lambda o: job(cols, o, COLUMNS, False)),
@@ -146,12 +155,17 @@ def measure(work: Path, n: int) -> list[dict]:
             ("tensordedup", "exact + near l2 0.01, 33 columns",
              lambda o: job(cols, o, COLUMNS, True)),
             ("tensordedup", "exact + near l2 0.01, one list column",
-             lambda o: job(vec, o, "vec", True))]
+             lambda o: job(vec, o, "vec", True)),
+            ("pandas", "CSV: drop_duplicates", lambda o: peer("pandas", PANDAS, csv, o, n, "csv")),
+            ("duckdb", "CSV: DISTINCT ON", lambda o: peer("duckdb", DUCKDB, csv, o, n, "csv")),
+            ("tensordedup", "CSV: exact, 33 columns", lambda o: job(csv, o, COLUMNS, False, "csv")),
+            ("tensordedup", "CSV: exact + near l2 0.01, 33 columns",
+             lambda o: job(csv, o, COLUMNS, True, "csv"))]
     rows, oracle = [], None
     for k, (tool, run, fn) in enumerate(runs):
         r = fn(work / f"out-{k}")
         ids = r.pop("exact_ids", None)
-        oracle = ids if tool == "pandas" else oracle
+        oracle = ids if tool == "pandas" and oracle is None else oracle
         r |= {"tool": tool, "run": run, "rows": n,
               "same": None if ids is None or oracle is None else ids == oracle}
         if r["rc"] == 0:

@@ -117,22 +117,18 @@ def test_a_json_array_is_told_how_to_write_json_lines(tmp_path, capsys):
     assert summary(tmp_path)["removed_exact"] == 12
 
 
-def test_csv_input_is_told_how_to_convert(tmp_path, capsys):
-    """A table a user has as CSV: exit 2 before any work with the command that writes it
-    as Parquet, which, run as given, makes an input the job reads."""
-    import subprocess
-
+def test_csv_input_under_another_format_is_told_to_set_csv(tmp_path, capsys):
+    """A table a user has as CSV, run with input.format: parquet: exit 2 before any work
+    naming input.format: csv, which, set as told, reads every record."""
     path = tmp_path / "in" / "labels.csv"
     path.parent.mkdir()
     path.write_text("id,value\n" + "".join(f"r{i},{i % 7}\n" for i in range(30)))
-    assert run_job(tmp_path, "parquet", str(path), input={"tensor": "text",
-                                                           "decode": "text"}) == 2
+    assert run_job(tmp_path, "parquet", str(path), input={"tensor": ["value"]}) == 2
     (err,) = capsys.readouterr().err.splitlines()
-    assert "CSV is not read: write it as Parquet first, e.g. python -c " in err, err
-    command = err.split('python -c "')[1].split('"')[0]
-    subprocess.run([sys.executable, "-c", command], cwd=path.parent, check=True)
-    converted = pq.read_table(path.parent / "labels.parquet")
-    assert converted.num_rows == 30 and converted.column_names == ["id", "value"]
+    assert err.endswith("CSV files are read with input.format: csv"), err
+    assert run_job(tmp_path, "csv", str(path), input={"tensor": ["value"]}) == 0
+    assert summary(tmp_path)["read"] == 30
+    assert summary(tmp_path)["removed_exact"] == 23  # values 0..6: 7 kept
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "tfrecord"])

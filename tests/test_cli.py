@@ -42,11 +42,11 @@ def one_error_line(capsys) -> str:
      "unknown key near.probe: did you mean near.probes?"),
     ((), {"input": {"tensr": "emb"}}, "unknown key input.tensr: did you mean input.tensor?"),
     (("input.format=ndjson",), {}, "'input.format': 'ndjson' is not one of parquet, tfrecord, "
-     "hdf5, jsonl, arrow: JSON lines (one object per line) are read with input.format: jsonl"),
-    (("input.format=CSV",), {}, "'CSV' is not read (the job reads parquet, tfrecord, hdf5, "
-     "jsonl, arrow): write the files as Parquet first (pyarrow.csv.read_csv"),
+     "hdf5, jsonl, arrow, csv: JSON lines (one object per line) are read with input.format: jsonl"),
+    (("input.format=CSV",), {}, "'CSV' is not one of parquet, tfrecord, hdf5, jsonl, arrow, "
+     "csv: delimited text with a header line (comma or tab) is read with input.format: csv"),
     (("input.format=jpg",), {}, "'jpg' is not read (the job reads parquet, tfrecord, hdf5, "
-     "jsonl, arrow): image files are read through a Parquet index of their paths"),
+     "jsonl, arrow, csv): image files are read through a Parquet index of their paths"),
     (("near.metric=allclose", "near.mode=fast"), {}, "config key 'near.mode'"),
     (("near.metric=allclose", "near.probes=0"), {}, "config key 'near.probes'"),
     (("near.metric=allclose", "near.device=tpu"), {}, "config key 'near.device'"),
@@ -228,7 +228,7 @@ def test_help_documents_every_key():
 
 def test_subprocess_bad_config_has_no_traceback(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("input: {format: csv, path: x, tensor: t}\noutput: {path: o}\nreport: r\n")
+    cfg.write_text("input: {format: excel, path: x, tensor: t}\noutput: {path: o}\nreport: r\n")
     r = subprocess.run([sys.executable, "-m", "pipeline.run", "--config", str(cfg)], cwd=ROOT,
                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 2

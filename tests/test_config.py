@@ -49,7 +49,7 @@ def test_set_overrides_any_key(tmp_path):
     ({"near": {"threshold": 0.7}}, "'near.metric' is missing: add it (allclose | l2 | cosine"),
     ({"input": {k: v for k, v in GOOD["input"].items() if k != "format"}},
      "'input.format' is missing: add it (file format of the input: parquet | tfrecord"),
-    ({"input": {**GOOD["input"], "format": "csv"}}, "input.format"),
+    ({"input": {**GOOD["input"], "format": "excel"}}, "input.format"),
     ({"input": {**GOOD["input"], "dtype": "float8"}}, "unknown dtype 'float8'"),
     ({"input": {**GOOD["input"], "shape": [-1]}}, "input.shape"),
     ({"keep": {"max": "a", "min": "b"}}, "exactly one"),

@@ -291,7 +291,7 @@ def _unknown_key(loc: tuple) -> str:
 
 
 # Table formats users keep texts in, named as input.format, and the pyarrow reader of each
-_TABLE_READERS = dict.fromkeys(("csv", "tsv"), "pyarrow.csv.read_csv")
+_CSV_NAMES = ("csv", "tsv", "txt", "text", "tab")
 _ARROW_NAMES = ("feather", "ipc", "hf", "huggingface", "datasets")
 
 
@@ -337,7 +337,6 @@ def _describe(err: ValidationError) -> str:
     if kind == "literal_error" and isinstance(first["input"], str):
         allowed = re.findall(r"'([^']*)'", first["ctx"]["expected"])
         named = first["input"].lower().lstrip(".")
-        reader = _TABLE_READERS.get(named)
         if parts[-1:] == ["format"] and named in _IMAGE_FILES:
             return (f"config key '{key}': {first['input']!r} is not read (the job reads "
                     f"{', '.join(allowed)}): image files are read through a Parquet index "
@@ -352,11 +351,10 @@ def _describe(err: ValidationError) -> str:
             return (f"config key '{key}': {first['input']!r} is not one of "
                     f"{', '.join(allowed)}: Arrow IPC files and streams (Feather v2, Hugging "
                     f"Face save_to_disk) are read with {key}: arrow")
-        if parts[-1:] == ["format"] and reader:  # texts kept as CSV
-            return (f"config key '{key}': {first['input']!r} is not read (the job reads "
-                    f"{', '.join(allowed)}): write the files as Parquet first "
-                    f"({reader}, then pyarrow.parquet.write_table; a text column is read "
-                    f"with input.decode: text) and set {key}: parquet")
+        if parts[-1:] == ["format"] and named in _CSV_NAMES:
+            return (f"config key '{key}': {first['input']!r} is not one of "
+                    f"{', '.join(allowed)}: delimited text with a header line (comma or "
+                    f"tab) is read with {key}: csv")
         near = difflib.get_close_matches(first["input"].lower(), allowed, n=1, cutoff=0.6)
         if near:
             return (f"config key '{key}': {first['input']!r} is not one of "

@@ -53,15 +53,16 @@ _DECODED = {"image": "uint8 pixels", "bytes": "a uint8 vector of the stored byte
 
 
 class InputConfig(Strict):
-    format: Literal["parquet", "tfrecord", "hdf5", "jsonl", "arrow"] = Field(
+    format: Literal["parquet", "tfrecord", "hdf5", "jsonl", "arrow", "csv"] = Field(
         description="file format of the input: parquet | tfrecord | hdf5 | jsonl (JSON "
                     "lines, also gzip, bz2 or zstd compressed) | arrow (Arrow IPC files "
-                    "and streams: Hugging Face save_to_disk)")
+                    "and streams: Hugging Face save_to_disk) | csv (.csv or .tsv with a "
+                    "header line, also compressed)")
     path: HomePath = Field(description="glob of input files: a local path or any Beam filesystem "
                       "(gs://, s3://); '{run_id}' is replaced by the run id")
     tensor: str | list[str] = Field(
         description="Parquet column / tf.train.Example feature / HDF5 dataset; or a list of "
-                    "numeric columns (parquet, arrow, jsonl) whose values make each record's "
+                    "numeric columns (parquet, arrow, jsonl, csv) whose values make each record's "
                     "vector, one per column (a feature table)")
     id: str | None = Field(None, description="column/feature with a record id; "
                            "default '<file path>:<index in file>'")
@@ -127,9 +128,9 @@ class InputConfig(Strict):
     def _feature_columns(self) -> InputConfig:
         if not self.columns:
             return self
-        if self.format not in ("parquet", "arrow", "jsonl"):
-            raise ValueError(f"input.tensor: a list of columns is read from parquet, arrow "
-                             f"and jsonl tables; a {self.format} record's tensor is one "
+        if self.format not in ("parquet", "arrow", "jsonl", "csv"):
+            raise ValueError(f"input.tensor: a list of columns is read from parquet, arrow, "
+                             f"jsonl and csv tables; a {self.format} record's tensor is one "
                              "feature or dataset: name it (a string)")
         if self.decode != "none":
             raise ValueError(f"input.tensor: a list of columns makes a vector of their "

@@ -29,11 +29,11 @@ import os
 import re
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from itertools import chain
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -70,15 +70,15 @@ def codec_of(head: bytes) -> str | None:
 
 def head_text(head: bytes, path: str | None = None) -> bytes | None:
     """A file's first bytes decompressed as far as they go (None: not decompressible). A
-    zstd block is decoded whole, so its head alone may not be: then, given ``path``,
-    the file's first decompressed bytes."""
+    zstd or bz2 block is decoded whole, so its head alone may not be: then, given
+    ``path``, the file's first decompressed bytes."""
     codec = codec_of(head)
     try:
         if codec == "gzip":
             return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 1 << 16)
-        if codec == "bz2":
+        if codec == "bz2" and path is None:
             return bz2.BZ2Decompressor().decompress(head, 1 << 16)
-        if codec == "zstd" and path is not None:
+        if codec in ("zstd", "bz2") and path is not None:
             with opened(path) as (stream, _):
                 return stream.read(1 << 16)
         if codec == "zstd":
@@ -273,23 +273,24 @@ def _words_all(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name}: {_words(f.type)}" for f in schema)
 
 
-def _parsed(lines: list[bytes], first: int, schema: pa.Schema
+def _parsed(lines: list[bytes], first: int, schema: pa.Schema, dialect: Dialect | None = None
             ) -> Iterator[tuple[int, pa.Table | str]]:
     """(first position, table) for runs of lines that parse, (position, reason) for each
     line that does not, in order: a failed block is halved until its bad lines stand
     alone, so a bad line costs a few parses, not a block."""
     if not lines:
         return
+    d = dialect or JSON
     try:
-        yield first, _parse(lines, schema)
+        yield first, d.parse(lines, schema)
         return
     except pa.ArrowInvalid as e:
         if len(lines) == 1:
-            yield first, _why(lines[0], e, schema)
+            yield first, d.why(lines[0], e, schema)
             return
     half = len(lines) // 2
-    yield from _parsed(lines[:half], first, schema)
-    yield from _parsed(lines[half:], first + half, schema)
+    yield from _parsed(lines[:half], first, schema, d)
+    yield from _parsed(lines[half:], first + half, schema, d)
 
 
 def _runs(items: Iterator[tuple[int, pa.Table | str]]) -> Iterator[tuple[int, pa.Table | str]]:
@@ -310,26 +311,34 @@ def _runs(items: Iterator[tuple[int, pa.Table | str]]) -> Iterator[tuple[int, pa
         yield start, pa.concat_tables(held)
 
 
-def sample(path: str) -> tuple[pa.Schema, list[bytes]] | None:
+Sample = tuple[pa.Schema, list[bytes]] | None
+
+
+def sample(path: str) -> Sample:
     """(the fields' types in the file's first lines, objects inside objects as structs
     (``flat`` names their fields), those lines) or None when the file
     holds no line (or none that parses) near its start: ``read`` reports it. The checks
     before any work ask it of each file three or four times (types, first value, ids,
     sequences): a file's answer is kept while its size and time stay (on an object
     store a metadata request each time, not a read of its first megabyte)."""
+    return kept_sample(path, _sample)
+
+
+def kept_sample(path: str, make: Callable[[str], Sample]) -> Sample:
+    """``make(path)``, kept while the file's size and time stay."""
     try:
         if fs.is_local(path):
             st = os.stat(path)
-            return _kept_sample(path, st.st_size, st.st_mtime_ns)
+            return _kept_sample(path, st.st_size, st.st_mtime_ns, make)
         m = fs.beam_filesystems().get_filesystem(path).metadata(path)
-        return _kept_sample(path, m.size_in_bytes, m.last_updated_in_seconds)
+        return _kept_sample(path, m.size_in_bytes, m.last_updated_in_seconds, make)
     except OSError:  # (Beam's BeamIOError is one): read reports it
-        return _sample(path)
+        return make(path)
 
 
 @functools.lru_cache(maxsize=16)
-def _kept_sample(path: str, size: int, mtime: float) -> tuple[pa.Schema, list[bytes]] | None:
-    return _sample(path)
+def _kept_sample(path: str, size: int, mtime: float, make: Callable[[str], Sample]) -> Sample:
+    return make(path)
 
 
 def _sample(path: str) -> tuple[pa.Schema, list[bytes]] | None:
@@ -360,22 +369,46 @@ def _sample(path: str) -> tuple[pa.Schema, list[bytes]] | None:
                          ), lines
 
 
-def pieces(unit: Unit, spec: TensorSpec, rows: int, max_bytes: int | None
-           ) -> Iterator[tuple[int, pa.Table] | InvalidRecord]:
+class Bad(str):
+    """A line a dialect's ``records`` knows is no record before parsing it, and why."""
+
+
+class Dialect(NamedTuple):
+    """What tells one line-per-record format from another (JSON lines, CSV): the first
+    lines' fields (``sample``), the fields to parse (``schema``), the records' lines
+    (``records``: lines, a ``Bad`` reason for a line that is no record, or a reason
+    that ends the file), a block's table (``parse``) and a bad line's reason (``why``)."""
+
+    sample: Callable[[str], Sample]
+    schema: Callable[[pa.Schema, TensorSpec], pa.Schema]
+    records: Callable[[str], Iterator[tuple[int, bytes | str]]]
+    parse: Callable[[list[bytes], pa.Schema], pa.Table]
+    why: Callable[[bytes, Exception, pa.Schema], str]
+
+
+def pieces(unit: Unit, spec: TensorSpec, rows: int, max_bytes: int | None,
+           dialect: Dialect | None = None) -> Iterator[tuple[int, pa.Table] | InvalidRecord]:
     """The unit's records as (first position, table of consecutive records) and an
     InvalidRecord for each bad line (or the unreadable rest, or the whole file), in
     order; blocks of at most ``rows`` lines and ``max_bytes`` of them."""
-    found = sample(unit.path)
-    schema = _schema(found[0] if found else pa.schema([]), spec)
+    d = dialect or JSON
+    found = d.sample(unit.path)
+    schema = d.schema(found[0] if found else pa.schema([]), spec)
     block: list[bytes] = []
     size = first = 0
 
     def parsed() -> Iterator[tuple[int, pa.Table] | InvalidRecord]:
-        for at, got in _runs(_parsed(block, first, schema)):
+        for at, got in _runs(_parsed(block, first, schema, d)):
             yield (at, got) if isinstance(got, pa.Table) else InvalidRecord(
                 at, default_id(unit.path, at), got)
 
-    for position, line in records(unit.path):
+    for position, line in d.records(unit.path):
+        if isinstance(line, Bad):
+            yield from parsed()
+            block.clear()
+            size = 0
+            yield InvalidRecord(position, default_id(unit.path, position), str(line))
+            continue
         if isinstance(line, str):
             yield from parsed()
             block.clear()
@@ -391,6 +424,9 @@ def pieces(unit: Unit, spec: TensorSpec, rows: int, max_bytes: int | None
             block.clear()
             size = 0
     yield from parsed()
+
+
+JSON = Dialect(sample, _schema, records, _parse, _why)
 
 
 # ---------------------------------------------------------------------------- the format
