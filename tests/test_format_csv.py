@@ -9,8 +9,6 @@ the oracle of the decisions (its readers are checked against brute force elsewhe
 
 from __future__ import annotations
 
-import bz2
-import gzip
 import json
 
 import numpy as np
@@ -21,21 +19,10 @@ import pytest
 
 from tests.jobkit import report, run_job
 from tests.test_feature_columns import _table
+from tests.test_format_jsonl import _raw
 from tests.textkit import crawl_corpus, package_texts
 
 SUFFIXES = ("", ".gz", ".bz2", ".zst")
-
-
-def _raw(path) -> bytes:
-    name = str(path)
-    if name.endswith(".gz"):
-        return gzip.decompress(path.read_bytes())
-    if name.endswith(".bz2"):
-        return bz2.decompress(path.read_bytes())
-    if name.endswith(".zst"):
-        with pa.CompressedInputStream(pa.OSFile(name), "zstd") as f:
-            return f.read()
-    return path.read_bytes()
 
 
 def _write(df: pd.DataFrame, path, sep: str = ",") -> None:

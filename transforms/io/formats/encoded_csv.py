@@ -4,8 +4,9 @@ table's strings becoming values as a Parquet string column's do."""
 
 from __future__ import annotations
 
-from transforms.io.formats.base import TensorSpec, Unit
+from transforms.io.formats.base import TensorSpec
 from transforms.io.formats.csv import pieces, sample
+from transforms.io.formats.encoded_jsonl import first_value
 from transforms.io.formats.encoded_parquet import check_value_schema, reading
 
 read_values, values_at = reading(pieces)
@@ -18,8 +19,4 @@ def check(path: str, spec: TensorSpec) -> tuple[str, str] | None:
     if found is None:
         return None
     check_value_schema(path, found[0], spec)
-    for vals in read_values(Unit(0, path), spec, len(found[1]), 1 << 62):
-        if vals.values:
-            return vals.values[0], f"column {spec.tensor!r}"
-        break
-    return None
+    return first_value(read_values, path, spec, len(found[1]), f"column {spec.tensor!r}")

@@ -8,7 +8,9 @@ values as a Parquet string column's do (``encoded_parquet.table_values``).
 
 from __future__ import annotations
 
-from transforms.io.formats.base import TensorSpec, Unit
+from collections.abc import Callable, Iterator
+
+from transforms.io.formats.base import TensorSpec, Unit, Values
 from transforms.io.formats.encoded_parquet import (
     check_value_schema,
     reading,
@@ -26,8 +28,14 @@ def check(path: str, spec: TensorSpec) -> tuple[str, str] | None:
         return None
     with in_fields():
         check_value_schema(path, flat(found[0]), spec)
-    for vals in read_values(Unit(0, path), spec, len(found[1]), 1 << 62):
+    return first_value(read_values, path, spec, len(found[1]), f"field {spec.tensor!r}")
+
+
+def first_value(read_values: Callable[..., Iterator[Values]], path: str, spec: TensorSpec,
+                lines: int, where: str) -> tuple[str, str] | None:
+    """(the first of a file's first ``lines`` values, ``where``), or None if none is one."""
+    for vals in read_values(Unit(0, path), spec, lines, 1 << 62):
         if vals.values:
-            return vals.values[0], f"field {spec.tensor!r}"
+            return vals.values[0], where
         break
     return None
