@@ -10,6 +10,7 @@ the oracle of the decisions (its readers are checked against brute force elsewhe
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -183,3 +184,40 @@ def test_checks_before_any_work(tmp_path, capsys):
         line = one_error_line(capsys)
         assert want in line, line
         assert nothing_written(tmp_path)
+
+
+def test_a_csv_with_no_header_is_told_how_to_add_one(tmp_path, capsys):
+    """scikit-learn's digits.csv.gz (8x8 images as 64 counts and a label per line, no
+    header line): exit 2 before any work with the command that adds one; run as given,
+    the job reads every row under a glob of the new names and finds pandas' exact
+    copies; a glob over columns that share a name is refused, naming it."""
+    import shutil
+    import subprocess
+    import sys
+
+    import sklearn
+
+    from tests.test_checks import one_error_line
+
+    src = tmp_path / "in" / "digits.csv.gz"
+    src.parent.mkdir()
+    shutil.copy(Path(sklearn.__file__).parent / "datasets" / "data" / "digits.csv.gz", src)
+    assert run_job(tmp_path, "csv", str(src), input={"tensor": ["*"], "id": None}) == 2
+    line = one_error_line(capsys)
+    assert "its first line (0, 0, 5, 13, ...) is numbers, not a header" in line, line
+    subprocess.run([sys.executable, "-c", line.split('python -c "')[1].split('"')[0]],
+                   cwd=src.parent, check=True)
+    src.unlink()
+    headed = src.parent / "digits-header.csv.gz"
+    assert run_job(tmp_path, "csv", str(headed), input={"tensor": ["c*"], "id": None}) == 0
+    rows = pd.read_csv(headed)
+    dups, invalid = report(tmp_path)
+    assert invalid.num_rows == 0 and dups.num_rows == rows.duplicated().sum()
+    assert json.loads((tmp_path / "out" / "report" / "summary.json").read_text())[
+        "resolved"]["columns"] == [f"c{i}" for i in range(65)]
+
+    twice = tmp_path / "twice" / "t.csv"
+    twice.parent.mkdir()
+    twice.write_text("id,x,x,y\na,1,2,3\nb,1,2,3\n")
+    assert run_job(tmp_path / "twice", "csv", str(twice), input={"tensor": ["x*", "y"]}) == 2
+    assert "input.tensor: 'x*' matches 'x', the name of 2 columns" in one_error_line(capsys)

@@ -40,8 +40,14 @@ def expanded(path: str, schema: pa.Schema, spec: TensorSpec) -> TensorSpec:
         if not is_pattern(name):
             out.append(name)
             continue
-        hits = [c for c in schema.names if fnmatchcase(c, name) and c not in (spec.id, spec.rank)
-                and _dtype(schema.field(c).type) is not None]
+        hits = [c for c in dict.fromkeys(schema.names)
+                if fnmatchcase(c, name) and c not in (spec.id, spec.rank)]
+        shared = next((c for c in hits if len(schema.get_all_field_indices(c)) > 1), None)
+        if shared is not None:
+            raise InputError(f"{path}: input.tensor: {name!r} matches {shared!r}, the name of "
+                             f"{len(schema.get_all_field_indices(shared))} columns: rename all "
+                             "but one of them and write the file again")
+        hits = [c for c in hits if _dtype(schema.field(c).type) is not None]
         if not hits:
             raise InputError(f"{path}: input.tensor: {name!r} matches no numeric column; the "
                              f"file has columns {listed_names(schema.names)}")

@@ -190,6 +190,15 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
     found = sample(path)
     if found is None:
         return spec
+    names = json.loads(found[0].metadata[_HEADER])
+    if all(_number(n) for n in names):
+        base = path.rsplit("/", 1)[-1]
+        raise InputError(
+            f"{path}: its first line ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}) "
+            "is numbers, not a header naming the columns: a CSV file's first line is its "
+            "header; add one, e.g. python -c \"import pandas as pd; pd.read_csv('"
+            f"{base}', header=None).add_prefix('c').to_csv('{_headed(base)}', index=False)\""
+            " (columns c0, c1, ...), and read that")
     for n, line in records(path, head=True):
         if isinstance(line, jsonl.Bad):
             raise InputError(
@@ -202,6 +211,19 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
         if isinstance(line, str) or n >= jsonl.CHECK_LINES:
             break
     return check_schema(path, pa.schema(list(found[0])), spec)
+
+
+def _number(name: str) -> bool:
+    try:
+        float(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _headed(name: str) -> str:
+    stem, dot, rest = name.partition(".")
+    return f"{stem}-header{dot}{rest}"
 
 
 def first_values(path: str, name: str) -> list:
