@@ -56,7 +56,7 @@ from transforms.near.spec import NearSpec
 from transforms.near.verify import exact_distance  # noqa: E402
 
 EXT = {"parquet": "parquet", "tfrecord": "tfrecord", "hdf5": "h5", "jsonl": "jsonl",
-       "arrow": "arrow"}
+       "arrow": "arrow", "csv": "csv"}
 
 
 def write_file(fmt: str, tf_kind: str, path: Path, ids: list[str], x: np.ndarray,
@@ -88,6 +88,12 @@ def write_file(fmt: str, tf_kind: str, path: Path, ids: list[str], x: np.ndarray
                 feat = {"id": t_.Feature(bytes_list=t_.BytesList(value=[i.encode()])), "emb": emb,
                         "score": t_.Feature(float_list=t_.FloatList(value=[s]))}
                 w.write(t_.Example(features=t_.Features(feature=feat)).SerializeToString())
+    elif fmt == "csv":  # a feature table: a column per value (exact reprs), a blank line
+        head = ",".join(["id", *(f"e{j}" for j in range(x.shape[1])), "score"])
+        path.write_text(head + "\n" + "".join(
+            ",".join([i, *(repr(v) for v in t.tolist()), "" if np.isnan(s) else repr(s)])
+            + ("\n\n" if rng.random() < 0.05 else "\n")
+            for i, t, s in zip(ids, x, score.tolist(), strict=True)))
     elif fmt == "jsonl":  # Python's json (exact floats), a blank line now and then
         path.write_text("".join(json.dumps({"id": i, "emb": t.tolist(), "score": float(s)})
                                 + ("\n\n" if rng.random() < 0.05 else "\n")
@@ -122,6 +128,12 @@ def read_file(fmt: str, tf_kind: str, path: Path, dtype: np.dtype, d: int
             else:
                 rows.append(np.array(getattr(f["emb"], tf_kind).value, dtype))
         return ids, np.array(rows, dtype).reshape(-1, d)
+    if fmt == "csv":
+        import pyarrow.csv as pv
+
+        t = pv.read_csv(path)
+        cols = [t.column(f"e{j}").to_numpy().astype(dtype) for j in range(d)]
+        return t.column("id").to_pylist(), np.stack(cols, axis=1).reshape(-1, d)
     if fmt == "jsonl":
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         return [r["id"] for r in rows], np.array([r["emb"] for r in rows], dtype).reshape(-1, d)
@@ -144,9 +156,10 @@ def write_set(fmt: str, tf_kind: str, folder: Path, ids: list[str], x: np.ndarra
 
 
 def input_config(fmt: str, tf_kind: str, folder: Path, d: int, dtype: np.dtype) -> dict:
-    return {"format": fmt, "path": str(folder / f"*.{EXT[fmt]}"), "tensor": "emb", "id": "id",
+    tensor = "emb" if fmt != "csv" else ["e*"] if d % 2 else [f"e{j}" for j in range(d)]
+    return {"format": fmt, "path": str(folder / f"*.{EXT[fmt]}"), "tensor": tensor, "id": "id",
             **({"shape": [d]} if tf_kind in ("float_list", "int64_list") else {}),
-            **({"dtype": str(dtype)} if fmt == "jsonl" else {})}  # JSON numbers: no width
+            **({"dtype": str(dtype)} if fmt in ("jsonl", "csv") else {})}  # numbers: no width
 
 
 def oracle(ids: list[str], x: np.ndarray, score: np.ndarray, keep: str,
@@ -243,11 +256,11 @@ def run_case(seed: int, stats: collections.Counter, runner: dict | None = None
 
     rng = np.random.default_rng(seed)
     x, spec = random_case(rng)
-    fmt = str(rng.choice(["parquet", "tfrecord", "hdf5", "jsonl", "arrow"]))
+    fmt = str(rng.choice(["parquet", "tfrecord", "hdf5", "jsonl", "arrow", "csv"]))
     tf_kind = str(rng.choice(["serialized", "list"])) if fmt == "tfrecord" else ""
-    if fmt == "jsonl" and not np.isfinite(x.astype(np.float64)).all():
+    if fmt in ("jsonl", "csv") and not np.isfinite(x.astype(np.float64)).all():
         fmt = "parquet"  # JSON has no NaN or infinity (json.dumps writes what no parser reads)
-    if fmt in ("parquet", "jsonl", "arrow") and x.dtype in (np.float16, np.int16):
+    if fmt in ("parquet", "jsonl", "arrow", "csv") and x.dtype in (np.float16, np.int16):
         x = x.astype(np.float32)
     if tf_kind == "list":
         tf_kind = "float_list" if x.dtype.kind == "f" else "int64_list"

@@ -221,3 +221,23 @@ def test_a_csv_with_no_header_is_told_how_to_add_one(tmp_path, capsys):
     twice.write_text("id,x,x,y\na,1,2,3\nb,1,2,3\n")
     assert run_job(tmp_path / "twice", "csv", str(twice), input={"tensor": ["x*", "y"]}) == 2
     assert "input.tensor: 'x*' matches 'x', the name of 2 columns" in one_error_line(capsys)
+
+
+def test_a_header_only_file_and_an_empty_column_are_read(tmp_path):
+    """A file with a header and no row (what to_csv writes for an empty frame) first in
+    the glob tells nothing (the next file's numbers decide), and a column empty in every
+    line reads as numbers: its rows are invalid, named; under a glob both match."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.csv").write_text("id,e0,e1\n")
+    (tmp_path / "in" / "b.csv").write_text("id,e0,e1\n" + "".join(
+        f"r{i},{i % 3}.5,{i % 2}\n" for i in range(20)))
+    (tmp_path / "in" / "c.csv").write_text("id,e0,e1\n" + "".join(
+        f"s{i},{i % 3}.5,\n" for i in range(5)))
+    assert run_job(tmp_path, "csv", str(tmp_path / "in" / "*.csv"), "max_invalid_fraction=0.5",
+                   input={"tensor": ["e*"], "id": "id"}) == 0
+    dups, invalid = report(tmp_path)
+    assert invalid.column("reason").to_pylist() == ["column 'e1': null"] * 5
+    assert dups.num_rows == 20 - 6  # (i % 3, i % 2): six distinct rows
+    summary = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
+    assert summary["resolved"] == {"shape": [2], "dtype": "float64", "inputs": 3,
+                                   "columns": ["e0", "e1"]}

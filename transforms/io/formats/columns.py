@@ -57,6 +57,8 @@ def expanded(path: str, schema: pa.Schema, spec: TensorSpec) -> TensorSpec:
 
 
 def _dtype(t: pa.DataType) -> np.dtype | None:
+    if pa.types.is_null(t):  # no value in a text file's first lines: numbers, presumably
+        return np.dtype("float64")
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
         return np.dtype(t.to_pandas_dtype())
     return None

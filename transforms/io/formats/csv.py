@@ -23,6 +23,7 @@ import csv as pycsv
 import json
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -143,7 +144,7 @@ def _schema(fields: pa.Schema, spec: TensorSpec) -> pa.Schema:
     for name in read_columns(spec):
         t = fields.field(name).type if fields.get_field_index(name) >= 0 else pa.null()
         if pa.types.is_null(t):
-            t = pa.float64() if name == spec.rank else pa.string()
+            t = pa.float64() if name == spec.rank or name in spec.columns else pa.string()
         out.append(pa.field(name, t))
     return pa.schema(out, metadata=fields.metadata)
 
@@ -210,7 +211,8 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
                 "'out.parquet')\", and read that with input.format: parquet")
         if isinstance(line, str) or n >= jsonl.CHECK_LINES:
             break
-    return check_schema(path, pa.schema(list(found[0])), spec)
+    resolved = check_schema(path, pa.schema(list(found[0])), spec)
+    return resolved if found[1] else replace(resolved, dtype=None)  # no row: tells nothing
 
 
 def _number(name: str) -> bool:

@@ -203,7 +203,7 @@ def _schema(fields: pa.Schema, spec: TensorSpec) -> pa.Schema:
     for name in read_columns(spec):
         t = fields.field(name).type if fields.get_field_index(name) >= 0 else pa.null()
         if pa.types.is_null(t):
-            t = pa.float64() if name == spec.rank else pa.string()
+            t = pa.float64() if name == spec.rank or name in spec.columns else pa.string()
         *outer, leaf = _path(nested, name) or [name]
         node = tree
         for part in outer:
