@@ -258,6 +258,32 @@ def test_shipped_sample_jobs_match_expected(tmp_path, config):
         assert (tmp_path / "report" / "near_distances.png").exists()
 
 
+def test_shipped_feature_job_removes_the_planted_copies_and_no_other_row(tmp_path):
+    """configs/dedupe-features.yaml on data/features/cancer.csv as a user runs it: the
+    counts of EXPECTED.json; each removal names the row it was planted from (the id
+    before '-again' / '-remeasured'), the rows with a missing value are invalid, and the
+    clean CSV (read back by pandas, every column kept) holds every other row."""
+    import pandas as pd
+
+    r = subprocess.run([sys.executable, "-m", "pipeline.run", "--config",
+                        "configs/dedupe-features.yaml", "--set",
+                        f"output.path={tmp_path / 'clean'}", "--set",
+                        f"report={tmp_path / 'report'}"], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    assert "RuntimeWarning" not in r.stderr, r.stderr
+    expected = json.loads((ROOT / "data" / "features" / "EXPECTED.json").read_text())
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert {k: summary[k] for k in expected} == expected
+    dups = pq_rows(tmp_path / "report" / "duplicates.parquet")
+    assert all(d["duplicate_of"] == d["record_id"].split("-")[0] and d["kind"] == (
+        "exact" if d["record_id"].endswith("-again") else "near") for d in dups)
+    source = pd.read_csv(ROOT / "data" / "features" / "cancer.csv")
+    clean = pd.read_csv(tmp_path / "clean" / "cancer.csv")
+    assert list(clean.columns) == list(source.columns)
+    assert sorted(clean["patient"]) == sorted(p for p in source["patient"] if "-" not in p)
+
+
 def test_shipped_text_job_removes_the_planted_copies_and_no_other_page(tmp_path):
     """configs/dedupe-text.yaml on data/text/ as a user runs it: the counts of
     EXPECTED.json; each near removal names the page its note says it was made from;

@@ -222,6 +222,21 @@ def test_write_near_report_empty(tmp_path):
     assert pq.read_table(tmp_path / "borderline_pairs.parquet").num_rows == 0
 
 
+def test_a_zero_threshold_draws_without_warnings(tmp_path):
+    """allclose with atol 0 (a relative tolerance only) has threshold 0, which a log axis
+    cannot place: the figure is drawn without its line and with no numpy warning (the
+    job printed two: log10 of 0, then inf - inf)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = write_near_report(str(tmp_path), spread(2, 500), 0.0, "allclose",
+                                BORDERLINE_SCHEMA.empty_table(), "",
+                                pair_histogram(pair_distances(2), 0.0))
+    assert out["metric_threshold"] == 0.0
+    assert png_size((tmp_path / "near_distances.png").read_bytes())[0] > 0
+
+
 def brute(later, earlier, dist, within, per_side) -> list[tuple]:
     pairs: dict[tuple, tuple] = {}  # a pair listed twice counts once: min distance, any within
     for r in zip(later.to_pylist(), earlier.to_pylist(), dist.tolist(), within.tolist(),

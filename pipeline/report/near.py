@@ -200,13 +200,15 @@ def histogram_figure(hist: dict, metric: str, note: str, removed: int | None,
             ax.bar(e[:-1], extra, width=np.diff(e), align="edge", color="tab:orange",
                    alpha=0.85, edgecolor="white", linewidth=0.3, label=labels["out"])
         ax.stairs(ncounts, e, color="black", linewidth=1.2, label=labels["nn"])
-        ax.axvline(t, color="red", linestyle="--", label=labels["t"])
+        if t > 0:  # (allclose with atol 0: its rtol has no place on a distance axis)
+            ax.axvline(t, color="red", linestyle="--", label=labels["t"])
         ax.set_xscale("log")
         ax.set_xlim(e[0], e[-1])
         count_axis(ax, max([*pcounts, *ncounts, *(extra or [])], default=0))
     lo, hi = hist["edges"][0], hist["edges"][-1]
-    for ax, choices in ((main, _decade_ticks(lo, hi)),
-                        (zoom, [[t * f for f in fs] for fs in ZOOM_TICKS])):
+    zoom_ticks = ([[t * f for f in fs] for fs in ZOOM_TICKS] if t > 0 else
+                  _decade_ticks(z["edges"][0], z["edges"][-1]))
+    for ax, choices in ((main, _decade_ticks(lo, hi)), (zoom, zoom_ticks)):
         ticks, names = _fitting_ticks(ax, choices, fig.canvas.get_renderer())
         ax.xaxis.set_major_locator(FixedLocator(ticks))
         ax.xaxis.set_major_formatter(FixedFormatter(names))
