@@ -260,9 +260,10 @@ def test_shipped_sample_jobs_match_expected(tmp_path, config):
 
 def test_shipped_feature_job_removes_the_planted_copies_and_no_other_row(tmp_path):
     """configs/dedupe-features.yaml on data/features/cancer.csv as a user runs it: the
-    counts of EXPECTED.json; each removal names the row it was planted from (the id
-    before '-again' / '-remeasured'), the rows with a missing value are invalid, and the
-    clean CSV (read back by pandas, every column kept) holds every other row."""
+    counts of EXPECTED.json; each removal pairs a row with the copy planted from it
+    (the id before '-again' / '-remeasured'; whichever comes first is kept), the rows
+    with a missing value are invalid, and the clean CSV (read back by pandas, every
+    column kept) holds every other row."""
     import pandas as pd
 
     r = subprocess.run([sys.executable, "-m", "pipeline.run", "--config",
@@ -276,12 +277,16 @@ def test_shipped_feature_job_removes_the_planted_copies_and_no_other_row(tmp_pat
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     assert {k: summary[k] for k in expected} == expected
     dups = pq_rows(tmp_path / "report" / "duplicates.parquet")
-    assert all(d["duplicate_of"] == d["record_id"].split("-")[0] and d["kind"] == (
-        "exact" if d["record_id"].endswith("-again") else "near") for d in dups)
+    for d in dups:
+        a, b = d["record_id"].split("-"), d["duplicate_of"].split("-")
+        assert a[0] == b[0] and {*a[1:], *b[1:]} == {"again" if d["kind"] == "exact"
+                                                    else "remeasured"}, d
     source = pd.read_csv(ROOT / "data" / "features" / "cancer.csv")
     clean = pd.read_csv(tmp_path / "clean" / "cancer.csv")
     assert list(clean.columns) == list(source.columns)
-    assert sorted(clean["patient"]) == sorted(p for p in source["patient"] if "-" not in p)
+    gone = {d["record_id"] for d in dups}
+    assert sorted(clean["patient"]) == sorted(
+        p for p in source["patient"] if p not in gone and not p.endswith("-incomplete"))
 
 
 def test_shipped_text_job_removes_the_planted_copies_and_no_other_page(tmp_path):
