@@ -63,7 +63,8 @@ class InputConfig(Strict):
     tensor: str | list[str] = Field(
         description="Parquet column / tf.train.Example feature / HDF5 dataset; or a list of "
                     "numeric columns (parquet, arrow, jsonl, csv) whose values make each record's "
-                    "vector, one per column (a feature table)")
+                    "vector, one per column (a feature table); globs name several: "
+                    "[mean_*, visits], ['*']")
     id: str | None = Field(None, description="column/feature with a record id; "
                            "default '<file path>:<index in file>'")
     show: str | None = Field(None, description="column / feature / dataset the report's "
