@@ -166,7 +166,8 @@ def test_checks_before_any_work(tmp_path, capsys):
     a mistyped column (the nearest name); a list under a format whose tensor is one
     feature or dataset; jaccard over feature columns; input.decode with a list; a column
     named twice; a glob that matches no numeric column; globs that match other columns
-    in another file; a Parquet int64 column above 2^53 beside floats (its statistics)."""
+    in another file; a Parquet column of no value (null type); a Parquet int64 column
+    above 2^53 beside floats (its statistics)."""
     from tests.test_checks import nothing_written, one_error_line
 
     df, features = _table()
@@ -176,6 +177,9 @@ def test_checks_before_any_work(tmp_path, capsys):
                    tmp_path / "two" / "b.parquet") if (tmp_path / "two").mkdir() is None else 0
     pq.write_table(pa.Table.from_pandas(df.iloc[10:], preserve_index=False),
                    tmp_path / "two" / "a.parquet")
+    (tmp_path / "empty").mkdir()
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False).append_column(
+        "unused", pa.nulls(len(df))), tmp_path / "empty" / "a.parquet")
     big = df.assign(visits=df["visits"] + 2 ** 60)
     (tmp_path / "big").mkdir()
     pq.write_table(pa.Table.from_pandas(big, preserve_index=False),
@@ -185,6 +189,9 @@ def test_checks_before_any_work(tmp_path, capsys):
              "has columns id, mean_radius"),
             ("parquet", ["mean_*"], {"input": {"path": str(tmp_path / "two" / "*.parquet")}},
              "names other columns in"),
+            ("parquet", [*features, "unused"], {"input": {
+                "path": str(tmp_path / "empty" / "*.parquet")}}, "input.tensor: column 'unused' "
+             "holds no value in the whole file (its type is null)"),
             ("parquet", features, {"input": {"path": str(tmp_path / "big" / "*.parquet")}},
              "column 'visits' holds integers up to 1,152,921,504,606,846,980 (row group 0's "
              "statistics), above 2^53"),
@@ -193,7 +200,7 @@ def test_checks_before_any_work(tmp_path, capsys):
             ("parquet", ["mean_radius", "mean_texure"], {},
              "no column 'mean_texure' (did you mean 'mean_texture'?)"),
             ("hdf5", features, {}, "input.tensor: a list of columns is read from parquet, "
-             "arrow and jsonl tables"),
+             "arrow, jsonl and csv tables"),
             ("parquet", features, {"near": {"metric": "jaccard", "threshold": 0.8}},
              "near.metric: jaccard compares the texts or token sequences of one column"),
             ("parquet", features, {"input": {"decode": "text"}},

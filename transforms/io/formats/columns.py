@@ -57,8 +57,6 @@ def expanded(path: str, schema: pa.Schema, spec: TensorSpec) -> TensorSpec:
 
 
 def _dtype(t: pa.DataType) -> np.dtype | None:
-    if pa.types.is_null(t):  # no value in a text file's first lines: numbers, presumably
-        return np.dtype("float64")
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
         return np.dtype(t.to_pandas_dtype())
     return None
@@ -72,6 +70,10 @@ def with_field(path: str, schema: pa.Schema, spec: TensorSpec) -> pa.Schema:
     for name in spec.columns:
         t = schema.field(name).type
         got = _dtype(t)
+        if pa.types.is_null(t):
+            raise InputError(f"{path}: input.tensor: column {name!r} holds no value in the "
+                             "whole file (its type is null): every record would be invalid; "
+                             "leave it out of input.tensor")
         if got is None:
             raise InputError(
                 f"{path}: input.tensor: column {name!r} holds {t}, not numbers: a list of "

@@ -211,7 +211,10 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
                 "'out.parquet')\", and read that with input.format: parquet")
         if isinstance(line, str) or n >= jsonl.CHECK_LINES:
             break
-    resolved = check_schema(path, pa.schema(list(found[0])), spec)
+    # a column empty in every first line is numbers as far as they tell
+    fields = pa.schema([f.with_type(pa.float64()) if pa.types.is_null(f.type) else f
+                        for f in found[0]])
+    resolved = check_schema(path, fields, spec)
     return resolved if found[1] else replace(resolved, dtype=None)  # no row: tells nothing
 
 

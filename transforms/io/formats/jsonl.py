@@ -460,7 +460,10 @@ def in_fields() -> Iterator[None]:
 
 def _typed(fields: pa.Schema, spec: TensorSpec) -> pa.Schema:
     """``fields`` with the tensor's numbers as ``input.dtype`` (JSON numbers have no
-    width: a float list reads as float32 when the config says so)."""
+    width: a float list reads as float32 when the config says so), and a feature column
+    with no value in the first lines as numbers."""
+    fields = pa.schema([f.with_type(pa.float64()) if pa.types.is_null(f.type) and f.name in
+                        spec.columns else f for f in fields])
     at = fields.get_field_index(spec.tensor)
     if at < 0 or spec.dtype is None:
         return fields
