@@ -1,6 +1,6 @@
 """A record made of several numeric columns, one value each (``input.tensor: [a, b, c]``):
 a feature table as pandas writes it, one column per feature. The table formats (Parquet,
-Arrow IPC, JSON lines) read the named columns and join each row's values into one vector
+Arrow IPC, JSON lines, CSV) read the named columns and join each row's values into one vector
 of their common dtype, so everything after the read sees one ``fixed_size_list`` column
 named ``TensorSpec.tensor`` and the clean copy keeps the rows as they were."""
 
