@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import csv as pycsv
 import json
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from functools import partial
@@ -108,15 +107,8 @@ def _sample(path: str) -> jsonl.Sample:
     try:
         fields = _read(lines, names, sep, None, None).schema
     except pa.ArrowInvalid:  # a bad line among them: the type most lines hold
-        held: dict[str, Counter[pa.DataType]] = {}
-        for line in lines:
-            try:
-                for f in _read([line], names, sep, None, None).schema:
-                    held.setdefault(f.name, Counter())[f.type] += not pa.types.is_null(f.type)
-            except pa.ArrowInvalid:
-                continue
-        fields = pa.schema([(n, held[n].most_common(1)[0][0] if n in held else pa.null())
-                            for n in names])
+        held = jsonl.held_types(lines, lambda one: _read(one, names, sep, None, None).schema)
+        fields = pa.schema([(n, held.get(n, pa.null())) for n in names])
     return fields.with_metadata(meta), lines
 
 

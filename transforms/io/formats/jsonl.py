@@ -356,17 +356,23 @@ def _sample(path: str) -> tuple[pa.Schema, list[bytes]] | None:
     try:
         return _parse(lines, None, nested=True).schema, lines
     except pa.ArrowInvalid:  # a bad or odd line among them: the type most lines hold
-        held: dict[str, Counter[pa.DataType]] = {}
-        for line in lines:
-            try:
-                for f in _parse([line], None, nested=True).schema:
-                    held.setdefault(f.name, Counter())[f.type] += not pa.types.is_null(f.type)
-            except pa.ArrowInvalid:
-                continue
-        if not held:
-            return None
-        return pa.schema([(name, types.most_common(1)[0][0]) for name, types in held.items()]
-                         ), lines
+        held = held_types(lines, lambda one: _parse(one, None, nested=True).schema)
+        return (pa.schema(list(held.items())), lines) if held else None
+
+
+def held_types(lines: list[bytes], schema_of: Callable[[list[bytes]], pa.Schema]
+               ) -> dict[str, pa.DataType]:
+    """{field: the type most of ``lines`` hold}, each line parsed alone (``schema_of``;
+    a line that does not parse counts for none, a null for no type): the first lines'
+    types where a bad or odd line among them fails the parse of all."""
+    held: dict[str, Counter[pa.DataType]] = {}
+    for line in lines:
+        try:
+            for f in schema_of([line]):
+                held.setdefault(f.name, Counter())[f.type] += not pa.types.is_null(f.type)
+        except pa.ArrowInvalid:
+            continue
+    return {name: types.most_common(1)[0][0] for name, types in held.items()}
 
 
 class Bad(str):
