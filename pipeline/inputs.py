@@ -12,6 +12,7 @@ import importlib
 import math
 import os
 import posixpath
+import zipfile
 from collections import Counter
 from dataclasses import replace
 from typing import NamedTuple
@@ -48,15 +49,16 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # at 0, or 512, 1024, 2048 after a user b
 HDF5_BLOCKS = 1 << 20  # user blocks (powers of 2) this large at most are looked past
 PARQUET_MAGIC = b"PAR1"
 PARQUET_ENCRYPTED = b"PARE"  # a Parquet file with an encrypted footer
+NPY_MAGIC = b"\x93NUMPY"
 _FORMAT_NAMES = {"parquet": "Parquet", "tfrecord": "TFRecord", "hdf5": "HDF5",
-                 "jsonl": "JSON lines", "arrow": "Arrow IPC", "csv": "CSV"}
+                 "jsonl": "JSON lines", "arrow": "Arrow IPC", "csv": "CSV",
+                 "npy": "NumPy .npy"}
 # What a file that is none of the formats is, for the one line that refuses it.
 _OTHER_KINDS = ((b"\xff\xff\xff\xff", "binary data"),
                 (b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"),
                 (b"GIF8", "a GIF image"), (b"PK\x03\x04", "a ZIP archive"),
                 (b"\x1f\x8b", "a gzip file that holds no TFRecord"),
-                (b"\x28\xb5\x2f\xfd", "a zstd-compressed file"),
-                (b"\x93NUMPY", "a NumPy .npy file"), (b"%PDF", "a PDF document"))
+                (b"\x28\xb5\x2f\xfd", "a zstd-compressed file"), (b"%PDF", "a PDF document"))
 
 
 class Sniffed(NamedTuple):
@@ -80,6 +82,8 @@ def sniff(head: bytes) -> Sniffed | None:
             return Sniffed("hdf5", f"it has the HDF5 signature at byte {offset}")
     if head[:4] == PARQUET_MAGIC:
         return Sniffed("parquet", "it starts with PAR1")
+    if head[:6] == NPY_MAGIC:
+        return Sniffed("npy", "it starts with \\x93NUMPY, as np.save writes")
     if head[:4] == PARQUET_ENCRYPTED:
         return Sniffed("parquet", "it starts with PARE, an encrypted Parquet footer's magic")
     arrow = kind_of(head)
@@ -132,7 +136,8 @@ _NEEDS = {"parquet": "a Parquet file starts with PAR1",
                    "bz2 or zstd compression), or it is empty",
           "arrow": "an Arrow IPC file starts with ARROW1, a stream with ff ff ff ff",
           "csv": "a CSV file is text named .csv or .tsv (also .gz, .bz2 or .zst), its "
-                 "first line the header"}
+                 "first line the header",
+          "npy": "a .npy file starts with \\x93NUMPY"}
 
 
 def _shows_format(path: str, head: bytes, fmt: str) -> bool:
@@ -232,12 +237,28 @@ def _not_the_format(files: list[str], unknown: list[tuple[str, bytes]], fmt: str
                f"open('{_stem(base)}.jsonl', 'w').writelines(json.dumps(r) + '\\n' for r in "
                f"json.load(open('{base}')))\", and set {key} to the .jsonl files and "
                f"{key.partition('.')[0]}.format: jsonl")
+    elif all(u.lower().endswith(".npz") for u, _ in unknown) and fmt == "npy":
+        fix = _npz_fix(path, key)
     elif fnmatch.fnmatch(posixpath.basename(path), glob):
         fix = f"remove {it}, or replace {it} with the {name} files meant"
     else:
         fix = (f"remove {it}, or narrow {key} to the {name} files (e.g. "
                f"'{posixpath.join(posixpath.dirname(path), glob)}')")
     return f"{key}: {what} ({_what_it_is(head)}; {_NEEDS[fmt]}): {fix}"
+
+
+def _npz_fix(path: str, key: str) -> str:
+    """The way in for ``np.savez`` archives: the array to compare saved as a .npy file."""
+    try:
+        with fs.open_ranged(path) as f, zipfile.ZipFile(f) as z:
+            arrays = [n.removesuffix(".npy") for n in z.namelist()]
+    except (OSError, zipfile.BadZipFile):
+        arrays = []
+    first = arrays[0] if arrays else "emb"
+    return (f"an .npz archive holds named arrays ({listed_names(arrays)}): save the one to "
+            f"compare as a .npy file, e.g. python -c \"import numpy as np; np.save("
+            f"'{first}.npy', np.load('{path}')['{first}'])\", and set {key} to the .npy "
+            "files")
 
 
 def _image_index(pattern: str, section: str) -> str:
@@ -560,7 +581,7 @@ def common_dir(files: list[str]) -> str:
 
 
 GLOBS = {"parquet": "*.parquet", "tfrecord": "*.tfrecord*", "hdf5": "*.h5",  # for hints
-         "jsonl": "*.jsonl*", "arrow": "*.arrow", "csv": "*.csv*"}
+         "jsonl": "*.jsonl*", "arrow": "*.arrow", "csv": "*.csv*", "npy": "*.npy"}
 
 
 def list_files(pattern: str, key: str, timeout: float, fmt: str = "parquet") -> list[str]:

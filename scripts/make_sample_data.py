@@ -1,13 +1,14 @@
 """Write the sample dataset that configs/dedupe*.yaml run on (small, with known duplicates).
 
 Each format gets 3 files of 1,500 records of 64 float32 values, an ``id``, a
-``label`` (and ``score`` in Parquet). Planted: 10% exact copies (most of them in
-another file than their original), and copies that differ only by -0.0/+0.0 or
-by NaN payload (still duplicates under the fingerprint spec); 150 near copies at
-L2 distance 0.05-0.09 of another record and 50 decoys at 0.11-0.13 (for
-``configs/dedupe-near.yaml``, threshold 0.1). The expected counts, from independent
-oracles (canonical bytes; all pairs in float64), go to ``EXPECTED.json``; tests
-check the job against them. Usage: ``python scripts/make_sample_data.py [--out DIR]``.
+``label`` (and ``score`` in Parquet); NumPy's .npy files hold the values alone.
+Planted: 10% exact copies (most of them in another file than their original), and
+copies that differ only by -0.0/+0.0 or by NaN payload (still duplicates under the
+fingerprint spec); 150 near copies at L2 distance 0.05-0.09 of another record and 50
+decoys at 0.11-0.13 (for ``configs/dedupe-near.yaml``, threshold 0.1). The expected
+counts, from independent oracles (canonical bytes; all pairs in float64), go to
+``EXPECTED.json``; tests check the job against them.
+Usage: ``python scripts/make_sample_data.py [--out DIR]``.
 """
 
 from __future__ import annotations
@@ -126,6 +127,13 @@ def write_hdf5(out: Path, x: np.ndarray) -> None:
             h.attrs["source"] = "tensordedup sample"
 
 
+def write_npy(out: Path, x: np.ndarray) -> None:
+    """The records alone, as np.save writes embeddings (ids are <file>:<row>)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in range(FILES):
+        np.save(out / f"part-{f:05d}.npy", x[f * ROWS:(f + 1) * ROWS])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="data/sample")
@@ -135,6 +143,7 @@ def main() -> None:
     write_parquet(out / "parquet", x)
     write_tfrecord(out / "tfrecord", x)
     write_hdf5(out / "hdf5", x)
+    write_npy(out / "npy", x)
     (out / "EXPECTED.json").write_text(json.dumps(expected, indent=2) + "\n")
     print(f"wrote {out}: {expected}")
 

@@ -48,20 +48,23 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+NPY_TENSOR = "array"  # input.tensor of a .npy input, where the config names none
 _DECODED = {"image": "uint8 pixels", "bytes": "a uint8 vector of the stored bytes",
             "text": "texts"}
 
 
 class InputConfig(Strict):
-    format: Literal["parquet", "tfrecord", "hdf5", "jsonl", "arrow", "csv"] = Field(
+    format: Literal["parquet", "tfrecord", "hdf5", "jsonl", "arrow", "csv", "npy"] = Field(
         description="file format of the input: parquet | tfrecord | hdf5 | jsonl (JSON "
                     "lines, also gzip, bz2 or zstd compressed) | arrow (Arrow IPC files "
                     "and streams: Hugging Face save_to_disk) | csv (.csv or .tsv with a "
-                    "header line, also compressed)")
+                    "header line, also compressed) | npy (NumPy np.save files: each row of "
+                    "the array a record)")
     path: HomePath = Field(description="glob of input files: a local path or any Beam filesystem "
                       "(gs://, s3://); '{run_id}' is replaced by the run id")
     tensor: str | list[str] = Field(
-        description="Parquet column / tf.train.Example feature / HDF5 dataset; or a list of "
+        description="Parquet column / tf.train.Example feature / HDF5 dataset (npy: "
+                    "optional, the file's one array); or a list of "
                     "numeric columns (parquet, arrow, jsonl, csv) whose values make each record's "
                     "vector, one per column (a feature table); globs name several: "
                     "[mean_*, visits], ['*']")
@@ -142,6 +145,22 @@ class InputConfig(Strict):
             raise ValueError("input.shape: the columns of input.tensor make vectors of one "
                              "value per column: remove input.shape")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_array(cls, data: object) -> object:
+        """A .npy file holds one array and nothing else: it needs no name, and has no
+        column for ids, another value to show, or encoded values."""
+        if not isinstance(data, dict) or data.get("format") != "npy":
+            return data
+        for key in ("id", "show"):
+            if data.get(key) is not None:
+                raise ValueError(f"input.{key}: a .npy file holds one array, no column "
+                                 f"{data[key]!r}: remove input.{key} (ids are <file>:<row>)")
+        if data.get("decode", "none") != "none":
+            raise ValueError("input.decode: a .npy file holds numbers, not encoded values: "
+                             "remove input.decode")
+        return {"tensor": NPY_TENSOR, **data}
 
     @model_validator(mode="after")
     def _image_keys(self) -> InputConfig:
