@@ -134,7 +134,8 @@ def main() -> None:
              "| run | mode | input MB | wall s | CPU s | peak MB | removed | same removals as "
              "Parquet |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     lines += [f"| {r['what']} | {r['mode']} | {r['input_bytes'] / 1e6:,.0f} | {r['wall_s']:.1f} | "
-              f"{r['cpu_s']:.1f} | {r['peak_rss_bytes'] / 1e6:,.0f} | {r.get('removed', '-')} | "
+              f"{r['cpu_s']:.1f} | {r['peak_rss_bytes'] / 1e6:,.0f} | "
+              f"{format(r['removed'], ',') if 'removed' in r else '-'} | "
               f"{'-' if r['same'] is None else r['same']} |" for r in rows]
     print("\n".join(lines))
     Path(a.json).write_text(json.dumps({"vectors": a.vectors, "rows": rows}, indent=1))
