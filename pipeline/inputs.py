@@ -707,8 +707,14 @@ def references(cfg: DedupeConfig, resolved: TensorSpec) -> References | None:
     spec = as_sequences(cfg, src.to_spec(None, cfg.tuning.decoded_chunk_bytes),
                         resolved.ragged)
     shapes = set()
-    for path, got in zip(files, inspect_files(files, src, spec, "reference.path", timeout),
-                         strict=True):
+    checked = inspect_files(files, src, spec, "reference.path", timeout)
+    spec = expanded_columns(files, checked, spec)
+    if spec.columns != resolved.columns and not any(is_pattern(c) for c in spec.columns):
+        raise InputError(f"reference.path: input.tensor: {list(src.columns)} names other "
+                         f"columns in the reference files ({listed_names(list(spec.columns))})"
+                         f" than in the input ({listed_names(list(resolved.columns))}): their "
+                         "values would not compare: name the columns one by one")
+    for path, got in zip(files, checked, strict=True):
         if got.dtype is None:  # nothing to compare: an empty file (first_known)
             continue
         shapes.add(got.shape)

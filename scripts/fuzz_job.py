@@ -56,7 +56,7 @@ from transforms.near.spec import NearSpec
 from transforms.near.verify import exact_distance  # noqa: E402
 
 EXT = {"parquet": "parquet", "tfrecord": "tfrecord", "hdf5": "h5", "jsonl": "jsonl",
-       "arrow": "arrow", "csv": "csv"}
+       "arrow": "arrow", "csv": "csv", "npy": "npy"}
 
 
 def write_file(fmt: str, tf_kind: str, path: Path, ids: list[str], x: np.ndarray,
@@ -94,6 +94,8 @@ def write_file(fmt: str, tf_kind: str, path: Path, ids: list[str], x: np.ndarray
             ",".join([i, *(repr(v) for v in t.tolist()), "" if np.isnan(s) else repr(s)])
             + ("\n\n" if rng.random() < 0.05 else "\n")
             for i, t, s in zip(ids, x, score.tolist(), strict=True)))
+    elif fmt == "npy":  # the values alone (ids are <file>:<row>), any byte order
+        np.save(path, x.astype(x.dtype.newbyteorder(">")) if rng.random() < 0.3 else x)
     elif fmt == "jsonl":  # Python's json (exact floats), a blank line now and then
         path.write_text("".join(json.dumps({"id": i, "emb": t.tolist(), "score": float(s)})
                                 + ("\n\n" if rng.random() < 0.05 else "\n")
@@ -107,9 +109,13 @@ def write_file(fmt: str, tf_kind: str, path: Path, ids: list[str], x: np.ndarray
             h.create_dataset("score", data=score)
 
 
-def read_file(fmt: str, tf_kind: str, path: Path, dtype: np.dtype, d: int
+def read_file(fmt: str, tf_kind: str, path: Path, dtype: np.dtype, d: int, kept: list[str]
               ) -> tuple[list[str], np.ndarray]:
-    """(ids, tensors) of a clean shard, read with the format's own reader."""
+    """(ids, tensors) of a clean shard, read with the format's own reader; a .npy shard's
+    rows are named by ``kept`` (its input's kept ids, in order) where as many."""
+    if fmt == "npy":
+        rows = np.load(path, allow_pickle=False).astype(dtype).reshape(-1, d)
+        return (kept if len(kept) == len(rows) else ["?"] * len(rows)), rows
     if fmt in ("parquet", "arrow"):
         t = pq.read_table(path) if fmt == "parquet" else pa.ipc.open_file(str(path)).read_all(
         ) if path.read_bytes()[:6] == b"ARROW1" else pa.ipc.open_stream(str(path)).read_all()
@@ -150,12 +156,17 @@ def write_set(fmt: str, tf_kind: str, folder: Path, ids: list[str], x: np.ndarra
     cuts = np.sort(rng.integers(0, len(x) + 1, files - 1))
     parts = [p.tolist() for p in np.split(np.arange(len(x)), cuts)]
     for k, rows in enumerate(parts):
-        write_file(fmt, tf_kind, folder / f"part-{k}.{EXT[fmt]}", [ids[i] for i in rows],
-                   x[rows], score[rows], rng)
+        path = folder / f"part-{k}.{EXT[fmt]}"
+        if fmt == "npy":  # the job names a .npy file's records <file>:<row>
+            ids[rows[0] if rows else 0:rows[-1] + 1 if rows else 0] = [
+                f"{path}:{j}" for j in range(len(rows))]
+        write_file(fmt, tf_kind, path, [ids[i] for i in rows], x[rows], score[rows], rng)
     return parts
 
 
 def input_config(fmt: str, tf_kind: str, folder: Path, d: int, dtype: np.dtype) -> dict:
+    if fmt == "npy":  # one array per file: no tensor name, no id column
+        return {"format": fmt, "path": str(folder / "*.npy")}
     tensor = "emb" if fmt != "csv" else ["e*"] if d % 2 else [f"e{j}" for j in range(d)]
     return {"format": fmt, "path": str(folder / f"*.{EXT[fmt]}"), "tensor": tensor, "id": "id",
             **({"shape": [d]} if tf_kind in ("float_list", "int64_list") else {}),
@@ -256,7 +267,7 @@ def run_case(seed: int, stats: collections.Counter, runner: dict | None = None
 
     rng = np.random.default_rng(seed)
     x, spec = random_case(rng)
-    fmt = str(rng.choice(["parquet", "tfrecord", "hdf5", "jsonl", "arrow", "csv"]))
+    fmt = str(rng.choice(["parquet", "tfrecord", "hdf5", "jsonl", "arrow", "csv", "npy"]))
     tf_kind = str(rng.choice(["serialized", "list"])) if fmt == "tfrecord" else ""
     if fmt in ("jsonl", "csv") and not np.isfinite(x.astype(np.float64)).all():
         fmt = "parquet"  # JSON has no NaN or infinity (json.dumps writes what no parser reads)
@@ -270,6 +281,7 @@ def run_case(seed: int, stats: collections.Counter, runner: dict | None = None
     spec = replace(spec, channels=1)  # channels are a decoded image's, never a config key
     n, d = x.shape
     keep = str(rng.choice(["first", "last", "max", "min"]))
+    keep = "last" if fmt == "npy" and keep in ("max", "min") else keep  # .npy: no score
     score = rng.integers(0, 5, n).astype(np.float64)
     score[rng.random(n) < 0.1] = np.nan
     mode = str(rng.choice(["off", "exact", "exact", "auto", "bounded"]))
@@ -357,7 +369,9 @@ def run_case(seed: int, stats: collections.Counter, runner: dict | None = None
             bad = set(pq.read_table(out / "report" / "invalid.parquet")["record_id"].to_pylist())
             if bad != set(invalid):
                 problems.append([f"run {k}: invalid ids", sorted(bad ^ set(invalid))[:5]])
-            shards = [read_file(fmt, tf_kind, out / "clean" / f"part-{f}.{EXT[fmt]}", x.dtype, d)
+            shards = [read_file(fmt, tf_kind, out / "clean" / f"part-{f}.{EXT[fmt]}", x.dtype, d,
+                                [i for i in kept_ids if i.startswith(
+                                    f"{folder / f'part-{f}.{EXT[fmt]}'}:")])
                       for f in range(len(files))
                       if (out / "clean" / f"part-{f}.{EXT[fmt]}").exists()]
             clean = [c for got_ids, got_x in shards for c in zip(got_ids, got_x, strict=True)]

@@ -161,6 +161,41 @@ def test_globs_name_the_columns_they_match(tmp_path, capsys):
     assert got[0] == got[1] == got[2] and len(got[0]) >= 200
 
 
+def test_a_reference_set_reads_the_inputs_globs(tmp_path, capsys):
+    """A reference set of the same layout, its columns named by the same globs, removes
+    the input rows it holds (exact and near) as the explicit list does (a glob crashed the
+    read of the reference files: found by fuzz_job.py seed 11505); a reference set whose
+    globs match the columns in another order is refused before any work."""
+    from tests.test_checks import nothing_written, one_error_line
+
+    df, features = _table()
+    glob = _write(df, tmp_path / "in", "parquet")
+    ref = df.iloc[::7].assign(id=lambda r: "ref-" + r["id"])
+    _write(ref, tmp_path / "ref", "parquet")
+    near = {"metric": "l2", "threshold": THRESHOLD}
+    got = []
+    for tensor in (["mean_*", "*_error", "worst_*", "visits"], features):
+        assert run_job(tmp_path, "parquet", glob, "output.overwrite=true", near=near,
+                       input={"tensor": tensor, "id": "id"}, reference=[{
+                           "format": "parquet", "path": str(tmp_path / "ref" / "*.parquet"),
+                           "tensor": tensor, "id": "id"}]) == 0
+        got.append(_decisions(tmp_path))
+    kinds = {k for *_, k, _ in got[0]}
+    assert got[0] == got[1] and {"reference_exact", "reference_near"} <= kinds
+    shuffled = ref[["id", *features[::-1]]]
+    (tmp_path / "ref2").mkdir()
+    pq.write_table(pa.Table.from_pandas(shuffled, preserve_index=False),
+                   tmp_path / "ref2" / "r.parquet")
+    capsys.readouterr()
+    (tmp_path / "x").mkdir()
+    assert run_job(tmp_path / "x", "parquet", glob, near=near,
+                   input={"tensor": ["*"], "id": "id"}, reference=[{
+                       "format": "parquet", "path": str(tmp_path / "ref2" / "*.parquet"),
+                       "tensor": ["*"], "id": "id"}]) == 2
+    assert "names other columns in the reference files" in one_error_line(capsys)
+    assert nothing_written(tmp_path / "x")
+
+
 def test_checks_before_any_work(tmp_path, capsys):
     """Exit 2 before any work, one line each: a text column among the features (named);
     a mistyped column (the nearest name); a list under a format whose tensor is one
