@@ -113,10 +113,25 @@ def _hdf5_further(path: str) -> bool:
     return False
 
 
+def _pickled(head: bytes) -> str | None:
+    """What pickles the values, in words, if ``head`` begins a pickle or a ``torch.save``
+    file (a ZIP whose first entry is ``<name>/data.pkl``)."""
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return "a Python pickle (pickle.dump, joblib.dump)"
+    if head[:4] == b"PK\x03\x04" and len(head) >= 30:
+        name = head[30:30 + int.from_bytes(head[26:28], "little")]
+        if name.endswith(b"/data.pkl"):
+            return "a PyTorch torch.save file (a ZIP archive holding a pickle)"
+    return None
+
+
 def _what_it_is(head: bytes) -> str:
     """What a file's first bytes look like, in words, when they are no supported format."""
     if not head:
         return "it is empty (0 bytes)"
+    pickled = _pickled(head)
+    if pickled is not None:
+        return f"it is {pickled}"
     kind = next((what for magic, what in _OTHER_KINDS if head.startswith(magic)), None)
     if kind is not None:
         return f"it is {kind}"
@@ -237,6 +252,10 @@ def _not_the_format(files: list[str], unknown: list[tuple[str, bytes]], fmt: str
                f"open('{_stem(base)}.jsonl', 'w').writelines(json.dumps(r) + '\\n' for r in "
                f"json.load(open('{base}')))\", and set {key} to the .jsonl files and "
                f"{key.partition('.')[0]}.format: jsonl")
+    elif all(_pickled(h) for _, h in unknown):
+        fix = ("this job never unpickles input (a pickle runs code as it loads): save the "
+               "tensors as arrays, e.g. np.save('x.npy', t.numpy()) and input.format: npy, "
+               "or as a Parquet column")
     elif all(u.lower().endswith(".npz") for u, _ in unknown) and fmt == "npy":
         fix = _npz_fix(path, key)
     elif fnmatch.fnmatch(posixpath.basename(path), glob):

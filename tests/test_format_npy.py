@@ -12,6 +12,7 @@ both, compared by file stem and row.
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import ml_dtypes
@@ -19,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 import yaml
 
 from pipeline.run import main
@@ -218,7 +220,8 @@ def test_remote_run_equals_local_run(tmp_path, monkeypatch):
 def test_checks_before_any_work(tmp_path, capsys):
     """Exit 2 before any work, one line each: Python objects (pickled: never read),
     records with fields, a 0-d array, raw 2-byte values without input.dtype, an .npz
-    archive (its arrays named, the command given), a .npy read as Parquet, input.id,
+    archive (its arrays named, the command given), torch.save and pickle files (never
+    unpickled; named as such), a .npy read as Parquet, input.id,
     keep by a column, a dtype or shape that disagrees, jaccard over floats."""
     folder = tmp_path / "in"
     folder.mkdir()
@@ -229,17 +232,25 @@ def test_checks_before_any_work(tmp_path, capsys):
                         ("f32", f32)):
         np.save(folder / f"{name}.npy", value, allow_pickle=name == "obj")
     np.savez(folder / "saved.npz", emb=f32, label=np.arange(10))
+    torch.save(torch.zeros(10, 4), folder / "emb.pt")
+    with open(folder / "emb.pkl", "wb") as f:
+        pickle.dump(f32, f)
     for fmt, name, extra, want in (
             ("npy", "obj.npy", {}, "holds Python objects, which np.save pickles and this job "
              "never unpickles"),
             ("npy", "rec.npy", {}, "holds records with fields ['emb', 'n']: save the field to "
-             "compare as an array of its own, e.g. np.save('x.npy', a['emb'])"),
+             "compare as an array of its own, e.g. python -c \"import numpy as np; np.save("
+             f"'emb.npy', np.load('{folder / 'rec.npy'}')['emb'])\""),
             ("npy", "scalar.npy", {}, "has no axes"),
             ("npy", "bf.npy", {}, "holds raw 2-byte values: np.save writes bfloat16 "
              "(ml_dtypes) so; if these are, set input.dtype: bfloat16"),
             ("npy", "saved.npz", {}, "an .npz archive holds named arrays (emb, label): save the "
              f"one to compare as a .npy file, e.g. python -c \"import numpy as np; np.save("
              f"'emb.npy', np.load('{folder / 'saved.npz'}')['emb'])\""),
+            ("npy", "emb.pt", {}, "(it is a PyTorch torch.save file (a ZIP archive holding a "
+             "pickle); a .npy file starts with \\x93NUMPY): this job never unpickles input"),
+            ("npy", "emb.pkl", {}, "(it is a Python pickle (pickle.dump, joblib.dump); a .npy "
+             "file starts with \\x93NUMPY): this job never unpickles input"),
             ("parquet", "f32.npy", {"input": {"tensor": "emb"}}, "looks like a NumPy .npy file "
              "(it starts with \\x93NUMPY, as np.save writes), not parquet: set input.format: npy"),
             ("npy", "f32.npy", {"input": {"id": "id"}}, "config key 'input.id': a .npy file "

@@ -18,6 +18,7 @@ The file holds no ids and no other columns: ids are ``<path>:<row>``.
 from __future__ import annotations
 
 import io
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -69,10 +70,12 @@ def header(f: io.RawIOBase | io.BufferedIOBase) -> Header:
     """The header of the ``.npy`` file ``f`` (at its start); ValueError if it is none."""
     version = npformat.read_magic(f)
     read = _HEADER_READERS.get(version)
-    if read is None:  # version 3.0: a UTF-8 header, read as 2.0's (numpy's own reader)
-        shape, fortran, dtype = npformat._read_array_header(f, version)  # noqa: SLF001
-    else:
-        shape, fortran, dtype = read(f)
+    with warnings.catch_warnings():  # a Python 2 header ("3L") is read, not worth a word
+        warnings.simplefilter("ignore", UserWarning)
+        if read is None:  # version 3.0: a UTF-8 header, read as 2.0's (numpy's own reader)
+            shape, fortran, dtype = npformat._read_array_header(f, version)  # noqa: SLF001
+        else:
+            shape, fortran, dtype = read(f)
     offset = f.tell()
     f.seek(0, io.SEEK_END)
     return Header(dtype, tuple(shape), bool(fortran), offset, f.tell())
@@ -113,9 +116,11 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
                          "pickles and this job never unpickles: save numbers (np.stack the "
                          "rows into one numeric array)")
     if h.dtype.names is not None:
+        first = h.dtype.names[0]
         raise InputError(f"{path}: input.path: {what} holds records with fields "
                          f"{list(h.dtype.names)}: save the field to compare as an array of "
-                         "its own, e.g. np.save('x.npy', a['emb'])")
+                         f"its own, e.g. python -c \"import numpy as np; np.save('{first}.npy',"
+                         f" np.load('{path}')['{first}'])\"")
     if h.fortran and not fs.is_local(path):
         raise InputError(f"{path}: input.path: {what} is saved in Fortran order, so its "
                          "records are not contiguous bytes: save it in C order, "
