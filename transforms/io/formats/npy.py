@@ -165,7 +165,8 @@ def _values(f: io.BufferedIOBase, h: Header, dtype: np.dtype, a: int, b: int,
             mapped: np.ndarray | None) -> np.ndarray:
     """Records ``a:b`` as a native C-order array."""
     if mapped is not None:
-        return np.ascontiguousarray(mapped[a:b]).astype(dtype, copy=False)
+        rows = np.ascontiguousarray(mapped[a:b])
+        return rows.view(dtype) if rows.dtype.kind == "V" else rows.astype(dtype, copy=False)
     f.seek(h.offset + a * h.width)
     out = np.empty((b - a, *h.shape[1:]), h.dtype if h.dtype.kind != "V" else dtype)
     view = memoryview(out.reshape(-1).view(np.uint8)) if out.size else memoryview(b"")
