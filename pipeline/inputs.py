@@ -728,7 +728,8 @@ def references(cfg: DedupeConfig, resolved: TensorSpec) -> References | None:
     shapes = set()
     checked = inspect_files(files, src, spec, "reference.path", timeout)
     spec = expanded_columns(files, checked, spec)
-    if spec.columns != resolved.columns and not any(is_pattern(c) for c in spec.columns):
+    if spec.columns and resolved.columns and spec.columns != resolved.columns and not any(
+            is_pattern(c) for c in spec.columns):  # (a vector column's size is checked below)
         raise InputError(f"reference.path: input.tensor: {list(src.columns)} names other "
                          f"columns in the reference files ({listed_names(list(spec.columns))})"
                          f" than in the input ({listed_names(list(resolved.columns))}): their "
