@@ -12,7 +12,6 @@ import importlib
 import math
 import os
 import posixpath
-import zipfile
 from collections import Counter
 from dataclasses import replace
 from typing import NamedTuple
@@ -52,7 +51,7 @@ PARQUET_ENCRYPTED = b"PARE"  # a Parquet file with an encrypted footer
 NPY_MAGIC = b"\x93NUMPY"
 _FORMAT_NAMES = {"parquet": "Parquet", "tfrecord": "TFRecord", "hdf5": "HDF5",
                  "jsonl": "JSON lines", "arrow": "Arrow IPC", "csv": "CSV",
-                 "npy": "NumPy .npy"}
+                 "npy": "NumPy .npy", "npz": "NumPy .npz"}
 # What a file that is none of the formats is, for the one line that refuses it.
 _OTHER_KINDS = ((b"\xff\xff\xff\xff", "binary data"),
                 (b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"),
@@ -84,6 +83,8 @@ def sniff(head: bytes) -> Sniffed | None:
         return Sniffed("parquet", "it starts with PAR1")
     if head[:6] == NPY_MAGIC:
         return Sniffed("npy", "it starts with \\x93NUMPY, as np.save writes")
+    if head[:4] == b"PK\x03\x04" and _zip_first(head).endswith(b".npy"):
+        return Sniffed("npz", "it is a ZIP archive of .npy files, as np.savez writes")
     if head[:4] == PARQUET_ENCRYPTED:
         return Sniffed("parquet", "it starts with PARE, an encrypted Parquet footer's magic")
     arrow = kind_of(head)
@@ -118,11 +119,14 @@ def _pickled(head: bytes) -> str | None:
     file (a ZIP whose first entry is ``<name>/data.pkl``)."""
     if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
         return "a Python pickle (pickle.dump, joblib.dump)"
-    if head[:4] == b"PK\x03\x04" and len(head) >= 30:
-        name = head[30:30 + int.from_bytes(head[26:28], "little")]
-        if name.endswith(b"/data.pkl"):
-            return "a PyTorch torch.save file (a ZIP archive holding a pickle)"
+    if head[:4] == b"PK\x03\x04" and _zip_first(head).endswith(b"/data.pkl"):
+        return "a PyTorch torch.save file (a ZIP archive holding a pickle)"
     return None
+
+
+def _zip_first(head: bytes) -> bytes:
+    """The name of a ZIP archive's first entry, from its first local header."""
+    return head[30:30 + int.from_bytes(head[26:28], "little")] if len(head) >= 30 else b""
 
 
 def _what_it_is(head: bytes) -> str:
@@ -152,7 +156,8 @@ _NEEDS = {"parquet": "a Parquet file starts with PAR1",
           "arrow": "an Arrow IPC file starts with ARROW1, a stream with ff ff ff ff",
           "csv": "a CSV file is text named .csv or .tsv (also .gz, .bz2 or .zst), its "
                  "first line the header",
-          "npy": "a .npy file starts with \\x93NUMPY"}
+          "npy": "a .npy file starts with \\x93NUMPY",
+          "npz": "an .npz file is a ZIP archive of .npy files"}
 
 
 def _shows_format(path: str, head: bytes, fmt: str) -> bool:
@@ -256,28 +261,12 @@ def _not_the_format(files: list[str], unknown: list[tuple[str, bytes]], fmt: str
         fix = ("this job never unpickles input (a pickle runs code as it loads): save the "
                "tensors as arrays, e.g. np.save('x.npy', t.numpy()) and input.format: npy, "
                "or as a Parquet column")
-    elif all(u.lower().endswith(".npz") for u, _ in unknown) and fmt == "npy":
-        fix = _npz_fix(path, key)
     elif fnmatch.fnmatch(posixpath.basename(path), glob):
         fix = f"remove {it}, or replace {it} with the {name} files meant"
     else:
         fix = (f"remove {it}, or narrow {key} to the {name} files (e.g. "
                f"'{posixpath.join(posixpath.dirname(path), glob)}')")
     return f"{key}: {what} ({_what_it_is(head)}; {_NEEDS[fmt]}): {fix}"
-
-
-def _npz_fix(path: str, key: str) -> str:
-    """The way in for ``np.savez`` archives: the array to compare saved as a .npy file."""
-    try:
-        with fs.open_ranged(path) as f, zipfile.ZipFile(f) as z:
-            arrays = [n.removesuffix(".npy") for n in z.namelist()]
-    except (OSError, zipfile.BadZipFile):
-        arrays = []
-    first = arrays[0] if arrays else "emb"
-    return (f"an .npz archive holds named arrays ({listed_names(arrays)}): save the one to "
-            f"compare as a .npy file, e.g. python -c \"import numpy as np; np.save("
-            f"'{first}.npy', np.load('{path}')['{first}'])\", and set {key} to the .npy "
-            "files")
 
 
 def _image_index(pattern: str, section: str) -> str:
@@ -600,7 +589,8 @@ def common_dir(files: list[str]) -> str:
 
 
 GLOBS = {"parquet": "*.parquet", "tfrecord": "*.tfrecord*", "hdf5": "*.h5",  # for hints
-         "jsonl": "*.jsonl*", "arrow": "*.arrow", "csv": "*.csv*", "npy": "*.npy"}
+         "jsonl": "*.jsonl*", "arrow": "*.arrow", "csv": "*.csv*", "npy": "*.npy",
+         "npz": "*.npz"}
 
 
 def list_files(pattern: str, key: str, timeout: float, fmt: str = "parquet") -> list[str]:

@@ -205,7 +205,7 @@ def _check_ours(key: str, target: str, found: list[str] | None,
 
 # What clean shards of any input format are called (``_check_ours``' words for them)
 _SHARD_EXTENSIONS = {"parquet", "h5", "hdf5", "tfrecord", "tfrecord.gz", "tfrecord.zlib",
-                     "tfrecords", "arrow", "feather", "npy",
+                     "tfrecords", "arrow", "feather", "npy", "npz",
                      *(f"{e}{z}" for e in ("jsonl", "ndjson", "json", "csv", "tsv")
                        for z in ("", ".gz", ".bz2", ".zst"))}
 

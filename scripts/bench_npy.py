@@ -1,8 +1,9 @@
-"""What reading NumPy .npy files costs the job against Parquet, and against what a user
-did before (convert to Parquet first; or numpy's own exact dedup, ``np.unique(axis=0)``).
+"""What reading NumPy .npy files and .npz archives costs the job against Parquet, and
+against what a user did before (convert to Parquet first; or numpy's own exact dedup,
+``np.unique(axis=0)``).
 
 The vectors of ``bench_growth.make`` (128-d embedding-like float32 rows with exact and
-planted near copies) in 4 files, as ``np.save`` writes them and as Parquet (a
+planted near copies) in 4 files, as ``np.save`` and ``np.savez`` write them and as Parquet (a
 ``fixed_size_list`` column, no id column: ids are ``<file>:<row>`` in both), whole CLI
 processes one after another, exact only and with cosine 0.01. Per run: wall and CPU
 seconds of the process tree, peak RSS, input bytes, removed, and whether the removals
@@ -30,6 +31,7 @@ from bench_growth import make  # noqa: E402
 from benchkit import ROOT, run_watched  # noqa: E402
 
 FILES = 4
+FORMATS = ("parquet", "npy", "npz")  # the first is the one the others are compared with
 NEAR = {"metric": "cosine", "threshold": 0.01}
 # What a user ran before: each .npy file written as Parquet, then the Parquet job
 CONVERT = """import sys, numpy as np, pyarrow as pa, pyarrow.parquet as pq
@@ -66,7 +68,7 @@ def _timed(cmd: list[str], log: Path) -> dict:
 def _job(fmt: str, data: Path, out: Path, near: bool) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     cfg = {"input": {"format": fmt, "path": str(data / f"*.{fmt}"),
-                     **({"tensor": "emb"} if fmt == "parquet" else {})},
+                     **({} if fmt == "npy" else {"tensor": "emb"})},
            "output": {"path": str(out / "clean"), "overwrite": True},
            "report": str(out / "report"), **({"near": NEAR} if near else {})}
     (out / "job.json").write_text(json.dumps(cfg))
@@ -87,18 +89,19 @@ def measure(n: int) -> tuple[list[dict], int]:
         work = Path(tmp)
         make(n, work / "src")
         x = np.load(work / "src" / "x.npy", mmap_mode="r")  # every row, in the files' order
-        for fmt in ("npy", "parquet"):
+        for fmt in FORMATS:
             (work / fmt).mkdir()
         for i, part in enumerate(np.array_split(x, FILES)):
             np.save(work / "npy" / f"part-{i}.npy", part)
+            np.savez(work / "npz" / f"part-{i}.npz", emb=part)
             emb = pa.FixedSizeListArray.from_arrays(pa.array(part.reshape(-1)), part.shape[1])
             pq.write_table(pa.table({"emb": emb}), work / "parquet" / f"part-{i}.parquet")
-        size = {f: sum(p.stat().st_size for p in (work / f).iterdir()) for f in ("npy", "parquet")}
+        size = {f: sum(p.stat().st_size for p in (work / f).iterdir()) for f in FORMATS}
         npys = [str(p) for p in sorted((work / "npy").glob("*.npy"))]
         for near in (False, True):
             mode = "cosine 0.01" if near else "exact"
             first = None
-            for fmt in ("parquet", "npy"):
+            for fmt in FORMATS:
                 r = _job(fmt, work / fmt, work / "out" / f"{fmt}-{near}", near)
                 got = r.pop("removals", None)
                 first = got if first is None else first

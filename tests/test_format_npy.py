@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import zipfile
 from pathlib import Path
 
 import ml_dtypes
@@ -186,21 +187,28 @@ def test_a_file_cut_short_keeps_its_whole_rows(tmp_path):
     _kept_rows(tmp_path, [x[:2500]], removed)
 
 
-def test_remote_run_equals_local_run(tmp_path, monkeypatch):
-    """The same files in an object store (fake gs://, ranged reads): the same report and
-    the same clean bytes as the local run."""
+@pytest.mark.parametrize("fmt", ["npy", "npz"])
+def test_remote_run_equals_local_run(tmp_path, monkeypatch, fmt):
+    """The same files in an object store (fake gs://, ranged reads), .npy files and .npz
+    archives (one stored, one compressed): the same report and the same clean bytes as
+    the local run."""
     url = fakefs.bucket(monkeypatch, tmp_path / "gcs")
     bucket = tmp_path / "gcs" / url.removeprefix(f"{fakefs.SCHEME}://")
     x = _clustered(np.random.default_rng(3), 3000, 16)
     for where in (tmp_path / "local" / "in", bucket / "in"):
         where.mkdir(parents=True)
-        np.save(where / "part-0.npy", x[:1800])
-        np.save(where / "part-1.npy", x[1800:].astype(">f4"))
+        if fmt == "npy":
+            np.save(where / "part-0.npy", x[:1800])
+            np.save(where / "part-1.npy", x[1800:].astype(">f4"))
+        else:
+            np.savez(where / "part-0.npz", emb=x[:1800], n=np.arange(1800))
+            np.savez_compressed(where / "part-1.npz", emb=x[1800:], n=np.arange(1800, 3000))
     near = {"metric": "cosine", "threshold": 0.01}
     local, remote = tmp_path / "local", tmp_path / "remote"
     remote.mkdir()
-    for where, glob in ((local, str(local / "in" / "*.npy")), (remote, f"{url}/in/*.npy")):
-        doc = {"input": {"format": "npy", "path": glob},
+    for where, glob in ((local, str(local / "in" / f"*.{fmt}")), (remote, f"{url}/in/*.{fmt}")):
+        doc = {"input": {"format": fmt, "path": glob, **({"tensor": "emb", "id": "n"}
+                                                          if fmt == "npz" else {})},
                "output": {"path": f"{url}/out/clean" if where is remote else
                           str(where / "out" / "clean")},
                "report": f"{url}/out/report" if where is remote else str(where / "out" / "report"),
@@ -208,7 +216,7 @@ def test_remote_run_equals_local_run(tmp_path, monkeypatch):
         (where / "job.yaml").write_text(yaml.safe_dump(doc))
         assert main(["--config", str(where / "job.yaml"), "--quiet",
                      "--set", "tuning.unit_rows=500"]) == 0
-    for name in ("part-0.npy", "part-1.npy"):
+    for name in (f"part-0.{fmt}", f"part-1.{fmt}"):
         assert (bucket / "out" / "clean" / name).read_bytes() == (
             local / "out" / "clean" / name).read_bytes()
     a, b = (sorted((_row(d["record_id"]), _row(d["duplicate_of"]), d["kind"]) for d in
@@ -217,12 +225,62 @@ def test_remote_run_equals_local_run(tmp_path, monkeypatch):
     assert a == b and len(a) > 200
 
 
+@pytest.mark.parametrize("compressed", [False, True])
+def test_npz_archives_give_the_parquet_jobs_removals(tmp_path, compressed):
+    """Embeddings saved with their ids, a score, a label and metadata by np.savez (members
+    stored: read by row ranges) or np.savez_compressed (read in order), keep the highest
+    score, cosine 0.01: the removals of the same rows in Parquet with those columns; each
+    clean archive holds every array with a row per record without the removed rows, the
+    others as they were, each member compressed as it was."""
+    rng = np.random.default_rng(4)
+    x = _clustered(rng, 9000, 32)
+    ids = np.array([f"doc-{i:05d}" for i in range(len(x))])
+    score = rng.integers(0, 5, len(x)).astype(np.float64)
+    label = rng.integers(0, 10, len(x)).astype(np.int16)
+    save = np.savez_compressed if compressed else np.savez
+    (tmp_path / "n" / "in").mkdir(parents=True)
+    (tmp_path / "p" / "in").mkdir(parents=True)
+    parts = np.array_split(np.arange(len(x)), 3)
+    for k, rows in enumerate(parts):
+        save(tmp_path / "n" / "in" / f"part-{k}.npz", emb=x[rows], ids=ids[rows],
+             score=score[rows], label=label[rows], classes=np.arange(10), dim=np.int64(32))
+        pq.write_table(pa.table({"ids": ids[rows], "emb": pa.FixedSizeListArray.from_arrays(
+            pa.array(x[rows].reshape(-1)), 32), "score": score[rows]}),
+            tmp_path / "p" / "in" / f"part-{k}.parquet", row_group_size=500)
+    got = []
+    for fmt, where in (("npz", "n"), ("parquet", "p")):
+        assert _job(tmp_path / where, fmt, str(tmp_path / where / "in" / f"*.{fmt}"),
+                    "tuning.unit_rows=1000", "tuning.chunk_rows=400",
+                    input={"tensor": "emb", "id": "ids"}, keep={"max": "score"},
+                    near={"metric": "cosine", "threshold": 0.01}) == 0
+        dups, invalid = report(tmp_path / where)
+        assert invalid.num_rows == 0
+        got.append(sorted((d["record_id"], d["duplicate_of"], d["kind"])
+                          for d in dups.to_pylist()))
+    assert got[0] == got[1] and {k for *_, k in got[0]} == {"exact", "near"}
+    removed = {r for r, *_ in got[0]}
+    for k, rows in enumerate(parts):
+        src = tmp_path / "n" / "in" / f"part-{k}.npz"
+        dst = tmp_path / "n" / "out" / "clean" / f"part-{k}.npz"
+        with zipfile.ZipFile(src) as a, zipfile.ZipFile(dst) as b:
+            assert [(i.filename, i.compress_type) for i in a.infolist()] == [
+                (i.filename, i.compress_type) for i in b.infolist()]
+        keep = np.array([i not in removed for i in ids[rows]])
+        with np.load(src) as a, np.load(dst) as b:
+            for name in ("emb", "ids", "score", "label"):
+                assert b[name].dtype == a[name].dtype
+                np.testing.assert_array_equal(b[name], a[name][keep])
+            for name in ("classes", "dim"):
+                np.testing.assert_array_equal(b[name], a[name])
+
+
 def test_checks_before_any_work(tmp_path, capsys):
     """Exit 2 before any work, one line each: Python objects (pickled: never read),
     records with fields, a 0-d array, raw 2-byte values without input.dtype, an .npz
-    archive (its arrays named, the command given), torch.save and pickle files (never
-    unpickled; named as such), a .npy read as Parquet, input.id,
-    keep by a column, a dtype or shape that disagrees, jaccard over floats."""
+    archive under npy (set npz), an array it lacks (the nearest named), ids it lacks, an
+    array of objects with a row per record (its rows cannot be dropped), torch.save and
+    pickle files (never unpickled; named as such), a .npy read as Parquet, input.id, keep
+    by a column, a dtype or shape that disagrees, jaccard over floats."""
     folder = tmp_path / "in"
     folder.mkdir()
     f32 = np.zeros((10, 4), np.float32)
@@ -232,6 +290,7 @@ def test_checks_before_any_work(tmp_path, capsys):
                         ("f32", f32)):
         np.save(folder / f"{name}.npy", value, allow_pickle=name == "obj")
     np.savez(folder / "saved.npz", emb=f32, label=np.arange(10))
+    np.savez(folder / "objects.npz", emb=f32, note=np.array([None] * 10, dtype=object))
     torch.save(torch.zeros(10, 4), folder / "emb.pt")
     with open(folder / "emb.pkl", "wb") as f:
         pickle.dump(f32, f)
@@ -244,9 +303,15 @@ def test_checks_before_any_work(tmp_path, capsys):
             ("npy", "scalar.npy", {}, "has no axes"),
             ("npy", "bf.npy", {}, "holds raw 2-byte values: np.save writes bfloat16 "
              "(ml_dtypes) so; if these are, set input.dtype: bfloat16"),
-            ("npy", "saved.npz", {}, "an .npz archive holds named arrays (emb, label): save the "
-             f"one to compare as a .npy file, e.g. python -c \"import numpy as np; np.save("
-             f"'emb.npy', np.load('{folder / 'saved.npz'}')['emb'])\""),
+            ("npy", "saved.npz", {}, "looks like a NumPy .npz file (it is a ZIP archive of "
+             ".npy files, as np.savez writes), not npy: set input.format: npz"),
+            ("npz", "saved.npz", {"input": {"tensor": "embs"}}, "no array 'embs' (the archive "
+             "has arrays emb, label): did you mean 'emb'?"),
+            ("npz", "saved.npz", {"input": {"tensor": "emb", "id": "names"}},
+             "input.id: no array 'names'"),
+            ("npz", "objects.npz", {"input": {"tensor": "emb"}}, "array 'note' has a row per "
+             "record and holds Python objects (pickled): the clean copy could not drop its "
+             "rows without unpickling it"),
             ("npy", "emb.pt", {}, "(it is a PyTorch torch.save file (a ZIP archive holding a "
              "pickle); a .npy file starts with \\x93NUMPY): this job never unpickles input"),
             ("npy", "emb.pkl", {}, "(it is a Python pickle (pickle.dump, joblib.dump); a .npy "

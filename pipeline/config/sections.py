@@ -54,17 +54,18 @@ _DECODED = {"image": "uint8 pixels", "bytes": "a uint8 vector of the stored byte
 
 
 class InputConfig(Strict):
-    format: Literal["parquet", "tfrecord", "hdf5", "jsonl", "arrow", "csv", "npy"] = Field(
+    format: Literal["parquet", "tfrecord", "hdf5", "jsonl", "arrow", "csv", "npy", "npz"] = Field(
         description="file format of the input: parquet | tfrecord | hdf5 | jsonl (JSON "
                     "lines, also gzip, bz2 or zstd compressed) | arrow (Arrow IPC files "
                     "and streams: Hugging Face save_to_disk) | csv (.csv or .tsv with a "
                     "header line, also compressed) | npy (NumPy np.save files: each row of "
-                    "the array a record)")
+                    "the array a record) | npz (np.savez archives: input.tensor names the "
+                    "array, input.id and keep other arrays)")
     path: HomePath = Field(description="glob of input files: a local path or any Beam filesystem "
                       "(gs://, s3://); '{run_id}' is replaced by the run id")
     tensor: str | list[str] = Field(
-        description="Parquet column / tf.train.Example feature / HDF5 dataset (npy: "
-                    "optional, the file's one array); or a list of "
+        description="Parquet column / tf.train.Example feature / HDF5 dataset / .npz "
+                    "array (npy: optional, the file's one array); or a list of "
                     "numeric columns (parquet, arrow, jsonl, csv) whose values make each record's "
                     "vector, one per column (a feature table); globs name several: "
                     "[mean_*, visits], ['*']")
@@ -150,8 +151,14 @@ class InputConfig(Strict):
     @classmethod
     def _one_array(cls, data: object) -> object:
         """A .npy file holds one array and nothing else: it needs no name, and has no
-        column for ids, another value to show, or encoded values."""
-        if not isinstance(data, dict) or data.get("format") != "npy":
+        column for ids, another value to show, or encoded values; an .npz archive holds
+        arrays of numbers or strings, shown as no picture or text."""
+        if not isinstance(data, dict) or data.get("format") not in ("npy", "npz"):
+            return data
+        if data["format"] == "npz":
+            if data.get("show") is not None or data.get("decode", "none") != "none":
+                raise ValueError(f"input.{'show' if data.get('show') else 'decode'}: an .npz "
+                                 "archive holds arrays of numbers: remove it")
             return data
         for key in ("id", "show"):
             if data.get(key) is not None:

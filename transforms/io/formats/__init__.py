@@ -11,7 +11,7 @@ from transforms.io.formats.base import TensorSpec
 if TYPE_CHECKING:
     from transforms.io.formats.encoded import Encoded
 
-FORMATS = ("parquet", "tfrecord", "hdf5", "jsonl", "arrow", "csv", "npy")
+FORMATS = ("parquet", "tfrecord", "hdf5", "jsonl", "arrow", "csv", "npy", "npz")
 
 
 def get_format(name: str, spec: TensorSpec | None = None) -> ModuleType | Encoded:

@@ -321,6 +321,24 @@ def no_such_name(name: str, names: list[str], what: str, fix: str) -> str:
             f"{f'did you mean {near!r}?' if near is not None else fix}")
 
 
+def as_ids(values: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """Id values (an HDF5 dataset's, an .npz array's) -> object array of str (bytes
+    decoded as UTF-8), and the rows whose bytes are not UTF-8: invalid records (as in
+    TFRecord), named with their bytes escaped so the report still shows which they were."""
+    if values.dtype.kind in "iu":
+        return values.astype(str).astype(object), []
+    out, bad = [], []
+    for p, v in enumerate(values.tolist()):
+        if isinstance(v, bytes):
+            try:
+                v = v.decode("utf-8")
+            except UnicodeDecodeError:
+                bad.append(p)
+                v = v.decode("utf-8", "backslashreplace")
+        out.append(str(v))
+    return np.array(out, dtype=object), bad
+
+
 def default_id(path: str, position: int) -> str:
     return f"{path}:{position}"
 

@@ -18,11 +18,12 @@ from transforms.io.formats.base import (
     TensorSpec,
     Unit,
     Values,
+    as_ids,
     default_ids,
     error_line,
     unreadable_file,
 )
-from transforms.io.formats.hdf5 import as_ids, check_sides
+from transforms.io.formats.hdf5 import check_sides
 from transforms.io.formats.hdf5_files import H5_ERRORS, open_dataset, opened_h5, value_kind
 
 

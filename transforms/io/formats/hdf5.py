@@ -33,6 +33,7 @@ from transforms.io.formats.base import (
     InvalidRecord,
     TensorSpec,
     Unit,
+    as_ids,
     default_ids,
     error_line,
     ragged_tensors,
@@ -171,24 +172,6 @@ def _record_nbytes(ds: h5py.Dataset) -> float:
         sizes += [len(v.encode()) if isinstance(v, str) else
                   len(v) if isinstance(v, bytes) else np.asarray(v).nbytes for v in rows]
     return max(1.0, float(np.mean(sizes))) if sizes else 1.0
-
-
-def as_ids(values: np.ndarray) -> tuple[np.ndarray, list[int]]:
-    """Id dataset values -> object array of str (bytes decoded as UTF-8), and the rows
-    whose bytes are not UTF-8: invalid records (as in TFRecord), named with their bytes
-    escaped so the report still shows which they were."""
-    if values.dtype.kind in "iu":
-        return values.astype(str).astype(object), []
-    out, bad = [], []
-    for p, v in enumerate(values.tolist()):
-        if isinstance(v, bytes):
-            try:
-                v = v.decode("utf-8")
-            except UnicodeDecodeError:
-                bad.append(p)
-                v = v.decode("utf-8", "backslashreplace")
-        out.append(str(v))
-    return np.array(out, dtype=object), bad
 
 
 def _chunk(unit: Unit, a: int, b: int, ds: h5py.Dataset, id_ds: h5py.Dataset | None,

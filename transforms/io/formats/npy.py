@@ -66,8 +66,9 @@ class Header:
         return min(self.rows, (self.size - self.offset) // self.width) if self.width else self.rows
 
 
-def header(f: io.RawIOBase | io.BufferedIOBase) -> Header:
-    """The header of the ``.npy`` file ``f`` (at its start); ValueError if it is none."""
+def header(f: io.RawIOBase | io.BufferedIOBase, size: int | None = None) -> Header:
+    """The header of the ``.npy`` data at ``f``'s position (a file's start, or an ``.npz``
+    member's: ``size``, where its data end); ValueError if it is none."""
     version = npformat.read_magic(f)
     read = _HEADER_READERS.get(version)
     with warnings.catch_warnings():  # a Python 2 header ("3L") is read, not worth a word
@@ -77,8 +78,10 @@ def header(f: io.RawIOBase | io.BufferedIOBase) -> Header:
         else:
             shape, fortran, dtype = read(f)
     offset = f.tell()
-    f.seek(0, io.SEEK_END)
-    return Header(dtype, tuple(shape), bool(fortran), offset, f.tell())
+    if size is None:
+        f.seek(0, io.SEEK_END)
+        size = f.tell()
+    return Header(dtype, tuple(shape), bool(fortran), offset, size)
 
 
 def _header_of(path: str) -> Header | Exception:
@@ -89,7 +92,7 @@ def _header_of(path: str) -> Header | Exception:
         return e
 
 
-def _dtype(h: Header, spec: TensorSpec) -> np.dtype:
+def read_dtype(h: Header, spec: TensorSpec) -> np.dtype:
     """The dtype the records are read as: the header's in native byte order; raw 2-byte
     values (``np.save`` writes ml_dtypes' bfloat16 as ``V2``) as bfloat16 if asked."""
     if h.dtype.kind == "V" and h.dtype.itemsize == 2 and spec.dtype == "bfloat16" \
@@ -107,7 +110,13 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
     h = _header_of(path)
     if isinstance(h, Exception):
         return spec  # reported by read() as an unreadable file
-    what = f"its array ({h.dtype.str}, shape {list(h.shape)})"
+    return checked(path, h, spec, "its array", f"np.load('{path}')")
+
+
+def checked(path: str, h: Header, spec: TensorSpec, name: str, load: str) -> TensorSpec:
+    """``spec`` with the shape and dtype of the array ``name`` (``load``: the Python that
+    loads it, for the fix of records with fields), or the one line that refuses it."""
+    what = f"{name} ({h.dtype.str}, shape {list(h.shape)})"
     if not h.shape:
         raise InputError(f"{path}: input.path: {what} has no axes: save an array whose "
                          "first axis is the records")
@@ -120,12 +129,12 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
         raise InputError(f"{path}: input.path: {what} holds records with fields "
                          f"{list(h.dtype.names)}: save the field to compare as an array of "
                          f"its own, e.g. python -c \"import numpy as np; np.save('{first}.npy',"
-                         f" np.load('{path}')['{first}'])\"")
+                         f" {load}['{first}'])\"")
     if h.fortran and not fs.is_local(path):
         raise InputError(f"{path}: input.path: {what} is saved in Fortran order, so its "
                          "records are not contiguous bytes: save it in C order, "
                          "np.save(path, np.ascontiguousarray(a))")
-    dtype = _dtype(h, spec).name
+    dtype = read_dtype(h, spec).name
     if h.dtype.kind == "V" and dtype != "bfloat16":
         raise InputError(f"{path}: input.dtype: {what} holds raw {h.dtype.itemsize}-byte "
                          "values: np.save writes bfloat16 (ml_dtypes) so; if these are, set "
@@ -161,9 +170,9 @@ def plan(path: str, file_index: int, target_rows: int,
     return [Unit(file_index, path, a, b) for a, b in zip(starts, [*starts[1:], n], strict=True)]
 
 
-def _values(f: io.BufferedIOBase, h: Header, dtype: np.dtype, a: int, b: int,
-            mapped: np.ndarray | None) -> np.ndarray:
-    """Records ``a:b`` as a native C-order array."""
+def values_of(f: io.IOBase, h: Header, dtype: np.dtype, a: int, b: int,
+              mapped: np.ndarray | None = None) -> np.ndarray:
+    """Records ``a:b`` as a native C-order array (``mapped``: a Fortran-order file's map)."""
     if mapped is not None:
         rows = np.ascontiguousarray(mapped[a:b])
         return rows.view(dtype) if rows.dtype.kind == "V" else rows.astype(dtype, copy=False)
@@ -192,7 +201,7 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int,
         yield Chunk.of_invalid(unit.file_index, [base.unreadable_file(
             unit.path, f"unreadable .npy file: {base.error_line(h)}")])
         return
-    dtype = _dtype(h, spec)
+    dtype = read_dtype(h, spec)
     whole = h.whole_rows
     stop = whole + (whole < h.rows) if unit.stop is None else unit.stop
     batch_rows = base.rows_within(batch_rows, batch_bytes, h.width)
@@ -204,7 +213,7 @@ def read(unit: Unit, spec: TensorSpec, batch_rows: int,
             positions = np.arange(a, b, dtype=np.int64)
             ids = base.default_ids(unit.path, positions)
             try:
-                tensors = _values(f, h, dtype, a, b, mapped)
+                tensors = values_of(f, h, dtype, a, b, mapped)
             except OSError as e:  # the file changed or a store failed: these rows
                 yield Chunk(unit.file_index, positions[:0], ids[:0], np.empty((0,)),
                             invalid=[InvalidRecord(p, i, f"unreadable rows: {base.error_line(e)}")
@@ -255,7 +264,7 @@ def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) 
             lo, hi = np.searchsorted(skip, [a, b])
             keep[skip[lo:hi] - a] = False
             if keep.any():
-                rows = _values(f, h, h.dtype, a, b, mapped)
+                rows = values_of(f, h, h.dtype, a, b, mapped)
                 out.write(memoryview(np.ascontiguousarray(rows[keep]).reshape(-1)
                                      .view(np.uint8)))
     return kept
@@ -267,13 +276,13 @@ def read_rows(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, np
     out: dict[int, np.ndarray] = {}
     if isinstance(h, Exception) or not h.shape:
         return out
-    dtype = _dtype(h, spec)
+    dtype = read_dtype(h, spec)
     f, mapped = _opened(path, h)
     with f:
         for p in sorted({int(p) for p in positions}):
             if 0 <= p < h.whole_rows:
                 try:
-                    out[p] = _values(f, h, dtype, p, p + 1, mapped)[0]
+                    out[p] = values_of(f, h, dtype, p, p + 1, mapped)[0]
                 except OSError:
                     pass
     return out
