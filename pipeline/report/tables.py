@@ -50,7 +50,7 @@ FILES_SCHEMA = pa.schema([("file", pa.int32()), ("path", pa.string()), ("role", 
 class TensorSource:
     """How to read a set of files back (the report's page shows a few of their tensors)."""
 
-    format: str  # parquet | tfrecord | hdf5 | jsonl
+    format: str  # one of transforms.io.formats.FORMATS
     spec: TensorSpec
 
 

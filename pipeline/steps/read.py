@@ -120,7 +120,8 @@ class ReadTensors(beam.PTransform):
     Args:
       files: a glob pattern or a list of paths (any filesystem Beam knows); sorted, their
         order is the "first" order of ``Keep.first()``.
-      format: "parquet" | "tfrecord" | "hdf5" | "jsonl".
+      format: one of ``transforms.io.formats.FORMATS`` (parquet, tfrecord, hdf5, jsonl,
+        arrow, csv, npy, npz).
       spec: what each record holds (tensor field, id field, shape, dtype...).
       chunking: records per read task and per element, and tensor bytes per element.
       on_invalid: "skip" reports a bad record (FACTS) and goes on; "fail" stops the job.
