@@ -354,13 +354,13 @@ FIRST_ID_FILES = 8
 
 
 def check_first_ids(files: list[str], column: str, fmt: str = "parquet") -> None:
-    """Ids that repeat among the first records of the first local Parquet, JSON lines or
-    Arrow files (a row number restarting in every shard, the usual case) stop the run before
-    any work; the job checks every record's id too (``steps.ids.RepeatedIds``), after
-    the work. Files on an object store are left to the job: the checks before any work
-    read their heads and footers only."""
+    """Ids that repeat among the first records of the first local Parquet, JSON lines,
+    Arrow, CSV or .npz files (a row number restarting in every shard, the usual case)
+    stop the run before any work; the job checks every record's id too
+    (``steps.ids.RepeatedIds``), after the work. Files on an object store are left to the
+    job: the checks before any work read their heads and footers only."""
     def first_ids(path: str) -> list:
-        if fmt in ("jsonl", "arrow", "csv"):
+        if fmt in ("jsonl", "arrow", "csv", "npz"):
             first_values = importlib.import_module(f"transforms.io.formats.{fmt}").first_values
             return first_values(path, column)[:FIRST_IDS]
         with pa.OSFile(path) as f:

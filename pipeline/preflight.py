@@ -479,7 +479,7 @@ def prepare(cfg: DedupeConfig) -> Job:
                         cfg.near is None and holds_sequences(files[0], cfg.input, timeout))
     checked = inspect_files(files, cfg.input, spec, "input.path", timeout)
     spec = expanded_columns(files, checked, spec)
-    if cfg.input.format in ("parquet", "jsonl", "arrow", "csv") and spec.id is not None:
+    if cfg.input.format in ("parquet", "jsonl", "arrow", "csv", "npz") and spec.id is not None:
         check_first_ids(files, spec.id, cfg.input.format)
     first = first_known(checked)
     resolved = checked[first]

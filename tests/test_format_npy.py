@@ -277,10 +277,11 @@ def test_npz_archives_give_the_parquet_jobs_removals(tmp_path, compressed):
 def test_checks_before_any_work(tmp_path, capsys):
     """Exit 2 before any work, one line each: Python objects (pickled: never read),
     records with fields, a 0-d array, raw 2-byte values without input.dtype, an .npz
-    archive under npy (set npz), an array it lacks (the nearest named), ids it lacks, an
-    array of objects with a row per record (its rows cannot be dropped), torch.save and
-    pickle files (never unpickled; named as such), a .npy read as Parquet, input.id, keep
-    by a column, a dtype or shape that disagrees, jaccard over floats."""
+    archive under npy (set npz), an array it lacks (the nearest named), ids it lacks, ids
+    that restart in every archive, an array of objects with a row per record (its rows
+    cannot be dropped), torch.save and pickle files (never unpickled; named as such), a
+    .npy read as Parquet, input.id, keep by a column, a dtype or shape that disagrees,
+    jaccard over floats."""
     folder = tmp_path / "in"
     folder.mkdir()
     f32 = np.zeros((10, 4), np.float32)
@@ -291,6 +292,8 @@ def test_checks_before_any_work(tmp_path, capsys):
         np.save(folder / f"{name}.npy", value, allow_pickle=name == "obj")
     np.savez(folder / "saved.npz", emb=f32, label=np.arange(10))
     np.savez(folder / "objects.npz", emb=f32, note=np.array([None] * 10, dtype=object))
+    for k in range(2):  # ids that restart in every archive
+        np.savez(folder / f"rep-{k}.npz", emb=f32 + k, row=np.arange(10))
     torch.save(torch.zeros(10, 4), folder / "emb.pt")
     with open(folder / "emb.pkl", "wb") as f:
         pickle.dump(f32, f)
@@ -309,6 +312,8 @@ def test_checks_before_any_work(tmp_path, capsys):
              "has arrays emb, label): did you mean 'emb'?"),
             ("npz", "saved.npz", {"input": {"tensor": "emb", "id": "names"}},
              "input.id: no array 'names'"),
+            ("npz", "rep-*.npz", {"input": {"tensor": "emb", "id": "row"}}, "10 of the first "
+             "records hold an id an earlier record holds"),
             ("npz", "objects.npz", {"input": {"tensor": "emb"}}, "array 'note' has a row per "
              "record and holds Python objects (pickled): the clean copy could not drop its "
              "rows without unpickling it"),

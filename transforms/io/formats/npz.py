@@ -242,6 +242,24 @@ def _copy_rows(s: io.IOBase, h: Header, skip: np.ndarray, w: io.IOBase) -> None:
             w.write(memoryview(np.ascontiguousarray(rows[keep]).reshape(-1).view(np.uint8)))
 
 
+FIRST_VALUES = 1_000  # ids ``first_values`` reads
+
+
+def first_values(path: str, name: str) -> list:
+    """The array's first values as strings (ids); [] where there are none to tell."""
+    try:
+        with _opened(path) as (z, f, members):
+            m = members[name]
+            if m.header.shape != (m.header.rows,) or m.header.dtype.kind not in "iuSU":
+                return []  # not ids: the check says so
+            with _stream(z, f, m) as s:
+                values = values_of(s, m.header, m.header.dtype.newbyteorder("="), 0,
+                                   min(FIRST_VALUES, m.header.rows))
+    except (*ERRORS, KeyError):
+        return []
+    return base.as_ids(values)[0].tolist()
+
+
 def read_rows(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, np.ndarray]:
     """The tensors at ``positions`` of one file (a few records: the report's page)."""
     out: dict[int, np.ndarray] = {}
