@@ -234,8 +234,8 @@ def test_checks_before_any_work(tmp_path, capsys):
              "input.tensor: column 'note' holds large_string, not numbers"),
             ("parquet", ["mean_radius", "mean_texure"], {},
              "no column 'mean_texure' (did you mean 'mean_texture'?)"),
-            ("hdf5", features, {}, "config key 'input.tensor': a list of columns is read from "
-             "parquet, arrow, jsonl and csv tables"),
+            ("hdf5", features, {}, "input.tensor: a list of columns is read from parquet, "
+             "arrow, jsonl and csv tables"),
             ("parquet", features, {"near": {"metric": "jaccard", "threshold": 0.8}},
              "near.metric: jaccard compares the texts or token sequences of one column"),
             ("parquet", features, {"input": {"decode": "text"}},

@@ -323,8 +323,8 @@ def test_checks_before_any_work(tmp_path, capsys):
              "file starts with \\x93NUMPY): this job never unpickles input"),
             ("parquet", "f32.npy", {"input": {"tensor": "emb"}}, "looks like a NumPy .npy file "
              "(it starts with \\x93NUMPY, as np.save writes), not parquet: set input.format: npy"),
-            ("npy", "f32.npy", {"input": {"id": "id"}}, "config key 'input.id': a .npy file "
-             "holds one array, no column 'id': remove input.id"),
+            ("npy", "f32.npy", {"input": {"id": "id"}}, "input.id: a .npy file holds one "
+             "array, no column 'id': remove input.id"),
             ("npy", "f32.npy", {"keep": {"max": "score"}}, "keep: a .npy file holds one array, "
              "no column 'score': remove keep"),
             ("npy", "f32.npy", {"input": {"dtype": "float64"}}, "holds float32, not float64: "

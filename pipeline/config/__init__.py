@@ -359,12 +359,7 @@ def _describe(err: ValidationError) -> str:
         if near:
             return (f"config key '{key}': {first['input']!r} is not one of "
                     f"{', '.join(allowed)}: did you mean {near[0]}?")
-    text = msg.removeprefix("Value error, ")
-    inner, said, rest = text.partition(": ")  # a section's check that names its own key
-    if said and inner.startswith(f"{key}.") and " " not in inner and "." not in inner[
-            len(key) + 1:]:
-        return f"config key '{inner}': {rest}"
-    return f"config key '{key}': {text}"
+    return f"config key '{key}': {msg.removeprefix('Value error, ')}"
 
 
 def beam_flags(args: Sequence[str]) -> dict[str, list[str]]:
