@@ -173,14 +173,20 @@ def test_a_file_cut_short_keeps_its_whole_rows(tmp_path):
     data = (tmp_path / "in" / "part-0.npy").read_bytes()
     cut = 128 + 2500 * 32 + 7  # 2,500 whole rows, then 7 bytes of the next
     (tmp_path / "in" / "part-0.npy").write_bytes(data[:cut])
+    np.save(tmp_path / "in" / "part-1.npy", np.asfortranarray(x[:100]))  # no whole row
+    data = (tmp_path / "in" / "part-1.npy").read_bytes()
+    (tmp_path / "in" / "part-1.npy").write_bytes(data[:-5])
     assert _job(tmp_path, "npy", str(tmp_path / "in" / "*.npy"), "tuning.unit_rows=1000",
                 max_invalid_fraction=1.0) == 0
     summary = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
     dups, invalid = report(tmp_path)
-    (bad,) = invalid.to_pylist()
+    bad, fortran = sorted(invalid.to_pylist(), key=lambda r: r["record_id"])
     assert bad["record_id"].endswith("part-0.npy:2500")
     assert "records 2,500 to 3,999 (1,500) are missing" in bad["reason"]
-    assert summary["read"] == 2501 == summary["kept"] + dups.num_rows + 1
+    assert fortran["record_id"].endswith("part-1.npy:0")
+    assert "records 0 to 99 (100) are missing" in fortran["reason"]
+    assert summary["read"] == 2502 == summary["kept"] + dups.num_rows + 2
+    assert np.load(tmp_path / "out" / "clean" / "part-1.npy").shape == (0, 8)
     removed = {_row(r) for r in dups.column("record_id").to_pylist()}
     _, first = np.unique(x[:2500], axis=0, return_index=True)
     assert removed == {f"part-0:{i}" for i in set(range(2500)) - set(first.tolist())}

@@ -164,8 +164,14 @@ def plan(path: str, file_index: int, target_rows: int,
     h = _header_of(path)
     if isinstance(h, Exception) or not h.shape:
         return [Unit(file_index, path, 0, None)]
-    n = h.whole_rows + (h.whole_rows < h.rows)
-    step = max(1, target_rows, -(-_MIN_UNIT_BYTES // max(1, h.width)))
+    return row_units(path, file_index, h.whole_rows + (h.whole_rows < h.rows), h.width,
+                     target_rows)
+
+
+def row_units(path: str, file_index: int, n: int, width: int, target_rows: int) -> list[Unit]:
+    """Ranges of about ``target_rows`` of ``n`` records of ``width`` bytes, each at least
+    ``_MIN_UNIT_BYTES``."""
+    step = max(1, target_rows, -(-_MIN_UNIT_BYTES // max(1, width)))
     starts = list(range(0, n, step)) or [0]
     return [Unit(file_index, path, a, b) for a, b in zip(starts, [*starts[1:], n], strict=True)]
 
@@ -186,10 +192,11 @@ def values_of(f: io.IOBase, h: Header, dtype: np.dtype, a: int, b: int,
 
 
 def _opened(path: str, h: Header):
-    """The file (a positioned reader) and, for a local Fortran-order file, its map."""
+    """The file (a positioned reader) and, for a local Fortran-order file, its map (none
+    where the file is cut short: its records are all cut, the map would overrun it)."""
     f = fs.open_ranged(path)
     mapped = None
-    if h.fortran:
+    if h.fortran and 0 < h.rows == h.whole_rows:
         mapped = np.memmap(f, h.dtype, "r", h.offset, h.shape, order="F")
     return f, mapped
 
@@ -245,29 +252,34 @@ def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) 
     h = _header_of(src)
     if isinstance(h, Exception) or not h.shape:
         return 0
-    n = h.whole_rows
+    h = replace(h, shape=(h.whole_rows, *h.shape[1:]))
     skip = np.unique(np.asarray(drop, dtype=np.int64))
-    skip = skip[(skip >= 0) & (skip < n)]
-    kept = n - len(skip)
-    meta = {"descr": npformat.dtype_to_descr(h.dtype), "fortran_order": False,
-            "shape": (kept, *h.shape[1:])}
-    step = max(1, _WRITE_STEP_BYTES // max(1, h.width))
+    skip = skip[(skip >= 0) & (skip < h.rows)]
     f, mapped = _opened(src, h)
     with f, fs.local_file_for(dst) as local, open(local, "wb") as out:
-        try:
-            npformat.write_array_header_1_0(out, meta)
-        except ValueError:  # a header over 64 KiB (a very long shape)
-            npformat.write_array_header_2_0(out, meta)
-        for a in range(0, n, step):
-            b = min(a + step, n)
-            keep = np.ones(b - a, dtype=bool)
-            lo, hi = np.searchsorted(skip, [a, b])
-            keep[skip[lo:hi] - a] = False
-            if keep.any():
-                rows = values_of(f, h, h.dtype, a, b, mapped)
-                out.write(memoryview(np.ascontiguousarray(rows[keep]).reshape(-1)
-                                     .view(np.uint8)))
-    return kept
+        copy_rows(f, h, skip, out, mapped)
+    return h.rows - len(skip)
+
+
+def copy_rows(f: io.IOBase, h: Header, skip: np.ndarray, out: io.IOBase,
+              mapped: np.ndarray | None = None) -> None:
+    """A ``.npy`` of ``h``'s rows but those at ``skip`` (sorted), read from ``f`` and
+    written to ``out`` in C order with ``h``'s dtype, a step of rows at a time."""
+    meta = {"descr": npformat.dtype_to_descr(h.dtype), "fortran_order": False,
+            "shape": (h.rows - len(skip), *h.shape[1:])}
+    try:
+        npformat.write_array_header_1_0(out, meta)
+    except ValueError:  # a header over 64 KiB (a very long shape)
+        npformat.write_array_header_2_0(out, meta)
+    step = max(1, _WRITE_STEP_BYTES // max(1, h.width))
+    for a in range(0, h.rows, step):
+        b = min(a + step, h.rows)
+        keep = np.ones(b - a, dtype=bool)
+        lo, hi = np.searchsorted(skip, [a, b])
+        keep[skip[lo:hi] - a] = False
+        if keep.any():
+            rows = values_of(f, h, h.dtype, a, b, mapped)
+            out.write(memoryview(np.ascontiguousarray(rows[keep]).reshape(-1).view(np.uint8)))
 
 
 def read_rows(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, np.ndarray]:
@@ -276,13 +288,19 @@ def read_rows(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, np
     out: dict[int, np.ndarray] = {}
     if isinstance(h, Exception) or not h.shape:
         return out
-    dtype = read_dtype(h, spec)
     f, mapped = _opened(path, h)
     with f:
-        for p in sorted({int(p) for p in positions}):
-            if 0 <= p < h.whole_rows:
-                try:
-                    out[p] = values_of(f, h, dtype, p, p + 1, mapped)[0]
-                except OSError:
-                    pass
+        return rows_at(f, h, read_dtype(h, spec), positions, h.whole_rows, mapped)
+
+
+def rows_at(f: io.IOBase, h: Header, dtype: np.dtype, positions: list[int], n: int,
+            mapped: np.ndarray | None = None) -> dict[int, np.ndarray]:
+    """The records at ``positions`` (those below ``n`` that can be read), by position."""
+    out: dict[int, np.ndarray] = {}
+    for p in sorted({int(p) for p in positions}):
+        if 0 <= p < n:
+            try:
+                out[p] = values_of(f, h, dtype, p, p + 1, mapped)[0]
+            except OSError:
+                pass
     return out

@@ -21,15 +21,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib import format as npformat
 
 from transforms.io import fs
-from transforms.io.formats import base
+from transforms.io.formats import base, npy
 from transforms.io.formats.base import Chunk, InputError, InvalidRecord, TensorSpec, Unit
 from transforms.io.formats.npy import Header, checked, header, read_dtype, values_of
 
 ERRORS = (OSError, ValueError, SyntaxError, EOFError, zipfile.BadZipFile)
-_WRITE_STEP_BYTES = 32 << 20  # values copied per step of ``write``
 
 
 @dataclass(frozen=True)
@@ -143,9 +141,7 @@ def plan(path: str, file_index: int, target_rows: int,
     read = [members.get(k) for k in ((spec.tensor, spec.id, spec.rank) if spec else ())]
     if not all(r.stored for r in read if r is not None):
         return [Unit(file_index, path, 0, n)]
-    step = max(1, target_rows, -(-(1 << 20) // max(1, m.header.width)))
-    starts = list(range(0, n, step)) or [0]
-    return [Unit(file_index, path, a, b) for a, b in zip(starts, [*starts[1:], n], strict=True)]
+    return npy.row_units(path, file_index, n, m.header.width, target_rows)
 
 
 def read(unit: Unit, spec: TensorSpec, batch_rows: int,
@@ -217,29 +213,10 @@ def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) 
                         out.writestr(entry, z.read(info))
                         continue
                     with _stream(z, f, m) as s, out.open(entry, "w", force_zip64=True) as w:
-                        _copy_rows(s, m.header, skip, w)
+                        npy.copy_rows(s, m.header, skip, w)
     except ERRORS:
         return 0
     return n - len(skip)
-
-
-def _copy_rows(s: io.IOBase, h: Header, skip: np.ndarray, w: io.IOBase) -> None:
-    """A ``.npy`` of ``h``'s rows but those at ``skip`` (sorted), to ``w``."""
-    meta = {"descr": npformat.dtype_to_descr(h.dtype), "fortran_order": False,
-            "shape": (h.rows - len(skip), *h.shape[1:])}
-    try:
-        npformat.write_array_header_1_0(w, meta)
-    except ValueError:  # a header over 64 KiB (a very long shape)
-        npformat.write_array_header_2_0(w, meta)
-    step = max(1, _WRITE_STEP_BYTES // max(1, h.width))
-    for a in range(0, h.rows, step):
-        b = min(a + step, h.rows)
-        keep = np.ones(b - a, dtype=bool)
-        lo, hi = np.searchsorted(skip, [a, b])
-        keep[skip[lo:hi] - a] = False
-        if keep.any():
-            rows = values_of(s, h, h.dtype, a, b)
-            w.write(memoryview(np.ascontiguousarray(rows[keep]).reshape(-1).view(np.uint8)))
 
 
 FIRST_VALUES = 1_000  # ids ``first_values`` reads
@@ -262,15 +239,11 @@ def first_values(path: str, name: str) -> list:
 
 def read_rows(path: str, spec: TensorSpec, positions: list[int]) -> dict[int, np.ndarray]:
     """The tensors at ``positions`` of one file (a few records: the report's page)."""
-    out: dict[int, np.ndarray] = {}
     try:
         with _opened(path) as (z, f, members):
             m = members[spec.tensor]
             with _stream(z, f, m) as s:
-                for p in sorted({int(p) for p in positions}):
-                    if 0 <= p < m.header.rows:
-                        out[p] = values_of(s, m.header, read_dtype(m.header, spec), p,
-                                           p + 1)[0]
+                return npy.rows_at(s, m.header, read_dtype(m.header, spec), positions,
+                                   m.header.rows)
     except (*ERRORS, KeyError):
-        pass
-    return out
+        return {}
