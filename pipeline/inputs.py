@@ -49,9 +49,10 @@ HDF5_BLOCKS = 1 << 20  # user blocks (powers of 2) this large at most are looked
 PARQUET_MAGIC = b"PAR1"
 PARQUET_ENCRYPTED = b"PARE"  # a Parquet file with an encrypted footer
 NPY_MAGIC = b"\x93NUMPY"
+MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
 _FORMAT_NAMES = {"parquet": "Parquet", "tfrecord": "TFRecord", "hdf5": "HDF5",
                  "jsonl": "JSON lines", "arrow": "Arrow IPC", "csv": "CSV",
-                 "npy": "NumPy .npy", "npz": "NumPy .npz"}
+                 "npy": "NumPy .npy", "npz": "NumPy .npz", "megatron": "Megatron .idx"}
 # What a file that is none of the formats is, for the one line that refuses it.
 _OTHER_KINDS = ((b"\xff\xff\xff\xff", "binary data"),
                 (b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"),
@@ -85,6 +86,8 @@ def sniff(head: bytes) -> Sniffed | None:
         return Sniffed("npy", "it starts with \\x93NUMPY, as np.save writes")
     if head[:4] == b"PK\x03\x04" and _zip_first(head).endswith(b".npy"):
         return Sniffed("npz", "it is a ZIP archive of .npy files, as np.savez writes")
+    if head[:9] == MEGATRON_MAGIC:
+        return Sniffed("megatron", "it starts with MMIDIDX, as a Megatron dataset's .idx does")
     if head[:4] == PARQUET_ENCRYPTED:
         return Sniffed("parquet", "it starts with PARE, an encrypted Parquet footer's magic")
     arrow = kind_of(head)
@@ -157,7 +160,9 @@ _NEEDS = {"parquet": "a Parquet file starts with PAR1",
           "csv": "a CSV file is text named .csv or .tsv (also .gz, .bz2 or .zst), its "
                  "first line the header",
           "npy": "a .npy file starts with \\x93NUMPY",
-          "npz": "an .npz file is a ZIP archive of .npy files"}
+          "npz": "an .npz file is a ZIP archive of .npy files",
+          "megatron": "a Megatron dataset is named by its .idx files (each beside its .bin), "
+                      "which start with MMIDIDX"}
 
 
 def _shows_format(path: str, head: bytes, fmt: str) -> bool:
@@ -590,7 +595,7 @@ def common_dir(files: list[str]) -> str:
 
 GLOBS = {"parquet": "*.parquet", "tfrecord": "*.tfrecord*", "hdf5": "*.h5",  # for hints
          "jsonl": "*.jsonl*", "arrow": "*.arrow", "csv": "*.csv*", "npy": "*.npy",
-         "npz": "*.npz"}
+         "npz": "*.npz", "megatron": "*.idx"}
 
 
 def list_files(pattern: str, key: str, timeout: float, fmt: str = "parquet") -> list[str]:
@@ -645,8 +650,8 @@ CHAR_SET_BYTES = 8  # a char n-gram set holds one 8-byte hash per character of i
 def holds_sequences(path: str, source: InputConfig, timeout: float) -> bool:
     """Whether an HDF5 or TFRecord input holds integer sequences of no fixed length
     (token ids): a 1-d variable-length integer dataset, or an int64_list feature of
-    several sizes in the file's first records. A Parquet list column of them is read by
-    size anyway (``parquet.read``)."""
+    several sizes in the file's first records; a Megatron dataset, always. A Parquet
+    list column of them is read by size anyway (``parquet.read``)."""
     def hdf5(path: str) -> bool:
         from transforms.io.formats.hdf5_files import H5_ERRORS, int_sequences, opened_h5
 
@@ -670,6 +675,8 @@ def holds_sequences(path: str, source: InputConfig, timeout: float) -> bool:
 
         return int_sequences(path, source.tensor)
 
+    if source.format == "megatron":  # documents of tokens, always
+        return True
     fn = {"hdf5": hdf5, "tfrecord": tfrecord, "jsonl": jsonl}.get(source.format)
     return fn is not None and not source.columns and bounded(
         path, fn, "input.path", "reading its first records", timeout)

@@ -49,6 +49,7 @@ from pipeline.steps.store import open_view, store_meta
 from transforms.canonical import dtype_named
 from transforms.io import fs, layout
 from transforms.io.conditional import lease_refusal
+from transforms.io.formats import megatron
 from transforms.io.formats.base import InputError, TensorSpec
 from transforms.io.remote import bounded
 from transforms.near.search import use_cuda
@@ -150,6 +151,8 @@ def _check_paths(cfg: DedupeConfig, files: list[str], root: str, output: str, re
                              "outputs elsewhere (output never overwrites input)")
         names = ([layout.output_shard(f, root) for f in files] if key == "output.path"
                  else layout.REPORT_TABLES)
+        if key == "output.path" and cfg.input.format == "megatron":  # each .idx's .bin
+            names = [*names, *(megatron.data_path(n) for n in names)]
         if any(fs.glob_names(pattern, fs.join(target, n)) for n in names):
             raise InputError(f"{key}: {target} is matched by input.path {cfg.input.path!r}, so "
                              "a later run would read its own output: write outputs elsewhere")
@@ -205,7 +208,7 @@ def _check_ours(key: str, target: str, found: list[str] | None,
 
 # What clean shards of any input format are called (``_check_ours``' words for them)
 _SHARD_EXTENSIONS = {"parquet", "h5", "hdf5", "tfrecord", "tfrecord.gz", "tfrecord.zlib",
-                     "tfrecords", "arrow", "feather", "npy", "npz",
+                     "tfrecords", "arrow", "feather", "npy", "npz", "idx", "bin",
                      *(f"{e}{z}" for e in ("jsonl", "ndjson", "json", "csv", "tsv")
                        for z in ("", ".gz", ".bz2", ".zst"))}
 

@@ -42,13 +42,13 @@ def one_error_line(capsys) -> str:
      "unknown key near.probe: did you mean near.probes?"),
     ((), {"input": {"tensr": "emb"}}, "unknown key input.tensr: did you mean input.tensor?"),
     (("input.format=ndjson",), {}, "'input.format': 'ndjson' is not one of parquet, tfrecord, "
-     "hdf5, jsonl, arrow, csv, npy, npz: JSON lines (one object per line) are read with "
-     "input.format: jsonl"),
+     "hdf5, jsonl, arrow, csv, npy, npz, megatron: JSON lines (one object per line) are read "
+     "with input.format: jsonl"),
     (("input.format=CSV",), {}, "'CSV' is not one of parquet, tfrecord, hdf5, jsonl, arrow, "
-     "csv, npy, npz: delimited text with a header line (comma or tab) is read with "
+     "csv, npy, npz, megatron: delimited text with a header line (comma or tab) is read with "
      "input.format: csv"),
     (("input.format=jpg",), {}, "'jpg' is not read (the job reads parquet, tfrecord, hdf5, "
-     "jsonl, arrow, csv, npy, npz): image files are read through a Parquet index of "
+     "jsonl, arrow, csv, npy, npz, megatron): image files are read through a Parquet index of "
      "their paths"),
     (("near.metric=allclose", "near.mode=fast"), {}, "config key 'near.mode'"),
     (("near.metric=allclose", "near.probes=0"), {}, "config key 'near.probes'"),

@@ -175,8 +175,8 @@ def test_checks_before_any_work(tmp_path, capsys):
              "(save_to_disk writes dataset_info.json, state.json beside the data), not "
              f"data: narrow input.path to the .arrow files, e.g. '{folder}/*.arrow'"),
             ("feather", "*.arrow", {}, "'feather' is not one of parquet, tfrecord, hdf5, "
-             "jsonl, arrow, csv, npy, npz: Arrow IPC files and streams (Feather v2, Hugging Face "
-             "save_to_disk) are read with input.format: arrow"),
+             "jsonl, arrow, csv, npy, npz, megatron: Arrow IPC files and streams (Feather v2, "
+             "Hugging Face save_to_disk) are read with input.format: arrow"),
             ("arrow", "*.arrow", {"near": {"metric": "l2", "threshold": 0.1}},
              "set near.metric: jaccard")):
         assert run_job(tmp_path, fmt, str(folder / glob), input=tokens, **extra) == 2

@@ -30,8 +30,10 @@ from pipeline.capacity.jaccard import SAMPLE, SetsCost, sets_cost
 from pipeline.job import Job
 from pipeline.steps.store import StoreView
 from transforms.canonical import dtype_named
+from transforms.io import fs
 from transforms.io.formats import get_format
 from transforms.io.formats.base import Chunking, Decode, record_nbytes
+from transforms.io.formats.megatron import data_path
 from transforms.near.plan import (
     TRAIN_PER_CELL,
     assign_width,
@@ -477,6 +479,8 @@ def workload(job: Job, records: int | None = None) -> Workload:
         missing.append("record size: the records' size is not fixed and none could be "
                        "read to measure it: set input.shape and input.dtype")
     file_bytes = sum(_size(f) for f in job.files)
+    if job.cfg.input.format == "megatron":  # the tokens are in each .idx's .bin
+        file_bytes += sum(_size(data_path(f)) for f in job.files if fs.exists(data_path(f)))
     if counted is None and records is None:
         missing.append(f"records: {job.cfg.input.format} files have no index to count "
                        "them from: give --plan-records N")

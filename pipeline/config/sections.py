@@ -54,13 +54,16 @@ _DECODED = {"image": "uint8 pixels", "bytes": "a uint8 vector of the stored byte
 
 
 class InputConfig(Strict):
-    format: Literal["parquet", "tfrecord", "hdf5", "jsonl", "arrow", "csv", "npy", "npz"] = Field(
+    format: Literal["parquet", "tfrecord", "hdf5", "jsonl", "arrow", "csv", "npy", "npz",
+                    "megatron"] = Field(
         description="file format of the input: parquet | tfrecord | hdf5 | jsonl (JSON "
                     "lines, also gzip, bz2 or zstd compressed) | arrow (Arrow IPC files "
                     "and streams: Hugging Face save_to_disk) | csv (.csv or .tsv with a "
                     "header line, also compressed) | npy (NumPy np.save files: each row of "
                     "the array a record) | npz (np.savez archives: input.tensor names the "
-                    "array, input.id and keep other arrays)")
+                    "array, input.id and keep other arrays) | megatron (Megatron indexed "
+                    "datasets: input.path names the .idx files, each document's tokens a "
+                    "record)")
     path: HomePath = Field(description="glob of input files: a local path or any Beam filesystem "
                       "(gs://, s3://); '{run_id}' is replaced by the run id")
     tensor: str | list[str] = Field(
@@ -150,11 +153,14 @@ class InputConfig(Strict):
     @model_validator(mode="before")
     @classmethod
     def _one_array(cls, data: object) -> object:
-        """A .npy file holds one array and nothing else: it needs no name, and has no
-        column for ids, another value to show, or encoded values; an .npz archive holds
-        arrays of numbers or strings, shown as no picture or text."""
-        if not isinstance(data, dict) or data.get("format") not in ("npy", "npz"):
+        """A .npy file holds one array and nothing else, a Megatron dataset tokens and
+        nothing else: they need no name, and have no column for ids, another value to
+        show, or encoded values; an .npz archive holds arrays of numbers or strings, shown
+        as no picture or text."""
+        if not isinstance(data, dict) or data.get("format") not in ("npy", "npz", "megatron"):
             return data
+        what, ids = (("a .npy file holds one array", "<file>:<row>") if data["format"] == "npy"
+                     else ("a Megatron dataset holds token ids", "<file>:<document>"))
         if data["format"] == "npz":
             if data.get("show") is not None or data.get("decode", "none") != "none":
                 raise ValueError(f"input.{'show' if data.get('show') else 'decode'}: an .npz "
@@ -162,11 +168,10 @@ class InputConfig(Strict):
             return data
         for key in ("id", "show"):
             if data.get(key) is not None:
-                raise ValueError(f"input.{key}: a .npy file holds one array, no column "
-                                 f"{data[key]!r}: remove input.{key} (ids are <file>:<row>)")
+                raise ValueError(f"input.{key}: {what}, no column {data[key]!r}: remove "
+                                 f"input.{key} (ids are {ids})")
         if data.get("decode", "none") != "none":
-            raise ValueError("input.decode: a .npy file holds numbers, not encoded values: "
-                             "remove input.decode")
+            raise ValueError(f"input.decode: {what}, not encoded values: remove input.decode")
         return {"tensor": NPY_TENSOR, **data}
 
     @model_validator(mode="after")

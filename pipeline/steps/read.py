@@ -121,7 +121,7 @@ class ReadTensors(beam.PTransform):
       files: a glob pattern or a list of paths (any filesystem Beam knows); sorted, their
         order is the "first" order of ``Keep.first()``.
       format: one of ``transforms.io.formats.FORMATS`` (parquet, tfrecord, hdf5, jsonl,
-        arrow, csv, npy, npz).
+        arrow, csv, npy, npz, megatron).
       spec: what each record holds (tensor field, id field, shape, dtype...).
       chunking: records per read task and per element, and tensor bytes per element.
       on_invalid: "skip" reports a bad record (FACTS) and goes on; "fail" stops the job.

@@ -11,7 +11,8 @@ from transforms.io.formats.base import TensorSpec
 if TYPE_CHECKING:
     from transforms.io.formats.encoded import Encoded
 
-FORMATS = ("parquet", "tfrecord", "hdf5", "jsonl", "arrow", "csv", "npy", "npz")
+FORMATS = ("parquet", "tfrecord", "hdf5", "jsonl", "arrow", "csv", "npy", "npz",
+           "megatron")
 
 
 def get_format(name: str, spec: TensorSpec | None = None) -> ModuleType | Encoded:

@@ -259,6 +259,19 @@ def record_nbytes(spec: TensorSpec) -> int | None:
     return math.prod(spec.shape) * itemsize
 
 
+# A unit holds at least this many bytes of records: ``plan(path, i, 1)`` asks a file's
+# smallest units (the capacity plan's count of chunks), which are not one record each.
+MIN_UNIT_BYTES = 1 << 20
+
+
+def row_units(path: str, file_index: int, n: int, width: int, target_rows: int) -> list[Unit]:
+    """Ranges of about ``target_rows`` of a file's ``n`` records of ``width`` bytes (on
+    average), each at least ``MIN_UNIT_BYTES``: units of a format that reads any range."""
+    step = max(1, target_rows, -(-MIN_UNIT_BYTES // max(1, width)))
+    starts = list(range(0, n, step)) or [0]
+    return [Unit(file_index, path, a, b) for a, b in zip(starts, [*starts[1:], n], strict=True)]
+
+
 def rows_within(rows: int, max_bytes: int | None, row_bytes: float | None) -> int:
     """Records per chunk: at most ``rows`` and at most ``max_bytes`` of tensor values, at
     least one. Why bytes too: 64 Ki rows of 16 Ki-value float32 images are 4 GB."""

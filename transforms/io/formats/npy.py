@@ -32,9 +32,6 @@ from transforms.io.formats import base
 from transforms.io.formats.base import Chunk, InputError, InvalidRecord, TensorSpec, Unit
 
 _WRITE_STEP_BYTES = 32 << 20  # values copied per step of ``write``
-# A unit holds at least this many bytes of records: ``plan(path, i, 1)`` asks a file's
-# smallest units (the capacity plan's count of chunks), which are not one record each.
-_MIN_UNIT_BYTES = 1 << 20
 _HEADER_READERS = {(1, 0): npformat.read_array_header_1_0,
                    (2, 0): npformat.read_array_header_2_0}
 
@@ -164,16 +161,8 @@ def plan(path: str, file_index: int, target_rows: int,
     h = _header_of(path)
     if isinstance(h, Exception) or not h.shape:
         return [Unit(file_index, path, 0, None)]
-    return row_units(path, file_index, h.whole_rows + (h.whole_rows < h.rows), h.width,
+    return base.row_units(path, file_index, h.whole_rows + (h.whole_rows < h.rows), h.width,
                      target_rows)
-
-
-def row_units(path: str, file_index: int, n: int, width: int, target_rows: int) -> list[Unit]:
-    """Ranges of about ``target_rows`` of ``n`` records of ``width`` bytes, each at least
-    ``_MIN_UNIT_BYTES``."""
-    step = max(1, target_rows, -(-_MIN_UNIT_BYTES // max(1, width)))
-    starts = list(range(0, n, step)) or [0]
-    return [Unit(file_index, path, a, b) for a, b in zip(starts, [*starts[1:], n], strict=True)]
 
 
 def values_of(f: io.IOBase, h: Header, dtype: np.dtype, a: int, b: int,

@@ -141,7 +141,7 @@ def plan(path: str, file_index: int, target_rows: int,
     read = [members.get(k) for k in ((spec.tensor, spec.id, spec.rank) if spec else ())]
     if not all(r.stored for r in read if r is not None):
         return [Unit(file_index, path, 0, n)]
-    return npy.row_units(path, file_index, n, m.header.width, target_rows)
+    return base.row_units(path, file_index, n, m.header.width, target_rows)
 
 
 def read(unit: Unit, spec: TensorSpec, batch_rows: int,
