@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 import warnings
 from pathlib import Path
 
@@ -189,16 +190,26 @@ def test_remote_run_equals_local_run(tmp_path, monkeypatch):
 
 
 def test_checks_before_any_work_and_a_rerun(tmp_path, capsys):
-    """Exit 2 before any work, one line each: the .bin files named (the .idx named in
-    the fix), a vector metric, input.id, keep by a column, a dtype that disagrees. Then a
-    run, its dry run (records counted from the index, the .bin's bytes in the plan) and
-    a rerun over its output (the .bin files are its own)."""
+    """Exit 2 before any work, one line each: a fairseq index, the .bin files named (the
+    .idx named in the fix), a vector metric, input.id, keep by a column, a dtype that
+    disagrees. Then a run, its dry run (records counted from the index, the .bin's bytes
+    in the plan) and a rerun over its output (the .bin files are its own)."""
     folder = tmp_path / "in"
     folder.mkdir()
     rng = np.random.default_rng(8)
     docs = [rng.integers(0, 9, 20).astype(np.uint16) for _ in range(50)] * 2
     _build(folder / "part-0", docs, rng)
+    fairseq = tmp_path / "fairseq"  # fairseq's layout: no document count, no document index
+    fairseq.mkdir()
+    sizes = np.array([3, 5, 2], np.int32)
+    (fairseq / "train.idx").write_bytes(
+        b"MMIDIDX\x00\x00" + struct.pack("<QBQ", 1, 8, len(sizes)) + sizes.tobytes()
+        + (np.r_[0, np.cumsum(sizes)[:-1]] * 2).astype(np.int64).tobytes())
+    np.arange(10, dtype=np.uint16).tofile(fairseq / "train.bin")
     for glob, extra, want in (
+            ("../fairseq/*.idx", {}, "train.idx: input.path: it is a fairseq "
+             "MMapIndexedDataset index (sequences, no documents), which this job does not "
+             "read"),
             ("*.bin", {}, "part-0.bin is not a Megatron .idx file"),
             ("*", {}, "a Megatron dataset is named by its .idx files (each beside its .bin)"),
             ("*.idx", {"near": {"metric": "l2", "threshold": 1.0}}, "near.metric: a Megatron "

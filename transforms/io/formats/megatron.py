@@ -44,6 +44,11 @@ def data_path(idx: str) -> str:
     return idx[:-4] + ".bin" if idx.endswith(".idx") else idx + ".bin"
 
 
+class FairseqIndex(ValueError):
+    """An index of fairseq's layout (Megatron's without the document index): its own
+    magic, so a file of another format, refused before any work."""
+
+
 @dataclass(frozen=True)
 class Index:
     """What an ``.idx`` header says, and the sizes of both files."""
@@ -86,6 +91,9 @@ def index(path: str) -> Index:
         f.seek(0, io.SEEK_END)
         size = f.tell()
         plain = _HEAD.size + 12 * sequences + 8 * ends
+        if size == _HEAD.size - 8 + 12 * sequences:  # no document count, no document index
+            raise FairseqIndex("it is a fairseq MMapIndexedDataset index (sequences, no "
+                               "documents), which this job does not read")
         if size not in (plain, plain + sequences):
             raise ValueError(f"the index is {size:,} bytes; its header's {sequences:,} "
                              f"sequences and {ends:,} document ends take {plain:,} (a cut or "
@@ -117,6 +125,9 @@ def check(path: str, spec: TensorSpec) -> TensorSpec:
         raise InputError(f"{path}: keep: a Megatron dataset holds tokens, no column "
                          f"{spec.rank!r}: keep first or last")
     h = _index_of(path)
+    if isinstance(h, FairseqIndex):
+        raise InputError(f"{path}: input.path: {h}: convert it with Megatron's "
+                         "IndexedDatasetBuilder (one document per sequence)")
     if isinstance(h, Exception):
         return spec  # reported by read() as an unreadable file
     if not spec.ragged:
