@@ -33,6 +33,7 @@ from tests.jobkit import report
 from tests.test_checks import nothing_written, one_error_line
 from tests.test_format_npy import _decisions, _job, _row
 from tests.textkit import crawl_corpus, token_ids
+from transforms.io.formats import megatron
 
 with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed"
     warnings.simplefilter("ignore", UserWarning)
@@ -120,11 +121,12 @@ def test_documents_give_the_parquet_jobs_removals(tmp_path, near):
             assert all(c[2] == [m % 2 for m in range(len(c[2]))] for c in clean)
 
 
-def test_a_bin_cut_short_keeps_its_whole_documents(tmp_path):
+def test_a_bin_cut_short_keeps_its_whole_documents(tmp_path, monkeypatch):
     """A .bin whose end is missing (an interrupted copy): its whole documents are read,
     each document it cuts is an invalid record with the reason; a dataset whose .bin is
     missing is an unreadable file; read = kept + removed + invalid, and the clean copy
-    holds the kept whole documents."""
+    (written a few documents per step) holds the kept whole documents."""
+    monkeypatch.setattr(megatron, "_WRITE_STEP_BYTES", 2_000)  # about 60 documents a step
     rng = np.random.default_rng(6)
     docs = [rng.integers(0, 50, int(rng.integers(1, 30))).astype(np.uint16) for _ in range(400)]
     docs += docs[:100]  # exact copies

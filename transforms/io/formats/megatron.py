@@ -36,7 +36,7 @@ _HEAD = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequences, docum
 # Megatron's DType codes (megatron/core/datasets/indexed_dataset.py)
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
           7: np.float32, 8: np.uint16}
-_WRITE_STEP = 1 << 16  # documents copied per step of ``write``
+_WRITE_STEP_BYTES = 32 << 20  # tokens copied per step of ``write`` (by the average document)
 
 
 def data_path(idx: str) -> str:
@@ -256,8 +256,9 @@ def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) 
     kept = sequences = 0
     with fs.open_ranged(src) as idx, fs.open_ranged(data_path(src)) as tokens, \
             fs.local_file_for(data_path(dst)) as local, open(local, "wb") as out:
-        for a in range(0, h.documents, _WRITE_STEP):
-            b = min(a + _WRITE_STEP, h.documents)
+        step = base.rows_within(1 << 16, _WRITE_STEP_BYTES, h.bin_size / max(1, h.documents))
+        for a in range(0, h.documents, step):
+            b = min(a + step, h.documents)
             docs = _documents(idx, h, a, b)
             flat, offsets, whole = _tokens(tokens, h, docs)
             keep = np.ones(whole, bool)
