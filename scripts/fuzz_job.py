@@ -56,7 +56,7 @@ from transforms.near.spec import NearSpec
 from transforms.near.verify import exact_distance  # noqa: E402
 
 EXT = {"parquet": "parquet", "tfrecord": "tfrecord", "hdf5": "h5", "jsonl": "jsonl",
-       "arrow": "arrow", "csv": "csv", "npy": "npy"}
+       "arrow": "arrow", "csv": "csv", "npy": "npy", "npz": "npz"}
 
 
 def write_file(fmt: str, tf_kind: str, path: Path, ids: list[str], x: np.ndarray,
@@ -96,6 +96,10 @@ def write_file(fmt: str, tf_kind: str, path: Path, ids: list[str], x: np.ndarray
             for i, t, s in zip(ids, x, score.tolist(), strict=True)))
     elif fmt == "npy":  # the values alone (ids are <file>:<row>), any byte order
         np.save(path, x.astype(x.dtype.newbyteorder(">")) if rng.random() < 0.3 else x)
+    elif fmt == "npz":  # ids and scores as arrays beside the values, stored or compressed
+        save = np.savez_compressed if rng.random() < 0.5 else np.savez
+        save(path, emb=x, id=np.array(ids, dtype=str), score=score,
+             dim=np.array(x.shape[1]))  # 0-d: no row per record, copied as it was
     elif fmt == "jsonl":  # Python's json (exact floats), a blank line now and then
         path.write_text("".join(json.dumps({"id": i, "emb": t.tolist(), "score": float(s)})
                                 + ("\n\n" if rng.random() < 0.05 else "\n")
@@ -116,6 +120,10 @@ def read_file(fmt: str, tf_kind: str, path: Path, dtype: np.dtype, d: int, kept:
     if fmt == "npy":
         rows = np.load(path, allow_pickle=False).astype(dtype).reshape(-1, d)
         return (kept if len(kept) == len(rows) else ["?"] * len(rows)), rows
+    if fmt == "npz":
+        with np.load(path, allow_pickle=False) as z:
+            assert int(z["dim"]) == d, z["dim"]
+            return z["id"].tolist(), z["emb"].astype(dtype).reshape(-1, d)
     if fmt in ("parquet", "arrow"):
         t = pq.read_table(path) if fmt == "parquet" else pa.ipc.open_file(str(path)).read_all(
         ) if path.read_bytes()[:6] == b"ARROW1" else pa.ipc.open_stream(str(path)).read_all()
@@ -267,7 +275,8 @@ def run_case(seed: int, stats: collections.Counter, runner: dict | None = None
 
     rng = np.random.default_rng(seed)
     x, spec = random_case(rng)
-    fmt = str(rng.choice(["parquet", "tfrecord", "hdf5", "jsonl", "arrow", "csv", "npy"]))
+    fmt = str(rng.choice(["parquet", "tfrecord", "hdf5", "jsonl", "arrow", "csv", "npy",
+                          "npz"]))
     tf_kind = str(rng.choice(["serialized", "list"])) if fmt == "tfrecord" else ""
     if fmt in ("jsonl", "csv") and not np.isfinite(x.astype(np.float64)).all():
         fmt = "parquet"  # JSON has no NaN or infinity (json.dumps writes what no parser reads)
