@@ -193,9 +193,10 @@ def test_remote_run_equals_local_run(tmp_path, monkeypatch):
 
 def test_checks_before_any_work_and_a_rerun(tmp_path, capsys):
     """Exit 2 before any work, one line each: a fairseq index, the .bin files named (the
-    .idx named in the fix), a vector metric, input.id, keep by a column, a dtype that
-    disagrees. Then a run, its dry run (records counted from the index, the .bin's bytes
-    in the plan) and a rerun over its output (the .bin files are its own)."""
+    .idx named in the fix), a vector metric, an embed section, input.shape, input.id, keep
+    by a column, a dtype that disagrees. Then a run, its dry run (records counted from the
+    index, the .bin's bytes in the plan) and a rerun over its output (the .bin files are
+    its own)."""
     folder = tmp_path / "in"
     folder.mkdir()
     rng = np.random.default_rng(8)
@@ -214,9 +215,13 @@ def test_checks_before_any_work_and_a_rerun(tmp_path, capsys):
              "read"),
             ("*.bin", {}, "part-0.bin is not a Megatron .idx file"),
             ("*", {}, "a Megatron dataset is named by its .idx files (each beside its .bin)"),
-            ("*.idx", {"near": {"metric": "l2", "threshold": 1.0}}, "near.metric: a Megatron "
-             "dataset's documents are token sequences of any length: compare them with "
-             "near.metric: jaccard"),
+            ("*.idx", {"near": {"metric": "l2", "threshold": 1.0}}, "near.metric: l2 compares "
+             "tensors of one shape; a Megatron dataset's documents are token sequences of any "
+             "length: use near.metric: jaccard"),
+            ("*.idx", {"embed": {"model": "torchscript", "path": str(tmp_path / "m.pt")}},
+             "embed: a Megatron dataset holds token ids"),
+            ("*.idx", {"input": {"shape": [20]}}, "input.shape: a Megatron dataset's "
+             "documents have their own lengths"),
             ("*.idx", {"input": {"id": "doc"}}, "input.id: a Megatron dataset holds token ids, "
              "no column 'doc': remove input.id (ids are <file>:<document>)"),
             ("*.idx", {"keep": {"max": "score"}}, "keep: a Megatron dataset holds tokens"),

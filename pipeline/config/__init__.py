@@ -130,6 +130,8 @@ class DedupeConfig(Strict):
         images without a size to compare them at, nor on stored bytes or text without an
         embedding."""
         src = self.input
+        if src.format == "megatron":
+            self._megatron_tokens()
         if self.near is not None and self.near.metric == "jaccard":
             return self._jaccard_input()
         if self.near is None or src.decode == "none":
@@ -144,6 +146,21 @@ class DedupeConfig(Strict):
                              " they are embedded: add an embed section, or remove near (exact "
                              "dedup of the stored values needs none)")
         return self
+
+    def _megatron_tokens(self) -> None:
+        """A Megatron dataset's documents are token ids of any length: exact dedup, or
+        jaccard over token n-grams; no vector metric, embedding or shape."""
+        if self.embed is not None:
+            raise ValueError("embed: a Megatron dataset holds token ids, not the texts or "
+                             "tensors a model embeds: remove the embed section (near copies "
+                             "of documents: near.metric: jaccard)")
+        if self.near is not None and self.near.metric != "jaccard":
+            raise ValueError(f"near.metric: {self.near.metric} compares tensors of one shape; "
+                             "a Megatron dataset's documents are token sequences of any "
+                             "length: use near.metric: jaccard, or remove near (exact dedup)")
+        if self.input.shape is not None:
+            raise ValueError("input.shape: a Megatron dataset's documents have their own "
+                             "lengths: remove input.shape")
 
     def _jaccard_input(self) -> DedupeConfig:
         """Jaccard compares shingle sets: of texts (word, char) or integer sequences
