@@ -3,7 +3,8 @@
 Python's own help pages (``pydoc_data.topics``: real prose and code, 400 to 20,000
 characters each) as a crawl stores them, in two Parquet files (``data/text/parquet/``)
 with ``url``, ``text`` and ``note`` (what each planted record is) columns, and the same
-rows as one gzip JSON lines file (``data/text/jsonl/pages.jsonl.gz``):
+rows as one gzip JSON lines file (``data/text/jsonl/pages.jsonl.gz``), and tokenized as
+a Megatron dataset (``data/text/megatron/pages.bin`` / ``.idx``, ``write_megatron``):
 
 - every page once, in a shuffled order; two of them (``if`` and ``else``) are the same
   page in Python's docs, an exact copy that nobody planted, and ``execmodel`` /
@@ -87,6 +88,31 @@ def planted(p: dict[str, str]) -> list[tuple[str, str, str]]:
     ]
 
 
+def write_megatron(texts: list[str], prefix: Path) -> None:
+    """The texts as a Megatron dataset (``prefix``.bin / .idx), as Megatron-LM's
+    ``preprocess_data.py`` writes one: each text tokenized whole by the bundled
+    all-MiniLM-L6-v2 (BERT) tokenizer, its ids as one document of uint16 tokens (an
+    empty text: an empty document)."""
+    import warnings
+
+    import torch
+    from all_minilm_l6_v2 import get_model_path
+    from tokenizers import Tokenizer
+
+    with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed"
+        warnings.simplefilter("ignore", UserWarning)
+        from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    tok = Tokenizer.from_file(str(Path(get_model_path()) / "tokenizer.json"))
+    tok.no_truncation()  # whole texts, not the model's first 128 tokens
+    tok.no_padding()  # nor padded to 128 (its tokenizer.json pads)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
+    for e in tok.encode_batch(texts, add_special_tokens=False):
+        builder.add_document(torch.tensor(e.ids, dtype=torch.int64), [len(e.ids)])
+    builder.finalize(f"{prefix}.idx")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="data/text")
@@ -124,6 +150,7 @@ def main() -> None:
     (out / "jsonl").mkdir(exist_ok=True)  # the same rows as one JSON lines file, gzip
     lines = "".join(json.dumps({"url": u, "text": t, "note": n}) + "\n" for u, t, n in rows)
     (out / "jsonl" / "pages.jsonl.gz").write_bytes(gzip.compress(lines.encode(), mtime=0))
+    write_megatron([t for _, t, _ in rows], out / "megatron" / "pages")
     (out / "EXPECTED.json").write_text(json.dumps(expected, indent=2) + "\n")
     print(json.dumps(expected))
     pairs = ((jaccard(p[a], p[b]), a, b) for a, b in itertools.combinations(p, 2))

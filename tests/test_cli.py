@@ -261,6 +261,19 @@ def test_shipped_sample_jobs_match_expected(tmp_path, config):
         assert (tmp_path / "report" / "near_distances.png").exists()
 
 
+def _shipped(config: str, tmp_path: Path, data: str) -> tuple[subprocess.CompletedProcess,
+                                                            dict, dict]:
+    """configs/``config`` run as a user runs it (outputs redirected under ``tmp_path``):
+    the process, its summary.json and data/``data``/EXPECTED.json."""
+    r = subprocess.run([sys.executable, "-m", "pipeline.run", "--config", f"configs/{config}",
+                        "--set", f"output.path={tmp_path / 'clean'}",
+                        "--set", f"report={tmp_path / 'report'}"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return (r, json.loads((tmp_path / "report" / "summary.json").read_text()),
+            json.loads((ROOT / "data" / data / "EXPECTED.json").read_text()))
+
+
 def test_shipped_feature_job_removes_the_planted_copies_and_no_other_row(tmp_path):
     """configs/dedupe-features.yaml on data/features/cancer.csv as a user runs it: the
     counts of EXPECTED.json; each removal pairs a row with the copy planted from it
@@ -269,15 +282,8 @@ def test_shipped_feature_job_removes_the_planted_copies_and_no_other_row(tmp_pat
     column kept) holds every other row."""
     import pandas as pd
 
-    r = subprocess.run([sys.executable, "-m", "pipeline.run", "--config",
-                        "configs/dedupe-features.yaml", "--set",
-                        f"output.path={tmp_path / 'clean'}", "--set",
-                        f"report={tmp_path / 'report'}"], cwd=ROOT, capture_output=True,
-                       text=True)
-    assert r.returncode == 0, r.stderr
+    r, summary, expected = _shipped("dedupe-features.yaml", tmp_path, "features")
     assert "RuntimeWarning" not in r.stderr, r.stderr
-    expected = json.loads((ROOT / "data" / "features" / "EXPECTED.json").read_text())
-    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     assert {k: summary[k] for k in expected} == expected
     dups = pq_rows(tmp_path / "report" / "duplicates.parquet")
     for d in dups:
@@ -303,13 +309,7 @@ def test_shipped_text_job_removes_the_planted_copies_and_no_other_page(tmp_path)
 
     import pyarrow.parquet as pq
 
-    r = subprocess.run([sys.executable, "-m", "pipeline.run", "--config",
-                        "configs/dedupe-text.yaml", "--set", f"output.path={tmp_path / 'clean'}",
-                        "--set", f"report={tmp_path / 'report'}"],
-                       cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    expected = json.loads((ROOT / "data" / "text" / "EXPECTED.json").read_text())
-    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    _, summary, expected = _shipped("dedupe-text.yaml", tmp_path, "text")
     assert (summary["read"], summary["removed_exact"], summary["removed_near"],
             summary["invalid"], summary["kept"]) == (
         expected["records"], expected["exact"], expected["near"], expected["invalid"],
@@ -372,6 +372,39 @@ def test_shipped_json_lines_text_job_gives_the_parquet_jobs_removals(tmp_path):
     assert clean == [x for x in lines if json.loads(x)["url"] not in gone]
     parquet = pq.read_table(tmp_path / "dedupe-text.yaml" / "clean").to_pylist()
     assert [json.loads(x) for x in clean] == parquet
+
+
+def test_shipped_megatron_job_removes_the_text_jobs_pages(tmp_path):
+    """configs/dedupe-text-megatron.yaml (the text sample's rows tokenized as a Megatron
+    dataset) as a user runs it: the planted copies removed and the empty page invalid, as
+    the text job does (the page re-wrapped in upper case is an exact copy here: the
+    tokenizer is uncased), nothing else; the clean pair, read by Megatron's own
+    IndexedDataset, holds every other document's tokens in order."""
+    import warnings
+
+    import pyarrow.parquet as pq
+
+    with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed"
+        warnings.simplefilter("ignore", UserWarning)
+        from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    _, summary, expected = _shipped("dedupe-text-megatron.yaml", tmp_path, "text")
+    assert (summary["read"], summary["invalid"], summary["kept"]) == (
+        expected["records"], expected["invalid"], expected["kept"])
+    rows = pq.read_table(ROOT / "data" / "text" / "parquet").to_pylist()
+    notes = [r["note"] for r in rows]
+    row = {f"data/text/megatron/pages.idx:{i}": i for i in range(len(notes))}  # (as named)
+    dups = pq_rows(tmp_path / "report" / "duplicates.parquet")
+    invalid = pq_rows(tmp_path / "report" / "invalid.parquet")
+    again = {i for i, r in enumerate(rows) if r["text"] in {q["text"] for q in rows[:i]}}
+    assert sorted(row[d["record_id"]] for d in dups) == sorted(  # (if and else: one page)
+        {i for i, n in enumerate(notes) if n.startswith(("near", "exact"))} | again)
+    assert [notes[row[i["record_id"]]] for i in invalid] == ["invalid: empty"]
+    gone = {row[d["record_id"]] for d in dups} | {row[i["record_id"]] for i in invalid}
+    source = IndexedDataset(str(ROOT / "data" / "text" / "megatron" / "pages"))
+    clean = IndexedDataset(str(tmp_path / "clean" / "pages"))
+    assert [clean[i].tolist() for i in range(len(clean))] == [
+        source[i].tolist() for i in range(len(notes)) if i not in gone]
 
 
 def test_input_path_naming_a_directory_suggests_a_glob(tmp_path, capsys):

@@ -84,6 +84,7 @@ def token_ids(texts: list[str]) -> list[np.ndarray]:
 
     tok = Tokenizer.from_file(str(Path(get_model_path()) / "tokenizer.json"))
     tok.no_truncation()  # the whole text, not the model's first 128 tokens
+    tok.no_padding()  # nor padded to 128 (the tokenizer.json pads)
     return [np.asarray(e.ids[1:-1], np.int32) for e in tok.encode_batch(texts)]
 
 
