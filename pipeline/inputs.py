@@ -605,6 +605,10 @@ def list_files(pattern: str, key: str, timeout: float, fmt: str = "parquet") -> 
     a broken symbolic link, named or matched."""
     try:
         found = bounded(pattern, fs.glob_matches, key, "listing the files", timeout)
+        if fmt == "megatron" and not found.files and not found.directories \
+                and not pattern.endswith((".idx", "/")):  # Megatron names a dataset by prefix
+            found = bounded(pattern + ".idx", fs.glob_matches, key, "listing the files",
+                            timeout)
     except OSError as e:  # a local directory that cannot be listed
         raise InputError(f"{key}: cannot list {pattern!r}: {error_line(e)}") from None
     files, glob = found.files, GLOBS.get(fmt, "*")
@@ -641,6 +645,9 @@ def list_files(pattern: str, key: str, timeout: float, fmt: str = "parquet") -> 
     if not files:
         where = f" (relative to {os.getcwd()})" if fs.is_local(pattern) else ""
         raise InputError(f"{key}: no files match {pattern!r}{where}: fix the path or glob")
+    if fmt == "megatron":  # a .bin beside a matched .idx is that dataset's tokens
+        named = {f for f in files if f.endswith(".idx")}
+        files = [f for f in files if not (f.endswith(".bin") and f[:-4] + ".idx" in named)]
     return files
 
 

@@ -195,8 +195,9 @@ def test_checks_before_any_work_and_a_rerun(tmp_path, capsys):
     """Exit 2 before any work, one line each: a fairseq index, the .bin files named (the
     .idx named in the fix), a vector metric, an embed section, input.shape, input.id, keep
     by a column, a dtype that disagrees. Then a run, its dry run (records counted from the
-    index, the .bin's bytes in the plan) and a rerun over its output (the .bin files are
-    its own)."""
+    index, the .bin's bytes in the plan) and reruns over its output (the .bin files are
+    its own), with the .bin files matched beside their .idx and with the dataset named by
+    its prefix."""
     folder = tmp_path / "in"
     folder.mkdir()
     rng = np.random.default_rng(8)
@@ -214,7 +215,6 @@ def test_checks_before_any_work_and_a_rerun(tmp_path, capsys):
              "MMapIndexedDataset index (sequences, no documents), which this job does not "
              "read"),
             ("*.bin", {}, "part-0.bin is not a Megatron .idx file"),
-            ("*", {}, "a Megatron dataset is named by its .idx files (each beside its .bin)"),
             ("*.idx", {"near": {"metric": "l2", "threshold": 1.0}}, "near.metric: l2 compares "
              "tensors of one shape; a Megatron dataset's documents are token sequences of any "
              "length: use near.metric: jaccard"),
@@ -236,7 +236,9 @@ def test_checks_before_any_work_and_a_rerun(tmp_path, capsys):
     bin_bytes = (folder / "part-0.bin").stat().st_size + (folder / "part-0.idx").stat().st_size
     stored = re.search(r"input: 100 records .*, ([\d.]+) kB in files", plan)
     assert stored and abs(float(stored[1]) * 1000 - bin_bytes) < 10, plan
-    for args in ((), ("--overwrite",)):
-        assert _job(tmp_path, "megatron", str(folder / "*.idx"), args=args) == 0
+    # a rerun over the output; the .idx and .bin matched together, and the dataset named by
+    # its prefix as Megatron names it: the same dataset
+    for glob, args in (("*.idx", ()), ("*", ("--overwrite",)), ("part-0", ("--overwrite",))):
+        assert _job(tmp_path, "megatron", str(folder / glob), args=args) == 0
         assert [c[0] for c in _documents(tmp_path / "out" / "clean" / "part-0")] == [
             d.tolist() for d in docs[:50]]
