@@ -312,8 +312,8 @@ def _removals(tmp: Path) -> dict[str, tuple[str, str, float]]:
     return {r["record_id"]: (r["duplicate_of"], r["kind"], r["distance"]) for r in t}
 
 
-def _expected(values: list, threshold: float, unit: str, grouping: str = "representative"
-              ) -> dict[str, tuple[str, str, float]]:
+def _expected(values: list, threshold: float, unit: str, grouping: str = "representative",
+              size: int | None = None) -> dict[str, tuple[str, str, float]]:
     """The oracle in the job's terms: exact copies first, then near over the survivors."""
     keep = _survivors(values)
     first = {}
@@ -324,7 +324,8 @@ def _expected(values: list, threshold: float, unit: str, grouping: str = "repres
             out[f"doc{i}"] = (f"doc{first[k]}", "exact", 0.0)
         else:
             first[k] = i
-    sets = record_sets([values[i] for i in keep], Shingles(unit))
+    sh = Shingles(unit) if size is None else Shingles(unit, size)
+    sets = record_sets([values[i] for i in keep], sh)
     for r, (k, j) in oracle(sets, threshold, grouping).items():
         out[f"doc{keep[r]}"] = (f"doc{keep[k]}", "near", 1.0 - float(j))
     return out
@@ -446,6 +447,27 @@ def test_the_job_in_exact_mode_writes_the_oracle(tmp_path, corpus, tokens, fmt, 
     assert settings["shingles"]["unit"] == unit and "probes" not in settings
     _same(_removals(tmp_path), _expected(values, 0.8, unit))
     assert s["near"]["recall"]["recall"] == 1.0
+
+
+def test_a_key_shard_of_crowds_only_equals_the_oracle(tmp_path):
+    """Bags of tokens (1-grams) from a 35-token vocabulary, with copies and one-token
+    edits: every prefix hash is shared by more than PAIR_GROUP records, so the job's key
+    shards hold crowds only (it failed with an IndexError there, found by
+    scripts/fuzz_megatron.py): the oracle's decisions."""
+    rng = np.random.default_rng(9)
+    values: list[np.ndarray] = []
+    for _ in range(300):
+        if values and rng.random() < 0.3:
+            v = values[int(rng.integers(len(values)))].copy()
+            v[int(rng.integers(len(v)))] = rng.integers(0, 35)
+        else:
+            v = rng.integers(0, 35, int(rng.integers(1, 60))).astype(np.int32)
+        values.append(v)
+    near = {"metric": "jaccard", "threshold": 0.7, "mode": "exact",
+            "shingles": {"unit": "token", "size": 1}}
+    s = _job(tmp_path, "parquet", values, near)
+    assert s["near"]["largest_group"] > PAIR_GROUP and s["removed_near"] > 0
+    _same(_removals(tmp_path), _expected(values, 0.7, "token", size=1))
 
 
 def test_token_windows_of_one_length_in_hdf5_are_written_back(tmp_path, tokens):

@@ -598,7 +598,8 @@ def group_pairs(gid: np.ndarray, member: np.ndarray) -> tuple[np.ndarray, np.nda
     twice in a group counts once)."""
     o = np.lexsort((member, gid))
     g, m = gid[o], member[o]
-    keep = np.r_[True, (g[1:] != g[:-1]) | (m[1:] != m[:-1])]
+    # [:len(g)]: no line at all (a key shard whose groups all exceed PAIR_GROUP)
+    keep = np.r_[True, (g[1:] != g[:-1]) | (m[1:] != m[:-1])][:len(g)]
     g, m = g[keep], m[keep]
     start = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
     size = np.diff(np.r_[start, len(g)])
