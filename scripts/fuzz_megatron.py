@@ -64,9 +64,16 @@ def _dataset(prefix: Path, docs: list[np.ndarray], rng: np.random.Generator,
 
 
 def _clean(prefix: Path) -> list[tuple[list[int], list[int]]]:
+    """(tokens, sequence lengths) of each document, as Megatron reads them (its index
+    reader alone where the .bin holds no token: ``IndexedDataset`` cannot map an empty
+    file, which its own builder writes for a dataset of empty documents)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from megatron.core.datasets.indexed_dataset import IndexedDataset
+        from megatron.core.datasets.indexed_dataset import IndexedDataset, _IndexReader
+    if Path(f"{prefix}.bin").stat().st_size == 0:
+        i = _IndexReader(f"{prefix}.idx", multimodal=False)
+        b, n = i.document_indices.tolist(), i.sequence_lengths.tolist()
+        return [([], n[x:y]) for x, y in zip(b[:-1], b[1:], strict=True)]
     d = IndexedDataset(str(prefix))
     b = d.document_indices.tolist()
     return [(np.concatenate([d[s] for s in range(x, y)]).tolist() if y > x else [],
