@@ -8,7 +8,8 @@ tokenizer run. The ``.idx`` holds the token dtype, the length and byte offset of
 sequence, and where each document's sequences end; the ``.bin`` holds the tokens. A
 document is its sequences' tokens, in order (GPT data: one sequence per document).
 
-``input.path`` names the ``.idx`` files; each reads the ``.bin`` beside it. Units are
+``input.path`` names the ``.idx`` files (or a dataset's prefix, as Megatron's
+``--data-path``: ``pipeline.inputs.list_files``); each reads the ``.bin`` beside it. Units are
 document ranges; a chunk's index entries and tokens are each one positioned read (a
 ranged request on an object store). Ids are ``<idx path>:<document>``. The clean copy
 is a ``.idx`` and ``.bin`` pair of the kept documents, every sequence (and a multimodal
