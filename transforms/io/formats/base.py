@@ -272,6 +272,15 @@ def row_units(path: str, file_index: int, n: int, width: int, target_rows: int) 
     return [Unit(file_index, path, a, b) for a, b in zip(starts, [*starts[1:], n], strict=True)]
 
 
+def kept_rows(skip: np.ndarray, a: int, b: int) -> np.ndarray:
+    """Which records ``a:b`` are not at the sorted positions ``skip`` (a clean copy's
+    step of rows: its keep mask)."""
+    keep = np.ones(b - a, dtype=bool)
+    lo, hi = np.searchsorted(skip, [a, b])
+    keep[skip[lo:hi] - a] = False
+    return keep
+
+
 def rows_within(rows: int, max_bytes: int | None, row_bytes: float | None) -> int:
     """Records per chunk: at most ``rows`` and at most ``max_bytes`` of tensor values, at
     least one. Why bytes too: 64 Ki rows of 16 Ki-value float32 images are 4 GB."""

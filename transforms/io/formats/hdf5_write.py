@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 
 from transforms.io import fs
-from transforms.io.formats.base import TensorSpec
+from transforms.io.formats.base import TensorSpec, kept_rows
 from transforms.io.formats.hdf5_files import (
     CHUNK_CACHE_BYTES,
     opened_h5,
@@ -64,9 +64,7 @@ def _copy_file(f: h5py.File, dst: str, records: h5py.Dataset | None,
         written, unreadable = 0, []
         for a in range(0, n, step):
             b = min(a + step, n)
-            keep = np.ones(b - a, dtype=bool)
-            lo, hi = np.searchsorted(skip, [a, b])
-            keep[skip[lo:hi] - a] = False
+            keep = kept_rows(skip, a, b)
             if not keep.any():
                 continue
             parts = []

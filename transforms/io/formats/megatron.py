@@ -262,10 +262,7 @@ def write(src: str, dst: str, drop: np.ndarray, spec: TensorSpec | None = None) 
             b = min(a + step, h.documents)
             docs = _documents(idx, h, a, b)
             flat, offsets, whole = _tokens(tokens, h, docs)
-            keep = np.ones(whole, bool)
-            lo, hi = np.searchsorted(skip, [a, a + whole])
-            keep[skip[lo:hi] - a] = False
-            rows = np.flatnonzero(keep)
+            rows = np.flatnonzero(base.kept_rows(skip, a, a + whole))
             if not len(rows):
                 continue
             first, last = docs.bounds[rows] - docs.bounds[0], docs.bounds[rows + 1] - docs.bounds[0]

@@ -162,7 +162,7 @@ def plan(path: str, file_index: int, target_rows: int,
     if isinstance(h, Exception) or not h.shape:
         return [Unit(file_index, path, 0, None)]
     return base.row_units(path, file_index, h.whole_rows + (h.whole_rows < h.rows), h.width,
-                     target_rows)
+                          target_rows)
 
 
 def values_of(f: io.IOBase, h: Header, dtype: np.dtype, a: int, b: int,
@@ -263,9 +263,7 @@ def copy_rows(f: io.IOBase, h: Header, skip: np.ndarray, out: io.IOBase,
     step = max(1, _WRITE_STEP_BYTES // max(1, h.width))
     for a in range(0, h.rows, step):
         b = min(a + step, h.rows)
-        keep = np.ones(b - a, dtype=bool)
-        lo, hi = np.searchsorted(skip, [a, b])
-        keep[skip[lo:hi] - a] = False
+        keep = base.kept_rows(skip, a, b)
         if keep.any():
             rows = values_of(f, h, h.dtype, a, b, mapped)
             out.write(memoryview(np.ascontiguousarray(rows[keep]).reshape(-1).view(np.uint8)))
