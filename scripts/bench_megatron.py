@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_npy import _stem_row, _timed  # noqa: E402
+from benchkit import timed, timed_job  # noqa: E402
 
 FILES = 4
 VOCAB = 50_257
@@ -64,20 +64,9 @@ def documents(n: int, tokens: int, rng: np.random.Generator) -> list[np.ndarray]
 
 
 def _job(fmt: str, glob: str, out: Path, near: bool) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = {"input": {"format": fmt, "path": glob,
-                     **({} if fmt == "megatron" else {"tensor": "tokens"})},
-           "output": {"path": str(out / "clean"), "overwrite": True},
-           "report": str(out / "report"), **({"near": NEAR} if near else {})}
-    (out / "job.json").write_text(json.dumps(cfg))
-    r = _timed([sys.executable, "-m", "pipeline.run", "--config", str(out / "job.json")],
-               out / "stderr.log")
-    if r["rc"] == 0:
-        dups = pq.read_table(out / "report" / "duplicates.parquet").to_pylist()
-        r["removed"] = len(dups)
-        r["removals"] = sorted((_stem_row(d["record_id"]), _stem_row(d["duplicate_of"]),
-                                d["kind"]) for d in dups)
-    return r
+    return timed_job({"format": fmt, "path": glob,
+                      **({} if fmt == "megatron" else {"tensor": "tokens"})}, out,
+                     NEAR if near else None)
 
 
 def measure(n: int, tokens: int) -> list[dict]:
@@ -118,7 +107,7 @@ def measure(n: int, tokens: int) -> list[dict]:
                                  "input_bytes": size[fmt], "same": got == first})
                 print(f"{mode} {fmt}: {r['wall_s']:.1f} s, rc {r['rc']}", file=sys.stderr)
             if not near:
-                r = _timed([sys.executable, "-c", CONVERT, *(
+                r = timed([sys.executable, "-c", CONVERT, *(
                     str(work / "conv" / f"part-{i}") for i in range(FILES))],
                     work / "conv.log")
                 rows.append(r | {"what": "IndexedDataset + pq.write_table (the conversion a "

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import tempfile
 from pathlib import Path
@@ -28,7 +27,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_growth import make  # noqa: E402
-from benchkit import ROOT, run_watched  # noqa: E402
+from benchkit import timed, timed_job  # noqa: E402
 
 FILES = 4
 FORMATS = ("parquet", "npy", "npz")  # the first is the one the others are compared with
@@ -49,37 +48,9 @@ print(len(a) - len(first))
 """
 
 
-def _stem_row(record_id: str | None) -> str | None:
-    if record_id is None:
-        return None
-    path, _, row = record_id.rpartition(":")
-    return f"{Path(path).stem}:{row}"
-
-
-def _timed(cmd: list[str], log: Path) -> dict:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    r = run_watched(cmd, cwd=str(ROOT), log=log, limit_bytes=16 << 30, timeout_s=3600,
-                    env={**os.environ, "PYTHONPATH": str(ROOT)})
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    r["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return r
-
-
 def _job(fmt: str, data: Path, out: Path, near: bool) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = {"input": {"format": fmt, "path": str(data / f"*.{fmt}"),
-                     **({} if fmt == "npy" else {"tensor": "emb"})},
-           "output": {"path": str(out / "clean"), "overwrite": True},
-           "report": str(out / "report"), **({"near": NEAR} if near else {})}
-    (out / "job.json").write_text(json.dumps(cfg))
-    r = _timed([sys.executable, "-m", "pipeline.run", "--config", str(out / "job.json")],
-               out / "stderr.log")
-    if r["rc"] == 0:
-        dups = pq.read_table(out / "report" / "duplicates.parquet").to_pylist()
-        r["removed"] = len(dups)
-        r["removals"] = sorted((_stem_row(d["record_id"]), _stem_row(d["duplicate_of"]),
-                                d["kind"]) for d in dups)
-    return r
+    return timed_job({"format": fmt, "path": str(data / f"*.{fmt}"),
+                      **({} if fmt == "npy" else {"tensor": "emb"})}, out, NEAR if near else None)
 
 
 def measure(n: int) -> tuple[list[dict], int]:
@@ -112,12 +83,12 @@ def measure(n: int) -> tuple[list[dict], int]:
                 (work / "conv").mkdir()
                 for p in npys:
                     os.link(p, work / "conv" / Path(p).name)
-                r = _timed([sys.executable, "-c", CONVERT, *sorted(
+                r = timed([sys.executable, "-c", CONVERT, *sorted(
                     str(p) for p in (work / "conv").glob("*.npy"))], work / "conv.log")
                 rows.append(r | {"what": "np.load + pq.write_table (the conversion a user "
                                  "ran before)", "mode": "-", "input_bytes": size["npy"],
                                  "same": None})
-                r = _timed([sys.executable, "-c", UNIQUE, *npys], work / "unique.log")
+                r = timed([sys.executable, "-c", UNIQUE, *npys], work / "unique.log")
                 rows.append(r | {"what": "numpy np.unique(axis=0) of all rows (no report, "
                                  "no copies)", "mode": "exact", "input_bytes": size["npy"],
                                  "same": None})

@@ -113,6 +113,44 @@ def run_watched(cmd: list[str], *, cwd: str | Path, log: str | Path, env: dict |
             "stderr_tail": tail}
 
 
+def timed(cmd: list[str], log: Path) -> dict:
+    """``run_watched`` from the repo root, plus the CPU seconds of the process tree."""
+    import os
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    r = run_watched(cmd, cwd=str(ROOT), log=log, limit_bytes=16 << 30, timeout_s=3600,
+                    env={**os.environ, "PYTHONPATH": str(ROOT)})
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    r["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return r
+
+
+def stem_row(record_id: str | None) -> str | None:
+    """``…/in/part-1.npy:17`` -> ``part-1:17``: one record named alike in any format."""
+    if record_id is None:
+        return None
+    path, _, row = record_id.rpartition(":")
+    return f"{Path(path).stem}:{row}"
+
+
+def timed_job(inp: dict, out: Path, near: dict | None) -> dict:
+    """The CLI job on ``inp`` (the input section) as a whole process (``timed``), its
+    outputs under ``out``; with its removals as (file stem:row, of, kind) when it ran."""
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = {"input": inp, "output": {"path": str(out / "clean"), "overwrite": True},
+           "report": str(out / "report"), **({"near": near} if near else {})}
+    (out / "job.json").write_text(json.dumps(cfg))
+    r = timed([sys.executable, "-m", "pipeline.run", "--config", str(out / "job.json")],
+              out / "stderr.log")
+    if r["rc"] == 0:
+        dups = pq.read_table(out / "report" / "duplicates.parquet").to_pylist()
+        r["removed"] = len(dups)
+        r["removals"] = sorted((stem_row(d["record_id"]), stem_row(d["duplicate_of"]),
+                                d["kind"]) for d in dups)
+    return r
+
+
 COUNTS = ("read", "kept", "removed", "invalid", "files")
 
 

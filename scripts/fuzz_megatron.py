@@ -29,14 +29,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchkit import fuzz_seeds  # noqa: E402
-
-
-def _stem_row(record_id: str | None) -> str | None:
-    if record_id is None:
-        return None
-    path, _, row = record_id.rpartition(":")
-    return f"{Path(path).stem}:{row}"
+from benchkit import fuzz_seeds, stem_row  # noqa: E402
 
 
 def _dataset(prefix: Path, docs: list[np.ndarray], rng: np.random.Generator,
@@ -134,10 +127,10 @@ def run_case(seed: int, stats: collections.Counter) -> tuple[dict, list]:
             if s.read != s.kept + sum(s.removed.values()) + s.invalid_count:
                 problems.append(f"{fmt}: counts do not add up")
             rep = work / f"out-{fmt}" / "report"
-            got[fmt] = (sorted((_stem_row(d["record_id"]), _stem_row(d["duplicate_of"]),
+            got[fmt] = (sorted((stem_row(d["record_id"]), stem_row(d["duplicate_of"]),
                                 d["kind"]) for d in
                                pq.read_table(rep / "duplicates.parquet").to_pylist()),
-                        sorted(_stem_row(d["record_id"]) for d in
+                        sorted(stem_row(d["record_id"]) for d in
                                pq.read_table(rep / "invalid.parquet").to_pylist()))
         if got["megatron"] != got["parquet"]:
             a, b = (set(x[0]) | {("invalid", i) for i in x[1]} for x in
