@@ -159,13 +159,13 @@ class InputConfig(Strict):
         as no picture or text."""
         if not isinstance(data, dict) or data.get("format") not in ("npy", "npz", "megatron"):
             return data
-        what, ids = (("a .npy file holds one array", "<file>:<row>") if data["format"] == "npy"
-                     else ("a Megatron dataset holds token ids", "<file>:<document>"))
         if data["format"] == "npz":
             if data.get("show") is not None or data.get("decode", "none") != "none":
                 raise ValueError(f"input.{'show' if data.get('show') else 'decode'}: an .npz "
                                  "archive holds arrays of numbers: remove it")
             return data
+        what, ids = (("a .npy file holds one array", "<file>:<row>") if data["format"] == "npy"
+                     else ("a Megatron dataset holds token ids", "<file>:<document>"))
         for key in ("id", "show"):
             if data.get(key) is not None:
                 raise ValueError(f"input.{key}: {what}, no column {data[key]!r}: remove "
